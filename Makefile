@@ -1,0 +1,66 @@
+# Crescent build. `make bench` and `make test` install what they need
+# (make deps) on a fresh Debian machine.
+SHELL := /bin/bash
+GO ?= go
+export GOFLAGS ?= -buildvcs=false
+# Native transports (cgo) are opt-in build tags, on when deps installed
+# their headers; see scripts/native-tags.
+TAGS ?= $(shell scripts/native-tags)
+# Debian packages the build, tests and benchmarks use.
+DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack \
+	redis-server libibverbs-dev rdma-core ibverbs-providers libfabric-dev protobuf-compiler
+BENCH_FLAGS ?= --table --duration 5 --threads 2 --buffer_size 256MiB
+TEST_TIMEOUT ?= 14m
+
+.PHONY: all deps build test race nocgo bench lint fmt invariants clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "make deps: installing$$missing"; \
+		SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+		$$SUDO apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@$(GO) mod download
+
+build:
+	@mkdir -p bin
+	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/...
+
+# The test command of the README and of CI: lint, the no-cgo build, and
+# every test under the race detector, with external services required.
+test: deps lint nocgo
+	CRESCENT_REQUIRE_DEPS=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags "$(TAGS)" ./...
+	CRESCENT_REQUIRE_DEPS=1 $(GO) test -count=1 -tags "invariants $(TAGS)" ./engine/... ./internal/...
+
+race:
+	$(GO) test -race -count=1 -tags "$(TAGS)" ./...
+
+invariants:
+	$(GO) test -count=1 -tags "invariants $(TAGS)" ./...
+
+nocgo:
+	CGO_ENABLED=0 $(GO) build ./...
+	CGO_ENABLED=0 $(GO) vet ./...
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet -tags "$(TAGS)" ./...
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+# The main job: a loopback transfer benchmark (shm and tcp, write and
+# read, 64 KiB and 1 MiB) beside the same run's memcpy and raw-TCP
+# baselines.
+bench: deps build
+	bin/crescent-bench transfer $(BENCH_FLAGS)
+
+clean:
+	rm -rf bin

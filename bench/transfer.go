@@ -1,0 +1,441 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/mempool"
+)
+
+// TransferConfig mirrors the reference's transfer_engine_bench flags.
+type TransferConfig struct {
+	Mode            string // loopback (default) | initiator | target
+	Operation       string // read | write
+	Protocol        string // shm | tcp
+	SegmentID       string // target segment (initiator mode)
+	LocalServerName string
+	MetadataServer  string
+	BufferSize      int64
+	BatchSize       int
+	BlockSize       int
+	Duration        time.Duration
+	Threads         int
+	// Lanes is the number of TCP connections per peer (0 = the
+	// transport's default); the TCP baseline opens as many streams.
+	Lanes int
+	// Warmup runs before measuring (default 1s).
+	Warmup time.Duration
+	// BaselineServer is a target's raw-stream endpoint (initiator mode,
+	// tcp); empty measures the baseline on loopback.
+	BaselineServer string
+	// Progress, when set, receives a progress line each second.
+	Progress io.Writer
+}
+
+func (c *TransferConfig) setDefaults() error {
+	if c.Mode == "" {
+		c.Mode = "loopback"
+	}
+	if c.Operation == "" {
+		c.Operation = "write"
+	}
+	if c.Protocol == "" {
+		c.Protocol = "tcp"
+	}
+	if c.LocalServerName == "" {
+		c.LocalServerName = "127.0.0.1"
+	}
+	if c.BatchSize <= 0 {
+		c.BatchSize = 128
+	}
+	if c.BlockSize <= 0 {
+		c.BlockSize = 64 << 10
+	}
+	if c.Threads <= 0 {
+		c.Threads = 1
+	}
+	if c.Duration <= 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Warmup == 0 {
+		c.Warmup = time.Second
+	}
+	if need := int64(c.BlockSize) * int64(c.BatchSize) * int64(c.Threads); c.BufferSize < need {
+		c.BufferSize = need
+	}
+	switch c.Operation {
+	case "read", "write":
+	default:
+		return fmt.Errorf("bench: --operation must be read or write, not %q", c.Operation)
+	}
+	switch c.Mode {
+	case "loopback", "initiator", "target":
+	default:
+		return fmt.Errorf("bench: --mode must be loopback, initiator or target, not %q", c.Mode)
+	}
+	if c.Mode == "initiator" && c.SegmentID == "" {
+		return errors.New("bench: initiator mode needs --segment_id")
+	}
+	return nil
+}
+
+// TransferResult is one run's outcome. Throughputs are in GB/s (1e9).
+type TransferResult struct {
+	Protocol       string  `json:"protocol"`
+	Operation      string  `json:"operation"`
+	BlockSize      int     `json:"block_size"`
+	BatchSize      int     `json:"batch_size"`
+	Threads        int     `json:"threads"`
+	DurationS      float64 `json:"duration_s"`
+	Batches        int64   `json:"batch_count"`
+	Bytes          int64   `json:"bytes"`
+	ThroughputGBps float64 `json:"throughput_gbps"`
+	Baseline       string  `json:"baseline"`
+	BaselineGBps   float64 `json:"baseline_gbps"`
+	Ratio          float64 `json:"ratio"`
+	P50us          float64 `json:"p50_us"`
+	P99us          float64 `json:"p99_us"`
+	P999us         float64 `json:"p999_us"`
+}
+
+func (c *TransferConfig) engineConfig() engine.Config {
+	ec := engine.Config{LocalServerName: c.LocalServerName, MetadataServer: c.MetadataServer, Protocols: []string{c.Protocol}}
+	ec.TCP.Lanes = c.Lanes
+	return ec
+}
+
+func (c *TransferConfig) lanes() int {
+	if c.Lanes > 0 {
+		return c.Lanes
+	}
+	return 4
+}
+
+// side is one engine with one registered, prefaulted buffer.
+type side struct {
+	e    *engine.Engine
+	pool *mempool.Pool
+	buf  []byte
+}
+
+func newSide(c *TransferConfig) (*side, error) {
+	p, err := mempool.New(mempool.Options{Size: c.BufferSize, Name: "crescent-bench"})
+	if err != nil {
+		return nil, err
+	}
+	buf, err := p.Alloc(int(c.BufferSize))
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	for i := range buf {
+		if i%4096 == 0 {
+			buf[i] = byte(i >> 12)
+		}
+	}
+	e, err := engine.New(c.engineConfig())
+	if err != nil {
+		p.Close()
+		return nil, err
+	}
+	if err := e.RegisterMemory(buf, "cpu:0"); err != nil {
+		e.Close()
+		p.Close()
+		return nil, err
+	}
+	return &side{e: e, pool: p, buf: buf}, nil
+}
+
+func (s *side) close() {
+	s.e.Close()
+	s.pool.Close()
+}
+
+// RunTransfer runs the benchmark in loopback or initiator mode.
+func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error) {
+	if err := c.setDefaults(); err != nil {
+		return nil, err
+	}
+	if c.Mode == "target" {
+		return nil, errors.New("bench: use ServeTarget for target mode")
+	}
+	init, err := newSide(&c)
+	if err != nil {
+		return nil, err
+	}
+	defer init.close()
+	var target *side
+	segName := c.SegmentID
+	if c.Mode == "loopback" {
+		if target, err = newSide(&c); err != nil {
+			return nil, err
+		}
+		defer target.close()
+		segName = target.e.Name()
+	}
+	seg, err := init.e.OpenSegment(ctx, segName)
+	if err != nil {
+		return nil, err
+	}
+	defer init.e.CloseSegment(seg)
+	desc, err := init.e.SegmentDesc(seg)
+	if err != nil {
+		return nil, err
+	}
+	if len(desc.Buffers) == 0 {
+		return nil, fmt.Errorf("bench: segment %s has no buffers", segName)
+	}
+	remoteBase, remoteLen := desc.Buffers[0].Addr, desc.Buffers[0].Length
+	if need := uint64(c.BlockSize) * uint64(c.BatchSize) * uint64(c.Threads); remoteLen < need {
+		return nil, fmt.Errorf("bench: target buffer of %d bytes < block*batch*threads = %d", remoteLen, need)
+	}
+
+	res := &TransferResult{Protocol: c.Protocol, Operation: c.Operation, BlockSize: c.BlockSize, BatchSize: c.BatchSize, Threads: c.Threads}
+	// Baseline first, on the same buffers and the same number of streams.
+	switch {
+	case c.Protocol == "tcp" && c.BaselineServer != "":
+		res.Baseline = "tcp-stream"
+		res.BaselineGBps, err = remoteStream(ctx, c.BaselineServer, init.buf, c.lanes(), c.Duration, c.Operation)
+	case c.Protocol == "tcp":
+		res.Baseline = "tcp-stream"
+		dst := init.buf
+		if target != nil {
+			dst = target.buf
+		}
+		res.BaselineGBps, err = loopbackStream(ctx, init.buf, dst, c.lanes(), c.BlockSize, c.Duration)
+	case target != nil:
+		res.Baseline = "memcpy"
+		res.BaselineGBps = memcpyBaseline(&c, init.buf, target.buf)
+	default:
+		res.Baseline = "memcpy"
+		res.BaselineGBps = memcpyBaseline(&c, init.buf, init.buf[len(init.buf)/2:])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bench: baseline: %w", err)
+	}
+
+	op := engine.Write
+	if c.Operation == "read" {
+		op = engine.Read
+	}
+	run := func(d time.Duration, hist []*Histogram, progress io.Writer) (int64, time.Duration, error) {
+		var batches atomic.Int64
+		var stop atomic.Bool
+		var firstErr error
+		var errOnce sync.Once
+		var wg sync.WaitGroup
+		start := time.Now()
+		for tid := 0; tid < c.Threads; tid++ {
+			wg.Add(1)
+			go func(tid int) {
+				defer wg.Done()
+				if err := worker(ctx, init.e, seg, op, &c, tid, init.buf, remoteBase, &stop, &batches, hist[tid]); err != nil {
+					errOnce.Do(func() { firstErr = err })
+					stop.Store(true)
+				}
+			}(tid)
+		}
+		tick := time.NewTicker(time.Second)
+		deadline := time.NewTimer(d)
+	loop:
+		for {
+			select {
+			case <-deadline.C:
+				break loop
+			case <-ctx.Done():
+				break loop
+			case <-tick.C:
+				if stop.Load() {
+					break loop
+				}
+				if progress != nil {
+					el := time.Since(start)
+					gb := float64(batches.Load()) * float64(c.BatchSize) * float64(c.BlockSize) / 1e9
+					fmt.Fprintf(progress, "\r%s %s %dB: %4.0fs/%.0fs  %.2f GB/s   ", c.Protocol, c.Operation, c.BlockSize, el.Seconds(), d.Seconds(), gb/el.Seconds())
+				}
+			}
+		}
+		tick.Stop()
+		deadline.Stop()
+		stop.Store(true)
+		wg.Wait()
+		if progress != nil {
+			fmt.Fprint(progress, "\r\033[K")
+		}
+		return batches.Load(), time.Since(start), firstErr
+	}
+	hists := func() []*Histogram {
+		h := make([]*Histogram, c.Threads)
+		for i := range h {
+			h[i] = &Histogram{}
+		}
+		return h
+	}
+	if c.Warmup > 0 {
+		if _, _, err := run(c.Warmup, hists(), nil); err != nil {
+			return nil, err
+		}
+	}
+	hs := hists()
+	n, elapsed, err := run(c.Duration, hs, c.Progress)
+	if err != nil {
+		return nil, err
+	}
+	var all Histogram
+	for _, h := range hs {
+		all.Merge(h)
+	}
+	res.DurationS = elapsed.Seconds()
+	res.Batches = n
+	res.Bytes = n * int64(c.BatchSize) * int64(c.BlockSize)
+	res.ThroughputGBps = float64(res.Bytes) / elapsed.Seconds() / 1e9
+	if res.BaselineGBps > 0 {
+		res.Ratio = res.ThroughputGBps / res.BaselineGBps
+	}
+	res.P50us = float64(all.Quantile(0.50)) / 1e3
+	res.P99us = float64(all.Quantile(0.99)) / 1e3
+	res.P999us = float64(all.Quantile(0.999)) / 1e3
+	return res, nil
+}
+
+// worker is one --threads thread of the reference bench: allocate a batch,
+// submit batch_size blocks, wait, free, repeat.
+func worker(ctx context.Context, e *engine.Engine, seg engine.SegmentID, op engine.OpCode, c *TransferConfig, tid int, local []byte, remoteBase uint64, stop *atomic.Bool, batches *atomic.Int64, h *Histogram) error {
+	reqs := make([]engine.Request, c.BatchSize)
+	for i := range reqs {
+		off := c.BlockSize * (i*c.Threads + tid)
+		reqs[i] = engine.Request{Op: op, Local: local[off : off+c.BlockSize], Target: seg, TargetAddr: remoteBase + uint64(off)}
+	}
+	for !stop.Load() {
+		b, err := e.AllocateBatch(c.BatchSize)
+		if err != nil {
+			return err
+		}
+		if err := e.Submit(b, reqs); err != nil {
+			e.FreeBatch(b)
+			return err
+		}
+		if _, err := e.Wait(ctx, b); err != nil {
+			return err
+		}
+		for i := range reqs {
+			st, _ := e.Status(b, i)
+			h.Record(st.Latency)
+		}
+		if err := e.FreeBatch(b); err != nil {
+			return err
+		}
+		batches.Add(1)
+	}
+	return nil
+}
+
+// memcpyBaseline copies between the same buffers with the same block
+// size, pattern and thread count as the transfer.
+func memcpyBaseline(c *TransferConfig, src, dst []byte) float64 {
+	n := c.BlockSize * c.BatchSize * c.Threads
+	n = min(n, len(src), len(dst))
+	var total atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for tid := 0; tid < c.Threads; tid++ {
+		wg.Add(1)
+		go func(tid int) {
+			defer wg.Done()
+			var done int64
+			for time.Since(start) < c.Duration {
+				for i := 0; i < c.BatchSize; i++ {
+					off := c.BlockSize * (i*c.Threads + tid)
+					if off+c.BlockSize > n {
+						break
+					}
+					if c.Operation == "read" {
+						copy(src[off:off+c.BlockSize], dst[off:off+c.BlockSize])
+					} else {
+						copy(dst[off:off+c.BlockSize], src[off:off+c.BlockSize])
+					}
+					done += int64(c.BlockSize)
+				}
+			}
+			total.Add(done)
+		}(tid)
+	}
+	wg.Wait()
+	return float64(total.Load()) / time.Since(start).Seconds() / 1e9
+}
+
+// loopbackStream measures raw TCP on loopback: `streams` connections each
+// writing block-sized chunks from src while a reader drains into dst.
+func loopbackStream(ctx context.Context, src, dst []byte, streams, block int, d time.Duration) (float64, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	var received atomic.Int64
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(d)
+	for i := 0; i < streams; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.(*net.TCPConn).SetNoDelay(true)
+			part := dst[(len(dst)/streams)*i : (len(dst)/streams)*(i+1)]
+			for off := 0; ; {
+				if off+block > len(part) {
+					off = 0
+				}
+				n, err := c.Read(part[off : off+block])
+				received.Add(int64(n))
+				off += n
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	conns := make([]net.Conn, streams)
+	for i := range conns {
+		if conns[i], err = net.Dial("tcp", ln.Addr().String()); err != nil {
+			return 0, err
+		}
+		conns[i].(*net.TCPConn).SetNoDelay(true)
+	}
+	start := time.Now()
+	var swg sync.WaitGroup
+	for i, c := range conns {
+		swg.Add(1)
+		go func() {
+			defer swg.Done()
+			part := src[(len(src)/streams)*i : (len(src)/streams)*(i+1)]
+			for off := 0; time.Now().Before(deadline) && ctx.Err() == nil; off += block {
+				if off+block > len(part) {
+					off = 0
+				}
+				if _, err := c.Write(part[off : off+block]); err != nil {
+					return
+				}
+			}
+		}()
+	}
+	swg.Wait()
+	elapsed := time.Since(start)
+	got := received.Load()
+	for _, c := range conns {
+		c.Close()
+	}
+	wg.Wait()
+	return float64(got) / elapsed.Seconds() / 1e9, nil
+}

@@ -1,0 +1,38 @@
+// Command crescent-bench measures Crescent beside the physical limit of
+// the same machine, measured in the same run.
+//
+//	crescent-bench transfer [flags]   transfer engine throughput and latency
+//
+// Run "crescent-bench transfer -h" for the flags.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer [flags]\n\nRun 'crescent-bench transfer -h' for the flags.")
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		return
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch os.Args[1] {
+	case "transfer":
+		err = transferMain(ctx, os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q (want transfer)", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crescent-bench:", err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/crescent-kv/crescent/bench"
+	"github.com/crescent-kv/crescent/engine"
+)
+
+// rateUnits are the reference bench's --report_unit values.
+var rateUnits = map[string]float64{
+	"GB": 1e9, "GiB": 1 << 30, "Gb": 1e9 / 8,
+	"MB": 1e6, "MiB": 1 << 20, "Mb": 1e6 / 8,
+	"KB": 1e3, "KiB": 1 << 10, "Kb": 1e3 / 8,
+}
+
+func transferMain(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("transfer", flag.ContinueOnError)
+	var c bench.TransferConfig
+	fs.StringVar(&c.Mode, "mode", "loopback", "loopback (target and initiator in this process), initiator or target")
+	fs.StringVar(&c.Operation, "operation", "write", "read or write")
+	fs.StringVar(&c.Protocol, "protocol", "tcp", "transport: shm or tcp")
+	fs.StringVar(&c.SegmentID, "segment_id", "", "target segment name (initiator mode), as printed by the target")
+	fs.StringVar(&c.LocalServerName, "local_server_name", "127.0.0.1", "local host[:port] for the segment name")
+	fs.StringVar(&c.MetadataServer, "metadata_server", engine.P2PHandshake, "metadata connection string")
+	bufSize := fs.String("buffer_size", "1GiB", "registered buffer per side (raised to block_size*batch_size*threads)")
+	fs.IntVar(&c.BatchSize, "batch_size", 128, "requests per batch")
+	blockSize := fs.String("block_size", "65536", "bytes per request")
+	duration := fs.Float64("duration", 10, "measured seconds")
+	fs.IntVar(&c.Threads, "threads", 2, "submitting threads")
+	fs.IntVar(&c.Lanes, "lanes", 0, "tcp: connections per peer (0 = transport default 4)")
+	warmup := fs.Float64("warmup", 1, "seconds of warm-up before measuring")
+	fs.StringVar(&c.BaselineServer, "baseline_server", "", "initiator: the target's baseline stream address (printed by the target)")
+	unit := fs.String("report_unit", "GB", "GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb")
+	precision := fs.Int("report_precision", 2, "decimals in the throughput")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
+	table := fs.Bool("table", false, "run shm and tcp, write and read, 64 KiB and 1 MiB blocks; print a table")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	var err error
+	if c.BufferSize, err = parseSize(*bufSize); err != nil {
+		return fmt.Errorf("--buffer_size: %w", err)
+	}
+	bs, err := parseSize(*blockSize)
+	if err != nil {
+		return fmt.Errorf("--block_size: %w", err)
+	}
+	c.BlockSize = int(bs)
+	c.Duration = time.Duration(*duration * float64(time.Second))
+	c.Warmup = time.Duration(*warmup * float64(time.Second))
+	if c.Warmup == 0 {
+		c.Warmup = -1
+	}
+	mult, ok := rateUnits[*unit]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "unknown --report_unit %q, using GB\n", *unit)
+		*unit, mult = "GB", 1e9
+	}
+	if isTerminal(os.Stderr) && !*asJSON {
+		c.Progress = os.Stderr
+	}
+
+	if *table {
+		return runTable(ctx, c, os.Stdout)
+	}
+	if c.Mode == "target" {
+		t, err := bench.ServeTarget(c)
+		if err != nil {
+			return err
+		}
+		defer t.Close()
+		fmt.Printf("crescent-bench target: segment %s, baseline server %s\n", t.Segment, t.Baseline)
+		fmt.Printf("run: crescent-bench transfer --mode initiator --protocol %s --segment_id %s --baseline_server %s\n", c.Protocol, t.Segment, t.Baseline)
+		<-ctx.Done()
+		return nil
+	}
+	res, err := bench.RunTransfer(ctx, c)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	rate := float64(res.Bytes) / res.DurationS / mult
+	fmt.Printf("%s %s, block %d, batch %d, threads %d\n", res.Protocol, res.Operation, res.BlockSize, res.BatchSize, res.Threads)
+	fmt.Printf("latency per request: p50 %.0f us, p99 %.0f us, p999 %.0f us\n", res.P50us, res.P99us, res.P999us)
+	fmt.Printf("baseline (%s, same run): %.2f GB/s; ratio %.2f\n", res.Baseline, res.BaselineGBps, res.Ratio)
+	fmt.Printf("Test completed: duration %.2f, batch count %d, throughput %.*f %s/s\n", res.DurationS, res.Batches, *precision, rate, *unit)
+	return nil
+}
+
+func runTable(ctx context.Context, base bench.TransferConfig, out io.Writer) error {
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "protocol\top\tblock\tthreads\tGB/s\tbaseline\tbaseline GB/s\tratio\tp50 us\tp99 us\tp999 us\t")
+	for _, proto := range []string{"shm", "tcp"} {
+		for _, op := range []string{"write", "read"} {
+			for _, block := range []int{64 << 10, 1 << 20} {
+				c := base
+				c.Protocol, c.Operation, c.BlockSize = proto, op, block
+				res, err := bench.RunTransfer(ctx, c)
+				if err != nil {
+					return fmt.Errorf("%s %s %d: %w", proto, op, block, err)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f\t%s\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t\n", res.Protocol, res.Operation, sizeName(res.BlockSize), res.Threads,
+					res.ThroughputGBps, res.Baseline, res.BaselineGBps, res.Ratio, res.P50us, res.P99us, res.P999us)
+				if ctx.Err() != nil {
+					return tw.Flush()
+				}
+			}
+		}
+	}
+	return tw.Flush()
+}
+
+func sizeName(n int) string {
+	switch {
+	case n%(1<<20) == 0:
+		return strconv.Itoa(n>>20) + " MiB"
+	case n%(1<<10) == 0:
+		return strconv.Itoa(n>>10) + " KiB"
+	}
+	return strconv.Itoa(n)
+}
+
+// parseSize reads "65536", "64KiB", "1MiB", "1GiB", "1G", "512M".
+func parseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if strings.HasSuffix(s, u.suf) {
+			s, mult = strings.TrimSuffix(s, u.suf), u.m
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return n * mult, nil
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}

@@ -1,0 +1,45 @@
+// Package metadata finds segment descriptors: the P2P handshake server
+// and client, the descriptor schema, and the Backend interface that etcd,
+// Redis and HTTP stores implement.
+//
+// # Handshake wire format (reference-compatible)
+//
+// One exchange per TCP connection: the client sends one frame, the server
+// answers with one frame of the same type, half-closes, and waits for the
+// client to close. A frame is
+//
+//	u64 length, little-endian   = 1 + len(body)
+//	u8  type                     0 Connection, 1 Metadata, 2 Notify, 3 Probe
+//	body                         JSON (compact, newline-terminated)
+//
+// A frame whose first byte after the length is above 3 is the reference's
+// untyped old protocol: the whole payload is a Connection request and the
+// reply carries no type byte. Request frames are bounded by MaxFrame
+// (1 MiB by default); a zero, oversize or truncated frame, invalid JSON or
+// an unknown type gets {"status":"error","reply_msg":"..."} and the
+// connection closes. Each exchange is bounded by a timeout (5 s) and the
+// number of concurrent exchanges is capped, so a slow or hostile client
+// cannot block the server.
+//
+// Bodies:
+//
+//   - Metadata: request = the caller's own descriptor (ignored); reply = the
+//     server's descriptor, or null when it has none yet.
+//   - Notify: {"name": sender segment, "notify_msg": text}; reply
+//     {"name":"","notify_msg":"success"}.
+//   - Probe: {} ; reply {"status":"success"}.
+//   - Connection: transport-specific endpoint exchange (RDMA/EFA); an error
+//     reply has a non-empty "reply_msg".
+//
+// # Segment descriptor
+//
+// The reference's JSON: name, protocol ("tcp" for Crescent segments, so
+// reference peers decode the buffers), tcp_data_port, tcp_proto_version
+// (2), tcp_data_host, timestamp ("YYYY-MM-DD HH:MM:SS.ffffff", local time),
+// buffers [{name (location), addr u64, length u64, rkey/lkey for RDMA}],
+// devices and priority_matrix for RDMA/EFA, cxl_name/cxl_base_addr for CXL.
+// Crescent adds "crescent": {version, host_id, protocols, shm_socket,
+// shm_buffers}, which reference decoders ignore. Numbers are JSON numbers,
+// never strings. A buffer with an empty name, zero address (except CXL) or
+// zero length makes the whole descriptor invalid, as in the reference.
+package metadata

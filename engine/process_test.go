@@ -1,0 +1,260 @@
+package engine_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/transport"
+)
+
+const childEnv = "CRESCENT_ENGINE_TEST_CHILD"
+
+// runChild is a target engine in its own process. It prints
+// "SEGMENT <name> <buffer addr>" and answers "sum <off> <len>" with the
+// CRC32 of that part of its buffer, until stdin closes.
+func runChild() {
+	proto := os.Getenv(childEnv)
+	p, err := mempool.New(mempool.Options{Size: 64 << 20, SlabSize: 1 << 20})
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	buf, _ := p.Alloc(64 << 20)
+	e, err := engine.New(engine.Config{LocalServerName: "127.0.0.1", Protocols: []string{proto}})
+	if err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	if err := e.RegisterMemory(buf, ""); err != nil {
+		fmt.Println("ERR", err)
+		os.Exit(1)
+	}
+	fmt.Printf("SEGMENT %s %d\n", e.Name(), transport.AddrOf(buf))
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		var off, n int
+		if _, err := fmt.Sscanf(sc.Text(), "sum %d %d", &off, &n); err == nil {
+			fmt.Printf("%d\n", crc32.ChecksumIEEE(buf[off:off+n]))
+		}
+	}
+	e.Close()
+	p.Close()
+	os.Exit(0)
+}
+
+type child struct {
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	name string
+	base uint64
+}
+
+func startChild(t *testing.T, proto string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+proto)
+	in, _ := cmd.StdinPipe()
+	outPipe, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, in: in, out: bufio.NewReader(outPipe)}
+	t.Cleanup(func() {
+		c.in.Close()
+		done := make(chan struct{})
+		go func() { c.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			c.cmd.Process.Kill()
+			<-done
+		}
+	})
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if _, err := fmt.Sscanf(line, "SEGMENT %s %d", &c.name, &c.base); err != nil {
+		t.Fatalf("child said %q", line)
+	}
+	return c
+}
+
+func (c *child) sum(t *testing.T, off, n int) uint32 {
+	t.Helper()
+	fmt.Fprintf(c.in, "sum %d %d\n", off, n)
+	line, err := c.out.ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v uint32
+	fmt.Sscanf(strings.TrimSpace(line), "%d", &v)
+	return v
+}
+
+func TestTwoProcesses(t *testing.T) {
+	for _, proto := range protocols {
+		t.Run(proto, func(t *testing.T) {
+			c := startChild(t, proto)
+			a := newNode(t, 8<<20, engine.Config{Protocols: []string{proto}})
+			seg, err := a.e.OpenSegment(context.Background(), c.name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.e.CloseSegment(seg)
+			fill(a.buf[:4<<20], 11)
+			id, _ := a.e.AllocateBatch(4)
+			var reqs []engine.Request
+			for i := 0; i < 4; i++ {
+				reqs = append(reqs, engine.Request{Op: engine.Write, Local: a.buf[i<<20 : (i+1)<<20], Target: seg, TargetAddr: c.base + uint64(i)<<21})
+			}
+			a.e.Submit(id, reqs)
+			wait(t, a.e, id)
+			a.e.FreeBatch(id)
+			for i := range reqs {
+				if got, want := c.sum(t, i<<21, 1<<20), crc32.ChecksumIEEE(reqs[i].Local); got != want {
+					t.Fatalf("block %d: child has crc %08x, want %08x", i, got, want)
+				}
+			}
+			// And back.
+			back := a.buf[4<<20 : 8<<20]
+			id, _ = a.e.AllocateBatch(4)
+			for i := range reqs {
+				reqs[i] = engine.Request{Op: engine.Read, Local: back[i<<20 : (i+1)<<20], Target: seg, TargetAddr: c.base + uint64(i)<<21}
+			}
+			a.e.Submit(id, reqs)
+			wait(t, a.e, id)
+			a.e.FreeBatch(id)
+			for i := range reqs {
+				if crc32.ChecksumIEEE(back[i<<20:(i+1)<<20]) != crc32.ChecksumIEEE(a.buf[i<<20:(i+1)<<20]) {
+					t.Fatalf("read back block %d differs", i)
+				}
+			}
+		})
+	}
+}
+
+// TestPeerKilledMidBatch kills the target while a large batch runs: every
+// request must end (none stays PENDING), well before the transfer
+// timeout, and later submissions must fail cleanly.
+func TestPeerKilledMidBatch(t *testing.T) {
+	c := startChild(t, "tcp")
+	a := newNode(t, 64<<20, engine.Config{Protocols: []string{"tcp"}, TransferTimeout: 60 * time.Second})
+	seg, err := a.e.OpenSegment(context.Background(), c.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.e.CloseSegment(seg)
+	const n, block = 2048, 32 << 10
+	id, _ := a.e.AllocateBatch(n)
+	reqs := make([]engine.Request, n)
+	for i := range reqs {
+		off := (i * block) % (64<<20 - block)
+		reqs[i] = engine.Request{Op: engine.Write, Local: a.buf[off : off+block], Target: seg, TargetAddr: c.base + uint64(off)}
+	}
+	start := time.Now()
+	if err := a.e.Submit(id, reqs); err != nil {
+		t.Fatal(err)
+	}
+	// Kill as soon as something has landed, so the batch is mid-way.
+	eventually(t, 20*time.Second, func() bool {
+		st, _ := a.e.BatchStatus(id)
+		return st.Completed > 0 || st.Pending == 0
+	})
+	c.cmd.Process.Kill()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := a.e.Wait(ctx, id)
+	if ctx.Err() != nil {
+		t.Fatalf("batch still pending 30s after the peer died: %+v", st)
+	}
+	if st.Pending != 0 || st.Completed+st.Failed+st.TimedOut != n {
+		t.Fatalf("unfinished requests: %+v", st)
+	}
+	if st.Failed == 0 {
+		t.Skipf("the whole batch finished before the kill landed (%v)", time.Since(start))
+	}
+	if err == nil || !errors.Is(st.Err, transport.ErrPeerGone) {
+		t.Fatalf("want a peer-gone error, got %v / %v", err, st.Err)
+	}
+	eventually(t, 10*time.Second, func() bool { return a.e.FreeBatch(id) == nil })
+
+	// Later requests fail fast rather than hang.
+	id, _ = a.e.AllocateBatch(1)
+	if err := a.e.Submit(id, reqs[:1]); err == nil {
+		if _, err := a.e.Wait(ctx, id); err == nil {
+			t.Fatal("write to a dead peer completed")
+		}
+	}
+	eventually(t, 10*time.Second, func() bool { return a.e.FreeBatch(id) == nil })
+}
+
+// stallingTarget answers the handshake with a descriptor whose data port
+// accepts connections and never replies.
+type stallingTarget struct {
+	name  string
+	base  uint64
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newStallingTarget(t *testing.T) *stallingTarget {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &stallingTarget{ln: ln, base: 0x10000000}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s.mu.Lock()
+			s.conns = append(s.conns, c)
+			s.mu.Unlock()
+			go io.Copy(io.Discard, c)
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	var name atomic.Value // set once the server knows its port
+	srv, err := metadata.NewServer(metadata.ServerConfig{Addr: "127.0.0.1:0", Handlers: metadata.Handlers{
+		Metadata: func() *metadata.SegmentDesc {
+			return &metadata.SegmentDesc{Name: name.Load().(string), Protocol: "tcp", TCPDataPort: port, TCPProtoVersion: 2,
+				Buffers: []metadata.Buffer{{Name: "cpu:0", Addr: s.base, Length: 1 << 20}}}
+		},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name.Store(srv.Addr())
+	s.name = srv.Addr()
+	t.Cleanup(func() {
+		srv.Close()
+		ln.Close()
+		s.mu.Lock()
+		for _, c := range s.conns {
+			c.Close()
+		}
+		s.mu.Unlock()
+	})
+	return s
+}

@@ -1,0 +1,229 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/transport"
+)
+
+// SegmentID is a handle to an opened segment, checked on every use.
+type SegmentID uint64
+
+type bufRange struct{ addr, end uint64 }
+
+type segment struct {
+	e    *Engine
+	id   SegmentID
+	name string
+	refs int // guarded by segTable.mu
+
+	desc   atomic.Pointer[metadata.SegmentDesc]
+	ranges atomic.Pointer[[]bufRange]
+
+	refreshMu   sync.Mutex
+	lastRefresh time.Time // when the last fetch ended
+	lastErr     error
+	closed      atomic.Bool
+}
+
+var _ transport.Peer = (*segment)(nil)
+
+func (s *segment) Name() string                { return s.name }
+func (s *segment) Desc() *metadata.SegmentDesc { return s.desc.Load() }
+
+func (s *segment) setDesc(d *metadata.SegmentDesc) {
+	rs := make([]bufRange, 0, len(d.Buffers))
+	for _, b := range d.Buffers {
+		if b.Length == 0 || b.Addr+b.Length < b.Addr {
+			continue
+		}
+		rs = append(rs, bufRange{b.Addr, b.Addr + b.Length})
+	}
+	sort.Slice(rs, func(i, j int) bool { return rs[i].addr < rs[j].addr })
+	s.desc.Store(d)
+	s.ranges.Store(&rs)
+}
+
+// covers reports whether the cached descriptor has [addr, addr+n) inside
+// one buffer.
+func (s *segment) covers(addr, n uint64) bool {
+	rs := *s.ranges.Load()
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].end > addr })
+	return i < len(rs) && addr >= rs[i].addr && rs[i].end-addr >= n
+}
+
+// Refresh fetches the descriptor again. Callers that arrive while a fetch
+// is running share its result instead of fetching once more.
+func (s *segment) Refresh(ctx context.Context) (*metadata.SegmentDesc, error) {
+	asked := time.Now()
+	s.refreshMu.Lock()
+	defer s.refreshMu.Unlock()
+	if s.lastRefresh.After(asked) {
+		return s.desc.Load(), s.lastErr
+	}
+	d, err := s.e.backend.Get(ctx, s.name)
+	s.lastRefresh, s.lastErr = time.Now(), err
+	if err != nil {
+		return s.desc.Load(), err
+	}
+	s.setDesc(d)
+	return d, nil
+}
+
+type segTable struct {
+	mu     sync.RWMutex
+	byName map[string]*segment
+	slots  []*segment
+	gens   []uint32
+	free   []uint32
+}
+
+func (t *segTable) get(id SegmentID) (*segment, bool) {
+	i, gen := uint32(id)-1, uint32(id>>32)
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if uint32(id) == 0 || int(i) >= len(t.slots) || t.gens[i] != gen || t.slots[i] == nil {
+		return nil, false
+	}
+	return t.slots[i], true
+}
+
+// OpenSegment resolves a segment by name (for P2P handshake, the peer's
+// "host:port") and returns a handle. Opening the same name again returns
+// the same handle and counts one more reference.
+func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error) {
+	if e.closed.Load() {
+		return 0, ErrClosed
+	}
+	e.segs.mu.Lock()
+	if s, ok := e.segs.byName[name]; ok {
+		s.refs++
+		e.segs.mu.Unlock()
+		return s.id, nil
+	}
+	e.segs.mu.Unlock()
+
+	d, err := e.backend.Get(ctx, name)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %q: %w", ErrSegmentNotFound, name, err)
+	}
+	s := &segment{e: e, name: name, refs: 1}
+	s.setDesc(d)
+
+	e.segs.mu.Lock()
+	defer e.segs.mu.Unlock()
+	if e.closed.Load() {
+		return 0, ErrClosed
+	}
+	if old, ok := e.segs.byName[name]; ok { // lost a race with another opener
+		old.refs++
+		return old.id, nil
+	}
+	var i uint32
+	if n := len(e.segs.free); n > 0 {
+		i = e.segs.free[n-1]
+		e.segs.free = e.segs.free[:n-1]
+	} else {
+		i = uint32(len(e.segs.slots))
+		e.segs.slots = append(e.segs.slots, nil)
+		e.segs.gens = append(e.segs.gens, 0)
+	}
+	e.segs.gens[i]++
+	e.segs.slots[i] = s
+	s.id = SegmentID(uint64(e.segs.gens[i])<<32 | uint64(i+1))
+	e.segs.byName[name] = s
+	return s.id, nil
+}
+
+// CloseSegment drops one reference to a segment; the last one releases
+// the connections kept for it, and requests still running on them end
+// FAILED.
+func (e *Engine) CloseSegment(id SegmentID) error {
+	s, ok := e.segs.get(id)
+	if !ok {
+		return fmt.Errorf("%w: %#x", ErrInvalidSegment, uint64(id))
+	}
+	e.segs.mu.Lock()
+	s.refs--
+	last := s.refs == 0
+	if last {
+		i := uint32(id) - 1
+		e.segs.slots[i] = nil
+		e.segs.free = append(e.segs.free, i)
+		delete(e.segs.byName, s.name)
+		s.closed.Store(true)
+	}
+	e.segs.mu.Unlock()
+	if last {
+		for _, t := range e.transports {
+			t.ClosePeer(s.name)
+		}
+	}
+	return nil
+}
+
+// SegmentDesc returns the cached descriptor of an opened segment.
+func (e *Engine) SegmentDesc(id SegmentID) (*metadata.SegmentDesc, error) {
+	s, err := e.segment(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.Desc(), nil
+}
+
+// RefreshSegment fetches the descriptor of an opened segment again.
+func (e *Engine) RefreshSegment(ctx context.Context, id SegmentID) error {
+	s, err := e.segment(id)
+	if err != nil {
+		return err
+	}
+	s.refreshMu.Lock()
+	s.lastRefresh = time.Time{}
+	s.refreshMu.Unlock()
+	_, err = s.Refresh(ctx)
+	return err
+}
+
+func (e *Engine) segment(id SegmentID) (*segment, error) {
+	s, ok := e.segs.get(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: %#x", ErrInvalidSegment, uint64(id))
+	}
+	return s, nil
+}
+
+// routeRequest checks the target range against the segment's buffers and
+// picks the first transport that accepts it. When the cached descriptor
+// does not hold the range, or no transport takes it (a same-host peer
+// withdrew the buffer), the descriptor is fetched once more first.
+func (e *Engine) routeRequest(s *segment, addr, n uint64) (transport.Transport, error) {
+	var refreshErr error
+	for attempt := 0; ; attempt++ {
+		if s.covers(addr, n) {
+			for _, t := range e.transports {
+				if t.Accepts(s, addr, n) {
+					return t, nil
+				}
+			}
+		}
+		if attempt == 1 {
+			break
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.MetadataTimeout)
+		_, refreshErr = s.Refresh(ctx)
+		cancel()
+	}
+	if !s.covers(addr, n) {
+		if refreshErr != nil {
+			return nil, fmt.Errorf("%w: [%#x,%#x) of %s (refresh failed: %v)", ErrOutOfBounds, addr, addr+n, s.name, refreshErr)
+		}
+		return nil, fmt.Errorf("%w: [%#x,%#x) of %s", ErrOutOfBounds, addr, addr+n, s.name)
+	}
+	return nil, fmt.Errorf("%w: %s", ErrNoTransport, s.name)
+}

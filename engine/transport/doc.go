@@ -1,0 +1,14 @@
+// Package transport defines what every data transport implements and the
+// registry of local memory that remote peers may touch.
+//
+// A Transport is batch-first: Submit hands over many Tasks at once and
+// never waits for the network; each Task completes exactly once (bytes
+// moved, or an error) by its deadline or shortly after. The engine asks
+// transports in order of preference whether they Accept a target range and
+// uses the first that does.
+//
+// The Registry is the only way a transport's server side may turn a remote
+// address into memory: Acquire checks [addr, addr+n) against the
+// registered buffers and pins the buffer until Release, so unregistering
+// waits for transfers in progress and refuses new ones.
+package transport

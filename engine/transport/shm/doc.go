@@ -1,0 +1,31 @@
+// Package shm is the shared-memory transport for peers on the same host
+// (equal boot ids in their descriptors).
+//
+// The target listens on an abstract Unix socket (SOCK_SEQPACKET) named in
+// its descriptor ("crescent.shm_socket"). A connecting peer must have the
+// target's uid (or one allowed by Config), checked with SO_PEERCRED. The
+// control protocol is one JSON object per packet:
+//
+//	peer   -> target  {"op":"list"}
+//	target -> peer    {"op":"regions","version":v,"more":b,
+//	                   "regions":[{"addr","len","fd","off"}]}  + SCM_RIGHTS memfds
+//	target -> peer    {"op":"revoke","id":n,"addr":a,"len":l}
+//	peer   -> target  {"op":"revoked","id":n}
+//	target -> peer    {"op":"error","error":text}  (then closes)
+//
+// "fd" indexes the memfds attached to that packet. Only registered
+// buffers backed by a memfd (memory from mempool) are listed. The peer maps
+// the pages of each listed region (not the whole memfd), prefaulted, and
+// copies directly with memcpy, bounds-checked against the listed regions.
+// Shared memfds are sealed against shrinking and growing, so a peer cannot
+// make the owner's own accesses fault.
+//
+// Before the target unregisters a buffer it sends "revoke" to every
+// connected peer and waits for "revoked": the peer replies only after its
+// copies into the region finished and the region is unmapped. A peer that
+// does not answer in time is disconnected. When the control connection
+// drops, the peer unmaps everything of that target.
+//
+// Trust: a process of the same uid could read the target's memory anyway
+// (ptrace, /proc/pid/mem); the uid check keeps other users out.
+package shm

@@ -1,0 +1,322 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/crescent-kv/crescent/engine/transport"
+)
+
+// mapping is a target region mapped into this process.
+type mapping struct {
+	addr, end uint64
+	mem       []byte // the region's bytes
+	whole     []byte // the page-aligned mapping to unmap
+}
+
+// peer is our connection to a same-host target and its mapped regions.
+type peer struct {
+	t    *Transport
+	name string
+	path string
+
+	connMu  sync.Mutex
+	conn    *net.UnixConn
+	failed  time.Time // last failed connect; retried after RetryAfter
+	listMu  sync.Mutex
+	replies chan listReply
+
+	// mu guards maps: copies hold it shared, revocation exclusively, so
+	// a revoked region is never touched after its owner is told it is
+	// unmapped.
+	mu     sync.RWMutex
+	maps   []*mapping // sorted by addr
+	closed bool
+}
+
+type listReply struct {
+	msgs []*message
+	fds  [][]int
+	err  error
+}
+
+func newPeer(t *Transport, name, path string) *peer {
+	return &peer{t: t, name: name, path: path}
+}
+
+// ready returns p if it is connected, nil otherwise.
+func (p *peer) ready() *peer {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.conn == nil {
+		if time.Since(p.failed) < p.t.cfg.RetryAfter {
+			return nil
+		}
+		if err := p.connectLocked(); err != nil {
+			return nil
+		}
+	}
+	return p
+}
+
+func (p *peer) connectOnce() {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.conn == nil && p.failed.IsZero() {
+		p.connectLocked()
+	}
+}
+
+func (p *peer) connectLocked() error {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: p.path, Net: "unixpacket"})
+	if err != nil {
+		p.failed = time.Now()
+		p.t.log.Debug("shm: peer not reachable; using other transports", "peer", p.name, "err", err)
+		return err
+	}
+	p.conn = c
+	p.replies = make(chan listReply, 1)
+	p.t.wg.Add(1)
+	go p.readLoop(c, p.replies)
+	if err := p.listLocked(); err != nil {
+		c.Close()
+		p.conn = nil
+		p.failed = time.Now()
+		return err
+	}
+	return nil
+}
+
+// list fetches the target's regions again and maps new ones.
+func (p *peer) list() error {
+	p.connMu.Lock()
+	defer p.connMu.Unlock()
+	if p.conn == nil {
+		return transport.ErrUnreachable
+	}
+	return p.listLocked()
+}
+
+func (p *peer) listLocked() error {
+	p.listMu.Lock()
+	defer p.listMu.Unlock()
+	if err := send(p.conn, &message{Op: "list"}, nil); err != nil {
+		return err
+	}
+	var rep listReply
+	select {
+	case rep = <-p.replies:
+	case <-time.After(p.t.cfg.RevokeTimeout):
+		return fmt.Errorf("shm: %s did not list its regions", p.name)
+	}
+	if rep.err != nil {
+		return rep.err
+	}
+	defer func() {
+		for _, fds := range rep.fds {
+			closeAll(fds)
+		}
+	}()
+	var fresh []*mapping
+	for i, m := range rep.msgs {
+		for _, r := range m.Regions {
+			if p.has(r.Addr, r.Len) {
+				continue
+			}
+			if r.FD < 0 || r.FD >= len(rep.fds[i]) || r.Len == 0 || r.Addr+r.Len < r.Addr {
+				return fmt.Errorf("%w: region %+v", errBadMessage, r)
+			}
+			mp, err := p.mapRegion(rep.fds[i][r.FD], r)
+			if err != nil {
+				for _, f := range fresh {
+					unix.Munmap(f.whole)
+				}
+				return err
+			}
+			fresh = append(fresh, mp)
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		for _, f := range fresh {
+			unix.Munmap(f.whole)
+		}
+		return transport.ErrClosed
+	}
+	p.maps = append(p.maps, fresh...)
+	sort.Slice(p.maps, func(i, j int) bool { return p.maps[i].addr < p.maps[j].addr })
+	return nil
+}
+
+func (p *peer) has(addr, n uint64) bool {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	_, ok := p.findLocked(addr, n)
+	return ok
+}
+
+// mapRegion maps the pages holding one region, prefaulted.
+func (p *peer) mapRegion(fd int, r region) (*mapping, error) {
+	page := int64(unix.Getpagesize())
+	start := r.Off &^ (page - 1)
+	end := (r.Off + int64(r.Len) + page - 1) &^ (page - 1)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("shm: fstat memfd: %w", err)
+	}
+	if r.Off < 0 || end > st.Size {
+		return nil, fmt.Errorf("%w: region [%d,+%d) beyond memfd size %d", errBadMessage, r.Off, r.Len, st.Size)
+	}
+	flags := unix.MAP_SHARED
+	if !p.t.cfg.NoPrefault {
+		flags |= unix.MAP_POPULATE
+	}
+	whole, err := unix.Mmap(fd, start, int(end-start), unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		return nil, fmt.Errorf("shm: map region of %s: %w", p.name, err)
+	}
+	off := r.Off - start
+	return &mapping{addr: r.Addr, end: r.Addr + r.Len, mem: whole[off : off+int64(r.Len) : off+int64(r.Len)], whole: whole}, nil
+}
+
+// readLoop receives list replies and handles revocations.
+func (p *peer) readLoop(c *net.UnixConn, replies chan listReply) {
+	defer p.t.wg.Done()
+	buf := make([]byte, maxPacket)
+	oob := make([]byte, unix.CmsgSpace(4*maxFDs))
+	var pending listReply
+	for {
+		m, fds, err := recv(c, buf, oob)
+		if err != nil {
+			select {
+			case replies <- listReply{err: fmt.Errorf("%w: %w", transport.ErrPeerGone, err)}:
+			default:
+			}
+			// The target is gone or cut us off: stop using its memory.
+			p.dropAll()
+			return
+		}
+		switch m.Op {
+		case "regions":
+			pending.msgs = append(pending.msgs, m)
+			pending.fds = append(pending.fds, fds)
+			if !m.More {
+				select {
+				case replies <- pending:
+				default: // nobody asked (a timed-out list): drop it
+					for _, f := range pending.fds {
+						closeAll(f)
+					}
+				}
+				pending = listReply{}
+			}
+		case "revoke":
+			closeAll(fds)
+			p.revoke(m.Addr, m.Len)
+			send(c, &message{Op: "revoked", ID: m.ID}, nil)
+		case "error":
+			closeAll(fds)
+			select {
+			case replies <- listReply{err: fmt.Errorf("%w: %s", ErrPermission, m.Error)}:
+			default:
+			}
+		default:
+			closeAll(fds)
+		}
+	}
+}
+
+// revoke unmaps every mapping overlapping [addr, addr+n), after copies in
+// progress finish.
+func (p *peer) revoke(addr, n uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kept := p.maps[:0]
+	for _, m := range p.maps {
+		if m.addr < addr+n && addr < m.end {
+			unix.Munmap(m.whole)
+			continue
+		}
+		kept = append(kept, m)
+	}
+	clear(p.maps[len(kept):])
+	p.maps = kept
+}
+
+func (p *peer) dropAll() {
+	p.mu.Lock()
+	for _, m := range p.maps {
+		unix.Munmap(m.whole)
+	}
+	p.maps = nil
+	p.mu.Unlock()
+	p.connMu.Lock()
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
+		p.failed = time.Now()
+	}
+	p.connMu.Unlock()
+}
+
+func (p *peer) close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.dropAll()
+}
+
+func (p *peer) findLocked(addr, n uint64) (*mapping, bool) {
+	i := sort.Search(len(p.maps), func(i int) bool { return p.maps[i].end > addr })
+	if i < len(p.maps) {
+		m := p.maps[i]
+		if addr >= m.addr && m.end-addr >= n {
+			return m, true
+		}
+	}
+	return nil, false
+}
+
+func (p *peer) covers(addr, n uint64) bool { return p.has(addr, n) }
+
+var errNotMapped = errors.New("shm: target range not in a shared buffer")
+
+// copy runs the tasks' copies under the shared lock.
+func (p *peer) copy(tasks []*transport.Task) {
+	p.mu.RLock()
+	for _, tk := range tasks {
+		n := uint64(len(tk.Local))
+		m, ok := p.findLocked(tk.RemoteAddr, n)
+		if !ok || p.closed {
+			p.mu.RUnlock()
+			tk.Complete(0, fmt.Errorf("%w: [%#x,+%d) of %s: %w", transport.ErrOutOfBounds, tk.RemoteAddr, n, p.name, errNotMapped))
+			p.mu.RLock()
+			continue
+		}
+		if tk.Aborted() {
+			p.mu.RUnlock()
+			tk.Complete(0, transport.ErrTimeout)
+			p.mu.RLock()
+			continue
+		}
+		off := tk.RemoteAddr - m.addr
+		remote := m.mem[off : off+n]
+		if tk.Op == transport.Write {
+			copy(remote, tk.Local)
+		} else {
+			copy(tk.Local, remote)
+		}
+		// Complete outside the lock: completion may run user code.
+		p.mu.RUnlock()
+		tk.Complete(int(n), nil)
+		p.mu.RLock()
+	}
+	p.mu.RUnlock()
+}

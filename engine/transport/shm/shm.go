@@ -1,0 +1,251 @@
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/transport"
+)
+
+// Config tunes the shared-memory transport.
+type Config struct {
+	// AllowUIDs lists the peer uids allowed besides our own.
+	AllowUIDs []uint32
+	// AllowAnyUID lets any local user map shared buffers.
+	AllowAnyUID bool
+	// RevokeTimeout bounds how long unregistering waits for each peer to
+	// confirm it unmapped a buffer (default 5s).
+	RevokeTimeout time.Duration
+	// RetryAfter is how long a peer that could not be reached over shm is
+	// left to other transports before trying again (default 5s).
+	RetryAfter time.Duration
+	// NoPrefault skips populating page tables when mapping a peer's
+	// buffers.
+	NoPrefault bool
+}
+
+// ErrPermission reports a peer whose uid is not allowed.
+var ErrPermission = errors.New("shm: peer uid not allowed")
+
+// Transport copies directly between local memory and a same-host peer's
+// registered buffers, mapped from memfds the peer hands over.
+type Transport struct {
+	cfg  Config
+	env  transport.Env
+	log  *slog.Logger
+	ln   *net.UnixListener
+	path string
+	uid  uint32
+
+	mu     sync.Mutex
+	conns  map[*serverConn]struct{}
+	peers  map[string]*peer
+	closed bool
+	wg     sync.WaitGroup
+	nextID atomic.Uint64
+}
+
+var _ transport.Transport = (*Transport)(nil)
+
+// New returns a shared-memory transport.
+func New(cfg Config) *Transport {
+	if cfg.RevokeTimeout <= 0 {
+		cfg.RevokeTimeout = 5 * time.Second
+	}
+	if cfg.RetryAfter <= 0 {
+		cfg.RetryAfter = 5 * time.Second
+	}
+	return &Transport{cfg: cfg, conns: make(map[*serverConn]struct{}), peers: make(map[string]*peer), uid: uint32(os.Getuid())}
+}
+
+// Name implements transport.Transport.
+func (t *Transport) Name() string { return "shm" }
+
+// Start listens on an abstract Unix socket.
+func (t *Transport) Start(env transport.Env) error {
+	t.env, t.log = env, env.Logger
+	if t.log == nil {
+		t.log = slog.Default()
+	}
+	var rnd [8]byte
+	rand.Read(rnd[:])
+	t.path = fmt.Sprintf("@crescent/shm/%d/%s", os.Getpid(), hex.EncodeToString(rnd[:]))
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: t.path, Net: "unixpacket"})
+	if err != nil {
+		return fmt.Errorf("shm: listen: %w", err)
+	}
+	t.ln = ln
+	t.wg.Add(1)
+	go t.accept()
+	return nil
+}
+
+// Describe implements transport.Transport.
+func (t *Transport) Describe(d *metadata.SegmentDesc) {
+	if d.Crescent == nil {
+		d.Crescent = &metadata.Extension{Version: 1, HostID: t.env.HostID}
+	}
+	d.Crescent.ShmSocket = t.path
+	d.Crescent.ShmBuffers = d.Crescent.ShmBuffers[:0]
+	for _, r := range t.env.Registry.Regions() {
+		if r.Shareable() {
+			d.Crescent.ShmBuffers = append(d.Crescent.ShmBuffers, r.Addr)
+		}
+	}
+}
+
+// Accepts implements transport.Transport: a same-host peer whose target
+// buffer is shareable and mapped (mapping it on first use).
+func (t *Transport) Accepts(p transport.Peer, addr, length uint64) bool {
+	d := p.Desc()
+	if d == nil || d.Crescent == nil || d.Crescent.ShmSocket == "" || d.Crescent.HostID != t.env.HostID {
+		return false
+	}
+	pr := t.peer(p.Name(), d.Crescent.ShmSocket)
+	if pr == nil {
+		return false
+	}
+	if pr.covers(addr, length) {
+		return true
+	}
+	// The target may have registered the buffer after we listed its
+	// regions: list again if it says the buffer is shareable.
+	if !shareable(d, addr, length) {
+		return false
+	}
+	if err := pr.list(); err != nil {
+		return false
+	}
+	return pr.covers(addr, length)
+}
+
+// shareable reports whether the descriptor lists the buffer holding
+// [addr, addr+length) as mappable.
+func shareable(d *metadata.SegmentDesc, addr, length uint64) bool {
+	for _, b := range d.Buffers {
+		if addr >= b.Addr && length <= b.Length && addr-b.Addr <= b.Length-length {
+			return slices.Contains(d.Crescent.ShmBuffers, b.Addr)
+		}
+	}
+	return false
+}
+
+// peer returns the connected peer state, connecting on first use; nil if
+// the peer cannot be reached now.
+func (t *Transport) peer(name, path string) *peer {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	pr := t.peers[name]
+	if pr != nil && pr.path == path {
+		t.mu.Unlock()
+		return pr.ready()
+	}
+	if pr != nil {
+		delete(t.peers, name)
+		go pr.close()
+	}
+	pr = newPeer(t, name, path)
+	t.peers[name] = pr
+	t.mu.Unlock()
+	pr.connectOnce()
+	return pr.ready()
+}
+
+// Submit implements transport.Transport. Copies run inline: the caller's
+// goroutine is the copy engine, as for a local memcpy.
+func (t *Transport) Submit(p transport.Peer, tasks []*transport.Task) {
+	t.mu.Lock()
+	pr := t.peers[p.Name()]
+	t.mu.Unlock()
+	if pr == nil {
+		for _, tk := range tasks {
+			tk.Complete(0, fmt.Errorf("%w: %s", transport.ErrUnreachable, p.Name()))
+		}
+		return
+	}
+	pr.copy(tasks)
+}
+
+// ClosePeer implements transport.Transport.
+func (t *Transport) ClosePeer(name string) {
+	t.mu.Lock()
+	pr := t.peers[name]
+	delete(t.peers, name)
+	t.mu.Unlock()
+	if pr != nil {
+		pr.close()
+	}
+}
+
+// Close implements transport.Transport.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	peers := t.peers
+	t.peers = map[string]*peer{}
+	conns := make([]*serverConn, 0, len(t.conns))
+	for c := range t.conns {
+		conns = append(conns, c)
+	}
+	t.mu.Unlock()
+	var err error
+	if t.ln != nil {
+		err = t.ln.Close()
+	}
+	for _, c := range conns {
+		c.c.Close()
+	}
+	for _, pr := range peers {
+		pr.close()
+	}
+	t.wg.Wait()
+	return err
+}
+
+// BeforeUnregister implements transport.Unregisterer: every connected
+// peer unmaps the buffer (waiting for its copies in progress) and
+// confirms before the memory is withdrawn.
+func (t *Transport) BeforeUnregister(ctx context.Context, addr, length uint64) error {
+	t.mu.Lock()
+	conns := make([]*serverConn, 0, len(t.conns))
+	for c := range t.conns {
+		conns = append(conns, c)
+	}
+	t.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.RevokeTimeout)
+	defer cancel()
+	var errs []error
+	for _, c := range conns {
+		if err := c.revoke(ctx, t.nextID.Add(1), addr, length); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// seal stops a peer from shrinking or growing a shared memfd under its
+// owner (a shrink would fault the owner's accesses). It fails quietly for
+// memfds created without MFD_ALLOW_SEALING.
+func seal(fd int) {
+	unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW)
+}

@@ -1,0 +1,34 @@
+// Package tcp is the TCP transport, wire-compatible with the reference
+// engine's TCP transport (protocol version 2).
+//
+// # Wire format
+//
+// The target listens on tcp_data_port (published in its descriptor). Each
+// request is a 24-byte header followed, for a WRITE, by the payload:
+//
+//	offset 0   u64 LE  size   bytes to move
+//	offset 8   u64 LE  addr   target virtual address
+//	offset 16  u8      opcode 0 READ, 1 WRITE; | 0x80 = version 2
+//	offset 17  7 bytes padding (ignored)
+//
+// Version 2 adds 8-byte LE status words 0x4D435456_0000000s ("MCTV" in the
+// high half, s = 0 OK, 1 rejected): for a READ before the data, for a
+// WRITE after the payload has landed in target memory. A request whose
+// range is not inside one registered buffer is rejected (status 1 for v2)
+// and the connection closes. The server serves any number of requests per
+// connection, in order, so it accepts both the reference's
+// one-connection-per-transfer clients and pipelined ones. The client uses
+// v2 when the target's descriptor says tcp_proto_version >= 2.
+//
+// # Client
+//
+// Each peer gets Lanes persistent connections; requests larger than
+// SliceSize are cut into slices spread over the least-loaded lanes. A lane
+// has a writer goroutine (headers batched into one write, WRITE header and
+// payload in one writev straight from registered memory) and a reader
+// goroutine matching status words and READ data to requests in FIFO order.
+// Payloads are never copied in user space. When a connection breaks, its
+// unanswered slices are sent again once on a new connection (Retries);
+// slices past their deadline end with transport.ErrTimeout, and a
+// rejected slice fails at once with transport.ErrRejected.
+package tcp
