@@ -71,6 +71,9 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	if h.n == 0 {
 		return 0
 	}
+	if q >= 1 {
+		return h.max
+	}
 	rank := uint64(math.Ceil(q * float64(h.n)))
 	if rank == 0 {
 		rank = 1

@@ -198,29 +198,29 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 	}
 
 	res := &TransferResult{Protocol: c.Protocol, Operation: c.Operation, BlockSize: c.BlockSize, BatchSize: c.BatchSize, Threads: c.Threads}
-	// Baseline first, on the same buffers and the same number of streams.
-	switch {
-	case c.Protocol == "tcp" && c.BaselineServer != "":
-		res.Baseline = "tcp-stream"
-		res.BaselineGBps, err = remoteStream(ctx, c.BaselineServer, init.buf, c.lanes(), c.Duration, c.Operation)
-	case c.Protocol == "tcp":
-		res.Baseline = "tcp-stream"
-		dst := init.buf
-		if target != nil {
-			dst = target.buf
+	// The baseline runs on the same buffers with the same number of
+	// streams, alternating with the transfer in rounds of about a second,
+	// so drift on a noisy machine weighs on both sides alike.
+	baseline := func(d time.Duration) (float64, error) {
+		switch {
+		case c.Protocol == "tcp" && c.BaselineServer != "":
+			return remoteStream(ctx, c.BaselineServer, init.buf, c.lanes(), d, c.Operation)
+		case c.Protocol == "tcp":
+			dst := init.buf
+			if target != nil {
+				dst = target.buf
+			}
+			return loopbackStream(ctx, init.buf, dst, c.lanes(), c.BlockSize, d)
+		case target != nil:
+			return memcpyBaseline(&c, init.buf, target.buf, d), nil
+		default:
+			return memcpyBaseline(&c, init.buf, init.buf[len(init.buf)/2:], d), nil
 		}
-		res.BaselineGBps, err = loopbackStream(ctx, init.buf, dst, c.lanes(), c.BlockSize, c.Duration)
-	case target != nil:
-		res.Baseline = "memcpy"
-		res.BaselineGBps = memcpyBaseline(&c, init.buf, target.buf)
-	default:
-		res.Baseline = "memcpy"
-		res.BaselineGBps = memcpyBaseline(&c, init.buf, init.buf[len(init.buf)/2:])
 	}
-	if err != nil {
-		return nil, fmt.Errorf("bench: baseline: %w", err)
+	res.Baseline = "memcpy"
+	if c.Protocol == "tcp" {
+		res.Baseline = "tcp-stream"
 	}
-
 	op := engine.Write
 	if c.Operation == "read" {
 		op = engine.Read
@@ -284,14 +284,32 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 		}
 	}
 	hs := hists()
-	n, elapsed, err := run(c.Duration, hs, c.Progress)
-	if err != nil {
-		return nil, err
+	rounds := max(1, int((c.Duration+time.Second/2)/time.Second))
+	var n int64
+	var elapsed time.Duration
+	var baseBytes float64 // GB/s x seconds, summed over rounds
+	for r := 0; r < rounds; r++ {
+		d := c.Duration / time.Duration(rounds)
+		gbps, err := baseline(d)
+		if err != nil {
+			return nil, fmt.Errorf("bench: baseline: %w", err)
+		}
+		baseBytes += gbps * d.Seconds()
+		var progress io.Writer
+		if c.Progress != nil {
+			progress = &roundWriter{w: c.Progress, round: r + 1, rounds: rounds}
+		}
+		bn, el, err := run(d, hs, progress)
+		if err != nil {
+			return nil, err
+		}
+		n, elapsed = n+bn, elapsed+el
 	}
 	var all Histogram
 	for _, h := range hs {
 		all.Merge(h)
 	}
+	res.BaselineGBps = baseBytes / c.Duration.Seconds()
 	res.DurationS = elapsed.Seconds()
 	res.Batches = n
 	res.Bytes = n * int64(c.BatchSize) * int64(c.BlockSize)
@@ -303,6 +321,21 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 	res.P99us = float64(all.Quantile(0.99)) / 1e3
 	res.P999us = float64(all.Quantile(0.999)) / 1e3
 	return res, nil
+}
+
+// roundWriter prefixes progress lines with the round number.
+type roundWriter struct {
+	w             io.Writer
+	round, rounds int
+}
+
+func (r *roundWriter) Write(p []byte) (int, error) {
+	if len(p) > 1 && p[0] == '\r' && p[1] != '\033' {
+		fmt.Fprintf(r.w, "\rround %d/%d ", r.round, r.rounds)
+		_, err := r.w.Write(p[1:])
+		return len(p), err
+	}
+	return r.w.Write(p)
 }
 
 // worker is one --threads thread of the reference bench: allocate a batch,
@@ -339,7 +372,7 @@ func worker(ctx context.Context, e *engine.Engine, seg engine.SegmentID, op engi
 
 // memcpyBaseline copies between the same buffers with the same block
 // size, pattern and thread count as the transfer.
-func memcpyBaseline(c *TransferConfig, src, dst []byte) float64 {
+func memcpyBaseline(c *TransferConfig, src, dst []byte, d time.Duration) float64 {
 	n := c.BlockSize * c.BatchSize * c.Threads
 	n = min(n, len(src), len(dst))
 	var total atomic.Int64
@@ -350,7 +383,7 @@ func memcpyBaseline(c *TransferConfig, src, dst []byte) float64 {
 		go func(tid int) {
 			defer wg.Done()
 			var done int64
-			for time.Since(start) < c.Duration {
+			for time.Since(start) < d {
 				for i := 0; i < c.BatchSize; i++ {
 					off := c.BlockSize * (i*c.Threads + tid)
 					if off+c.BlockSize > n {

@@ -238,63 +238,6 @@ func (b *batch) status() BatchStatus {
 	return bs
 }
 
-// batchTable maps handles to batches. A handle packs a slot index and the
-// slot's generation, so stale handles never reach a reused slot.
-type batchTable struct {
-	mu    sync.RWMutex
-	slots []*batch
-	gens  []uint32
-	free  []uint32
-}
-
-func (t *batchTable) add(b *batch) BatchID {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	var i uint32
-	if n := len(t.free); n > 0 {
-		i = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		i = uint32(len(t.slots))
-		t.slots = append(t.slots, nil)
-		t.gens = append(t.gens, 0)
-	}
-	t.gens[i]++
-	t.slots[i] = b
-	b.id = BatchID(uint64(t.gens[i])<<32 | uint64(i+1))
-	return b.id
-}
-
-func (t *batchTable) get(id BatchID) (*batch, bool) {
-	i, gen := uint32(id)-1, uint32(id>>32)
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if uint32(id) == 0 || int(i) >= len(t.slots) || t.gens[i] != gen || t.slots[i] == nil {
-		return nil, false
-	}
-	return t.slots[i], true
-}
-
-func (t *batchTable) remove(id BatchID) {
-	i := uint32(id) - 1
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.slots[i] = nil
-	t.free = append(t.free, i)
-}
-
-func (t *batchTable) all() []*batch {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	var out []*batch
-	for _, b := range t.slots {
-		if b != nil {
-			out = append(out, b)
-		}
-	}
-	return out
-}
-
 // AllocateBatch returns a batch that holds up to capacity requests.
 func (e *Engine) AllocateBatch(capacity int) (BatchID, error) {
 	if e.closed.Load() {
@@ -303,21 +246,25 @@ func (e *Engine) AllocateBatch(capacity int) (BatchID, error) {
 	if capacity <= 0 {
 		return 0, fmt.Errorf("%w: %d", ErrInvalidCapacity, capacity)
 	}
-	return e.batches.add(newBatch(e, capacity)), nil
+	b := newBatch(e, capacity)
+	e.batches.mu.Lock()
+	b.id = BatchID(e.batches.addLocked(b))
+	e.batches.mu.Unlock()
+	return b.id, nil
 }
 
 // FreeBatch releases a batch. It is refused with ErrBatchBusy while a
 // transport still owns any of its requests (even one already reported as
 // TIMEOUT or CANCELED, whose buffer may still be touched).
 func (e *Engine) FreeBatch(id BatchID) error {
-	b, ok := e.batches.get(id)
+	b, ok := e.batches.get(uint64(id))
 	if !ok {
 		return fmt.Errorf("%w: %#x", ErrInvalidBatch, uint64(id))
 	}
 	if n := b.inflight.Load(); n > 0 {
 		return fmt.Errorf("%w: %d requests", ErrBatchBusy, n)
 	}
-	e.batches.remove(id)
+	e.batches.remove(uint64(id))
 	b.mu.Lock()
 	if b.timer != nil {
 		b.timer.Stop()
@@ -327,7 +274,7 @@ func (e *Engine) FreeBatch(id BatchID) error {
 }
 
 func (e *Engine) batch(id BatchID) (*batch, error) {
-	b, ok := e.batches.get(id)
+	b, ok := e.batches.get(uint64(id))
 	if !ok {
 		return nil, fmt.Errorf("%w: %#x", ErrInvalidBatch, uint64(id))
 	}

@@ -112,7 +112,7 @@ type Engine struct {
 	hostID     string
 
 	segs    segTable
-	batches batchTable
+	batches handles[batch]
 
 	descMu      sync.Mutex
 	descVersion uint64

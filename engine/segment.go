@@ -76,22 +76,10 @@ func (s *segment) Refresh(ctx context.Context) (*metadata.SegmentDesc, error) {
 	return d, nil
 }
 
+// segTable holds opened segments by handle and by name.
 type segTable struct {
-	mu     sync.RWMutex
-	byName map[string]*segment
-	slots  []*segment
-	gens   []uint32
-	free   []uint32
-}
-
-func (t *segTable) get(id SegmentID) (*segment, bool) {
-	i, gen := uint32(id)-1, uint32(id>>32)
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if uint32(id) == 0 || int(i) >= len(t.slots) || t.gens[i] != gen || t.slots[i] == nil {
-		return nil, false
-	}
-	return t.slots[i], true
+	handles[segment] // mu also guards byName and refs
+	byName           map[string]*segment
 }
 
 // OpenSegment resolves a segment by name (for P2P handshake, the peer's
@@ -125,18 +113,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 		old.refs++
 		return old.id, nil
 	}
-	var i uint32
-	if n := len(e.segs.free); n > 0 {
-		i = e.segs.free[n-1]
-		e.segs.free = e.segs.free[:n-1]
-	} else {
-		i = uint32(len(e.segs.slots))
-		e.segs.slots = append(e.segs.slots, nil)
-		e.segs.gens = append(e.segs.gens, 0)
-	}
-	e.segs.gens[i]++
-	e.segs.slots[i] = s
-	s.id = SegmentID(uint64(e.segs.gens[i])<<32 | uint64(i+1))
+	s.id = SegmentID(e.segs.addLocked(s))
 	e.segs.byName[name] = s
 	return s.id, nil
 }
@@ -145,17 +122,16 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 // the connections kept for it, and requests still running on them end
 // FAILED.
 func (e *Engine) CloseSegment(id SegmentID) error {
-	s, ok := e.segs.get(id)
+	e.segs.mu.Lock()
+	s, ok := e.segs.getLocked(uint64(id))
 	if !ok {
+		e.segs.mu.Unlock()
 		return fmt.Errorf("%w: %#x", ErrInvalidSegment, uint64(id))
 	}
-	e.segs.mu.Lock()
 	s.refs--
 	last := s.refs == 0
 	if last {
-		i := uint32(id) - 1
-		e.segs.slots[i] = nil
-		e.segs.free = append(e.segs.free, i)
+		e.segs.removeLocked(uint64(id))
 		delete(e.segs.byName, s.name)
 		s.closed.Store(true)
 	}
@@ -191,7 +167,7 @@ func (e *Engine) RefreshSegment(ctx context.Context, id SegmentID) error {
 }
 
 func (e *Engine) segment(id SegmentID) (*segment, error) {
-	s, ok := e.segs.get(id)
+	s, ok := e.segs.get(uint64(id))
 	if !ok {
 		return nil, fmt.Errorf("%w: %#x", ErrInvalidSegment, uint64(id))
 	}

@@ -6,22 +6,24 @@
 // target's uid (or one allowed by Config), checked with SO_PEERCRED. The
 // control protocol is one JSON object per packet:
 //
-//	peer   -> target  {"op":"list"}
-//	target -> peer    {"op":"regions","version":v,"more":b,
+//	peer   -> target  {"op":"list","id":n}
+//	target -> peer    {"op":"regions","id":n,"version":v,"more":b,
 //	                   "regions":[{"addr","len","fd","off"}]}  + SCM_RIGHTS memfds
 //	target -> peer    {"op":"revoke","id":n,"addr":a,"len":l}
 //	peer   -> target  {"op":"revoked","id":n}
 //	target -> peer    {"op":"error","error":text}  (then closes)
 //
-// "fd" indexes the memfds attached to that packet. Only registered
+// "fd" indexes the memfds attached to that packet; a reply whose id is
+// not the pending request's is dropped. A packet from a peer carrying fds
+// closes the connection. Only registered
 // buffers backed by a memfd (memory from mempool) are listed. The peer maps
 // the pages of each listed region (not the whole memfd), prefaulted, and
 // copies directly with memcpy, bounds-checked against the listed regions.
 // Shared memfds are sealed against shrinking and growing, so a peer cannot
 // make the owner's own accesses fault.
 //
-// Before the target unregisters a buffer it sends "revoke" to every
-// connected peer and waits for "revoked": the peer replies only after its
+// Before the target unregisters a buffer it stops listing it and sends
+// "revoke" to every connected peer at once, waiting for "revoked": the peer replies only after its
 // copies into the region finished and the region is unmapped. A peer that
 // does not answer in time is disconnected. When the control connection
 // drops, the peer unmaps everything of that target.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -38,9 +39,14 @@ type peer struct {
 	mu     sync.RWMutex
 	maps   []*mapping // sorted by addr
 	closed bool
+	// While a listing is in flight, revocations are also kept here so
+	// that regions of a reply that crossed them are not mapped.
+	listing bool
+	revoked []mapping
 }
 
 type listReply struct {
+	id   uint64 // the list request answered
 	msgs []*message
 	fds  [][]int
 	err  error
@@ -106,14 +112,35 @@ func (p *peer) list() error {
 func (p *peer) listLocked() error {
 	p.listMu.Lock()
 	defer p.listMu.Unlock()
-	if err := send(p.conn, &message{Op: "list"}, nil); err != nil {
+	p.mu.Lock()
+	p.listing, p.revoked = true, p.revoked[:0]
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.listing = false
+		p.mu.Unlock()
+	}()
+	// The id ties the reply to this request: a late reply to an earlier,
+	// timed-out list is dropped, not mapped.
+	id := p.t.nextID.Add(1)
+	if err := send(p.conn, &message{Op: "list", ID: id}, nil); err != nil {
 		return err
 	}
+	timeout := time.NewTimer(p.t.cfg.RevokeTimeout)
+	defer timeout.Stop()
 	var rep listReply
-	select {
-	case rep = <-p.replies:
-	case <-time.After(p.t.cfg.RevokeTimeout):
-		return fmt.Errorf("shm: %s did not list its regions", p.name)
+	for {
+		select {
+		case rep = <-p.replies:
+		case <-timeout.C:
+			return fmt.Errorf("shm: %s did not list its regions", p.name)
+		}
+		if rep.err != nil || rep.id == id {
+			break
+		}
+		for _, fds := range rep.fds {
+			closeAll(fds)
+		}
 	}
 	if rep.err != nil {
 		return rep.err
@@ -150,7 +177,13 @@ func (p *peer) listLocked() error {
 		}
 		return transport.ErrClosed
 	}
-	p.maps = append(p.maps, fresh...)
+	for _, f := range fresh {
+		if slices.ContainsFunc(p.revoked, func(r mapping) bool { return f.addr < r.end && r.addr < f.end }) {
+			unix.Munmap(f.whole)
+			continue
+		}
+		p.maps = append(p.maps, f)
+	}
 	sort.Slice(p.maps, func(i, j int) bool { return p.maps[i].addr < p.maps[j].addr })
 	return nil
 }
@@ -205,6 +238,7 @@ func (p *peer) readLoop(c *net.UnixConn, replies chan listReply) {
 		}
 		switch m.Op {
 		case "regions":
+			pending.id = m.ID
 			pending.msgs = append(pending.msgs, m)
 			pending.fds = append(pending.fds, fds)
 			if !m.More {
@@ -238,6 +272,9 @@ func (p *peer) readLoop(c *net.UnixConn, replies chan listReply) {
 func (p *peer) revoke(addr, n uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.listing {
+		p.revoked = append(p.revoked, mapping{addr: addr, end: addr + n})
+	}
 	kept := p.maps[:0]
 	for _, m := range p.maps {
 		if m.addr < addr+n && addr < m.end {

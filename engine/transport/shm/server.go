@@ -87,7 +87,10 @@ func (sc *serverConn) serve() {
 	oob := make([]byte, unix.CmsgSpace(4*maxFDs))
 	for {
 		m, fds, err := recv(sc.c, buf, oob)
-		closeAll(fds) // peers have no reason to send us fds
+		closeAll(fds)
+		if err == nil && len(fds) > 0 {
+			err = fmt.Errorf("%w: %d fds attached", errBadMessage, len(fds)) // peers have no reason to send us fds
+		}
 		if err != nil {
 			if !errors.Is(err, net.ErrClosed) {
 				sc.t.log.Debug("shm: control connection ended", "err", err)
@@ -96,7 +99,7 @@ func (sc *serverConn) serve() {
 		}
 		switch m.Op {
 		case "list":
-			if err := sc.sendRegions(); err != nil {
+			if err := sc.sendRegions(m.ID); err != nil {
 				return
 			}
 		case "revoked":
@@ -115,17 +118,17 @@ func (sc *serverConn) serve() {
 
 // sendRegions lists every memfd-backed region, attaching the memfds;
 // several packets when there are many.
-func (sc *serverConn) sendRegions() error {
-	regs := sc.t.env.Registry.Regions()
+func (sc *serverConn) sendRegions(id uint64) error {
+	regs := sc.t.listable()
 	version := sc.t.env.Registry.Version()
-	m := &message{Op: "regions", Version: version}
+	m := &message{Op: "regions", ID: id, Version: version}
 	var fds []int // our duplicates, closed after each packet
 	var inodes []uint64
 	flush := func(more bool) error {
 		m.More = more
 		err := sc.write(m, fds)
 		closeAll(fds)
-		m = &message{Op: "regions", Version: version}
+		m = &message{Op: "regions", ID: id, Version: version}
 		fds, inodes = fds[:0], inodes[:0]
 		return err
 	}

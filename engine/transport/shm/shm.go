@@ -53,6 +53,7 @@ type Transport struct {
 	mu     sync.Mutex
 	conns  map[*serverConn]struct{}
 	peers  map[string]*peer
+	hidden map[*transport.Region]struct{} // being unregistered: never listed again
 	closed bool
 	wg     sync.WaitGroup
 	nextID atomic.Uint64
@@ -68,7 +69,7 @@ func New(cfg Config) *Transport {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 5 * time.Second
 	}
-	return &Transport{cfg: cfg, conns: make(map[*serverConn]struct{}), peers: make(map[string]*peer), uid: uint32(os.Getuid())}
+	return &Transport{cfg: cfg, conns: make(map[*serverConn]struct{}), peers: make(map[string]*peer), hidden: make(map[*transport.Region]struct{}), uid: uint32(os.Getuid())}
 }
 
 // Name implements transport.Transport.
@@ -226,7 +227,20 @@ func (t *Transport) Close() error {
 // peer unmaps the buffer (waiting for its copies in progress) and
 // confirms before the memory is withdrawn.
 func (t *Transport) BeforeUnregister(ctx context.Context, addr, length uint64) error {
+	reg := t.env.Registry
 	t.mu.Lock()
+	// Stop listing the buffer first: until the engine removes it, a peer
+	// that lists again must not map it again.
+	for r := range t.hidden {
+		if cur, ok := reg.Find(r.Addr, r.Len()); !ok || cur != r {
+			delete(t.hidden, r) // removed since
+		}
+	}
+	for _, r := range reg.Regions() {
+		if r.Addr < addr+length && addr < r.End() {
+			t.hidden[r] = struct{}{}
+		}
+	}
 	conns := make([]*serverConn, 0, len(t.conns))
 	for c := range t.conns {
 		conns = append(conns, c)
@@ -234,13 +248,35 @@ func (t *Transport) BeforeUnregister(ctx context.Context, addr, length uint64) e
 	t.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, t.cfg.RevokeTimeout)
 	defer cancel()
-	var errs []error
-	for _, c := range conns {
-		if err := c.revoke(ctx, t.nextID.Add(1), addr, length); err != nil {
-			errs = append(errs, err)
+	// All peers at once: a silent one must not use up the others' time.
+	errs := make([]error, len(conns))
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = c.revoke(ctx, t.nextID.Add(1), addr, length)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// listable returns the registered regions peers may map now.
+func (t *Transport) listable() []*transport.Region {
+	regs := t.env.Registry.Regions()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.hidden) == 0 {
+		return regs
+	}
+	out := make([]*transport.Region, 0, len(regs))
+	for _, r := range regs {
+		if _, ok := t.hidden[r]; !ok {
+			out = append(out, r)
 		}
 	}
-	return errors.Join(errs...)
+	return out
 }
 
 // seal stops a peer from shrinking or growing a shared memfd under its

@@ -311,82 +311,133 @@ func (l *lane) writer() {
 	go l.reader()
 	defer close(l.inflight)
 
-	hdrs := make([]byte, 0, 64*HeaderSize)
-	var bufs net.Buffers
-	var wdl time.Time
+	w := &laneWriter{l: l, hdrs: make([]byte, 0, maxBatchHeaders*HeaderSize)}
 	for {
 		q := l.take()
 		if q == nil {
 			return
 		}
 		for i, s := range q {
-			if s.j.task.Aborted() {
-				l.load.Add(-int64(len(s.local)))
-				s.finish(transport.ErrTimeout)
-				continue
-			}
-			if !s.deadline.Equal(wdl) {
-				wdl = s.deadline
-				l.conn.SetWriteDeadline(wdl)
-			}
-			op := uint8(OpRead)
-			if s.op == transport.Write {
-				op = OpWrite
-			}
-			if l.p.v2 {
-				op |= V2Flag
-			}
-			hdrs = hdrs[:len(hdrs)+HeaderSize]
-			Header{Size: uint64(len(s.local)), Addr: s.remote, Opcode: op}.Put(hdrs[len(hdrs)-HeaderSize:])
-			acked := l.p.v2 || s.op == transport.Read
-			if acked {
-				select {
-				case l.inflight <- s:
-				default:
-					// The window is full: send the READ headers held back
-					// (all but s's), whose replies are what frees it.
-					if len(hdrs) > HeaderSize {
-						if _, err := l.conn.Write(hdrs[:len(hdrs)-HeaderSize]); err != nil {
-							l.fail(err)
-							l.unload(q[i:])
-							l.retry(q[i:], err)
-							return
-						}
-						hdrs = hdrs[:copy(hdrs, hdrs[len(hdrs)-HeaderSize:])]
-					}
-					l.inflight <- s
-				}
-			}
-			var err error
-			if s.op == transport.Write {
-				// Header and payload in one writev, straight from
-				// registered memory.
-				bufs = append(bufs[:0], hdrs, s.local)
-				_, err = bufs.WriteTo(l.conn)
-				hdrs = hdrs[:0]
-			} else if i == len(q)-1 || q[i+1].op != transport.Read || len(hdrs) == cap(hdrs) {
-				_, err = l.conn.Write(hdrs)
-				hdrs = hdrs[:0]
-			}
-			if err != nil {
+			if err := w.add(s); err != nil {
 				// Break the lane first so retries go to a new one.
 				l.fail(err)
-				rest := q[i+1:]
-				if !acked {
-					rest = q[i:]
-				}
+				rest := append(w.unacked, q[i+1:]...)
 				l.unload(rest)
 				l.retry(rest, err)
 				return
 			}
-			if !acked {
-				// v1 WRITE: done once the kernel has the bytes.
-				l.load.Add(-int64(len(s.local)))
-				s.finish(nil)
-			}
+		}
+		if err := w.flush(); err != nil {
+			l.fail(err)
+			l.unload(w.unacked)
+			l.retry(w.unacked, err)
+			return
 		}
 		clear(q) // the spare buffer must not keep slices alive
 	}
+}
+
+// Limits of one writev: many small requests leave in one system call, and
+// a large payload is never held back behind more than this.
+const (
+	maxBatchHeaders = 64
+	maxBatchBytes   = 4 << 20
+)
+
+// laneWriter gathers headers and payloads of consecutive slices into one
+// writev, straight from registered memory.
+type laneWriter struct {
+	l       *lane
+	hdrs    []byte      // headers of the pending batch, contiguous
+	hdrRun  int         // start in hdrs of headers not yet in iov
+	iov     net.Buffers // pending segments
+	out     net.Buffers // scratch that WriteTo consumes
+	bytes   int
+	dl      time.Time // earliest deadline of the batch
+	wdl     time.Time // deadline set on the connection
+	unacked []*slice  // v1 WRITEs, done once written
+}
+
+// add queues s. On error, the slices not handed to the reader (v1
+// WRITEs of the batch and s itself if it was not) are in w.unacked.
+func (w *laneWriter) add(s *slice) error {
+	l := w.l
+	if s.j.task.Aborted() {
+		l.load.Add(-int64(len(s.local)))
+		s.finish(transport.ErrTimeout)
+		return nil
+	}
+	if len(w.hdrs) == cap(w.hdrs) || len(w.iov) >= 2*maxBatchHeaders || w.bytes >= maxBatchBytes {
+		if err := w.flush(); err != nil {
+			w.unacked = append(w.unacked, s) // not sent: the caller retries it
+			return err
+		}
+	}
+	acked := l.p.v2 || s.op == transport.Read
+	if acked {
+		select {
+		case l.inflight <- s:
+		default:
+			// The window is full: send what is pending, whose replies are
+			// what frees it, then wait.
+			if err := w.flush(); err != nil {
+				w.unacked = append(w.unacked, s)
+				return err
+			}
+			l.inflight <- s
+		}
+	} else {
+		w.unacked = append(w.unacked, s)
+	}
+	op := uint8(OpRead)
+	if s.op == transport.Write {
+		op = OpWrite
+	}
+	if l.p.v2 {
+		op |= V2Flag
+	}
+	n := len(w.hdrs)
+	w.hdrs = w.hdrs[:n+HeaderSize]
+	Header{Size: uint64(len(s.local)), Addr: s.remote, Opcode: op}.Put(w.hdrs[n:])
+	w.bytes += HeaderSize
+	if w.dl.IsZero() || s.deadline.Before(w.dl) {
+		w.dl = s.deadline
+	}
+	if s.op == transport.Write {
+		w.iov = append(w.iov, w.hdrs[w.hdrRun:], s.local)
+		w.hdrRun = len(w.hdrs)
+		w.bytes += len(s.local)
+	}
+	return nil
+}
+
+func (w *laneWriter) flush() error {
+	if w.hdrRun < len(w.hdrs) {
+		w.iov = append(w.iov, w.hdrs[w.hdrRun:])
+	}
+	if len(w.iov) == 0 {
+		return nil
+	}
+	l := w.l
+	if !w.dl.Equal(w.wdl) {
+		w.wdl = w.dl
+		l.conn.SetWriteDeadline(w.wdl)
+	}
+	w.out = append(w.out[:0], w.iov...)
+	_, err := w.out.WriteTo(l.conn)
+	clear(w.iov)
+	w.iov, w.hdrs, w.hdrRun, w.bytes, w.dl = w.iov[:0], w.hdrs[:0], 0, 0, time.Time{}
+	if err != nil {
+		return err
+	}
+	// v1 WRITEs are done once the kernel has the bytes.
+	for _, s := range w.unacked {
+		l.load.Add(-int64(len(s.local)))
+		s.finish(nil)
+	}
+	clear(w.unacked)
+	w.unacked = w.unacked[:0]
+	return nil
 }
 
 var errRejected = errors.New("target rejected the request")

@@ -8,23 +8,46 @@ import (
 	"net"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/crescent-kv/crescent/engine/transport"
+)
+
+// Limits of one reply writev on the server side.
+const (
+	maxReplyStatuses = 128
+	maxReplyBytes    = 4 << 20
 )
 
 // serverConn serves requests on one accepted connection, in order, until
 // EOF or error. It accepts both pipelined clients (many headers in flight)
 // and the reference's one-request-per-connection clients.
+//
+// Replies are gathered while the next request is already readable: status
+// words and READ data of several requests then leave in one writev,
+// straight from registered memory (the regions stay pinned until sent).
 type serverConn struct {
 	t   *Transport
 	c   *net.TCPConn
+	rc  interface{ Control(func(uintptr)) error }
 	br  *bufio.Reader
-	out []byte // status words not yet sent
 	hdr [HeaderSize]byte
+
+	out    []byte // status words of the pending reply; never reallocated
+	outRun int    // start in out of words not yet in iov
+	iov    net.Buffers
+	wv     net.Buffers // scratch that WriteTo consumes
+	leases []transport.Lease
+	bytes  int
 }
 
 func (t *Transport) serveConn(c *net.TCPConn) {
-	s := &serverConn{t: t, c: c, br: bufio.NewReaderSize(c, 8<<10), out: make([]byte, 0, 512)}
+	s := &serverConn{t: t, c: c, br: bufio.NewReaderSize(c, 8<<10), out: make([]byte, 0, maxReplyStatuses*StatusSize)}
+	if rc, err := c.SyscallConn(); err == nil {
+		s.rc = rc
+	}
 	err := s.loop()
+	s.releaseAll()
 	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
 		t.log.Debug("tcp: server connection ended", "peer", c.RemoteAddr(), "err", err)
 	}
@@ -33,11 +56,9 @@ func (t *Transport) serveConn(c *net.TCPConn) {
 func (s *serverConn) loop() error {
 	reg := s.t.env.Registry
 	for {
-		// About to block on the network: send what the client waits for.
-		if s.br.Buffered() < HeaderSize {
-			if err := s.flush(); err != nil {
-				return err
-			}
+		// Send what the client waits for before blocking on the network.
+		if err := s.flushUnless(HeaderSize); err != nil {
+			return err
 		}
 		s.c.SetReadDeadline(time.Time{})
 		if _, err := io.ReadFull(s.br, s.hdr[:]); err != nil {
@@ -54,18 +75,16 @@ func (s *serverConn) loop() error {
 			s.t.rejected.Add(1)
 			if h.V2() {
 				s.status(StatusRejected)
-				s.flush()
 			}
+			s.flush()
 			return err
 		}
 		// A stalled peer must not pin memory forever.
 		s.c.SetDeadline(time.Now().Add(s.t.cfg.IdleTimeout))
 		if h.IsWrite() {
-			if s.br.Buffered() < int(min(h.Size, 1<<30)) {
-				if err := s.flush(); err != nil {
-					lease.Release()
-					return err
-				}
+			if err := s.flushUnless(int(min(h.Size, 1<<30))); err != nil {
+				lease.Release()
+				return err
 			}
 			_, err = io.ReadFull(s.br, lease.Mem)
 			lease.Release()
@@ -81,28 +100,69 @@ func (s *serverConn) loop() error {
 		if h.V2() {
 			s.status(StatusOK)
 		}
-		// Status words and data leave in one writev, straight from
-		// registered memory.
-		bufs := net.Buffers{s.out, lease.Mem}
-		_, err = bufs.WriteTo(s.c)
-		lease.Release()
-		s.out = s.out[:0]
-		if err != nil {
-			return err
+		if s.outRun < len(s.out) {
+			s.iov = append(s.iov, s.out[s.outRun:])
+			s.outRun = len(s.out)
 		}
+		s.iov = append(s.iov, lease.Mem)
+		s.leases = append(s.leases, lease)
+		s.bytes += len(lease.Mem)
 		s.t.bytesOut.Add(h.Size)
 	}
 }
 
+// status queues a status word, sending the pending reply first when the
+// word buffer is full.
 func (s *serverConn) status(v uint64) {
+	if len(s.out) == cap(s.out) {
+		s.flush()
+	}
 	s.out = binary.LittleEndian.AppendUint64(s.out, v)
 }
 
-func (s *serverConn) flush() error {
-	if len(s.out) == 0 {
+// flushUnless sends the pending reply unless need more bytes can be read
+// without blocking and the reply is still small.
+func (s *serverConn) flushUnless(need int) error {
+	if len(s.out) == 0 && len(s.iov) == 0 {
 		return nil
 	}
-	_, err := s.c.Write(s.out)
-	s.out = s.out[:0]
+	if len(s.out) < cap(s.out) && s.bytes < maxReplyBytes && s.readable() >= need {
+		return nil
+	}
+	return s.flush()
+}
+
+// readable is how many request bytes can be read now without blocking.
+func (s *serverConn) readable() int {
+	n := s.br.Buffered()
+	if s.rc == nil {
+		return n
+	}
+	var queued int
+	s.rc.Control(func(fd uintptr) {
+		queued, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ)
+	})
+	return n + queued
+}
+
+func (s *serverConn) flush() error {
+	if s.outRun < len(s.out) {
+		s.iov = append(s.iov, s.out[s.outRun:])
+	}
+	var err error
+	if len(s.iov) > 0 {
+		s.wv = append(s.wv[:0], s.iov...)
+		_, err = s.wv.WriteTo(s.c)
+	}
+	s.releaseAll()
 	return err
+}
+
+func (s *serverConn) releaseAll() {
+	for _, l := range s.leases {
+		l.Release()
+	}
+	clear(s.leases)
+	clear(s.iov)
+	s.leases, s.iov, s.out, s.outRun, s.bytes = s.leases[:0], s.iov[:0], s.out[:0], 0, 0
 }
