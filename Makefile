@@ -12,7 +12,13 @@ DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack \
 BENCH_FLAGS ?= --table --duration 5 --threads 2 --buffer_size 256MiB
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build test race nocgo bench lint fmt invariants clean
+.PHONY: all deps build test race nocgo bench lint fmt invariants clean proto proto-check
+
+# Generated gRPC code is committed; these pinned generators make it.
+PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+TOOLS := $(CURDIR)/bin/tools
+PROTOS := store/storepb/master.proto
 
 all: build
 
@@ -32,9 +38,10 @@ build:
 	@mkdir -p bin
 	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/...
 
-# The test command of the README and of CI: lint, the no-cgo build, and
-# every test under the race detector, with external services required.
-test: deps lint nocgo
+# The test command of the README and of CI: lint, stale generated code,
+# the no-cgo build, and every test under the race detector, with external
+# services required.
+test: deps lint proto-check nocgo
 	CRESCENT_REQUIRE_DEPS=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags "$(TAGS)" ./...
 	CRESCENT_REQUIRE_DEPS=1 $(GO) test -count=1 -tags "invariants $(TAGS)" ./engine/... ./internal/...
 
@@ -61,6 +68,28 @@ fmt:
 # baselines.
 bench: deps build
 	bin/crescent-bench transfer $(BENCH_FLAGS)
+
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_GO)
+
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_GO_GRPC)
+
+define protoc
+	PATH=$(TOOLS):$$PATH protoc -I store/storepb \
+		--go_out=$(1) --go_opt=paths=source_relative \
+		--go-grpc_out=$(1) --go-grpc_opt=paths=source_relative $(PROTOS)
+endef
+
+proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+	$(call protoc,store/storepb)
+
+# Fails when the committed generated code is not what the generators make.
+proto-check: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+	@tmp=$$(mktemp -d); $(call protoc,$$tmp); \
+	for f in $$tmp/*.go; do \
+		cmp -s $$f store/storepb/$$(basename $$f) || { echo "stale: store/storepb/$$(basename $$f) (run make proto)"; rm -rf $$tmp; exit 1; }; \
+	done; rm -rf $$tmp; echo "generated code up to date"
 
 clean:
 	rm -rf bin
