@@ -23,68 +23,68 @@ type Code int32
 
 // The reference's codes.
 const (
-	OK                          Code = 0
-	InternalError               Code = -1
-	BufferOverflow              Code = -10
-	SegmentNotFound             Code = -101
-	SegmentAlreadyExists        Code = -102
-	ClientNotFound              Code = -103
-	NoAvailableHandle           Code = -200
-	InvalidVersion              Code = -300
-	InvalidKey                  Code = -400
-	WriteFail                   Code = -500
-	InvalidParams               Code = -600
-	IllegalClient               Code = -601
-	InvalidWrite                Code = -700
-	InvalidRead                 Code = -701
-	InvalidReplica              Code = -702
-	ReplicaIsNotReady           Code = -703
-	ObjectNotFound              Code = -704
-	ObjectAlreadyExists         Code = -705
-	ObjectHasLease              Code = -706
-	LeaseExpired                Code = -707
-	ObjectHasReplicationTask    Code = -708
-	ObjectNoReplicationTask     Code = -709
-	ReplicaNotFound             Code = -710
-	ReplicaAlreadyExists        Code = -711
-	ReplicaIsGone               Code = -712
-	ReplicaNotInLocalMemory     Code = -713
-	ObjectReplicaBusy           Code = -714
-	TransferFail                Code = -800
-	ChecksumMismatch            Code = -801
-	RPCFail                     Code = -900
-	RPCTimeout                  Code = -901
-	EtcdOperationError          Code = -1000
-	EtcdKeyNotExist             Code = -1001
-	EtcdTransactionFail         Code = -1002
-	EtcdCtxCancelled            Code = -1003
-	OplogEntryNotFound          Code = -1004
-	IncompleteOplogCatchUp      Code = -1007
-	UnavailableInCurrentStatus  Code = -1010
-	UnavailableInCurrentMode    Code = -1011
-	NotSupported                Code = -1012
-	FileNotFound                Code = -1100
-	FileOpenFail                Code = -1101
-	FileReadFail                Code = -1102
-	FileWriteFail               Code = -1103
-	FileInvalidBuffer           Code = -1104
-	FileLockFail                Code = -1105
-	FileInvalidHandle           Code = -1106
-	BucketNotFound              Code = -1200
-	BucketAlreadyExists         Code = -1201
-	KeysExceedBucketLimit       Code = -1202
-	KeysUltraLimit              Code = -1203
-	UnableOffload               Code = -1300
-	UnableOffloading            Code = -1301
-	TaskNotFound                Code = -1400
-	TaskPendingLimitExceeded    Code = -1401
-	SerializeFail               Code = -1501
-	DeserializeFail             Code = -1502
+	OK                         Code = 0
+	InternalError              Code = -1
+	BufferOverflow             Code = -10
+	SegmentNotFound            Code = -101
+	SegmentAlreadyExists       Code = -102
+	ClientNotFound             Code = -103
+	NoAvailableHandle          Code = -200
+	InvalidVersion             Code = -300
+	InvalidKey                 Code = -400
+	WriteFail                  Code = -500
+	InvalidParams              Code = -600
+	IllegalClient              Code = -601
+	InvalidWrite               Code = -700
+	InvalidRead                Code = -701
+	InvalidReplica             Code = -702
+	ReplicaIsNotReady          Code = -703
+	ObjectNotFound             Code = -704
+	ObjectAlreadyExists        Code = -705
+	ObjectHasLease             Code = -706
+	LeaseExpired               Code = -707
+	ObjectHasReplicationTask   Code = -708
+	ObjectNoReplicationTask    Code = -709
+	ReplicaNotFound            Code = -710
+	ReplicaAlreadyExists       Code = -711
+	ReplicaIsGone              Code = -712
+	ReplicaNotInLocalMemory    Code = -713
+	ObjectReplicaBusy          Code = -714
+	TransferFail               Code = -800
+	ChecksumMismatch           Code = -801
+	RPCFail                    Code = -900
+	RPCTimeout                 Code = -901
+	EtcdOperationError         Code = -1000
+	EtcdKeyNotExist            Code = -1001
+	EtcdTransactionFail        Code = -1002
+	EtcdCtxCancelled           Code = -1003
+	OplogEntryNotFound         Code = -1004
+	IncompleteOplogCatchUp     Code = -1007
+	UnavailableInCurrentStatus Code = -1010
+	UnavailableInCurrentMode   Code = -1011
+	NotSupported               Code = -1012
+	FileNotFound               Code = -1100
+	FileOpenFail               Code = -1101
+	FileReadFail               Code = -1102
+	FileWriteFail              Code = -1103
+	FileInvalidBuffer          Code = -1104
+	FileLockFail               Code = -1105
+	FileInvalidHandle          Code = -1106
+	BucketNotFound             Code = -1200
+	BucketAlreadyExists        Code = -1201
+	KeysExceedBucketLimit      Code = -1202
+	KeysUltraLimit             Code = -1203
+	UnableOffload              Code = -1300
+	UnableOffloading           Code = -1301
+	TaskNotFound               Code = -1400
+	TaskPendingLimitExceeded   Code = -1401
+	SerializeFail              Code = -1501
+	DeserializeFail            Code = -1502
 )
 
 var names = map[Code]string{
 	OK: "OK", InternalError: "INTERNAL_ERROR", BufferOverflow: "BUFFER_OVERFLOW",
-	SegmentNotFound: "SEGMENT_NOT_FOUND",
+	SegmentNotFound:      "SEGMENT_NOT_FOUND",
 	SegmentAlreadyExists: "SEGMENT_ALREADY_EXISTS", ClientNotFound: "CLIENT_NOT_FOUND",
 	NoAvailableHandle: "NO_AVAILABLE_HANDLE", InvalidVersion: "INVALID_VERSION",
 	InvalidKey: "INVALID_KEY", WriteFail: "WRITE_FAIL", InvalidParams: "INVALID_PARAMS",
