@@ -49,7 +49,7 @@ func TestHistogramQuantiles(t *testing.T) {
 // TestRunTransferLoopback runs every protocol and direction briefly and
 // checks the result is complete and self-consistent.
 func TestRunTransferLoopback(t *testing.T) {
-	for _, proto := range []string{"tcp", "shm"} {
+	for _, proto := range []string{"tcp", "shm", "cxl"} {
 		for _, op := range []string{"write", "read"} {
 			t.Run(proto+"-"+op, func(t *testing.T) {
 				res, err := RunTransfer(context.Background(), TransferConfig{
@@ -68,7 +68,7 @@ func TestRunTransferLoopback(t *testing.T) {
 				if !(res.P50us > 0 && res.P50us <= res.P99us && res.P99us <= res.P999us) {
 					t.Fatalf("latency percentiles %v %v %v", res.P50us, res.P99us, res.P999us)
 				}
-				want := map[string]string{"tcp": "tcp-stream", "shm": "memcpy"}[proto]
+				want := map[string]string{"tcp": "tcp-stream", "shm": "memcpy", "cxl": "memcpy"}[proto]
 				if res.Baseline != want {
 					t.Fatalf("baseline %q", res.Baseline)
 				}

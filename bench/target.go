@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -25,6 +26,9 @@ func ServeTarget(c TransferConfig) (*Target, error) {
 	c.Mode = "target"
 	if err := c.setDefaults(); err != nil {
 		return nil, err
+	}
+	if c.Protocol == "cxl" && c.CXLDevice == "" {
+		return nil, errors.New("bench: target mode with protocol cxl needs --cxl_device (the device the initiator maps too)")
 	}
 	s, err := newSide(&c)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,13 @@ type TransferConfig struct {
 	BaselineServer string
 	// Progress, when set, receives a progress line each second.
 	Progress io.Writer
+	// CXLDevice is the device (or file) both sides map for protocol cxl;
+	// empty creates a file in /dev/shm sized for both sides. Side i uses
+	// the i-th BufferSize of it (the target is side 1 in loopback mode,
+	// side 0 in target mode; the initiator side 0 in loopback mode and 1
+	// against a remote target).
+	CXLDevice string
+	cxlSlot   int
 }
 
 func (c *TransferConfig) setDefaults() error {
@@ -108,7 +116,31 @@ type TransferResult struct {
 func (c *TransferConfig) engineConfig() engine.Config {
 	ec := engine.Config{LocalServerName: c.LocalServerName, MetadataServer: c.MetadataServer, Protocols: []string{c.Protocol}}
 	ec.TCP.Lanes = c.Lanes
+	ec.CXL.Path = c.CXLDevice
 	return ec
+}
+
+// cxlFile makes a memory-backed file standing in for a CXL device, large
+// enough for two sides.
+func (c *TransferConfig) cxlFile() (func(), error) {
+	if c.CXLDevice != "" {
+		return func() {}, nil
+	}
+	dir := "/dev/shm"
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		dir = os.TempDir()
+	}
+	f, err := os.CreateTemp(dir, "crescent-bench-cxl-*")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := f.Truncate(2 * c.BufferSize); err != nil {
+		os.Remove(f.Name())
+		return nil, err
+	}
+	c.CXLDevice = f.Name()
+	return func() { os.Remove(f.Name()) }, nil
 }
 
 func (c *TransferConfig) lanes() int {
@@ -126,6 +158,9 @@ type side struct {
 }
 
 func newSide(c *TransferConfig) (*side, error) {
+	if c.Protocol == "cxl" {
+		return newCXLSide(c)
+	}
 	p, err := mempool.New(mempool.Options{Size: c.BufferSize, Name: "crescent-bench"})
 	if err != nil {
 		return nil, err
@@ -135,11 +170,7 @@ func newSide(c *TransferConfig) (*side, error) {
 		p.Close()
 		return nil, err
 	}
-	for i := range buf {
-		if i%4096 == 0 {
-			buf[i] = byte(i >> 12)
-		}
-	}
+	touch(buf)
 	e, err := engine.New(c.engineConfig())
 	if err != nil {
 		p.Close()
@@ -153,9 +184,45 @@ func newSide(c *TransferConfig) (*side, error) {
 	return &side{e: e, pool: p, buf: buf}, nil
 }
 
+// newCXLSide registers this side's slot of the shared device.
+func newCXLSide(c *TransferConfig) (*side, error) {
+	e, err := engine.New(c.engineConfig())
+	if err != nil {
+		return nil, err
+	}
+	dev, ok := e.CXLDevice()
+	if !ok {
+		e.Close()
+		return nil, fmt.Errorf("bench: cxl transport did not start on %s", c.CXLDevice)
+	}
+	slot := int64(c.cxlSlot)
+	c.cxlSlot++
+	mem := dev.Bytes()
+	if int64(len(mem)) < (slot+1)*c.BufferSize {
+		e.Close()
+		return nil, fmt.Errorf("bench: cxl device of %d bytes has no room for side %d of %d bytes", len(mem), slot, c.BufferSize)
+	}
+	buf := mem[slot*c.BufferSize : (slot+1)*c.BufferSize]
+	touch(buf)
+	if err := e.RegisterMemory(buf, "cpu:0"); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return &side{e: e, buf: buf}, nil
+}
+
+// touch writes every page so no measurement pays first-touch faults.
+func touch(buf []byte) {
+	for i := 0; i < len(buf); i += 4096 {
+		buf[i] = byte(i >> 12)
+	}
+}
+
 func (s *side) close() {
 	s.e.Close()
-	s.pool.Close()
+	if s.pool != nil {
+		s.pool.Close()
+	}
 }
 
 // RunTransfer runs the benchmark in loopback or initiator mode.
@@ -165,6 +232,16 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 	}
 	if c.Mode == "target" {
 		return nil, errors.New("bench: use ServeTarget for target mode")
+	}
+	if c.Protocol == "cxl" {
+		cleanup, err := c.cxlFile()
+		if err != nil {
+			return nil, err
+		}
+		defer cleanup()
+		if c.Mode == "initiator" {
+			c.cxlSlot = 1 // the remote target holds slot 0
+		}
 	}
 	init, err := newSide(&c)
 	if err != nil {

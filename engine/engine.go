@@ -18,6 +18,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/engine/transport/cxl"
 	"github.com/crescent-kv/crescent/engine/transport/shm"
 	"github.com/crescent-kv/crescent/engine/transport/tcp"
 )
@@ -37,7 +38,7 @@ type Config struct {
 	// (default P2PHANDSHAKE).
 	MetadataServer string
 	// Protocols lists the transports to start, in order of preference
-	// (default: shm, tcp). Unknown names are an error; a transport that
+	// (default: shm, cxl, tcp). Unknown names are an error; a transport that
 	// fails to start is skipped with one log line.
 	Protocols []string
 	// PortRange bounds the handshake port chosen when none is given.
@@ -59,6 +60,7 @@ type Config struct {
 
 	TCP tcp.Config
 	Shm shm.Config
+	CXL cxl.Config
 
 	Logger *slog.Logger
 }
@@ -68,7 +70,7 @@ func (c *Config) setDefaults() error {
 		c.MetadataServer = P2PHandshake
 	}
 	if len(c.Protocols) == 0 {
-		c.Protocols = []string{"shm", "tcp"}
+		c.Protocols = []string{"shm", "cxl", "tcp"}
 	}
 	if c.PortRange == [2]int{} {
 		c.PortRange = [2]int{15000, 17000}
@@ -203,7 +205,11 @@ func New(cfg Config) (*Engine, error) {
 			return nil, err
 		}
 		if err := t.Start(env); err != nil {
-			e.log.Warn("transport not started; skipped", "protocol", p, "err", err)
+			lvl := slog.LevelWarn
+			if errors.Is(err, transport.ErrNotSupported) || errors.Is(err, cxl.ErrNoDevice) {
+				lvl = slog.LevelInfo // not configured here: expected
+			}
+			e.log.Log(context.Background(), lvl, "transport not started; skipped", "protocol", p, "err", err)
 			continue
 		}
 		e.transports = append(e.transports, t)
@@ -228,6 +234,8 @@ func newTransport(name string, cfg *Config) (transport.Transport, error) {
 	switch name {
 	case "tcp":
 		return tcp.New(cfg.TCP), nil
+	case "cxl":
+		return cxl.New(cfg.CXL), nil
 	case "shm":
 		return shm.New(cfg.Shm), nil
 	}
@@ -312,6 +320,17 @@ func listenHandshake(host string, port int, rng [2]int, h metadata.Handlers, log
 
 // Name is the local segment name peers open.
 func (e *Engine) Name() string { return e.name }
+
+// CXLDevice returns the mapped CXL device when the cxl transport runs:
+// register slices of its Bytes to make them reachable over CXL.
+func (e *Engine) CXLDevice() (*cxl.Device, bool) {
+	for _, t := range e.transports {
+		if c, ok := t.(*cxl.Transport); ok {
+			return c.Device(), true
+		}
+	}
+	return nil, false
+}
 
 // Transports lists the started transports in order of preference.
 func (e *Engine) Transports() []string {

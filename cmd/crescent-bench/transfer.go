@@ -31,7 +31,9 @@ func transferMain(ctx context.Context, args []string) error {
 	var c bench.TransferConfig
 	fs.StringVar(&c.Mode, "mode", "loopback", "loopback (target and initiator in this process), initiator or target")
 	fs.StringVar(&c.Operation, "operation", "write", "read or write")
-	fs.StringVar(&c.Protocol, "protocol", "tcp", "transport: shm or tcp")
+	fs.StringVar(&c.Protocol, "protocol", "tcp", "transport: shm, tcp or cxl")
+	fs.StringVar(&c.CXLDevice, "cxl_device", "", "cxl: the DAX device or file both sides map (loopback default: a file in /dev/shm)")
+	tableProtos := fs.String("table_protocols", "shm,cxl,tcp", "protocols of --table")
 	fs.StringVar(&c.SegmentID, "segment_id", "", "target segment name (initiator mode), as printed by the target")
 	fs.StringVar(&c.LocalServerName, "local_server_name", "127.0.0.1", "local host[:port] for the segment name")
 	fs.StringVar(&c.MetadataServer, "metadata_server", engine.P2PHandshake, "metadata connection string")
@@ -46,7 +48,7 @@ func transferMain(ctx context.Context, args []string) error {
 	unit := fs.String("report_unit", "GB", "GB|GiB|Gb|MB|MiB|Mb|KB|KiB|Kb")
 	precision := fs.Int("report_precision", 2, "decimals in the throughput")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
-	table := fs.Bool("table", false, "run shm and tcp, write and read, 64 KiB and 1 MiB blocks; print a table")
+	table := fs.Bool("table", false, "run each of --table_protocols, write and read, 64 KiB and 1 MiB blocks; print a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -86,7 +88,7 @@ func transferMain(ctx context.Context, args []string) error {
 	}
 
 	if *table {
-		return runTable(ctx, c, os.Stdout)
+		return runTable(ctx, c, strings.Split(*tableProtos, ","), os.Stdout)
 	}
 	if c.Mode == "target" {
 		t, err := bench.ServeTarget(c)
@@ -114,10 +116,10 @@ func transferMain(ctx context.Context, args []string) error {
 	return nil
 }
 
-func runTable(ctx context.Context, base bench.TransferConfig, out io.Writer) error {
+func runTable(ctx context.Context, base bench.TransferConfig, protos []string, out io.Writer) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "protocol\top\tblock\tthreads\tGB/s\tbaseline\tbaseline GB/s\tratio\tp50 us\tp99 us\tp999 us\t")
-	for _, proto := range []string{"shm", "tcp"} {
+	for _, proto := range protos {
 		for _, op := range []string{"write", "read"} {
 			for _, block := range []int{64 << 10, 1 << 20} {
 				c := base

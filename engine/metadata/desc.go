@@ -33,13 +33,14 @@ type Device struct {
 	GID  string `json:"gid"`
 }
 
-// Buffer is a registered range of a segment. For CXL segments Offset is
-// used instead of Addr.
+// Buffer is a registered range of a segment. Offset, when set, is the
+// buffer's offset in the segment's CXL device (cxl_name): peers sharing
+// that device reach the buffer there.
 type Buffer struct {
 	Name   string   `json:"name"`
 	Addr   uint64   `json:"addr"`
 	Length uint64   `json:"length"`
-	Offset uint64   `json:"offset,omitempty"`
+	Offset *uint64  `json:"offset,omitempty"`
 	RKey   []uint64 `json:"rkey,omitempty"`
 	LKey   []uint64 `json:"lkey,omitempty"`
 }
@@ -138,6 +139,15 @@ func UnmarshalDesc(data []byte) (*SegmentDesc, error) {
 	}
 	if d.TCPProtoVersion == 0 {
 		d.TCPProtoVersion = 1
+	}
+	// A reference CXL segment addresses buffers by device offset only;
+	// requests to it name that offset, so it doubles as the address.
+	if d.Protocol == "cxl" {
+		for i := range d.Buffers {
+			if b := &d.Buffers[i]; b.Addr == 0 && b.Offset != nil {
+				b.Addr = *b.Offset
+			}
+		}
 	}
 	if err := d.Validate(); err != nil {
 		return nil, err
