@@ -48,9 +48,9 @@ type Config struct {
 // Device is a CXL memory device mapped MAP_SHARED into this process.
 // Processes (and hosts) mapping the same device see each other's writes.
 type Device struct {
-	name string
-	path string
-	fd   int
+	name  string
+	path  string
+	fd    int
 	mem   []byte
 	flush bool
 	refs  atomic.Int32
@@ -180,7 +180,9 @@ type span struct{ addr, end, off uint64 }
 var _ transport.Transport = (*Transport)(nil)
 
 // New returns a CXL transport; Start maps the device from cfg.
-func New(cfg Config) *Transport { return &Transport{cfg: cfg, index: map[*metadata.SegmentDesc][]span{}} }
+func New(cfg Config) *Transport {
+	return &Transport{cfg: cfg, index: map[*metadata.SegmentDesc][]span{}}
+}
 
 // NewWithDevice returns a transport over an already opened device (which
 // the caller also uses to allocate registered buffers); it takes a
