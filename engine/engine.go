@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -197,7 +198,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("%w: metadata server %q: %w", ErrInvalidConfig, cfg.MetadataServer, err)
 	}
 
-	env := transport.Env{LocalName: e.name, Host: host, HostID: e.hostID, Registry: e.reg, Logger: e.log}
+	env := transport.Env{LocalName: e.name, Host: host, HostID: e.hostID, Registry: e.reg, Logger: e.log, Handshake: handshake{e}}
 	for _, p := range cfg.Protocols {
 		t, err := newTransport(p, &cfg)
 		if err != nil {
@@ -464,6 +465,21 @@ func (e *Engine) sendNotify(s *segment, msg string) error {
 		return fmt.Errorf("engine: notify %s: %w", s.name, err)
 	}
 	return metadata.SendNotify(ctx, addr, e.name, msg)
+}
+
+// handshake gives transports the engine's handshake server and client.
+type handshake struct{ e *Engine }
+
+func (h handshake) Handle(protocol string, f func(json.RawMessage) (json.RawMessage, error)) {
+	h.e.hs.HandleProtocol(protocol, f)
+}
+
+func (h handshake) Exchange(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	addr, err := h.e.backend.RPCAddr(ctx, peer)
+	if err != nil {
+		return nil, err
+	}
+	return metadata.Exchange(ctx, addr, metadata.Connection, req)
 }
 
 // goSafe runs f on a goroutine that Close waits for; it refuses once

@@ -52,6 +52,7 @@ type Server struct {
 
 	mu     sync.Mutex
 	conn   func(json.RawMessage) (json.RawMessage, error)
+	byProt map[string]func(json.RawMessage) (json.RawMessage, error)
 	conns  map[net.Conn]struct{}
 	closed bool
 	wg     sync.WaitGroup
@@ -84,12 +85,29 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 // Addr is the listening address (host:port).
 func (s *Server) Addr() string { return s.ln.Addr().String() }
 
-// HandleConnection installs the Connection handler (transports that
-// exchange endpoint information call it when they start).
+// HandleConnection installs the default Connection handler: the one for
+// requests without a "protocol" field (the reference's RDMA handshake).
 func (s *Server) HandleConnection(h func(json.RawMessage) (json.RawMessage, error)) {
 	s.mu.Lock()
 	s.conn = h
 	s.mu.Unlock()
+}
+
+// HandleProtocol installs the Connection handler for requests whose
+// "protocol" field is p (the reference routes handshakes so). Transports
+// that exchange endpoint information (rdma, efa) call it when they start;
+// nil removes it.
+func (s *Server) HandleProtocol(p string, h func(json.RawMessage) (json.RawMessage, error)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.byProt == nil {
+		s.byProt = make(map[string]func(json.RawMessage) (json.RawMessage, error))
+	}
+	if h == nil {
+		delete(s.byProt, p)
+		return
+	}
+	s.byProt[p] = h
 }
 
 func (s *Server) serve() {
@@ -209,10 +227,20 @@ func (s *Server) handle(t MsgType, body []byte) any {
 	case Probe:
 		return map[string]string{"status": "success"}
 	case Connection:
+		var sel struct {
+			Protocol string `json:"protocol"`
+		}
+		json.Unmarshal(body, &sel)
 		s.mu.Lock()
 		conn := s.conn
+		if sel.Protocol != "" {
+			conn = s.byProt[sel.Protocol]
+		}
 		s.mu.Unlock()
 		if conn == nil {
+			if sel.Protocol != "" {
+				return errorReply{Status: "error", ReplyMsg: "Unsupported handshake protocol: " + sel.Protocol}
+			}
 			return errorReply{Status: "error", ReplyMsg: "No default handshake handler is registered"}
 		}
 		out, err := conn(body)

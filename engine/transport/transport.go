@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"sync/atomic"
@@ -100,6 +101,21 @@ type Env struct {
 	// Registry holds the memory that remote peers may touch.
 	Registry *Registry
 	Logger   *slog.Logger
+	// Handshake lets transports exchange endpoint information with peers
+	// over the engine's handshake (Connection frames). Nil in tests that
+	// need none.
+	Handshake Handshake
+}
+
+// Handshake is the engine's handshake, as transports use it.
+type Handshake interface {
+	// Handle installs the handler of Connection requests whose "protocol"
+	// field is protocol; it returns the reply JSON, and an error is sent
+	// to the peer as "reply_msg".
+	Handle(protocol string, h func(req json.RawMessage) (json.RawMessage, error))
+	// Exchange sends a Connection request to the engine of segment peer
+	// and returns its reply; a reply carrying an error comes back as one.
+	Exchange(ctx context.Context, peer string, req []byte) ([]byte, error)
 }
 
 // Peer is an opened remote segment as transports see it.
