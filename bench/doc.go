@@ -10,4 +10,44 @@
 // and the target buffer, waits, and frees the batch, for Duration after a
 // warm-up. Buffers come from prefaulted mempool arenas, so no run times
 // first-touch page faults.
+//
+// # Store workload
+//
+// RunStore starts a master (in this process, or uses StoreConfig.MasterAddr)
+// and Clients store clients (in this process, or as child processes), each
+// contributing SegmentSize bytes, with Threads workers each. Client i
+// places its values on the segments of clients i+1, i+2, ... (ReplicateConfig.
+// Preferred), so every put and get moves bytes from one client to another.
+// Workers call PutFrom/GetInto on buffers registered with RegisterBuffer
+// (BatchPut/BatchGet with Batch > 1; Put/Get on heap memory when Staged).
+// Before a get or mixed run each client stores its read set; the key sets
+// fill at most 70% of each segment (size classes counted), below the
+// master's eviction watermark, so nothing is evicted. Put workers cycle
+// through a ring of keys and remove the whole ring with one BatchRemove
+// (outside the call's latency, inside the round's time) before reusing it.
+// Operation meta measures the master alone: Clients gRPC connections with
+// Threads workers store Objects objects with BatchPutStart+BatchPutEnd of
+// Batch keys on a segment mounted for the run, unmounted at the end.
+//
+// The Redis baseline (Baseline "redis") starts redis-server on a free
+// loopback port (persistence off) and runs the same key sets, value size,
+// operation mix and concurrency through go-redis: Clients clients of
+// Threads connections, SET for put and GET for get (a pipeline of Batch
+// commands when Batch > 1). Rounds of about a second alternate baseline
+// and Crescent. Ops count keys; latency is per call; ratio is Crescent's
+// throughput over Redis's.
+//
+// Client processes are driven by JSON lines: the parent writes one object
+// per command on the child's stdin, the child answers each with one object
+// on stdout, and exits when stdin closes:
+//
+//	{"cmd":"init","config":StoreConfig,"index":i,"master":"host:port"}
+//	                                    -> {"segment":"host:port"}
+//	{"cmd":"prepare","plan":{"run_id","peers":[...],"get_keys","ring"}}
+//	                                    -> {}
+//	{"cmd":"run","dur":nanoseconds}     -> {"stats":{"Ops","Gets","Puts","Bytes",
+//	                                        "Elapsed","Hist":{"n","max_ns","buckets":[[i,count],...]}}}
+//
+// Any answer may instead be {"error":"text"}. Histogram buckets are the
+// indices of Histogram's log-linear buckets.
 package bench

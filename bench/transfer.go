@@ -19,7 +19,7 @@ import (
 type TransferConfig struct {
 	Mode            string // loopback (default) | initiator | target
 	Operation       string // read | write
-	Protocol        string // shm | tcp
+	Protocol        string // shm | tcp | cxl | rdma | efa
 	SegmentID       string // target segment (initiator mode)
 	LocalServerName string
 	MetadataServer  string
@@ -45,6 +45,16 @@ type TransferConfig struct {
 	// against a remote target).
 	CXLDevice string
 	cxlSlot   int
+	// RDMADevice selects the rdma transport's NICs: "soft" runs software
+	// NICs in this process (loopback mode only), anything else is a
+	// comma-separated list of device names (empty: every NIC found).
+	RDMADevice string
+	// RDMANICs is the number of software NICs per side (default 2).
+	RDMANICs int
+	rdma     *rdmaSetup
+	// FabricProvider is the libfabric provider of protocol efa ("efa",
+	// "tcp;ofi_rxm", "sockets"); empty takes $FI_PROVIDER, else "efa".
+	FabricProvider string
 }
 
 func (c *TransferConfig) setDefaults() error {
@@ -91,7 +101,7 @@ func (c *TransferConfig) setDefaults() error {
 	if c.Mode == "initiator" && c.SegmentID == "" {
 		return errors.New("bench: initiator mode needs --segment_id")
 	}
-	return nil
+	return c.checkRDMA()
 }
 
 // TransferResult is one run's outcome. Throughputs are in GB/s (1e9).
@@ -111,12 +121,20 @@ type TransferResult struct {
 	P50us          float64 `json:"p50_us"`
 	P99us          float64 `json:"p99_us"`
 	P999us         float64 `json:"p999_us"`
+	// DeviceCalls counts RDMA device-interface calls per batch (protocol
+	// rdma).
+	DeviceCalls *DeviceCalls `json:"device_calls,omitempty"`
+	// FabricCalls counts crossings into libfabric per batch (protocol
+	// efa).
+	FabricCalls *FabricCalls `json:"fabric_calls,omitempty"`
 }
 
 func (c *TransferConfig) engineConfig() engine.Config {
 	ec := engine.Config{LocalServerName: c.LocalServerName, MetadataServer: c.MetadataServer, Protocols: []string{c.Protocol}}
 	ec.TCP.Lanes = c.Lanes
 	ec.CXL.Path = c.CXLDevice
+	c.rdmaConfig(&ec)
+	c.efaConfig(&ec)
 	return ec
 }
 
@@ -243,6 +261,7 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 			c.cxlSlot = 1 // the remote target holds slot 0
 		}
 	}
+	defer c.closeRDMA() // after the engines
 	init, err := newSide(&c)
 	if err != nil {
 		return nil, err
@@ -280,9 +299,9 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 	// so drift on a noisy machine weighs on both sides alike.
 	baseline := func(d time.Duration) (float64, error) {
 		switch {
-		case c.Protocol == "tcp" && c.BaselineServer != "":
+		case c.streamBaseline() && c.BaselineServer != "":
 			return remoteStream(ctx, c.BaselineServer, init.buf, c.lanes(), d, c.Operation)
-		case c.Protocol == "tcp":
+		case c.streamBaseline():
 			dst := init.buf
 			if target != nil {
 				dst = target.buf
@@ -295,7 +314,7 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 		}
 	}
 	res.Baseline = "memcpy"
-	if c.Protocol == "tcp" {
+	if c.streamBaseline() {
 		res.Baseline = "tcp-stream"
 	}
 	op := engine.Write
@@ -365,6 +384,8 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 	var n int64
 	var elapsed time.Duration
 	var baseBytes float64 // GB/s x seconds, summed over rounds
+	calls0, dev := c.deviceCalls()
+	fab0 := c.fabricStats()
 	for r := 0; r < rounds; r++ {
 		d := c.Duration / time.Duration(rounds)
 		gbps, err := baseline(d)
@@ -382,6 +403,9 @@ func RunTransfer(ctx context.Context, c TransferConfig) (*TransferResult, error)
 		}
 		n, elapsed = n+bn, elapsed+el
 	}
+	calls1, _ := c.deviceCalls()
+	res.DeviceCalls = perBatch(calls0, calls1, dev, n)
+	res.FabricCalls = fabricPerBatch(&c, fab0, c.fabricStats(), n)
 	var all Histogram
 	for _, h := range hs {
 		all.Merge(h)

@@ -32,8 +32,10 @@
 //     handshake's Notify frame) once the batch completed, before Wait
 //     returns; the receiver drains Notifications.
 //
-// Transports are tried in Config.Protocols order (default shm, then tcp);
-// the first that accepts a target range carries it. The wire formats are
+// Transports are tried in Config.Protocols order (default shm, cxl, rdma,
+// efa, tcp; one that cannot start here is skipped with one log line); the
+// first that accepts a target range carries it. The wire formats are
 // documented in engine/metadata (handshake, descriptor), engine/transport/
-// tcp and engine/transport/shm.
+// tcp, shm, cxl, rdma and efa. With an etcd or Redis metadata store, an
+// opened segment's descriptor is followed by a watch.
 package engine

@@ -20,6 +20,8 @@ import (
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/cxl"
+	"github.com/crescent-kv/crescent/engine/transport/efa"
+	"github.com/crescent-kv/crescent/engine/transport/rdma"
 	"github.com/crescent-kv/crescent/engine/transport/shm"
 	"github.com/crescent-kv/crescent/engine/transport/tcp"
 )
@@ -39,8 +41,8 @@ type Config struct {
 	// (default P2PHANDSHAKE).
 	MetadataServer string
 	// Protocols lists the transports to start, in order of preference
-	// (default: shm, cxl, tcp). Unknown names are an error; a transport that
-	// fails to start is skipped with one log line.
+	// (default: shm, cxl, rdma, efa, tcp). Unknown names are an error; a transport
+	// that fails to start is skipped with one log line.
 	Protocols []string
 	// PortRange bounds the handshake port chosen when none is given.
 	PortRange [2]int
@@ -50,6 +52,13 @@ type Config struct {
 	// MetadataTimeout bounds descriptor fetches and notifications
 	// (default 5s).
 	MetadataTimeout time.Duration
+	// MetadataClusterID namespaces keys in etcd/Redis/HTTP stores
+	// (default $MC_METADATA_CLUSTER_ID).
+	MetadataClusterID string
+	// MetadataTTL is how long the published descriptor outlives this
+	// engine if it dies without Close (etcd lease / Redis expiry;
+	// default metadata.DefaultTTL; not possible over HTTP).
+	MetadataTTL time.Duration
 	// NotifyQueue bounds received notifications kept until drained
 	// (default 65536; the oldest are dropped beyond it).
 	NotifyQueue int
@@ -62,6 +71,10 @@ type Config struct {
 	TCP tcp.Config
 	Shm shm.Config
 	CXL cxl.Config
+	EFA efa.Config
+	// RDMA configures the rdma transport; RDMA.Devices selects given
+	// devices (such as the software device) instead of libibverbs'.
+	RDMA rdma.Config
 
 	Logger *slog.Logger
 }
@@ -71,7 +84,7 @@ func (c *Config) setDefaults() error {
 		c.MetadataServer = P2PHandshake
 	}
 	if len(c.Protocols) == 0 {
-		c.Protocols = []string{"shm", "cxl", "tcp"}
+		c.Protocols = []string{"shm", "cxl", "rdma", "efa", "tcp"}
 	}
 	if c.PortRange == [2]int{} {
 		c.PortRange = [2]int{15000, 17000}
@@ -129,6 +142,10 @@ type Engine struct {
 	ready  atomic.Bool
 	closed atomic.Bool
 
+	// watchCtx ends at Close; segment watches derive from it.
+	watchCtx  context.Context
+	stopWatch context.CancelFunc
+
 	lifeMu      sync.Mutex // orders goSafe against Close
 	closing     bool
 	wg          sync.WaitGroup
@@ -173,6 +190,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, reg: transport.NewRegistry(), hostID: hostID()}
 	e.segs.byName = make(map[string]*segment)
+	e.watchCtx, e.stopWatch = context.WithCancel(context.Background())
 
 	// The handshake server answers descriptor requests, notifications and
 	// transport connection requests; its port names the segment.
@@ -192,7 +210,11 @@ func New(cfg Config) (*Engine, error) {
 	e.name = e.hs.Addr()
 	e.log = cfg.Logger.With("segment", e.name)
 
-	e.backend, err = metadata.Open(cfg.MetadataServer, metadata.Options{Timeout: cfg.MetadataTimeout, Self: e.LocalDesc})
+	e.backend, err = metadata.Open(cfg.MetadataServer, metadata.Options{
+		Timeout: cfg.MetadataTimeout, Self: e.LocalDesc,
+		ClusterID: cfg.MetadataClusterID, TTL: cfg.MetadataTTL,
+		RPCAddr: e.name, Logger: e.log,
+	})
 	if err != nil {
 		e.hs.Close()
 		return nil, fmt.Errorf("%w: metadata server %q: %w", ErrInvalidConfig, cfg.MetadataServer, err)
@@ -239,11 +261,16 @@ func newTransport(name string, cfg *Config) (transport.Transport, error) {
 		return cxl.New(cfg.CXL), nil
 	case "shm":
 		return shm.New(cfg.Shm), nil
+	case "efa":
+		return efa.New(cfg.EFA), nil
+	case "rdma":
+		return rdma.New(cfg.RDMA), nil
 	}
 	return nil, fmt.Errorf("%w: unknown protocol %q", ErrInvalidConfig, name)
 }
 
 func (e *Engine) closeStarted() {
+	e.stopWatch()
 	for _, t := range e.transports {
 		t.Close()
 	}
@@ -333,6 +360,27 @@ func (e *Engine) CXLDevice() (*cxl.Device, bool) {
 	return nil, false
 }
 
+// WarmupSegment sets up, now, the connections transports would otherwise
+// make on the segment's first request (the efa transport's handshake and
+// address-vector insertion). Transports that need none are skipped.
+func (e *Engine) WarmupSegment(ctx context.Context, id SegmentID) error {
+	s, err := e.segment(id)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, t := range e.transports {
+		if w, ok := t.(interface {
+			Warmup(context.Context, transport.Peer) error
+		}); ok {
+			if err := w.Warmup(ctx, s); err != nil && !errors.Is(err, transport.ErrUnreachable) {
+				errs = append(errs, fmt.Errorf("engine: warm up %s over %s: %w", s.name, t.Name(), err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Transports lists the started transports in order of preference.
 func (e *Engine) Transports() []string {
 	out := make([]string, len(e.transports))
@@ -369,11 +417,22 @@ func (e *Engine) RegisterMemory(mem []byte, location string) error {
 		if rt, ok := t.(transport.Registerer); ok {
 			if err := rt.AfterRegister(r); err != nil {
 				e.reg.Remove(context.Background(), r.Addr)
+				e.dropDesc()
 				return fmt.Errorf("engine: register with %s: %w", t.Name(), err)
 			}
 		}
 	}
+	// A peer may have fetched the descriptor between Add and the
+	// transports' registration (without their keys): rebuild it.
+	e.dropDesc()
 	return e.publish()
+}
+
+// dropDesc forgets the cached local descriptor.
+func (e *Engine) dropDesc() {
+	e.descMu.Lock()
+	e.desc = nil
+	e.descMu.Unlock()
 }
 
 // UnregisterMemory withdraws mem (the slice given to RegisterMemory). New
@@ -516,6 +575,7 @@ func (e *Engine) Close() error {
 	if e.stopRefresh != nil {
 		close(e.stopRefresh)
 	}
+	e.stopWatch()
 	e.lifeMu.Lock()
 	e.closing = true
 	e.lifeMu.Unlock()

@@ -30,6 +30,7 @@ type segment struct {
 	lastRefresh time.Time // when the last fetch ended
 	lastErr     error
 	closed      atomic.Bool
+	stopWatch   context.CancelFunc // nil unless the backend watches; guarded by segTable.mu
 }
 
 var _ transport.Peer = (*segment)(nil)
@@ -76,6 +77,46 @@ func (s *segment) Refresh(ctx context.Context) (*metadata.SegmentDesc, error) {
 	return d, nil
 }
 
+// watched applies a descriptor reported by the backend's watch; nil
+// means the segment was withdrawn (removed, or its owner's lease
+// expired), so nothing of it is offered until it is published again.
+func (s *segment) watched(d *metadata.SegmentDesc) {
+	s.refreshMu.Lock()
+	defer s.refreshMu.Unlock()
+	if s.closed.Load() {
+		return
+	}
+	if d == nil {
+		s.setDesc(&metadata.SegmentDesc{Name: s.name})
+		s.lastErr = fmt.Errorf("%w: %q was withdrawn", ErrSegmentNotFound, s.name)
+		s.e.log.Debug("segment withdrawn (watch)", "segment", s.name)
+	} else {
+		s.setDesc(d)
+		s.lastErr = nil
+		s.e.log.Debug("segment descriptor changed (watch)", "segment", s.name, "buffers", len(d.Buffers))
+	}
+	s.lastRefresh = time.Now()
+}
+
+// watchSegment follows s's descriptor when the backend can report
+// changes; the watch ends when the segment's last reference closes or the
+// engine closes. Called with segTable.mu held.
+func (e *Engine) watchSegment(s *segment) {
+	w, ok := e.backend.(metadata.Watcher)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithCancel(e.watchCtx)
+	s.stopWatch = cancel
+	if !e.goSafe(func() {
+		if err := w.Watch(ctx, s.name, s.watched); err != nil && ctx.Err() == nil {
+			e.log.Warn("segment watch ended", "segment", s.name, "err", err)
+		}
+	}) {
+		cancel()
+	}
+}
+
 // segTable holds opened segments by handle and by name.
 type segTable struct {
 	handles[segment] // mu also guards byName and refs
@@ -115,6 +156,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 	}
 	s.id = SegmentID(e.segs.addLocked(s))
 	e.segs.byName[name] = s
+	e.watchSegment(s)
 	return s.id, nil
 }
 
@@ -134,6 +176,9 @@ func (e *Engine) CloseSegment(id SegmentID) error {
 		e.segs.removeLocked(uint64(id))
 		delete(e.segs.byName, s.name)
 		s.closed.Store(true)
+		if s.stopWatch != nil {
+			s.stopWatch()
+		}
 	}
 	e.segs.mu.Unlock()
 	if last {

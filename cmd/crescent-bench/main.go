@@ -2,8 +2,9 @@
 // the same machine, measured in the same run.
 //
 //	crescent-bench transfer [flags]   transfer engine throughput and latency
+//	crescent-bench store [flags]      store put/get throughput and latency vs Redis
 //
-// Run "crescent-bench transfer -h" for the flags.
+// Run "crescent-bench transfer -h" (or store -h) for the flags.
 package main
 
 import (
@@ -16,7 +17,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer [flags]\n\nRun 'crescent-bench transfer -h' for the flags.")
+		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer|store [flags]\n\nRun 'crescent-bench transfer -h' or 'crescent-bench store -h' for the flags.")
 		if len(os.Args) < 2 {
 			os.Exit(2)
 		}
@@ -28,8 +29,12 @@ func main() {
 	switch os.Args[1] {
 	case "transfer":
 		err = transferMain(ctx, os.Args[2:])
+	case "store":
+		err = storeMain(ctx, os.Args[2:], os.Stdout)
+	case storeClientCmd:
+		err = storeClientMain(ctx, os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (want transfer)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (want transfer or store)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crescent-bench:", err)

@@ -31,8 +31,11 @@ func transferMain(ctx context.Context, args []string) error {
 	var c bench.TransferConfig
 	fs.StringVar(&c.Mode, "mode", "loopback", "loopback (target and initiator in this process), initiator or target")
 	fs.StringVar(&c.Operation, "operation", "write", "read or write")
-	fs.StringVar(&c.Protocol, "protocol", "tcp", "transport: shm, tcp or cxl")
+	fs.StringVar(&c.Protocol, "protocol", "tcp", "transport: shm, tcp, cxl, rdma or efa")
+	fs.StringVar(&c.FabricProvider, "fi_provider", "", "efa: libfabric provider (efa, tcp;ofi_rxm, sockets; default $FI_PROVIDER, else efa)")
 	fs.StringVar(&c.CXLDevice, "cxl_device", "", "cxl: the DAX device or file both sides map (loopback default: a file in /dev/shm)")
+	fs.StringVar(&c.RDMADevice, "rdma_device", "", `rdma: "soft" = software NICs in this process (loopback only), else comma-separated NIC names (default: every NIC libibverbs lists)`)
+	fs.IntVar(&c.RDMANICs, "rdma_nics", 2, "rdma soft: software NICs per side")
 	tableProtos := fs.String("table_protocols", "shm,cxl,tcp", "protocols of --table")
 	fs.StringVar(&c.SegmentID, "segment_id", "", "target segment name (initiator mode), as printed by the target")
 	fs.StringVar(&c.LocalServerName, "local_server_name", "127.0.0.1", "local host[:port] for the segment name")
@@ -112,6 +115,13 @@ func transferMain(ctx context.Context, args []string) error {
 	fmt.Printf("%s %s, block %d, batch %d, threads %d\n", res.Protocol, res.Operation, res.BlockSize, res.BatchSize, res.Threads)
 	fmt.Printf("latency per request: p50 %.0f us, p99 %.0f us, p999 %.0f us\n", res.P50us, res.P99us, res.P999us)
 	fmt.Printf("baseline (%s, same run): %.2f GB/s; ratio %.2f\n", res.Baseline, res.BaselineGBps, res.Ratio)
+	if d := res.DeviceCalls; d != nil {
+		fmt.Printf("rdma device calls per batch of %d (%s device; one cgo crossing each on real NICs): %.1f = post %.1f + poll %.1f + arm %.1f + wait %.1f\n",
+			res.BatchSize, d.Device, d.PerBatch, d.Post, d.Poll, d.Arm, d.Wait)
+	}
+	if f := res.FabricCalls; f != nil {
+		fmt.Printf("libfabric cgo crossings per batch of %d (both engines): %.1f, of which progress calls %.1f, posting %.2f\n", res.BatchSize, f.PerBatch, f.Progress, f.Post)
+	}
 	fmt.Printf("Test completed: duration %.2f, batch count %d, throughput %.*f %s/s\n", res.DurationS, res.Batches, *precision, rate, *unit)
 	return nil
 }

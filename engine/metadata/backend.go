@@ -3,7 +3,9 @@ package metadata
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"time"
 )
@@ -26,30 +28,76 @@ type Backend interface {
 	Close() error
 }
 
+// Watcher is implemented by backends that report descriptor changes
+// (etcd watch, Redis keyspace notifications or polling).
+type Watcher interface {
+	// Watch calls fn with the current descriptor of segment name, then
+	// after every change, and with nil while the segment is absent
+	// (removed, or its owner's lease expired). Calls are serial and in
+	// order; identical consecutive values may be skipped. Watch blocks
+	// until ctx ends (returning ctx.Err()) or the backend is closed.
+	Watch(ctx context.Context, name string, fn func(*SegmentDesc)) error
+}
+
 // Options configure a backend.
 type Options struct {
 	// Timeout bounds each backend operation (default 5s).
 	Timeout time.Duration
 	// Self returns the local descriptor; P2P requests carry it.
 	Self func() *SegmentDesc
+	// ClusterID namespaces the keys of store backends:
+	// "mooncake/<ClusterID>/..." (default: $MC_METADATA_CLUSTER_ID).
+	ClusterID string
+	// RPCAddr is the local handshake address ("host:port"). When set,
+	// store backends publish it as rpc_meta/<segment> with the
+	// descriptor, so peers can reach the handshake server by name.
+	RPCAddr string
+	// TTL is how long published entries outlive their owner: store
+	// backends that can expire keys (etcd, Redis) keep them alive while
+	// the owner runs (default DefaultTTL).
+	TTL time.Duration
+	// PollInterval is how often a watch polls where the store cannot
+	// notify changes (default 1s).
+	PollInterval time.Duration
+	Logger       *slog.Logger
 }
+
+// DefaultTTL is the default lifetime of a published entry whose owner
+// stopped refreshing it.
+const DefaultTTL = 10 * time.Second
 
 // Open returns the backend for a connection string. Only P2PHANDSHAKE is
 // built in here; other schemes are added by the packages that implement
-// them through Register.
+// them through Register. A string without "scheme://" (other than
+// P2PHANDSHAKE) is an etcd endpoint list, as in the reference.
 func Open(conn string, opts Options) (Backend, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
+	if opts.TTL <= 0 {
+		opts.TTL = DefaultTTL
+	}
+	if opts.PollInterval <= 0 {
+		opts.PollInterval = time.Second
+	}
+	if opts.ClusterID == "" {
+		opts.ClusterID = os.Getenv(ClusterIDEnv)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
 	if conn == "" || strings.EqualFold(conn, P2PHandshake) {
 		return &p2p{opts: opts}, nil
 	}
-	scheme := conn
+	scheme := "etcd"
 	if i := strings.Index(conn, "://"); i >= 0 {
 		scheme = conn[:i]
 	}
 	if f, ok := backends[scheme]; ok {
 		return f(conn, opts)
+	}
+	if !strings.Contains(conn, "://") {
+		return nil, fmt.Errorf("%w: %q (a bare host:port means etcd; is the etcd backend linked in?)", ErrUnknownServer, conn)
 	}
 	return nil, fmt.Errorf("%w: %q", ErrUnknownServer, conn)
 }

@@ -58,6 +58,35 @@ type Extension struct {
 	ShmSocket string `json:"shm_socket,omitempty"`
 	// ShmBuffers lists the addresses of buffers that can be mapped.
 	ShmBuffers []uint64 `json:"shm_buffers,omitempty"`
+	// EFA describes the segment's libfabric endpoints (the efa transport).
+	EFA *EFAInfo `json:"efa,omitempty"`
+	// RDMA locates the rdma transport's NICs in devices.
+	RDMA *RDMAInfo `json:"rdma,omitempty"`
+}
+
+// RDMAInfo locates a segment's RDMA NICs in its descriptor:
+// devices[FirstDevice:FirstDevice+Devices] are the NICs, and a buffer's
+// rkey[i]/lkey[i] are its keys on devices[i]. A descriptor with protocol
+// "rdma" and no RDMAInfo (a reference peer) means every device.
+type RDMAInfo struct {
+	FirstDevice int `json:"first_device"`
+	Devices     int `json:"devices"`
+}
+
+// EFAInfo locates a segment's libfabric domains in its descriptor:
+// devices[FirstDevice:FirstDevice+Devices] are the domains, and a
+// buffer's rkey[i] is its key on devices[i]. A descriptor with protocol
+// "efa" and no EFAInfo (a reference peer) means provider "efa", virtual
+// addressing, every device.
+type EFAInfo struct {
+	// Provider is the libfabric provider ("efa", "tcp;ofi_rxm", ...);
+	// only peers using the same provider can reach the segment.
+	Provider string `json:"provider"`
+	// VirtAddr is set when remote addresses are virtual addresses
+	// (FI_MR_VIRT_ADDR); otherwise they are offsets into the buffer.
+	VirtAddr    bool `json:"virt_addr"`
+	FirstDevice int  `json:"first_device"`
+	Devices     int  `json:"devices"`
 }
 
 // TimestampLayout is the reference's descriptor timestamp (local time).

@@ -42,4 +42,21 @@
 // shm_buffers}, which reference decoders ignore. Numbers are JSON numbers,
 // never strings. A buffer with an empty name, zero address (except CXL) or
 // zero length makes the whole descriptor invalid, as in the reference.
+//
+// # Backends and store keys
+//
+// Open picks a Backend by connection string: "" or P2PHANDSHAKE (built
+// in), or a scheme registered by a backend package (etcdmeta: etcd:// and
+// bare host:port; redismeta: redis://, rediss://; httpmeta: http://,
+// https://). Store backends share the reference's key names (Keys):
+//
+//	"mooncake/" [cluster id "/"] "ram/" <segment>   descriptor
+//	"mooncake/" [cluster id "/"] <segment>          descriptor, when the name holds '/'
+//	"mooncake/" [cluster id "/"] "rpc_meta/" <segment>
+//	                     {"ip_or_host_name":"<host>","rpc_port":<port>} (RPCMeta)
+//
+// The cluster id is Options.ClusterID, else $MC_METADATA_CLUSTER_ID. A
+// backend that can report changes implements Watcher; descriptors from a
+// store whose name is not host:port get tcp_data_host from rpc_meta
+// (FillDataHost), as the reference's newest engine does.
 package metadata

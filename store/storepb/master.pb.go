@@ -345,8 +345,8 @@ type ReplicateConfig struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ReplicaNum  uint32                 `protobuf:"varint,1,opt,name=replica_num,json=replicaNum,proto3" json:"replica_num,omitempty"`
 	WithSoftPin bool                   `protobuf:"varint,2,opt,name=with_soft_pin,json=withSoftPin,proto3" json:"with_soft_pin,omitempty"`
-	// soft_pin_ttl_ms overrides the master's soft-pin TTL (capped by its
-	// maximum); 0 = default.
+	// soft_pin_ttl_ms overrides the master's soft-pin TTL; 0 = default. More
+	// than the master's maximum is INVALID_PARAMS.
 	SoftPinTtlMs uint64 `protobuf:"varint,3,opt,name=soft_pin_ttl_ms,json=softPinTtlMs,proto3" json:"soft_pin_ttl_ms,omitempty"`
 	// A hard-pinned object is never evicted; only Remove/RemoveAll delete it.
 	WithHardPin bool `protobuf:"varint,4,opt,name=with_hard_pin,json=withHardPin,proto3" json:"with_hard_pin,omitempty"`

@@ -1,0 +1,952 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/store"
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// Defaults of StoreConfig.
+const (
+	DefaultStoreClients     = 2
+	DefaultStoreSegmentSize = 512 << 20
+	DefaultStoreStaging     = 64 << 20
+	DefaultStoreValueSize   = 1 << 20
+	DefaultStoreThreads     = 2
+	DefaultMetaObjects      = 1_000_000
+	DefaultMetaBatch        = 128
+)
+
+// Shares of the pool's memory the bench fills, below the master's
+// eviction watermark (0.90) with room for the allocator's size classes
+// (up to 12.5%), so no key is evicted during a run.
+const (
+	getShare      = 0.70 // get: the keys read
+	mixedGetShare = 0.40 // mixed: the keys read ...
+	mixedPutShare = 0.30 // ... and the keys written
+	putShare      = 0.70 // put: the keys written
+	maxGetKeys    = 16384
+	maxRingKeys   = 1024
+)
+
+// StoreConfig configures the store benchmark (RunStore).
+type StoreConfig struct {
+	// MasterAddr is an existing master ("host:port"); empty starts one in
+	// this process on a loopback port.
+	MasterAddr string `json:"master_addr,omitempty"`
+	// Clients is the number of store clients (default 2), each
+	// contributing SegmentSize bytes and running Threads workers.
+	Clients int `json:"clients"`
+	// ClientProcesses runs each client in its own process: ClientCommand
+	// (with ClientEnv added to the environment) must serve
+	// ServeStoreClient on its stdin and stdout.
+	ClientProcesses bool     `json:"client_processes,omitempty"`
+	ClientCommand   []string `json:"-"`
+	ClientEnv       []string `json:"-"`
+	// SegmentSize is the memory each client contributes (default 512 MiB).
+	SegmentSize int64 `json:"segment_size"`
+	// LocalBufferSize is each client's staging pool (default 64 MiB).
+	LocalBufferSize int64 `json:"local_buffer_size"`
+	// ValueSize is the bytes per value (default 1 MiB).
+	ValueSize int `json:"value_size"`
+	// Operation: put, get (default), mixed, or meta (metadata only:
+	// BatchPutStart+BatchPutEnd of Objects objects through gRPC).
+	Operation string `json:"operation"`
+	// GetRatio is the share of gets in mixed (0 = 0.5).
+	GetRatio float64 `json:"get_ratio,omitempty"`
+	// Duration measured (default 10 s), in rounds of about a second
+	// alternating with the baseline; Warmup before (default 1 s,
+	// negative = none).
+	Duration time.Duration `json:"duration"`
+	Warmup   time.Duration `json:"warmup"`
+	// Threads is the number of concurrent workers per client (default 2).
+	Threads int `json:"threads"`
+	// Protocol is the one engine transport to use; empty leaves the
+	// engine's preference order (shm first on one host).
+	Protocol string `json:"protocol,omitempty"`
+	// Replicas per value (default 1).
+	Replicas int `json:"replicas"`
+	// Batch is the keys per call: BatchPut/BatchGet when > 1 (default 1;
+	// meta: 128).
+	Batch int `json:"batch"`
+	// Staged uses Put/Get (BatchPut/BatchGet) on Go heap memory, moved
+	// through the client's staging pool. By default values come from and
+	// go to buffers registered with RegisterBuffer, through PutFrom and
+	// GetInto (and BatchPut), with no copy in user space. BatchGet has no
+	// zero-copy form, so batched gets are always staged.
+	Staged bool `json:"staged,omitempty"`
+	// Baseline is "redis" (SET/GET through go-redis on a redis-server the
+	// bench starts), "none", or empty for redis when it is installed.
+	Baseline string `json:"baseline,omitempty"`
+	// RedisServer is the redis-server binary (default: $PATH).
+	RedisServer string `json:"redis_server,omitempty"`
+	// LocalHostname is the clients' engine host (default 127.0.0.1).
+	LocalHostname string `json:"local_hostname,omitempty"`
+	// Objects is the number of objects meta stores (default 1,000,000).
+	Objects int `json:"objects,omitempty"`
+	// Progress, when set, receives a line per round.
+	Progress io.Writer `json:"-"`
+	// Logger for the clients (default: warnings and errors to stderr).
+	Logger *slog.Logger `json:"-"`
+}
+
+// Errors of the store benchmark's configuration.
+var ErrStoreConfig = errors.New("bench: invalid store configuration")
+
+func (c *StoreConfig) setDefaults() error {
+	bad := func(f string, a ...any) error { return fmt.Errorf("%w: %s", ErrStoreConfig, fmt.Sprintf(f, a...)) }
+	if c.Operation == "" {
+		c.Operation = "get"
+	}
+	switch c.Operation {
+	case "put", "get", "mixed", "meta":
+	default:
+		return bad("--operation must be put, get, mixed or meta, not %q", c.Operation)
+	}
+	if c.Clients == 0 {
+		c.Clients = DefaultStoreClients
+	}
+	if c.Threads == 0 {
+		c.Threads = DefaultStoreThreads
+	}
+	if c.SegmentSize == 0 {
+		c.SegmentSize = DefaultStoreSegmentSize
+	}
+	if c.LocalBufferSize == 0 {
+		c.LocalBufferSize = DefaultStoreStaging
+	}
+	if c.ValueSize == 0 {
+		c.ValueSize = DefaultStoreValueSize
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.Batch == 0 {
+		c.Batch = 1
+		if c.Operation == "meta" {
+			c.Batch = DefaultMetaBatch
+		}
+	}
+	if c.GetRatio == 0 {
+		c.GetRatio = 0.5
+	}
+	if c.Duration == 0 {
+		c.Duration = 10 * time.Second
+	}
+	if c.Warmup == 0 {
+		c.Warmup = time.Second
+	}
+	if c.LocalHostname == "" {
+		c.LocalHostname = "127.0.0.1"
+	}
+	if c.Objects == 0 {
+		c.Objects = DefaultMetaObjects
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	switch {
+	case c.Clients < 1 || c.Clients > 64:
+		return bad("--clients %d outside [1, 64]", c.Clients)
+	case c.Threads < 1 || c.Threads > 1024:
+		return bad("--threads %d outside [1, 1024]", c.Threads)
+	case c.SegmentSize < 0, c.LocalBufferSize < 0:
+		return bad("negative memory size")
+	case c.ValueSize < 1:
+		return bad("--value_size %d", c.ValueSize)
+	case c.Replicas < 1 || c.Replicas > 16:
+		return bad("--replicas %d outside [1, 16]", c.Replicas)
+	case c.Batch < 1 || c.Batch > 4096:
+		return bad("--batch %d outside [1, 4096]", c.Batch)
+	case !(c.GetRatio > 0 && c.GetRatio <= 1):
+		return bad("--get_ratio %v outside (0, 1]", c.GetRatio)
+	case c.Duration < 0:
+		return bad("negative --duration")
+	case c.Objects < 1:
+		return bad("--objects %d", c.Objects)
+	case c.ClientProcesses && len(c.ClientCommand) == 0:
+		return bad("client processes need a ClientCommand")
+	}
+	switch c.Baseline {
+	case "":
+		c.Baseline = "none"
+		if c.Operation != "meta" && RedisAvailable(c.RedisServer) {
+			c.Baseline = "redis"
+		}
+	case "redis", "none":
+	default:
+		return bad("--baseline must be redis or none, not %q", c.Baseline)
+	}
+	if c.Operation == "meta" {
+		c.Baseline = "none"
+	}
+	return nil
+}
+
+// StoreResult is one run's outcome. Ops count keys (objects): a batched
+// call of N keys is N ops. Latencies are per call. Throughputs are in
+// GB/s (1e9 bytes).
+type StoreResult struct {
+	Operation       string `json:"operation"`
+	ValueSize       int    `json:"value_size"`
+	Clients         int    `json:"clients"`
+	ClientProcesses bool   `json:"client_processes"`
+	Threads         int    `json:"threads"`
+	Batch           int    `json:"batch"`
+	Replicas        int    `json:"replicas"`
+	// ZeroCopy: every call moved values with no copy in user space.
+	ZeroCopy       bool    `json:"zero_copy"`
+	Protocol       string  `json:"protocol"`
+	DurationS      float64 `json:"duration_s"`
+	Ops            int64   `json:"ops"`
+	Gets           int64   `json:"gets"`
+	Puts           int64   `json:"puts"`
+	Bytes          int64   `json:"bytes"`
+	OpsPerSec      float64 `json:"ops_per_sec"`
+	ThroughputGBps float64 `json:"throughput_gbps"`
+	P50us          float64 `json:"p50_us"`
+	P99us          float64 `json:"p99_us"`
+	P999us         float64 `json:"p999_us"`
+	// GetKeys is the keys each client populated and reads; RingKeys the
+	// keys each put worker cycles through (removing them all with one
+	// BatchRemove each time round).
+	GetKeys  int `json:"get_keys"`
+	RingKeys int `json:"ring_keys"`
+	// Baseline is "redis" or "none", measured in the same run with
+	// Clients*Threads connections, interleaved in rounds.
+	Baseline          string  `json:"baseline"`
+	BaselineOpsPerSec float64 `json:"baseline_ops_per_sec"`
+	BaselineGBps      float64 `json:"baseline_gbps"`
+	BaselineP50us     float64 `json:"baseline_p50_us"`
+	BaselineP99us     float64 `json:"baseline_p99_us"`
+	BaselineP999us    float64 `json:"baseline_p999_us"`
+	// Ratio is ThroughputGBps / BaselineGBps (ops for meta; 0 without a
+	// baseline).
+	Ratio float64 `json:"ratio"`
+	// EvictedKeys during the measurement (in-process master only).
+	EvictedKeys *uint64 `json:"evicted_keys,omitempty"`
+	// Master is the master's address ("in-process" when started here).
+	Master string `json:"master"`
+}
+
+// storePlan is what each client needs to prepare: everyone's segment
+// names (to place its values on the others) and the key counts.
+type storePlan struct {
+	RunID   string   `json:"run_id"`
+	Peers   []string `json:"peers"`
+	GetKeys int      `json:"get_keys"`
+	Ring    int      `json:"ring"`
+}
+
+func getKey(run string, client, i int) string {
+	return "crescent-bench/" + run + "/c" + strconv.Itoa(client) + "/g" + strconv.Itoa(i)
+}
+
+func ringKey(run string, client, worker, i int) string {
+	return "crescent-bench/" + run + "/c" + strconv.Itoa(client) + "/w" + strconv.Itoa(worker) + "/p" + strconv.Itoa(i)
+}
+
+// reserved estimates what the master reserves for one value: the
+// allocator rounds to 64 bytes and then to a size class (<= 12.5% more).
+func reserved(n int) int64 { return int64(n) + int64(n)/8 + 64 }
+
+// plan sizes the key sets so that at most a share of each segment is
+// used: client i places its values on the next Replicas segments, so
+// every segment holds Replicas clients' keys.
+func (c *StoreConfig) plan() (gets, ring int, err error) {
+	per := float64(reserved(c.ValueSize)) * float64(min(c.Replicas, c.Clients))
+	seg := float64(c.SegmentSize)
+	var gShare, pShare float64
+	switch c.Operation {
+	case "get":
+		gShare = getShare
+	case "put":
+		pShare = putShare
+	case "mixed":
+		gShare, pShare = mixedGetShare, mixedPutShare
+	}
+	if gShare > 0 {
+		gets = min(int(gShare*seg/per), maxGetKeys)
+		if gets < c.Batch {
+			return 0, 0, fmt.Errorf("%w: --segment_size %d holds %d values of %d bytes to read, fewer than --batch %d", ErrStoreConfig, c.SegmentSize, gets, c.ValueSize, c.Batch)
+		}
+	}
+	if pShare > 0 {
+		ring = min(int(pShare*seg/per)/c.Threads, maxRingKeys)
+		ring -= ring % c.Batch
+		if ring < c.Batch {
+			return 0, 0, fmt.Errorf("%w: --segment_size %d has no room for --threads %d x --batch %d values of %d bytes", ErrStoreConfig, c.SegmentSize, c.Threads, c.Batch, c.ValueSize)
+		}
+	}
+	return gets, ring, nil
+}
+
+// stepResult is what one call did.
+type stepResult struct {
+	keys  int
+	bytes int64
+	get   bool
+}
+
+// stepFunc performs one call and records its latency in h.
+type stepFunc func(ctx context.Context, h *Histogram) (stepResult, error)
+
+// roundStats is what a set of workers did in one round.
+type roundStats struct {
+	Ops, Gets, Puts, Bytes int64
+	Elapsed                time.Duration
+	Hist                   Histogram
+}
+
+func (r *roundStats) add(o *roundStats) {
+	r.Ops += o.Ops
+	r.Gets += o.Gets
+	r.Puts += o.Puts
+	r.Bytes += o.Bytes
+	r.Hist.Merge(&o.Hist)
+}
+
+// drive runs every step in its own goroutine, back to back, until d has
+// passed, ctx ends or a step fails; the round lasts until the last call
+// in progress returned.
+func drive(ctx context.Context, d time.Duration, steps []stepFunc) (*roundStats, error) {
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	var firstErr error
+	parts := make([]roundStats, len(steps))
+	start := time.Now()
+	for i, step := range steps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := &parts[i]
+			for !stop.Load() && ctx.Err() == nil {
+				r, err := step(ctx, &p.Hist)
+				if err != nil {
+					errOnce.Do(func() { firstErr = err })
+					stop.Store(true)
+					return
+				}
+				p.Ops += int64(r.keys)
+				p.Bytes += r.bytes
+				if r.get {
+					p.Gets += int64(r.keys)
+				} else {
+					p.Puts += int64(r.keys)
+				}
+			}
+		}()
+	}
+	t := time.NewTimer(d)
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	case <-done:
+	}
+	t.Stop()
+	stop.Store(true)
+	<-done
+	out := &roundStats{Elapsed: time.Since(start)}
+	for i := range parts {
+		out.add(&parts[i])
+	}
+	if firstErr == nil && ctx.Err() != nil {
+		firstErr = ctx.Err()
+	}
+	return out, firstErr
+}
+
+// benchClient is one store client of the bench, in this process or in a
+// child process.
+type benchClient interface {
+	segment() string
+	prepare(ctx context.Context, p *storePlan) error
+	run(ctx context.Context, d time.Duration) (*roundStats, error)
+	close() error
+}
+
+// localClient is a store.Client with its workers.
+type localClient struct {
+	cfg       *StoreConfig
+	index     int
+	c         *store.Client
+	pool      *mempool.Pool // the workers' registered buffers (zero copy)
+	bufs      []byte
+	steps     []stepFunc
+	closeOnce sync.Once
+}
+
+func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr string) (*localClient, error) {
+	sc := store.Config{
+		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
+		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
+	}
+	if cfg.Protocol != "" {
+		sc.Protocols = []string{cfg.Protocol}
+	}
+	c, err := store.New(ctx, sc)
+	if err != nil {
+		return nil, fmt.Errorf("bench: client %d: %w", index, err)
+	}
+	lc := &localClient{cfg: cfg, index: index, c: c}
+	size := int64(cfg.Threads) * int64(cfg.Batch) * int64(cfg.ValueSize)
+	if cfg.Staged {
+		lc.bufs = make([]byte, size)
+	} else {
+		if lc.pool, err = mempool.New(mempool.Options{Size: size, SlabSize: mempool.MinSlabSize, Name: "crescent-bench-values"}); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("bench: value buffers: %w", err)
+		}
+		lc.bufs = lc.pool.Bytes()[:size:size]
+		if err := c.RegisterBuffer(lc.bufs); err != nil {
+			lc.close()
+			return nil, fmt.Errorf("bench: register value buffers: %w", err)
+		}
+	}
+	rand.Read(lc.bufs)
+	return lc, nil
+}
+
+func (lc *localClient) segment() string { return lc.c.SegmentName() }
+
+func (lc *localClient) close() error {
+	var err error
+	lc.closeOnce.Do(func() {
+		err = lc.c.Close()
+		if lc.pool != nil {
+			lc.pool.Close()
+		}
+	})
+	return err
+}
+
+// replicateConfig places values on the following clients' segments, so
+// every get and put crosses from one client to another.
+func (lc *localClient) replicateConfig(p *storePlan) store.ReplicateConfig {
+	rc := store.ReplicateConfig{Replicas: lc.cfg.Replicas}
+	for k := 1; k < len(p.Peers); k++ {
+		rc.Preferred = append(rc.Preferred, p.Peers[(lc.index+k)%len(p.Peers)])
+	}
+	return rc
+}
+
+// prepare stores this client's get keys, checks one reads back intact,
+// and builds the workers.
+func (lc *localClient) prepare(ctx context.Context, p *storePlan) error {
+	cfg, c := lc.cfg, lc.c
+	rc := lc.replicateConfig(p)
+	vs := cfg.ValueSize
+	gets := make([]string, p.GetKeys)
+	for i := range gets {
+		gets[i] = getKey(p.RunID, lc.index, i)
+	}
+	if len(gets) > 0 {
+		src := lc.bufs[:vs]
+		const chunk = 64
+		vals := make([][]byte, chunk)
+		for i := range vals {
+			vals[i] = src
+		}
+		for i := 0; i < len(gets); i += chunk {
+			keys := gets[i:min(i+chunk, len(gets))]
+			for j, err := range c.BatchPut(ctx, keys, vals[:len(keys)], rc) {
+				if err != nil {
+					return fmt.Errorf("bench: client %d: populate %s: %w", lc.index, keys[j], err)
+				}
+			}
+		}
+		got, err := c.GetBuffer(ctx, gets[0])
+		if err != nil {
+			return fmt.Errorf("bench: client %d: read back %s: %w", lc.index, gets[0], err)
+		}
+		same, local := bytes.Equal(got.Bytes(), src), got.Local()
+		got.Release()
+		if !same {
+			return fmt.Errorf("bench: client %d: %s read back different bytes", lc.index, gets[0])
+		}
+		// The point is client to client: no replica may sit in the
+		// reader's own segment unless the replicas outnumber the others.
+		if local && cfg.Replicas < len(p.Peers) {
+			return fmt.Errorf("bench: client %d: %s was placed in the client's own segment", lc.index, gets[0])
+		}
+	}
+	lc.steps = lc.steps[:0]
+	for w := 0; w < cfg.Threads; w++ {
+		buf := lc.bufs[w*cfg.Batch*vs : (w+1)*cfg.Batch*vs]
+		sw := &storeWorker{
+			cfg: cfg, c: c, rc: rc, buf: buf, gets: gets,
+			rng:     mrand.New(mrand.NewPCG(uint64(lc.index), uint64(w))),
+			getNext: w * len(gets) / cfg.Threads,
+		}
+		for i := 0; i < p.Ring; i++ {
+			sw.ring = append(sw.ring, ringKey(p.RunID, lc.index, w, i))
+		}
+		sw.vals = make([][]byte, cfg.Batch)
+		for i := range sw.vals {
+			sw.vals[i] = buf[i*vs : (i+1)*vs]
+		}
+		sw.keys = make([]string, cfg.Batch)
+		lc.steps = append(lc.steps, sw.step)
+	}
+	return nil
+}
+
+func (lc *localClient) run(ctx context.Context, d time.Duration) (*roundStats, error) {
+	return drive(ctx, d, lc.steps)
+}
+
+// storeWorker is one --threads worker of a client.
+type storeWorker struct {
+	cfg      *StoreConfig
+	c        *store.Client
+	rc       store.ReplicateConfig
+	buf      []byte   // Batch values
+	vals     [][]byte // buf cut into values
+	keys     []string // scratch for batched gets
+	gets     []string // the client's populated keys (shared, read-only)
+	getNext  int
+	ring     []string // keys this worker puts, in turn
+	ringNext int
+	ringFull bool // every ring key is stored: remove them before reuse
+	rng      *mrand.Rand
+}
+
+func (w *storeWorker) step(ctx context.Context, h *Histogram) (stepResult, error) {
+	get := w.cfg.Operation == "get" || (w.cfg.Operation == "mixed" && w.rng.Float64() < w.cfg.GetRatio)
+	if get {
+		return w.get(ctx, h)
+	}
+	return w.put(ctx, h)
+}
+
+func (w *storeWorker) get(ctx context.Context, h *Histogram) (stepResult, error) {
+	vs, n := w.cfg.ValueSize, w.cfg.Batch
+	for i := range n {
+		w.keys[i] = w.gets[(w.getNext+i)%len(w.gets)]
+	}
+	w.getNext = (w.getNext + n) % len(w.gets)
+	t0 := time.Now()
+	switch {
+	case n == 1 && !w.cfg.Staged:
+		got, err := w.c.GetInto(ctx, w.keys[0], w.buf)
+		h.Record(time.Since(t0))
+		if err != nil {
+			return stepResult{}, fmt.Errorf("bench: GetInto %s: %w", w.keys[0], err)
+		}
+		if got != vs {
+			return stepResult{}, fmt.Errorf("bench: GetInto %s: %d bytes, want %d", w.keys[0], got, vs)
+		}
+	case n == 1:
+		v, err := w.c.Get(ctx, w.keys[0])
+		h.Record(time.Since(t0))
+		if err != nil {
+			return stepResult{}, fmt.Errorf("bench: Get %s: %w", w.keys[0], err)
+		}
+		if len(v) != vs {
+			return stepResult{}, fmt.Errorf("bench: Get %s: %d bytes, want %d", w.keys[0], len(v), vs)
+		}
+	default:
+		vals, errs := w.c.BatchGet(ctx, w.keys)
+		h.Record(time.Since(t0))
+		for i, err := range errs {
+			if err != nil {
+				return stepResult{}, fmt.Errorf("bench: BatchGet %s: %w", w.keys[i], err)
+			}
+			if len(vals[i]) != vs {
+				return stepResult{}, fmt.Errorf("bench: BatchGet %s: %d bytes, want %d", w.keys[i], len(vals[i]), vs)
+			}
+		}
+	}
+	return stepResult{keys: n, bytes: int64(n) * int64(vs), get: true}, nil
+}
+
+func (w *storeWorker) put(ctx context.Context, h *Histogram) (stepResult, error) {
+	vs, n := w.cfg.ValueSize, w.cfg.Batch
+	if w.ringNext == 0 && w.ringFull {
+		// One RPC per lap of the ring, outside the call's latency but
+		// inside the round's time.
+		for i, err := range w.c.BatchRemove(ctx, w.ring, true) {
+			if err != nil {
+				return stepResult{}, fmt.Errorf("bench: BatchRemove %s: %w", w.ring[i], err)
+			}
+		}
+		w.ringFull = false
+	}
+	keys := w.ring[w.ringNext : w.ringNext+n]
+	if w.ringNext += n; w.ringNext == len(w.ring) {
+		w.ringNext, w.ringFull = 0, true
+	}
+	t0 := time.Now()
+	if n == 1 {
+		var err error
+		if w.cfg.Staged {
+			err = w.c.Put(ctx, keys[0], w.vals[0], w.rc)
+		} else {
+			err = w.c.PutFrom(ctx, keys[0], w.vals[0], w.rc)
+		}
+		h.Record(time.Since(t0))
+		if err != nil {
+			return stepResult{}, fmt.Errorf("bench: put %s: %w", keys[0], err)
+		}
+	} else {
+		errs := w.c.BatchPut(ctx, keys, w.vals, w.rc)
+		h.Record(time.Since(t0))
+		for i, err := range errs {
+			if err != nil {
+				return stepResult{}, fmt.Errorf("bench: BatchPut %s: %w", keys[i], err)
+			}
+		}
+	}
+	return stepResult{keys: n, bytes: int64(n) * int64(vs)}, nil
+}
+
+// redisSide is the baseline: the same key sets, value size, operation
+// mix and concurrency through go-redis (one connection per worker).
+type redisSide struct {
+	rdbs  []*redis.Client
+	steps []stepFunc
+}
+
+func newRedisSide(ctx context.Context, addr string, cfg *StoreConfig, p *storePlan) (*redisSide, error) {
+	rs := &redisSide{}
+	vs := cfg.ValueSize
+	src := make([]byte, cfg.Batch*vs)
+	rand.Read(src)
+	for ci := 0; ci < cfg.Clients; ci++ {
+		rdb := redis.NewClient(&redis.Options{
+			Addr: addr, PoolSize: cfg.Threads, MinIdleConns: cfg.Threads, MaxRetries: -1,
+			ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second, DisableIdentity: true,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+		rs.rdbs = append(rs.rdbs, rdb)
+		gets := make([]string, p.GetKeys)
+		for i := range gets {
+			gets[i] = getKey(p.RunID, ci, i)
+		}
+		for i := 0; i < len(gets); i += 64 {
+			_, err := rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+				for _, k := range gets[i:min(i+64, len(gets))] {
+					pl.Set(ctx, k, src[:vs], 0)
+				}
+				return nil
+			})
+			if err != nil {
+				rs.close()
+				return nil, fmt.Errorf("bench: redis populate: %w", err)
+			}
+		}
+		for w := 0; w < cfg.Threads; w++ {
+			rw := &redisWorker{
+				cfg: cfg, rdb: rdb, gets: gets, buf: src, getNext: w * len(gets) / cfg.Threads,
+				rng:  mrand.New(mrand.NewPCG(uint64(ci), uint64(w))),
+				keys: make([]string, cfg.Batch),
+			}
+			for i := 0; i < p.Ring; i++ {
+				rw.ring = append(rw.ring, ringKey(p.RunID, ci, w, i))
+			}
+			rs.steps = append(rs.steps, rw.step)
+		}
+	}
+	return rs, nil
+}
+
+func (rs *redisSide) close() {
+	for _, r := range rs.rdbs {
+		r.Close()
+	}
+}
+
+type redisWorker struct {
+	cfg      *StoreConfig
+	rdb      *redis.Client
+	gets     []string
+	getNext  int
+	ring     []string
+	ringNext int
+	buf      []byte
+	keys     []string
+	rng      *mrand.Rand
+}
+
+func (w *redisWorker) step(ctx context.Context, h *Histogram) (stepResult, error) {
+	vs, n := w.cfg.ValueSize, w.cfg.Batch
+	get := w.cfg.Operation == "get" || (w.cfg.Operation == "mixed" && w.rng.Float64() < w.cfg.GetRatio)
+	if get {
+		for i := range n {
+			w.keys[i] = w.gets[(w.getNext+i)%len(w.gets)]
+		}
+		w.getNext = (w.getNext + n) % len(w.gets)
+	} else {
+		copy(w.keys, w.ring[w.ringNext:w.ringNext+n])
+		w.ringNext = (w.ringNext + n) % len(w.ring)
+	}
+	t0 := time.Now()
+	var err error
+	switch {
+	case n == 1 && get:
+		var v []byte
+		if v, err = w.rdb.Get(ctx, w.keys[0]).Bytes(); err == nil && len(v) != vs {
+			err = fmt.Errorf("%d bytes, want %d", len(v), vs)
+		}
+	case n == 1:
+		err = w.rdb.Set(ctx, w.keys[0], w.buf[:vs], 0).Err()
+	default:
+		// A pipeline of n GETs or SETs: the same round trips as a batch.
+		var cmds []redis.Cmder
+		cmds, err = w.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for i, k := range w.keys {
+				if get {
+					pl.Get(ctx, k)
+				} else {
+					pl.Set(ctx, k, w.buf[i*vs:(i+1)*vs], 0)
+				}
+			}
+			return nil
+		})
+		for _, c := range cmds {
+			if sc, ok := c.(*redis.StringCmd); ok && err == nil && len(sc.Val()) != vs {
+				err = fmt.Errorf("%d bytes, want %d", len(sc.Val()), vs)
+			}
+		}
+	}
+	h.Record(time.Since(t0))
+	if err != nil {
+		return stepResult{}, fmt.Errorf("bench: redis %s: %w", map[bool]string{true: "GET", false: "SET"}[get], err)
+	}
+	return stepResult{keys: n, bytes: int64(n) * int64(vs), get: get}, nil
+}
+
+// inProcessMaster is a master and its gRPC service on a loopback port.
+type inProcessMaster struct {
+	m      *master.Master
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startMaster() (*inProcessMaster, error) {
+	m, err := master.New(master.Config{})
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Start(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		m.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	im := &inProcessMaster{m: m, addr: lis.Addr().String(), cancel: cancel, done: make(chan error, 1)}
+	go func() { im.done <- master.NewService(m).Serve(ctx, lis) }()
+	return im, nil
+}
+
+func (im *inProcessMaster) close() error {
+	im.cancel()
+	err := <-im.done
+	return errors.Join(err, im.m.Close())
+}
+
+// RunStore runs the store benchmark: a master (in this process unless
+// MasterAddr is set), Clients clients, and, in the same run, the Redis
+// baseline, alternating with the measurement in rounds of about a
+// second so drift on a noisy machine weighs on both.
+func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) {
+	if err := c.setDefaults(); err != nil {
+		return nil, err
+	}
+	addr, where := c.MasterAddr, c.MasterAddr
+	var im *inProcessMaster
+	if addr == "" {
+		if im, err = startMaster(); err != nil {
+			return nil, fmt.Errorf("bench: start master: %w", err)
+		}
+		defer func() { err = errors.Join(err, im.close()) }()
+		addr, where = im.addr, "in-process"
+	}
+	if c.Operation == "meta" {
+		res, err := runMeta(ctx, &c, addr)
+		if res != nil {
+			res.Master = where
+		}
+		return res, err
+	}
+	gets, ring, err := c.plan()
+	if err != nil {
+		return nil, err
+	}
+	p := &storePlan{RunID: runID(), GetKeys: gets, Ring: ring}
+
+	clients := make([]benchClient, 0, c.Clients)
+	defer func() {
+		for _, bc := range clients {
+			err = errors.Join(err, bc.close())
+		}
+	}()
+	for i := 0; i < c.Clients; i++ {
+		var bc benchClient
+		if c.ClientProcesses {
+			bc, err = startRemoteClient(ctx, &c, i, addr)
+		} else {
+			bc, err = newLocalClient(ctx, &c, i, addr)
+		}
+		if err != nil {
+			return nil, err
+		}
+		clients = append(clients, bc)
+		p.Peers = append(p.Peers, bc.segment())
+	}
+	if err := eachClient(clients, func(_ int, bc benchClient) error { return bc.prepare(ctx, p) }); err != nil {
+		return nil, err
+	}
+	var rs *redisSide
+	if c.Baseline == "redis" {
+		srv, err := StartRedis(c.RedisServer)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Close()
+		if rs, err = newRedisSide(ctx, srv.Addr, &c, p); err != nil {
+			return nil, err
+		}
+		defer rs.close()
+	}
+
+	crescent := func(d time.Duration) (*roundStats, error) {
+		parts := make([]*roundStats, len(clients))
+		err := eachClient(clients, func(i int, bc benchClient) error {
+			var err error
+			parts[i], err = bc.run(ctx, d)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		out := &roundStats{}
+		for _, p := range parts {
+			out.add(p)
+			out.Elapsed = max(out.Elapsed, p.Elapsed)
+		}
+		return out, nil
+	}
+	if c.Warmup > 0 {
+		if _, err := crescent(c.Warmup); err != nil {
+			return nil, err
+		}
+		if rs != nil {
+			if _, err := drive(ctx, c.Warmup, rs.steps); err != nil {
+				return nil, err
+			}
+		}
+	}
+	var evicted0 uint64
+	if im != nil {
+		evicted0 = im.m.Stats().EvictedKeys
+	}
+	rounds := max(1, int((c.Duration+time.Second/2)/time.Second))
+	d := c.Duration / time.Duration(rounds)
+	var tot, base roundStats
+	for r := 0; r < rounds; r++ {
+		var bg float64
+		if rs != nil {
+			b, err := drive(ctx, d, rs.steps)
+			if err != nil {
+				return nil, err
+			}
+			base.add(b)
+			base.Elapsed += b.Elapsed
+			bg = float64(b.Bytes) / b.Elapsed.Seconds() / 1e9
+		}
+		s, err := crescent(d)
+		if err != nil {
+			return nil, err
+		}
+		tot.add(s)
+		tot.Elapsed += s.Elapsed
+		if c.Progress != nil {
+			fmt.Fprintf(c.Progress, "round %d/%d: crescent %.2f GB/s, %s %.2f GB/s\n", r+1, rounds,
+				float64(s.Bytes)/s.Elapsed.Seconds()/1e9, c.Baseline, bg)
+		}
+	}
+	res = &StoreResult{
+		Operation: c.Operation, ValueSize: c.ValueSize, Clients: c.Clients, ClientProcesses: c.ClientProcesses,
+		Threads: c.Threads, Batch: c.Batch, Replicas: c.Replicas, ZeroCopy: c.zeroCopy(), Protocol: c.Protocol,
+		GetKeys: gets, RingKeys: ring, Baseline: c.Baseline, Master: where,
+		DurationS: tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
+	}
+	if res.Protocol == "" {
+		res.Protocol = "default"
+	}
+	if im != nil {
+		ev := im.m.Stats().EvictedKeys - evicted0
+		res.EvictedKeys = &ev
+	}
+	res.OpsPerSec = float64(tot.Ops) / tot.Elapsed.Seconds()
+	res.ThroughputGBps = float64(tot.Bytes) / tot.Elapsed.Seconds() / 1e9
+	res.P50us, res.P99us, res.P999us = percentiles(&tot.Hist)
+	if rs != nil && base.Elapsed > 0 {
+		res.BaselineOpsPerSec = float64(base.Ops) / base.Elapsed.Seconds()
+		res.BaselineGBps = float64(base.Bytes) / base.Elapsed.Seconds() / 1e9
+		res.BaselineP50us, res.BaselineP99us, res.BaselineP999us = percentiles(&base.Hist)
+		if res.BaselineGBps > 0 {
+			res.Ratio = res.ThroughputGBps / res.BaselineGBps
+		}
+	}
+	return res, nil
+}
+
+// zeroCopy reports whether every call moves values with no copy in user
+// space: not when staged, nor when batched gets (BatchGet) take part.
+func (c *StoreConfig) zeroCopy() bool {
+	return !c.Staged && (c.Batch == 1 || c.Operation == "put")
+}
+
+func percentiles(h *Histogram) (p50, p99, p999 float64) {
+	return float64(h.Quantile(0.50)) / 1e3, float64(h.Quantile(0.99)) / 1e3, float64(h.Quantile(0.999)) / 1e3
+}
+
+// eachClient runs fn on every client concurrently and joins the errors.
+func eachClient(cs []benchClient, fn func(int, benchClient) error) error {
+	errs := make([]error, len(cs))
+	var wg sync.WaitGroup
+	for i, bc := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = fn(i, bc)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func runID() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"time"
+
+	"github.com/crescent-kv/crescent/bench"
+)
+
+// storeClientCmd is the hidden subcommand a client process runs
+// (--client_processes).
+const storeClientCmd = "store-client"
+
+func storeMain(ctx context.Context, args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("store", flag.ContinueOnError)
+	var c bench.StoreConfig
+	fs.StringVar(&c.MasterAddr, "master", "", "existing master host:port (default: start one in this process)")
+	fs.IntVar(&c.Clients, "clients", bench.DefaultStoreClients, "store clients, each contributing --segment_size")
+	fs.BoolVar(&c.ClientProcesses, "client_processes", false, "run each client in its own process")
+	segSize := fs.String("segment_size", "512MiB", "memory each client contributes")
+	stage := fs.String("local_buffer_size", "64MiB", "each client's staging pool")
+	valSize := fs.String("value_size", "1MiB", "bytes per value")
+	fs.StringVar(&c.Operation, "operation", "get", "put, get, mixed, or meta (master metadata throughput: BatchPutStart+BatchPutEnd of --objects)")
+	fs.Float64Var(&c.GetRatio, "get_ratio", 0.5, "mixed: share of gets")
+	duration := fs.Float64("duration", 10, "measured seconds (rounds of about 1 s, alternating with the baseline)")
+	warmup := fs.Float64("warmup", 1, "seconds of warm-up before measuring")
+	fs.IntVar(&c.Threads, "threads", bench.DefaultStoreThreads, "concurrent workers per client")
+	fs.StringVar(&c.Protocol, "protocol", "", "the one engine transport to use (default: the engine's order, shm first on one host)")
+	fs.IntVar(&c.Replicas, "replicas", 1, "replicas per value")
+	fs.IntVar(&c.Batch, "batch", 0, "keys per call: BatchPut/BatchGet when > 1 (default 1; meta 128)")
+	zeroCopy := fs.Bool("zero_copy", true, "PutFrom/GetInto on registered buffers; false: Put/Get on Go heap memory")
+	fs.StringVar(&c.Baseline, "baseline", "", "redis or none (default redis when redis-server is installed)")
+	fs.StringVar(&c.RedisServer, "redis_server", "", "redis-server binary (default: $PATH)")
+	fs.StringVar(&c.LocalHostname, "local_server_name", "127.0.0.1", "clients' engine host")
+	fs.IntVar(&c.Objects, "objects", bench.DefaultMetaObjects, "meta: objects to store")
+	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file (client processes: to FILE.PID each)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("store: unexpected argument %q", fs.Arg(0))
+	}
+	var err error
+	if c.SegmentSize, err = parseSize(*segSize); err != nil {
+		return fmt.Errorf("--segment_size: %w", err)
+	}
+	if c.LocalBufferSize, err = parseSize(*stage); err != nil {
+		return fmt.Errorf("--local_buffer_size: %w", err)
+	}
+	vs, err := parseSize(*valSize)
+	if err != nil {
+		return fmt.Errorf("--value_size: %w", err)
+	}
+	if vs > 1<<30 {
+		return fmt.Errorf("--value_size %d above 1 GiB", vs)
+	}
+	c.ValueSize = int(vs)
+	c.Staged = !*zeroCopy
+	c.Duration = time.Duration(*duration * float64(time.Second))
+	c.Warmup = time.Duration(*warmup * float64(time.Second))
+	if *duration <= 0 {
+		return fmt.Errorf("--duration %v must be positive", *duration)
+	}
+	if c.Warmup == 0 {
+		c.Warmup = -1
+	}
+	if c.ClientProcesses {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("--client_processes: %w", err)
+		}
+		c.ClientCommand = []string{exe, storeClientCmd}
+		if *cpuProfile != "" {
+			c.ClientCommand = append(c.ClientCommand, "--cpuprofile", *cpuProfile)
+		}
+	}
+	if !*asJSON {
+		c.Progress = os.Stderr
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res, err := bench.RunStore(ctx, c)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(out).Encode(res)
+	}
+	printStore(out, res)
+	return nil
+}
+
+func printStore(out io.Writer, r *bench.StoreResult) {
+	if r.Operation == "meta" {
+		fmt.Fprintf(out, "master metadata: %d objects of %d bytes, BatchPutStart+BatchPutEnd of %d keys, %d connections x %d workers, master %s\n",
+			r.Ops, r.ValueSize, r.Batch, r.Clients, r.Threads, r.Master)
+		fmt.Fprintf(out, "%.0f objects/s in %.2f s; latency per RPC pair: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
+			r.OpsPerSec, r.DurationS, r.P50us, r.P99us, r.P999us)
+		return
+	}
+	path := "zero copy (PutFrom/GetInto, registered buffers)"
+	if !r.ZeroCopy {
+		path = "Put/Get on heap memory (staged)"
+	}
+	procs := "in-process"
+	if r.ClientProcesses {
+		procs = "processes"
+	}
+	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %d replica(s), %s, protocol %s, master %s\n",
+		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, r.Replicas, path, r.Protocol, r.Master)
+	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
+		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)
+	if r.Baseline != "none" {
+		fmt.Fprintf(out, "%s (same run): %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
+			r.Baseline, r.BaselineOpsPerSec, r.BaselineGBps, r.BaselineP50us, r.BaselineP99us, r.BaselineP999us)
+		fmt.Fprintf(out, "ratio crescent/%s: %.2f\n", r.Baseline, r.Ratio)
+	}
+	if r.EvictedKeys != nil && *r.EvictedKeys > 0 {
+		fmt.Fprintf(out, "warning: the master evicted %d keys during the run\n", *r.EvictedKeys)
+	}
+}
+
+// storeClientMain is a client process of "store --client_processes".
+func storeClientMain(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet(storeClientCmd, flag.ContinueOnError)
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.PID")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(fmt.Sprintf("%s.%d", *cpuProfile, os.Getpid()))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	return bench.ServeStoreClient(ctx, os.Stdin, os.Stdout)
+}

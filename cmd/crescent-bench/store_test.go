@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestStoreMainJSON(t *testing.T) {
+	var out bytes.Buffer
+	err := storeMain(context.Background(), []string{
+		"--operation", "mixed", "--value_size", "64KiB", "--segment_size", "32MiB", "--local_buffer_size", "8MiB",
+		"--duration", "0.2", "--warmup", "0", "--baseline", "none", "--json",
+	}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out.Bytes(), &m); err != nil {
+		t.Fatalf("%v: %q", err, out.String())
+	}
+	for k, want := range map[string]any{"operation": "mixed", "value_size": float64(64 << 10), "clients": float64(2), "threads": float64(2), "baseline": "none", "zero_copy": true} {
+		if m[k] != want {
+			t.Errorf("%s = %v, want %v", k, m[k], want)
+		}
+	}
+	for _, k := range []string{"ops_per_sec", "throughput_gbps", "baseline_gbps", "ratio", "p50_us", "p99_us", "p999_us", "duration_s"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("JSON lacks %q", k)
+		}
+	}
+}
+
+func TestStoreMainText(t *testing.T) {
+	var out bytes.Buffer
+	err := storeMain(context.Background(), []string{
+		"--operation", "meta", "--objects", "1000", "--batch", "100", "--warmup", "0",
+	}, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "1000 objects") || !strings.Contains(out.String(), "objects/s") {
+		t.Fatalf("meta output %q", out.String())
+	}
+}
+
+func TestStoreMainFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--value_size", "big"},
+		{"--segment_size", "0"},
+		{"--duration", "0"},
+		{"--operation", "erase"},
+		{"--baseline", "memcached"},
+		{"stray"},
+	} {
+		if err := storeMain(context.Background(), args, &bytes.Buffer{}); err == nil {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}

@@ -1,0 +1,308 @@
+// Command crescent-master runs the store's master: metadata of keys,
+// replicas, leases, pins and segments, over gRPC, with an HTTP admin port.
+// It runs with no flags (rpc 0.0.0.0:50051, admin 9003); every flag can
+// also be set in a YAML file (--config) under the same name.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"gopkg.in/yaml.v3"
+
+	"github.com/crescent-kv/crescent/engine/metadata/httpmeta"
+	"github.com/crescent-kv/crescent/event"
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// config holds every setting, with the reference's flag names and
+// defaults; YAML keys are the same names.
+type config struct {
+	RPCPort                     int     `yaml:"rpc_port"`
+	RPCAddress                  string  `yaml:"rpc_address"`
+	MetricsPort                 int     `yaml:"metrics_port"`
+	DefaultKVLeaseTTL           int64   `yaml:"default_kv_lease_ttl"`    // ms
+	DefaultKVSoftPinTTL         int64   `yaml:"default_kv_soft_pin_ttl"` // ms
+	MaxKVSoftPinTTL             int64   `yaml:"max_kv_soft_pin_ttl"`     // ms
+	AllowEvictSoftPinnedObjects bool    `yaml:"allow_evict_soft_pinned_objects"`
+	EvictionRatio               float64 `yaml:"eviction_ratio"`
+	EvictionHighWatermarkRatio  float64 `yaml:"eviction_high_watermark_ratio"`
+	ClientTTL                   int64   `yaml:"client_ttl"` // s
+	PutStartDiscardTimeoutSec   int64   `yaml:"put_start_discard_timeout_sec"`
+	PutStartReleaseTimeoutSec   int64   `yaml:"put_start_release_timeout_sec"`
+	AllocationStrategy          string  `yaml:"allocation_strategy"`
+	EnableHTTPMetadataServer    bool    `yaml:"enable_http_metadata_server"`
+	HTTPMetadataServerPort      int     `yaml:"http_metadata_server_port"`
+	HTTPMetadataServerHost      string  `yaml:"http_metadata_server_host"`
+
+	EnableKVEvents           bool    `yaml:"enable_kv_events"`
+	KVEventsEndpoint         string  `yaml:"kv_events_endpoint"`
+	KVEventsReplayEndpoint   string  `yaml:"kv_events_replay_endpoint"`
+	KVEventsTopic            string  `yaml:"kv_events_topic"`
+	KVEventsEncoding         string  `yaml:"kv_events_encoding"`
+	KVEventsQueueSize        int     `yaml:"kv_events_queue_size"`
+	KVEventsBatchSize        int     `yaml:"kv_events_batch_size"`
+	KVEventsBatchIntervalMs  float64 `yaml:"kv_events_batch_interval_ms"`
+	KVEventsOverflow         string  `yaml:"kv_events_overflow"`
+	KVEventsReplayBufferSize int     `yaml:"kv_events_replay_buffer_size"`
+
+	LogLevel string `yaml:"log_level"`
+}
+
+func defaults() config {
+	return config{
+		RPCPort: 50051, RPCAddress: "0.0.0.0", MetricsPort: 9003,
+		DefaultKVLeaseTTL: 10000, DefaultKVSoftPinTTL: 30 * 60 * 1000, MaxKVSoftPinTTL: 24 * 3600 * 1000,
+		AllowEvictSoftPinnedObjects: true, EvictionRatio: 0.05, EvictionHighWatermarkRatio: 0.90,
+		ClientTTL: 10, PutStartDiscardTimeoutSec: 30, PutStartReleaseTimeoutSec: 600,
+		AllocationStrategy: "random", HTTPMetadataServerPort: 8080, HTTPMetadataServerHost: "0.0.0.0",
+		KVEventsEndpoint: "tcp://*:5557", KVEventsReplayEndpoint: "tcp://*:5558", KVEventsEncoding: "map",
+		KVEventsQueueSize: 100000, KVEventsBatchSize: 64, KVEventsBatchIntervalMs: 1, KVEventsOverflow: "drop_oldest",
+		KVEventsReplayBufferSize: 10000, LogLevel: "info",
+	}
+}
+
+// flags binds every setting to a flag of the same name.
+func (c *config) flags(fs *flag.FlagSet) {
+	fs.IntVar(&c.RPCPort, "rpc_port", c.RPCPort, "gRPC port")
+	fs.StringVar(&c.RPCAddress, "rpc_address", c.RPCAddress, "address the gRPC and admin ports listen on")
+	fs.IntVar(&c.MetricsPort, "metrics_port", c.MetricsPort, "HTTP admin port: /metrics, /metrics/summary, /health, /query_key, /get_all_keys, /get_all_segments")
+	fs.Int64Var(&c.DefaultKVLeaseTTL, "default_kv_lease_ttl", c.DefaultKVLeaseTTL, "read lease TTL, ms")
+	fs.Int64Var(&c.DefaultKVSoftPinTTL, "default_kv_soft_pin_ttl", c.DefaultKVSoftPinTTL, "soft pin TTL, ms")
+	fs.Int64Var(&c.MaxKVSoftPinTTL, "max_kv_soft_pin_ttl", c.MaxKVSoftPinTTL, "longest soft pin a put may ask for, ms")
+	fs.BoolVar(&c.AllowEvictSoftPinnedObjects, "allow_evict_soft_pinned_objects", c.AllowEvictSoftPinnedObjects, "evict soft-pinned objects in a second pass when needed")
+	fs.Float64Var(&c.EvictionRatio, "eviction_ratio", c.EvictionRatio, "share of capacity an eviction round frees")
+	fs.Float64Var(&c.EvictionHighWatermarkRatio, "eviction_high_watermark_ratio", c.EvictionHighWatermarkRatio, "usage above which eviction runs")
+	fs.Int64Var(&c.ClientTTL, "client_ttl", c.ClientTTL, "seconds without a heartbeat before a client's segments are dropped")
+	fs.Int64Var(&c.PutStartDiscardTimeoutSec, "put_start_discard_timeout_sec", c.PutStartDiscardTimeoutSec, "seconds after which an unfinished put may be taken over")
+	fs.Int64Var(&c.PutStartReleaseTimeoutSec, "put_start_release_timeout_sec", c.PutStartReleaseTimeoutSec, "seconds after which an unfinished put's space is freed")
+	fs.StringVar(&c.AllocationStrategy, "allocation_strategy", c.AllocationStrategy, "random, free_ratio_first or local_first")
+	fs.BoolVar(&c.EnableHTTPMetadataServer, "enable_http_metadata_server", c.EnableHTTPMetadataServer, "serve the transfer engine's metadata (GET/PUT/DELETE /metadata?key=)")
+	fs.IntVar(&c.HTTPMetadataServerPort, "http_metadata_server_port", c.HTTPMetadataServerPort, "port of the HTTP metadata server")
+	fs.StringVar(&c.HTTPMetadataServerHost, "http_metadata_server_host", c.HTTPMetadataServerHost, "address of the HTTP metadata server")
+	fs.BoolVar(&c.EnableKVEvents, "enable_kv_events", c.EnableKVEvents, "publish KV events (vLLM-compatible ZMQ stream)")
+	fs.StringVar(&c.KVEventsEndpoint, "kv_events_endpoint", c.KVEventsEndpoint, "PUB endpoint (binds with *, ::, ipc://; else connects)")
+	fs.StringVar(&c.KVEventsReplayEndpoint, "kv_events_replay_endpoint", c.KVEventsReplayEndpoint, "ROUTER replay endpoint; empty = no replay")
+	fs.StringVar(&c.KVEventsTopic, "kv_events_topic", c.KVEventsTopic, "topic frame of every message")
+	fs.StringVar(&c.KVEventsEncoding, "kv_events_encoding", c.KVEventsEncoding, "map (vLLM >= 0.26) or array (older consumers)")
+	fs.IntVar(&c.KVEventsQueueSize, "kv_events_queue_size", c.KVEventsQueueSize, "events queued before the overflow policy applies")
+	fs.IntVar(&c.KVEventsBatchSize, "kv_events_batch_size", c.KVEventsBatchSize, "most events per batch")
+	fs.Float64Var(&c.KVEventsBatchIntervalMs, "kv_events_batch_interval_ms", c.KVEventsBatchIntervalMs, "longest wait before a partial batch is sent, ms")
+	fs.StringVar(&c.KVEventsOverflow, "kv_events_overflow", c.KVEventsOverflow, "drop_oldest (puts never wait) or block")
+	fs.IntVar(&c.KVEventsReplayBufferSize, "kv_events_replay_buffer_size", c.KVEventsReplayBufferSize, "batches kept for replay")
+	fs.StringVar(&c.LogLevel, "log_level", c.LogLevel, "debug, info, warn or error")
+}
+
+// load reads defaults, then the YAML file, then the flags given on the
+// command line (which win).
+func load(args []string) (config, error) {
+	c := defaults()
+	fs := flag.NewFlagSet("crescent-master", flag.ContinueOnError)
+	path := fs.String("config", "", "YAML file with any of these settings (flags given on the command line win)")
+	c.flags(fs)
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if *path == "" {
+		return c, c.validate()
+	}
+	b, err := os.ReadFile(*path)
+	if err != nil {
+		return c, err
+	}
+	fromFile := defaults()
+	if err := yaml.Unmarshal(b, &fromFile); err != nil {
+		return c, fmt.Errorf("%s: %w", *path, err)
+	}
+	// Re-apply the command line on top of the file.
+	fs2 := flag.NewFlagSet("crescent-master", flag.ContinueOnError)
+	fs2.String("config", "", "")
+	fromFile.flags(fs2)
+	var set []string
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "config" {
+			set = append(set, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	if err := fs2.Parse(set); err != nil {
+		return c, err
+	}
+	return fromFile, fromFile.validate()
+}
+
+func (c *config) validate() error {
+	switch {
+	case c.RPCPort < 0 || c.RPCPort > 65535:
+		return fmt.Errorf("rpc_port %d out of range", c.RPCPort)
+	case c.MetricsPort < 0 || c.MetricsPort > 65535:
+		return fmt.Errorf("metrics_port %d out of range", c.MetricsPort)
+	case c.EvictionRatio <= 0 || c.EvictionRatio > 1:
+		return fmt.Errorf("eviction_ratio %v not in (0, 1]", c.EvictionRatio)
+	case c.EvictionHighWatermarkRatio <= 0 || c.EvictionHighWatermarkRatio > 1:
+		return fmt.Errorf("eviction_high_watermark_ratio %v not in (0, 1]", c.EvictionHighWatermarkRatio)
+	case c.DefaultKVLeaseTTL <= 0 || c.ClientTTL <= 0:
+		return errors.New("default_kv_lease_ttl and client_ttl must be positive")
+	}
+	if _, err := alloc.ParseStrategy(c.AllocationStrategy); err != nil {
+		return err
+	}
+	return nil
+}
+
+func main() {
+	cfg, err := load(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "crescent-master:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "crescent-master:", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	var level slog.Level
+	level.UnmarshalText([]byte(cfg.LogLevel))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	strategy, _ := alloc.ParseStrategy(cfg.AllocationStrategy)
+	mc := master.Config{
+		LeaseTTL:              time.Duration(cfg.DefaultKVLeaseTTL) * time.Millisecond,
+		SoftPinTTL:            time.Duration(cfg.DefaultKVSoftPinTTL) * time.Millisecond,
+		MaxSoftPinTTL:         time.Duration(cfg.MaxKVSoftPinTTL) * time.Millisecond,
+		KeepSoftPinned:        !cfg.AllowEvictSoftPinnedObjects,
+		EvictionHighWatermark: cfg.EvictionHighWatermarkRatio,
+		EvictionRatio:         cfg.EvictionRatio,
+		ClientTTL:             time.Duration(cfg.ClientTTL) * time.Second,
+		PutDiscardTimeout:     time.Duration(cfg.PutStartDiscardTimeoutSec) * time.Second,
+		PutReleaseTimeout:     time.Duration(cfg.PutStartReleaseTimeoutSec) * time.Second,
+		Strategy:              strategy,
+		Logger:                log,
+	}
+
+	var pub *event.Publisher
+	if cfg.EnableKVEvents {
+		var err error
+		if pub, err = newPublisher(cfg, log); err != nil {
+			return err
+		}
+		mc.Events = master.NewKVEvents(pub)
+		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
+	}
+
+	m, err := master.New(mc)
+	if err != nil {
+		return err
+	}
+	if err := m.Start(); err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	var metrics *master.Metrics
+	svc := master.NewService(m, master.WithObserver(func(rpc string, d time.Duration, err error) {
+		metrics.Observe(rpc, d, err)
+	}))
+	metrics = master.NewMetrics(m, svc)
+	reg.MustRegister(metrics)
+	if pub != nil {
+		reg.MustRegister(pub.Collector())
+	}
+
+	rpcAddr := net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.RPCPort))
+	lis, err := net.Listen("tcp", rpcAddr)
+	if err != nil {
+		m.Close()
+		return err
+	}
+	var servers []*http.Server
+	serve := func(addr string, h http.Handler) error {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		servers = append(servers, srv)
+		go srv.Serve(l)
+		log.Info("http listening", "addr", l.Addr().String())
+		return nil
+	}
+	if cfg.MetricsPort > 0 {
+		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), master.AdminHandler(m, svc, reg, nil)); err != nil {
+			lis.Close()
+			m.Close()
+			return err
+		}
+	}
+	if cfg.EnableHTTPMetadataServer {
+		mux := http.NewServeMux()
+		mux.Handle("/metadata", httpmeta.Handler())
+		if err := serve(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
+			lis.Close()
+			m.Close()
+			return err
+		}
+	}
+	log.Info("crescent-master serving", "rpc", lis.Addr().String(), "view_version", m.ViewVersion())
+	// Batch RPCs of many keys exceed gRPC's 4 MiB default.
+	err = svc.Serve(ctx, lis, grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20))
+	log.Info("crescent-master stopping")
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range servers {
+		s.Shutdown(sctx)
+	}
+	m.Close()
+	if pub != nil {
+		if perr := pub.Close(sctx); perr != nil {
+			log.Warn("kv events not all delivered", "err", perr)
+		}
+	}
+	return err
+}
+
+func newPublisher(cfg config, log *slog.Logger) (*event.Publisher, error) {
+	enc, err := event.ParseEncoding(cfg.KVEventsEncoding)
+	if err != nil {
+		return nil, err
+	}
+	pc := event.PublisherConfig{
+		Endpoint:       cfg.KVEventsEndpoint,
+		ReplayEndpoint: cfg.KVEventsReplayEndpoint,
+		Topic:          cfg.KVEventsTopic,
+		Encoding:       enc,
+		QueueSize:      cfg.KVEventsQueueSize,
+		MaxBatchEvents: cfg.KVEventsBatchSize,
+		FlushInterval:  time.Duration(cfg.KVEventsBatchIntervalMs * float64(time.Millisecond)),
+		ReplayBuffer:   cfg.KVEventsReplayBufferSize,
+		Logger:         log,
+	}
+	switch cfg.KVEventsOverflow {
+	case "drop_oldest", "":
+		pc.Overflow = event.DropOldest
+	case "block":
+		pc.Overflow = event.Block
+	default:
+		return nil, fmt.Errorf("kv_events_overflow %q: want drop_oldest or block", cfg.KVEventsOverflow)
+	}
+	return event.NewPublisher(pc)
+}

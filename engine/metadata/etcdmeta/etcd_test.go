@@ -1,0 +1,305 @@
+package etcdmeta_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+
+	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/metadata/etcdmeta"
+	"github.com/crescent-kv/crescent/internal/testsvc"
+	"github.com/crescent-kv/crescent/internal/testsvc/metatest"
+)
+
+func TestMain(m *testing.M) {
+	metatest.ChildMain()
+	goleak.VerifyTestMain(m, testsvc.GoleakIgnores()...)
+}
+
+// raw reads and writes etcd directly.
+type raw struct{ cli *clientv3.Client }
+
+func newRaw(t testing.TB, e *testsvc.Etcd) *raw {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return &raw{cli}
+}
+
+func (r *raw) Get(t testing.TB, key string) ([]byte, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), metatest.Wait)
+	defer cancel()
+	resp, err := r.cli.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, false
+	}
+	return resp.Kvs[0].Value, true
+}
+
+func (r *raw) Put(t testing.TB, key string, val []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), metatest.Wait)
+	defer cancel()
+	if _, err := r.cli.Put(ctx, key, string(val)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func config(t *testing.T) (metatest.Config, *testsvc.Etcd, *raw) {
+	e := testsvc.StartEtcd(t)
+	r := newRaw(t, e)
+	return metatest.Config{
+		Conn: e.URL(), Raw: r, Expires: true, Watches: true,
+		PollInterval:    time.Hour, // changes must come from the etcd watch
+		TrailingNewline: true,
+	}, e, r
+}
+
+func TestBackend(t *testing.T) {
+	cfg, _, _ := config(t)
+	metatest.RunBackend(t, cfg)
+}
+
+func TestEngines(t *testing.T) {
+	cfg, _, _ := config(t)
+	metatest.RunEngines(t, cfg)
+}
+
+func TestDeadOwnerExpires(t *testing.T) {
+	cfg, _, _ := config(t)
+	metatest.RunDeadOwner(t, cfg)
+}
+
+// A bare host:port is etcd, and a list works while one member is down.
+func TestConnectionForms(t *testing.T) {
+	cfg, e, _ := config(t)
+	dead := deadAddr(t)
+	for _, conn := range []string{e.Endpoint, "etcd://" + e.Endpoint + "," + dead, "etcd://" + dead + ";" + e.Endpoint + "/"} {
+		cfg.Conn = conn
+		b := cfg.Open(t, metadata.Options{RPCAddr: "127.0.0.1:15020"})
+		if _, ok := b.(*etcdmeta.Backend); !ok {
+			t.Fatalf("%q opened %T", conn, b)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), metatest.Wait)
+		if err := b.Publish(ctx, metatest.Desc("127.0.0.1:15020", 1)); err != nil {
+			t.Fatalf("%q: %v", conn, err)
+		}
+		if _, err := b.Get(ctx, "127.0.0.1:15020"); err != nil {
+			t.Fatalf("%q: %v", conn, err)
+		}
+		cancel()
+		b.Close()
+	}
+}
+
+func TestParseEndpoints(t *testing.T) {
+	for _, tc := range []struct {
+		conn string
+		want []string
+	}{
+		{"etcd://127.0.0.1:2379", []string{"127.0.0.1:2379"}},
+		{"127.0.0.1:2379", []string{"127.0.0.1:2379"}},
+		{"etcd://a:1,b:2", []string{"a:1", "b:2"}},
+		{"etcd://a:1;b:2/", []string{"a:1", "b:2"}},
+		{"etcd://[::1]:2379, b:2", []string{"[::1]:2379", "b:2"}},
+	} {
+		got, err := etcdmeta.ParseEndpoints(tc.conn)
+		if err != nil || len(got) != len(tc.want) {
+			t.Fatalf("%q: %v %v", tc.conn, got, err)
+		}
+		for i := range got {
+			if got[i] != tc.want[i] {
+				t.Fatalf("%q: %v, want %v", tc.conn, got, tc.want)
+			}
+		}
+	}
+}
+
+func TestBadConnStrings(t *testing.T) {
+	for _, conn := range []string{
+		"etcd://", "etcd://host", "etcd://host:0", "etcd://host:99999", "etcd://:2379",
+		"etcd://a:1,", "etcd://a:1,,b", "etcd://u@h:1", "etcd://h:1/path", "localhost", "etcd://h:port",
+	} {
+		start := time.Now()
+		_, err := metadata.Open(conn, metadata.Options{Timeout: time.Second})
+		if !errors.Is(err, metadata.ErrBadConnString) {
+			t.Fatalf("Open(%q): %v, want ErrBadConnString", conn, err)
+		}
+		if d := time.Since(start); d > 500*time.Millisecond {
+			t.Fatalf("Open(%q) took %v to reject a malformed string", conn, d)
+		}
+	}
+}
+
+// deadAddr is a loopback address where nothing listens.
+func deadAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// blackHole accepts connections and never answers.
+func blackHole(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		<-done
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+	})
+	return ln.Addr().String()
+}
+
+func TestUnreachable(t *testing.T) {
+	const timeout = time.Second
+	for name, addr := range map[string]string{"refused": deadAddr(t), "silent": blackHole(t)} {
+		t.Run(name, func(t *testing.T) {
+			start := time.Now()
+			_, err := metadata.Open("etcd://"+addr, metadata.Options{Timeout: timeout})
+			if !errors.Is(err, metadata.ErrUnavailable) {
+				t.Fatalf("Open: %v, want ErrUnavailable", err)
+			}
+			// Bounded by the timeout (plus slack for a loaded machine).
+			if d := time.Since(start); d > timeout+10*time.Second {
+				t.Fatalf("Open took %v with a %v timeout", d, timeout)
+			}
+			t.Logf("%s: %v after %v", name, err, time.Since(start).Round(time.Millisecond))
+		})
+	}
+}
+
+// When the lease is lost (here revoked behind the backend's back, as
+// expiry during a long partition would), the owner publishes again under
+// a new lease.
+func TestLeaseLostRepublishes(t *testing.T) {
+	cfg, _, r := config(t)
+	b := cfg.Open(t, metadata.Options{RPCAddr: "127.0.0.1:15021", TTL: metatest.TTL})
+	ctx, cancel := context.WithTimeout(context.Background(), metatest.Wait)
+	defer cancel()
+	if err := b.Publish(ctx, metatest.Desc("127.0.0.1:15021", 1)); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := r.cli.Get(ctx, "mooncake/ram/127.0.0.1:15021")
+	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].Lease == 0 {
+		t.Fatalf("published without a lease: %+v %v", resp, err)
+	}
+	old := clientv3.LeaseID(resp.Kvs[0].Lease)
+	if ttl, err := r.cli.TimeToLive(ctx, old); err != nil || ttl.TTL <= 0 {
+		t.Fatalf("lease ttl %+v %v", ttl, err)
+	}
+	if _, err := r.cli.Revoke(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(metatest.Wait)
+	for {
+		resp, err := r.cli.Get(ctx, "mooncake/ram/127.0.0.1:15021")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Kvs) == 1 && clientv3.LeaseID(resp.Kvs[0].Lease) != old {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("descriptor not published again after its lease was lost")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, ok := r.Get(t, "mooncake/rpc_meta/127.0.0.1:15021"); !ok {
+		t.Fatal("rpc_meta not published again")
+	}
+	// And Close revokes the new lease: both keys go at once.
+	b.Close()
+	for _, k := range []string{"mooncake/ram/127.0.0.1:15021", "mooncake/rpc_meta/127.0.0.1:15021"} {
+		if _, ok := r.Get(t, k); ok {
+			t.Fatalf("%s left after Close", k)
+		}
+	}
+}
+
+// Operations on a stopped server fail within the timeout instead of
+// hanging.
+func TestServerStopped(t *testing.T) {
+	cfg, e, _ := config(t)
+	b := cfg.Open(t, metadata.Options{Timeout: time.Second, RPCAddr: "127.0.0.1:15022"})
+	e.Stop()
+	start := time.Now()
+	_, err := b.Get(context.Background(), "127.0.0.1:15022")
+	if !errors.Is(err, metadata.ErrUnavailable) {
+		t.Fatalf("get on a stopped server: %v", err)
+	}
+	if err := b.Publish(context.Background(), metatest.Desc("127.0.0.1:15022", 1)); err == nil {
+		t.Fatal("publish on a stopped server succeeded")
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Fatalf("took %v with a 1s timeout", d)
+	}
+	b.Close()
+}
+
+// FuzzParseEndpoints: no panic, and every accepted endpoint is a
+// host:port that parses again on its own.
+func FuzzParseEndpoints(f *testing.F) {
+	for _, s := range []string{"etcd://127.0.0.1:2379", "a:1,b:2", "etcd://[::1]:1;x:2/", "etcd://", ":1", "etcd://h:1,"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, conn string) {
+		eps, err := etcdmeta.ParseEndpoints(conn)
+		if err != nil {
+			if !errors.Is(err, metadata.ErrBadConnString) {
+				t.Fatalf("%q: error %v is not ErrBadConnString", conn, err)
+			}
+			return
+		}
+		if len(eps) == 0 {
+			t.Fatalf("%q: no endpoints and no error", conn)
+		}
+		for _, ep := range eps {
+			if again, err := etcdmeta.ParseEndpoints(ep); err != nil || len(again) != 1 || again[0] != ep {
+				t.Fatalf("%q: endpoint %q does not parse alone: %v %v", conn, ep, again, err)
+			}
+		}
+	})
+}
+
+func BenchmarkBackend(b *testing.B) {
+	e := testsvc.StartEtcd(b)
+	metatest.BenchGet(b, metatest.Config{Conn: e.URL(), Raw: newRaw(b, e)})
+}

@@ -1,0 +1,93 @@
+package testsvc
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, GoleakIgnores()...)
+}
+
+func TestRedisStartStop(t *testing.T) {
+	r := StartRedis(t)
+	if err := ping(r.Addr); err != nil {
+		t.Fatalf("ping %s: %v", r.Addr, err)
+	}
+	r.Stop()
+	r.Stop() // idempotent
+	if c, err := net.DialTimeout("tcp", r.Addr, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("redis still listening on %s after Stop", r.Addr)
+	}
+}
+
+func TestRedisBadArgsFailFast(t *testing.T) {
+	// redis-server exits on an unknown option: the start must report its
+	// output instead of waiting for a server that never comes.
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		MissingDep(t, "redis-server", err)
+	}
+	r, err := startRedis(bin, t.TempDir(), FreePort(t), []string{"--no-such-option", "x"})
+	if err == nil {
+		r.Stop()
+		t.Fatal("redis-server started with a bad option")
+	}
+	if !strings.Contains(err.Error(), "exited") {
+		t.Fatalf("error %v does not say the server exited", err)
+	}
+}
+
+func TestRedisExtraArgs(t *testing.T) {
+	r := StartRedis(t, "--notify-keyspace-events", "K$gx")
+	c, err := net.DialTimeout("tcp", r.Addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.Write([]byte("CONFIG GET notify-keyspace-events\r\n"))
+	// *2, $22, notify-keyspace-events, $N, <flags>
+	rd := bufio.NewReader(c)
+	var lines []string
+	for len(lines) < 5 {
+		l, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reply %q: %v", lines, err)
+		}
+		lines = append(lines, strings.TrimSpace(l))
+	}
+	for _, f := range "K$gx" {
+		if !strings.ContainsRune(lines[4], f) {
+			t.Fatalf("notify-keyspace-events = %q, lacks %q: extra args not passed", lines[4], f)
+		}
+	}
+}
+
+func TestEtcdStartStop(t *testing.T) {
+	e := StartEtcd(t)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := cli.Get(ctx, "k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
+		t.Fatalf("get: %v %v", resp, err)
+	}
+}

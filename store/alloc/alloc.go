@@ -1,0 +1,663 @@
+package alloc
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/crescent-kv/crescent/internal/offalloc"
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+// Alignment is the alignment of every replica's offset and reserved size.
+const Alignment = offalloc.DefaultAlignment
+
+// MaxSegmentSize is the largest segment Mount accepts.
+const MaxSegmentSize = offalloc.MaxSize
+
+// ErrAborted is returned by Mount when its commit function refused the
+// mount.
+var ErrAborted = errors.New("alloc: mount aborted by commit")
+
+// UUID identifies clients and segments (storepb.UUID on the wire).
+type UUID struct{ Hi, Lo uint64 }
+
+// IsZero reports whether u is the zero UUID.
+func (u UUID) IsZero() bool { return u == UUID{} }
+
+func (u UUID) String() string { return fmt.Sprintf("%016x-%016x", u.Hi, u.Lo) }
+
+// Segment is memory a client contributes to the pool: bytes [Base,
+// Base+Size) of the transfer-engine segment Name. Names need not be
+// unique (one engine segment may be mounted as several pool segments);
+// IDs are.
+type Segment struct {
+	ID         UUID
+	Name       string
+	Base, Size uint64
+	Client     UUID
+	Protocol   string
+	TEEndpoint string
+}
+
+// Strategy picks the segments a request's replicas go to.
+type Strategy int
+
+// Strategies. Preferred segments come first in all of them.
+const (
+	// Random picks uniformly among the segments that can hold the size.
+	Random Strategy = iota
+	// FreeRatioFirst picks the segments with the highest free ratio.
+	FreeRatioFirst
+	// LocalFirst picks the caller's own segments first, then at random.
+	LocalFirst
+)
+
+var strategyNames = [...]string{"random", "free_ratio_first", "local_first"}
+
+func (s Strategy) String() string {
+	if s >= 0 && int(s) < len(strategyNames) {
+		return strategyNames[s]
+	}
+	return fmt.Sprintf("Strategy(%d)", int(s))
+}
+
+// ParseStrategy parses the reference's names: random, free_ratio_first,
+// local_first (case-insensitive; "" is random).
+func ParseStrategy(s string) (Strategy, error) {
+	if s == "" {
+		return Random, nil
+	}
+	for i, n := range strategyNames {
+		if strings.EqualFold(s, n) {
+			return Strategy(i), nil
+		}
+	}
+	return 0, fmt.Errorf("alloc: unknown allocation strategy %q (want random, free_ratio_first or local_first)", s)
+}
+
+// Request asks for space for one object.
+type Request struct {
+	Size uint64
+	// Replicas wanted (< 1 means 1); placement is best effort.
+	Replicas int
+	// Preferred segment names, tried first in this order.
+	Preferred []string
+	// Local is the calling client: its own segments come first under
+	// LocalFirst, or with SameNode under any strategy.
+	Local    UUID
+	SameNode bool
+}
+
+// Placement is one replica's reservation. It is small and comparable; keep
+// it to Free it later with the size it was allocated with.
+type Placement struct {
+	Addr uint64 // Segment.Base + offset
+	h    offalloc.Handle
+	Seg  uint32 // internal segment index
+}
+
+// SegmentStats describes a mounted segment.
+type SegmentStats struct {
+	Index       uint32
+	Segment     Segment
+	Capacity    uint64 // usable bytes
+	Used        uint64 // reserved bytes
+	Allocs      int
+	LargestFree uint64
+	Unmounting  bool
+}
+
+type segState struct {
+	Segment
+	idx uint32
+	cap uint64
+
+	mu         sync.Mutex
+	oa         *offalloc.Allocator
+	unmounting bool // under mu; also mirrored in gone for lock-free reads
+	released   bool // under mu: out of the table, frees refused
+
+	gone     atomic.Bool
+	used     atomic.Uint64
+	maxAlloc atomic.Uint64 // oa.MaxAlloc() after the last change
+}
+
+// table is the copy-on-write segment table.
+type table struct {
+	segs     []*segState // by index; nil = free index
+	byID     map[UUID]uint32
+	byName   map[string][]uint32
+	byClient map[UUID][]uint32
+	live     []uint32 // mounted indices in mount order
+	largest  uint64   // capacity of the largest segment
+}
+
+func (t *table) setLargest() {
+	t.largest = 0
+	for _, i := range t.live {
+		t.largest = max(t.largest, t.segs[i].cap)
+	}
+}
+
+// Allocator holds the mounted segments, one offset allocator each, and
+// places replicas on them. Safe for concurrent use.
+type Allocator struct {
+	strategy Strategy
+
+	mu   sync.Mutex // serialises table changes
+	tab  atomic.Pointer[table]
+	free []uint32 // released indices, reused last-in first-out
+
+	capacity atomic.Uint64
+	used     atomic.Uint64
+
+	rmu sync.Mutex
+	rnd *rand.Rand // nil = the global source
+}
+
+// Option configures New.
+type Option func(*Allocator)
+
+// WithRand makes Choose's random picks reproducible.
+func WithRand(seed uint64) Option {
+	return func(a *Allocator) { a.rnd = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)) }
+}
+
+// New returns an allocator with no segments.
+func New(s Strategy, opts ...Option) *Allocator {
+	a := &Allocator{strategy: s}
+	for _, o := range opts {
+		o(a)
+	}
+	a.tab.Store(&table{byID: map[UUID]uint32{}, byName: map[string][]uint32{}, byClient: map[UUID][]uint32{}})
+	return a
+}
+
+// Strategy returns the allocator's strategy.
+func (a *Allocator) Strategy() Strategy { return a.strategy }
+
+// Reserved returns the bytes a replica of size bytes reserves (aligned and
+// rounded up to its size class); sizes no segment can hold give
+// math.MaxUint64.
+func Reserved(size uint64) uint64 {
+	if size > MaxSegmentSize {
+		return math.MaxUint64
+	}
+	return offalloc.RoundUp(size, Alignment)
+}
+
+func (a *Allocator) intn(n int) int {
+	if a.rnd == nil {
+		return rand.IntN(n)
+	}
+	a.rmu.Lock()
+	v := a.rnd.IntN(n)
+	a.rmu.Unlock()
+	return v
+}
+
+func (a *Allocator) seg(i uint32) *segState {
+	t := a.tab.Load()
+	if int(i) < len(t.segs) {
+		return t.segs[i]
+	}
+	return nil
+}
+
+// Mount adds a segment and returns its index. commit, when not nil, runs
+// before the segment becomes visible, with the table locked; an error from
+// it abandons the mount (the master logs the mount there, so no placement
+// on the segment can be logged before it). A segment with the same ID is
+// ErrSegmentAlreadyExists; bad geometry is ErrInvalidParams.
+func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, error) {
+	switch {
+	case s.ID.IsZero():
+		return 0, errcode.New(errcode.InvalidParams, "segment id is zero")
+	case s.Name == "":
+		return 0, errcode.New(errcode.InvalidParams, "segment name is empty")
+	case s.Size < Alignment || s.Size > MaxSegmentSize:
+		return 0, errcode.New(errcode.InvalidParams, "segment size %d outside [%d, %d]", s.Size, Alignment, uint64(MaxSegmentSize))
+	case s.Base+s.Size < s.Base:
+		return 0, errcode.New(errcode.InvalidParams, "segment [%#x,+%d) wraps the address space", s.Base, s.Size)
+	}
+	oa, err := offalloc.New(s.Size)
+	if err != nil {
+		return 0, errcode.New(errcode.InvalidParams, "segment size %d: %v", s.Size, err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := a.tab.Load()
+	if i, ok := old.byID[s.ID]; ok {
+		return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v (%s)", s.ID, old.segs[i].Name)
+	}
+	var idx uint32
+	if n := len(a.free); n > 0 {
+		idx = a.free[n-1]
+	} else {
+		idx = uint32(len(old.segs))
+	}
+	if commit != nil {
+		if err := commit(idx); err != nil {
+			return 0, fmt.Errorf("%w: %w", ErrAborted, err)
+		}
+	}
+	if n := len(a.free); n > 0 {
+		a.free = a.free[:n-1]
+	}
+	st := &segState{Segment: s, idx: idx, cap: oa.Size(), oa: oa}
+	st.maxAlloc.Store(oa.MaxAlloc())
+	t := old.clone()
+	if int(idx) == len(t.segs) {
+		t.segs = append(t.segs, st)
+	} else {
+		t.segs[idx] = st
+	}
+	t.byID[s.ID] = idx
+	t.byName[s.Name] = append(slices.Clip(t.byName[s.Name]), idx)
+	t.byClient[s.Client] = append(slices.Clip(t.byClient[s.Client]), idx)
+	t.live = append(slices.Clip(t.live), idx)
+	t.setLargest()
+	a.capacity.Add(st.cap)
+	a.tab.Store(t)
+	return idx, nil
+}
+
+func (t *table) clone() *table {
+	n := &table{
+		segs:     slices.Clone(t.segs),
+		byID:     make(map[UUID]uint32, len(t.byID)+1),
+		byName:   make(map[string][]uint32, len(t.byName)+1),
+		byClient: make(map[UUID][]uint32, len(t.byClient)+1),
+		live:     t.live,
+	}
+	for k, v := range t.byID {
+		n.byID[k] = v
+	}
+	for k, v := range t.byName {
+		n.byName[k] = v
+	}
+	for k, v := range t.byClient {
+		n.byClient[k] = v
+	}
+	return n
+}
+
+// Unmount stops placement on the segment with this ID and returns its
+// index; the segment stays (frees still work) until Release. commit, when
+// not nil, runs with the segment locked, after which no allocation can
+// happen on it. An unknown ID is ErrSegmentNotFound; a segment already
+// unmounting is ErrUnavailableInCurrentStatus.
+func (a *Allocator) Unmount(id UUID, commit func(idx uint32)) (uint32, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t := a.tab.Load()
+	idx, ok := t.byID[id]
+	if !ok {
+		return 0, errcode.New(errcode.SegmentNotFound, "segment %v", id)
+	}
+	s := t.segs[idx]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unmounting {
+		return idx, errcode.New(errcode.UnavailableInCurrentStatus, "segment %v is unmounting", id)
+	}
+	s.unmounting = true
+	s.gone.Store(true)
+	if commit != nil {
+		commit(idx)
+	}
+	return idx, nil
+}
+
+// Release removes an unmounting segment from the table; its index may be
+// reused by a later Mount. Placements still on it are forgotten (callers
+// drop them first). commit, when not nil, runs with the table locked
+// before the change is visible.
+func (a *Allocator) Release(idx uint32, commit func()) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := a.tab.Load()
+	if int(idx) >= len(old.segs) || old.segs[idx] == nil {
+		return errcode.New(errcode.SegmentNotFound, "segment index %d", idx)
+	}
+	s := old.segs[idx]
+	s.mu.Lock()
+	if !s.unmounting {
+		s.mu.Unlock()
+		return errcode.New(errcode.UnavailableInCurrentStatus, "segment %v is not unmounting", s.ID)
+	}
+	s.released = true // from here on its counters do not move
+	used := s.used.Load()
+	s.mu.Unlock()
+	if commit != nil {
+		commit()
+	}
+	t := old.clone()
+	t.segs[idx] = nil
+	delete(t.byID, s.ID)
+	t.byName[s.Name] = without(t.byName[s.Name], idx)
+	if len(t.byName[s.Name]) == 0 {
+		delete(t.byName, s.Name)
+	}
+	t.byClient[s.Client] = without(t.byClient[s.Client], idx)
+	if len(t.byClient[s.Client]) == 0 {
+		delete(t.byClient, s.Client)
+	}
+	t.live = without(t.live, idx)
+	t.setLargest()
+	a.free = append(a.free, idx)
+	a.capacity.Add(-s.cap)
+	a.used.Add(-used)
+	a.tab.Store(t)
+	return nil
+}
+
+func without(s []uint32, v uint32) []uint32 {
+	out := make([]uint32, 0, len(s))
+	for _, x := range s {
+		if x != v {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// Lookup returns the index of the segment with this ID.
+func (a *Allocator) Lookup(id UUID) (uint32, bool) {
+	i, ok := a.tab.Load().byID[id]
+	return i, ok
+}
+
+// Segment returns the segment at index seg.
+func (a *Allocator) Segment(seg uint32) (Segment, bool) {
+	if s := a.seg(seg); s != nil {
+		return s.Segment, true
+	}
+	return Segment{}, false
+}
+
+// ByClient returns the indices of the segments a client mounted.
+func (a *Allocator) ByClient(c UUID) []uint32 {
+	return slices.Clone(a.tab.Load().byClient[c])
+}
+
+// Stat returns one segment's stats.
+func (a *Allocator) Stat(seg uint32) (SegmentStats, bool) {
+	s := a.seg(seg)
+	if s == nil {
+		return SegmentStats{}, false
+	}
+	return s.stats(), true
+}
+
+func (s *segState) stats() SegmentStats {
+	s.mu.Lock()
+	st := s.oa.Stats()
+	un := s.unmounting
+	s.mu.Unlock()
+	return SegmentStats{Index: s.idx, Segment: s.Segment, Capacity: st.Size, Used: st.Size - st.Free,
+		Allocs: st.Allocs, LargestFree: st.LargestFree, Unmounting: un}
+}
+
+// Segments returns every mounted segment (unmounting ones included) in
+// mount order.
+func (a *Allocator) Segments() []SegmentStats {
+	t := a.tab.Load()
+	out := make([]SegmentStats, 0, len(t.live))
+	for _, i := range t.live {
+		out = append(out, t.segs[i].stats())
+	}
+	return out
+}
+
+// LargestSegment returns the capacity of the largest mounted segment: no
+// replica larger than that can ever be placed.
+func (a *Allocator) LargestSegment() uint64 { return a.tab.Load().largest }
+
+// Totals returns the capacity of all mounted segments and the bytes
+// reserved on them.
+func (a *Allocator) Totals() (capacity, used uint64) {
+	return a.capacity.Load(), a.used.Load()
+}
+
+// Choose picks up to r.Replicas distinct segments that can hold r.Size
+// now: preferred names first, then (LocalFirst or SameNode) the caller's
+// own segments, then by strategy. It returns ErrNoAvailableHandle when no
+// segment can hold the size. The answer is a hint: AllocateOn may still
+// fail when others allocate meanwhile.
+func (a *Allocator) Choose(r Request) ([]uint32, error) {
+	want := max(r.Replicas, 1)
+	if r.Size == 0 {
+		return nil, errcode.New(errcode.InvalidParams, "size 0")
+	}
+	if r.Size > MaxSegmentSize {
+		return nil, errcode.New(errcode.NoAvailableHandle, "size %d exceeds every segment", r.Size)
+	}
+	need := Reserved(r.Size)
+	t := a.tab.Load()
+	out := make([]uint32, 0, want)
+	fits := func(i uint32, out []uint32) bool {
+		s := t.segs[i]
+		return s != nil && !s.gone.Load() && s.maxAlloc.Load() >= need && !slices.Contains(out, i)
+	}
+	for _, name := range r.Preferred {
+		for _, i := range t.byName[name] {
+			if len(out) < want && fits(i, out) {
+				out = append(out, i)
+			}
+		}
+	}
+	if a.strategy == LocalFirst || r.SameNode {
+		for _, i := range t.byClient[r.Local] {
+			if len(out) < want && fits(i, out) {
+				out = append(out, i)
+			}
+		}
+	}
+	if len(out) < want {
+		if a.strategy == FreeRatioFirst {
+			out = a.pickFreest(t, out, want, fits)
+		} else {
+			out = a.pickRandom(t, out, want, fits)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errcode.New(errcode.NoAvailableHandle, "no segment can hold %d bytes", r.Size)
+	}
+	return out, nil
+}
+
+func (a *Allocator) pickRandom(t *table, out []uint32, want int, fits func(uint32, []uint32) bool) []uint32 {
+	var buf [64]uint32
+	cand := buf[:0]
+	for _, i := range t.live {
+		if fits(i, out) {
+			cand = append(cand, i)
+		}
+	}
+	// Partial Fisher-Yates: the first k picks are a uniform sample.
+	for k := 0; k < len(cand) && len(out) < want; k++ {
+		j := k + a.intn(len(cand)-k)
+		cand[k], cand[j] = cand[j], cand[k]
+		out = append(out, cand[k])
+	}
+	return out
+}
+
+func (a *Allocator) pickFreest(t *table, out []uint32, want int, fits func(uint32, []uint32) bool) []uint32 {
+	for len(out) < want {
+		best, bestRatio := uint32(0), -1.0
+		for _, i := range t.live {
+			if !fits(i, out) {
+				continue
+			}
+			s := t.segs[i]
+			ratio := float64(s.cap-s.used.Load()) / float64(s.cap)
+			if ratio > bestRatio {
+				best, bestRatio = i, ratio
+			}
+		}
+		if bestRatio < 0 {
+			break
+		}
+		out = append(out, best)
+	}
+	return out
+}
+
+// AllocateOn reserves Reserved(size) bytes on segment seg. The address
+// depends only on the sequence of AllocateOn and Free calls on that
+// segment since it was mounted, so a replayed log reproduces it. A full,
+// unmounting or missing segment is ErrNoAvailableHandle /
+// ErrSegmentNotFound.
+func (a *Allocator) AllocateOn(seg uint32, size uint64) (Placement, error) {
+	s := a.seg(seg)
+	if s == nil {
+		return Placement{}, errcode.New(errcode.SegmentNotFound, "segment index %d", seg)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return a.allocLocked(s, size)
+}
+
+func (a *Allocator) allocLocked(s *segState, size uint64) (Placement, error) {
+	if s.unmounting {
+		return Placement{}, errcode.New(errcode.NoAvailableHandle, "segment %s is unmounting", s.Name)
+	}
+	if size == 0 {
+		return Placement{}, errcode.New(errcode.InvalidParams, "size 0")
+	}
+	al, err := s.oa.Alloc(size)
+	if err != nil {
+		return Placement{}, errcode.New(errcode.NoAvailableHandle, "segment %s: %v", s.Name, err)
+	}
+	s.used.Add(al.Size)
+	a.used.Add(al.Size)
+	s.maxAlloc.Store(s.oa.MaxAlloc())
+	return Placement{Addr: s.Base + al.Offset, h: al.Handle, Seg: s.idx}, nil
+}
+
+// Allocate chooses segments and reserves size bytes on each: best effort,
+// at least one placement or an error.
+func (a *Allocator) Allocate(r Request) ([]Placement, error) {
+	segs, err := a.Choose(r)
+	if err != nil {
+		return nil, err
+	}
+	ps := a.AllocateSet(segs, r.Size, nil)
+	if len(ps) == 0 {
+		return nil, errcode.New(errcode.NoAvailableHandle, "no segment can hold %d bytes", r.Size)
+	}
+	return ps, nil
+}
+
+// AllocateSet reserves size bytes on each of the distinct segments segs,
+// in that order, skipping those that cannot (best effort). It holds the
+// segments' locks (in index order) across the allocations and commit, so
+// what commit records is ordered with every other change on those
+// segments. commit sees the placements made (possibly none).
+func (a *Allocator) AllocateSet(segs []uint32, size uint64, commit func([]Placement)) []Placement {
+	var buf [4]*segState
+	locked := a.lockSet(segs, buf[:0])
+	defer unlockSet(locked)
+	ps := make([]Placement, 0, len(segs))
+	for _, i := range segs {
+		if s := a.seg(i); s != nil {
+			if p, err := a.allocLocked(s, size); err == nil {
+				ps = append(ps, p)
+			}
+		}
+	}
+	if commit != nil {
+		commit(ps)
+	}
+	return ps
+}
+
+// lockSet locks the distinct live segments among idx in index order,
+// appending them to locked.
+func (a *Allocator) lockSet(idx []uint32, locked []*segState) []*segState {
+	t := a.tab.Load()
+	for _, i := range idx {
+		if int(i) < len(t.segs) && t.segs[i] != nil && !slices.Contains(locked, t.segs[i]) {
+			locked = append(locked, t.segs[i])
+		}
+	}
+	slices.SortFunc(locked, func(x, y *segState) int { return int(x.idx) - int(y.idx) })
+	for _, s := range locked {
+		s.mu.Lock()
+	}
+	return locked
+}
+
+func unlockSet(locked []*segState) {
+	for i := len(locked) - 1; i >= 0; i-- {
+		locked[i].mu.Unlock()
+	}
+}
+
+// Free releases a placement made with this size. A placement that is not
+// live (double free, wrong size, released segment) is an error and
+// changes nothing.
+func (a *Allocator) Free(p Placement, size uint64) error {
+	s := a.seg(p.Seg)
+	if s == nil {
+		return errcode.New(errcode.SegmentNotFound, "segment index %d", p.Seg)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return a.freeLocked(s, p, size)
+}
+
+func (a *Allocator) freeLocked(s *segState, p Placement, size uint64) error {
+	if s.released {
+		return errcode.New(errcode.SegmentNotFound, "segment %s was released", s.Name)
+	}
+	if p.Addr < s.Base {
+		return errcode.New(errcode.InvalidParams, "address %#x below segment %s", p.Addr, s.Name)
+	}
+	r := Reserved(size)
+	if err := s.oa.Free(offalloc.Allocation{Offset: p.Addr - s.Base, Size: r, Handle: p.h}); err != nil {
+		return errcode.New(errcode.InvalidParams, "free %#x+%d on %s: %v", p.Addr, size, s.Name, err)
+	}
+	s.used.Add(-r)
+	a.used.Add(-r)
+	s.maxAlloc.Store(s.oa.MaxAlloc())
+	return nil
+}
+
+// FreeSet frees placements made with this size, holding their segments'
+// locks (in index order) across the frees and commit. It frees all it can
+// and returns the first error.
+func (a *Allocator) FreeSet(ps []Placement, size uint64, commit func()) error {
+	var buf [4]uint32
+	idx := buf[:0]
+	for _, p := range ps {
+		idx = append(idx, p.Seg)
+	}
+	var lbuf [4]*segState
+	locked := a.lockSet(idx, lbuf[:0])
+	defer unlockSet(locked)
+	var first error
+	for _, p := range ps {
+		var err error
+		if s := a.seg(p.Seg); s == nil || !slices.Contains(locked, s) {
+			err = errcode.New(errcode.SegmentNotFound, "segment index %d", p.Seg)
+		} else {
+			err = a.freeLocked(s, p, size)
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if commit != nil {
+		commit()
+	}
+	return first
+}

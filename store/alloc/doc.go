@@ -1,0 +1,44 @@
+// Package alloc places the store's replicas: it holds the segments that
+// clients mount (memory they contribute to the pool), one offset
+// allocator per segment (internal/offalloc: O(1), bin rounding), and the
+// placement strategies. It handles numbers only; no memory is touched and
+// nothing here speaks gRPC or the transfer engine.
+//
+// # Contract
+//
+//   - A segment is [Base, Base+Size) of a transfer-engine segment Name,
+//     mounted by a client. IDs are unique (Mount of a known ID is
+//     errcode.ErrSegmentAlreadyExists); names need not be. Mount gives the
+//     segment an index (uint32) used everywhere else; released indices are
+//     reused last-in first-out.
+//   - A replica of size n reserves Reserved(n) bytes: n rounded up to
+//     Alignment (64) and then to its size class (at most 12.5% more).
+//     Placement.Addr = Base + offset. Free needs the size the placement was
+//     made with; a stale, double or mismatched Free is an error and changes
+//     nothing.
+//   - Choose returns up to Request.Replicas distinct segments that can hold
+//     the size: preferred names first (in the given order), then the
+//     caller's own segments (strategy LocalFirst, or Request.SameNode),
+//     then by strategy: Random picks uniformly among the segments that can
+//     hold the size, FreeRatioFirst the highest free ratio. Fewer segments
+//     than replicas gives fewer replicas (best effort); none gives
+//     errcode.ErrNoAvailableHandle. Choose may use randomness.
+//   - AllocateOn / AllocateSet are deterministic: the same sequence of
+//     allocations and frees on a segment since its Mount yields the same
+//     addresses, so a replayed operation log reproduces them.
+//   - Unmount stops placement on a segment (allocations on it fail from
+//     then on; frees still work); Release removes it once the caller has
+//     dropped every placement on it.
+//
+// # Concurrency
+//
+// All methods are safe for concurrent use. The segment table is
+// copy-on-write (readers take no lock); each segment has its own mutex;
+// table changes (Mount, Unmount, Release) are serialised by one mutex.
+// Lock order: table mutex, then segment mutexes in index order.
+// AllocateSet and FreeSet hold the locks of all their segments while they
+// run their commit function, and Mount / Unmount / Release run theirs
+// before the change is visible, so a caller that records each change in
+// commit (the master's operation log) records them in an order that is a
+// valid serialisation per segment.
+package alloc

@@ -1,0 +1,550 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// Defaults of Config.
+const (
+	DefaultMasterAddr        = "127.0.0.1:50051"
+	DefaultLocalBufferSize   = 256 << 20
+	DefaultHeartbeatInterval = time.Second
+	DefaultRPCTimeout        = 10 * time.Second
+	DefaultMaxKeyLen         = 4096
+)
+
+// Config configures a Client. Only MasterAddr matters for a pure client on
+// this host; the zero value of every other field takes its default.
+type Config struct {
+	// MasterAddr is the master's gRPC address (default 127.0.0.1:50051).
+	MasterAddr string
+	// LocalHostname is the engine's LocalServerName ("host" or
+	// "host:port"; default: the engine's choice).
+	LocalHostname string
+	// GlobalSegmentSize is the memory contributed to the pool, mounted as
+	// one segment (0 = pure client).
+	GlobalSegmentSize int64
+	// LocalBufferSize is the staging pool for values in unregistered
+	// memory and for GetBuffer (default 256 MiB).
+	LocalBufferSize int64
+	// Protocols are the engine's transports in order of preference
+	// (default the engine's: shm, tcp).
+	Protocols []string
+	// MetadataServer is the engine's metadata connection string (default
+	// P2PHANDSHAKE).
+	MetadataServer string
+	// HeartbeatInterval between Pings while a segment is mounted
+	// (default 1 s).
+	HeartbeatInterval time.Duration
+	// RPCTimeout bounds each call to the master (default 10 s).
+	RPCTimeout time.Duration
+	// MaxKeyLen refuses longer keys before any RPC (default 4096, the
+	// master's default; negative leaves the check to the master).
+	MaxKeyLen int
+	// Engine, when set, is used instead of starting one; the client
+	// neither configures nor closes it (LocalHostname, Protocols and
+	// MetadataServer are then ignored).
+	Engine *engine.Engine
+	// Logger (default slog.Default()).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.MasterAddr == "" {
+		c.MasterAddr = DefaultMasterAddr
+	}
+	if _, _, err := net.SplitHostPort(c.MasterAddr); err != nil {
+		return fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, c.MasterAddr, err)
+	}
+	if c.GlobalSegmentSize < 0 {
+		return fmt.Errorf("%w: global segment size %d", ErrInvalidConfig, c.GlobalSegmentSize)
+	}
+	if c.LocalBufferSize < 0 {
+		return fmt.Errorf("%w: local buffer size %d", ErrInvalidConfig, c.LocalBufferSize)
+	}
+	if c.LocalBufferSize == 0 {
+		c.LocalBufferSize = DefaultLocalBufferSize
+	}
+	if c.HeartbeatInterval < 0 || c.RPCTimeout < 0 {
+		return fmt.Errorf("%w: negative interval", ErrInvalidConfig)
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.RPCTimeout == 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Client is a store client. All methods are safe for concurrent use.
+type Client struct {
+	cfg      Config
+	id       UUID
+	log      *slog.Logger
+	conn     *grpc.ClientConn
+	master   storepb.MasterClient
+	eng      *engine.Engine
+	ownEng   bool
+	name     string // engine segment name
+	host     string // host part of name, to rank same-host replicas
+	clock    clock.Clock
+	stats    *stats
+	regs     regions
+	stage    *stager
+	segments []*segment // fixed after New
+
+	segMu  sync.Mutex
+	segIDs map[string]engine.SegmentID
+
+	// Concurrent single-key calls share batch RPCs (coalesce.go).
+	putStarts *coalescer[putStartQ, []*storepb.ReplicaDescriptor]
+	putEnds   *coalescer[putEndQ, struct{}]
+	gets      *coalescer[string, getResult]
+
+	bufMu  sync.Mutex
+	bufs   [][]byte // RegisterBuffer'd buffers still registered
+	views  int      // Buffers not yet released
+	memOff bool     // Close has withdrawn the memory; unmap at views == 0
+
+	life   sync.RWMutex // held shared by calls in progress, exclusively by Close
+	closed atomic.Bool
+
+	hbStop context.CancelFunc
+	hbWG   sync.WaitGroup
+	viewV  atomic.Uint64
+
+	// Test hooks.
+	afterRead   func()      // runs after a Get's read, before the lease check
+	hbPaused    atomic.Bool // skip heartbeats
+	beforeWrite func()      // runs after PutStart, before the replicas are written
+}
+
+// New connects to the master, starts the engine and mounts the
+// contributed memory. ctx bounds the start-up RPCs.
+func New(ctx context.Context, cfg Config) (*Client, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	c := newClient(cfg)
+	ok := false
+	defer func() {
+		if !ok {
+			c.teardown()
+		}
+	}()
+
+	conn, err := grpc.NewClient(cfg.MasterAddr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Batch answers for many keys exceed gRPC's 4 MiB default.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
+		grpc.WithUnaryInterceptor(c.stats.interceptor))
+	if err != nil {
+		return nil, fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, cfg.MasterAddr, err)
+	}
+	c.conn, c.master = conn, storepb.NewMasterClient(conn)
+	c.startCoalescers()
+	if err := c.startMemory(); err != nil {
+		return nil, err
+	}
+	if cfg.GlobalSegmentSize == 0 {
+		// A pure client sends no heartbeat; check the master answers.
+		rctx, cancel := c.rpcCtx(ctx)
+		_, err := c.master.ServiceReady(rctx, &storepb.ServiceReadyRequest{})
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("store: master %s: %w", cfg.MasterAddr, errcode.FromStatus(err))
+		}
+		ok = true
+		return c, nil
+	}
+	if err := c.addSegment(cfg.GlobalSegmentSize); err != nil {
+		return nil, err
+	}
+	if err := c.mount(ctx); err != nil {
+		return nil, err
+	}
+	var hbCtx context.Context
+	hbCtx, c.hbStop = context.WithCancel(context.Background())
+	c.hbWG.Add(1)
+	go c.heartbeatLoop(hbCtx)
+	ok = true
+	return c, nil
+}
+
+func newClient(cfg Config) *Client {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Client{cfg: cfg, id: newUUID(), clock: clock.Real{}, stats: newStats(), segIDs: make(map[string]engine.SegmentID)}
+	c.log = cfg.Logger.With("client", c.id.String())
+	return c
+}
+
+// startMemory starts (or adopts) the engine and registers the staging
+// pool with it.
+func (c *Client) startMemory() error {
+	var err error
+	if c.cfg.Engine != nil {
+		c.eng = c.cfg.Engine
+	} else {
+		c.eng, err = engine.New(engine.Config{
+			LocalServerName: c.cfg.LocalHostname, MetadataServer: c.cfg.MetadataServer,
+			Protocols: c.cfg.Protocols, Logger: c.cfg.Logger,
+		})
+		if err != nil {
+			return fmt.Errorf("store: start engine: %w", err)
+		}
+		c.ownEng = true
+	}
+	c.name = c.eng.Name()
+	c.host, _, _ = net.SplitHostPort(c.name)
+	c.stage, err = newStager(c.cfg.LocalBufferSize)
+	if err != nil {
+		return err
+	}
+	if err := c.eng.RegisterMemory(c.stage.mem, "*"); err != nil {
+		c.stage.pool.Close()
+		c.stage = nil
+		return fmt.Errorf("store: register staging pool: %w", err)
+	}
+	c.regs.add(c.stage.mem)
+	return nil
+}
+
+// addSegment sets aside size bytes of memfd memory, registered with the
+// engine, to contribute as one segment.
+func (c *Client) addSegment(size int64) error {
+	pool, err := newArena("crescent-segment", size, 0)
+	if err != nil {
+		return fmt.Errorf("store: segment memory: %w", err)
+	}
+	mem := pool.Bytes()[:size:size]
+	if err := c.eng.RegisterMemory(mem, "*"); err != nil {
+		pool.Close()
+		return fmt.Errorf("store: register segment: %w", err)
+	}
+	c.segments = append(c.segments, &segment{pool: pool, mem: mem, info: SegmentInfo{
+		ID: newUUID(), Name: c.name, Base: spanOf(mem).addr, Size: uint64(size), Protocol: c.eng.LocalDesc().Protocol,
+	}})
+	c.regs.add(mem)
+	return nil
+}
+
+// mount mounts the segments on the master.
+func (c *Client) mount(ctx context.Context) error {
+	for _, seg := range c.segments {
+		rctx, cancel := c.rpcCtx(ctx)
+		_, err := c.master.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: c.id.pb(), Segment: seg.pb()})
+		cancel()
+		if err != nil {
+			return fmt.Errorf("store: mount segment: %w", errcode.FromStatus(err))
+		}
+		seg.mounted = true
+	}
+	return nil
+}
+
+func (s *segment) pb() *storepb.Segment {
+	return &storepb.Segment{Id: s.info.ID.pb(), Name: s.info.Name, Base: s.info.Base, Size: s.info.Size, Protocol: s.info.Protocol}
+}
+
+// rpcCtx bounds one RPC by RPCTimeout (or ctx's earlier deadline).
+func (c *Client) rpcCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.cfg.RPCTimeout)
+}
+
+// enter admits a call unless the client is closed; leave must follow.
+func (c *Client) enter() error {
+	c.life.RLock()
+	if c.closed.Load() {
+		c.life.RUnlock()
+		return ErrClosed
+	}
+	return nil
+}
+
+func (c *Client) leave() { c.life.RUnlock() }
+
+func (c *Client) heartbeatLoop(ctx context.Context) {
+	defer c.hbWG.Done()
+	t := time.NewTicker(c.cfg.HeartbeatInterval)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.hbPaused.Load() {
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, min(c.cfg.RPCTimeout, 2*c.cfg.HeartbeatInterval+time.Second))
+		err := c.heartbeat(pctx)
+		cancel()
+		// Log changes of state, not every beat of an outage.
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			c.log.Warn("heartbeat failed; retrying every interval", "err", err)
+			failing = true
+		case err == nil && failing:
+			c.log.Info("heartbeat answered again")
+			failing = false
+		}
+	}
+}
+
+// heartbeat sends one Ping and re-mounts on NEED_REMOUNT.
+func (c *Client) heartbeat(ctx context.Context) error {
+	c.stats.heartbeats.Add(1)
+	resp, err := c.master.Ping(ctx, &storepb.PingRequest{ClientId: c.id.pb()})
+	if err != nil {
+		c.stats.heartbeatFail.Add(1)
+		return errcode.FromStatus(err)
+	}
+	if old := c.viewV.Swap(resp.ViewVersion); old != 0 && old != resp.ViewVersion {
+		c.log.Info("master view changed", "old", old, "new", resp.ViewVersion)
+	}
+	if resp.ClientStatus != storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT {
+		return nil
+	}
+	return c.remount(ctx)
+}
+
+// remount mounts every segment again, after the master forgot them.
+func (c *Client) remount(ctx context.Context) error {
+	req := &storepb.ReMountSegmentRequest{ClientId: c.id.pb()}
+	for _, s := range c.segments {
+		req.Segments = append(req.Segments, s.pb())
+	}
+	if _, err := c.master.ReMountSegment(ctx, req); err != nil {
+		return fmt.Errorf("store: remount: %w", errcode.FromStatus(err))
+	}
+	c.stats.remounts.Add(1)
+	c.log.Info("segments re-mounted after NEED_REMOUNT", "segments", len(req.Segments))
+	return nil
+}
+
+// ID returns the client's UUID, the owner of its puts on the master.
+func (c *Client) ID() UUID { return c.id }
+
+// SegmentName returns the engine segment name of this client, the name
+// its mounted segments carry (for ReplicateConfig.Preferred).
+func (c *Client) SegmentName() string { return c.name }
+
+// Engine returns the transfer engine the client uses.
+func (c *Client) Engine() *engine.Engine { return c.eng }
+
+// Segments describes the segments this client mounted.
+func (c *Client) Segments() []SegmentInfo {
+	out := make([]SegmentInfo, len(c.segments))
+	for i, s := range c.segments {
+		out[i] = s.info
+	}
+	return out
+}
+
+// SegmentStatus asks the master about a segment (any client's).
+func (c *Client) SegmentStatus(ctx context.Context, id UUID) (SegmentStatus, error) {
+	if err := c.enter(); err != nil {
+		return SegmentStatus{}, err
+	}
+	defer c.leave()
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	r, err := c.master.QuerySegmentStatus(rctx, &storepb.QuerySegmentStatusRequest{SegmentId: id.pb()})
+	if err != nil {
+		return SegmentStatus{}, errcode.FromStatus(err)
+	}
+	return SegmentStatus{Status: r.Status, Name: r.Name, Capacity: r.Capacity, Used: r.Used}, nil
+}
+
+// Ready checks that the master answers (ServiceReady), for health checks.
+func (c *Client) Ready(ctx context.Context) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	_, err := c.master.ServiceReady(rctx, &storepb.ServiceReadyRequest{})
+	return errcode.FromStatus(err)
+}
+
+// Stats returns a snapshot of the client's counters.
+func (c *Client) Stats() Stats {
+	s := c.stats.snapshot()
+	for _, seg := range c.segments {
+		s.SegmentBytes += seg.info.Size
+	}
+	if c.stage != nil {
+		s.StagingBytes = uint64(len(c.stage.mem))
+	}
+	return s
+}
+
+// RegisterBuffer registers b with the engine so PutFrom and GetInto move
+// its bytes with no copy. b must stay mapped and must not move until
+// UnregisterBuffer: memory from engine/mempool (or another mmap), never a
+// Go heap slice the collector may free.
+func (c *Client) RegisterBuffer(b []byte) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	if len(b) == 0 {
+		return errcode.New(errcode.InvalidParams, "register an empty buffer")
+	}
+	if err := c.eng.RegisterMemory(b, "*"); err != nil {
+		return fmt.Errorf("%w: %w", errcode.ErrInvalidParams, err)
+	}
+	c.regs.add(b)
+	c.bufMu.Lock()
+	c.bufs = append(c.bufs, b)
+	c.bufMu.Unlock()
+	return nil
+}
+
+// UnregisterBuffer withdraws a buffer given to RegisterBuffer, waiting
+// for transfers that still touch it.
+func (c *Client) UnregisterBuffer(b []byte) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	c.bufMu.Lock()
+	idx := -1
+	for i, x := range c.bufs {
+		if spanOf(x) == spanOf(b) {
+			idx = i
+			break
+		}
+	}
+	if idx < 0 {
+		c.bufMu.Unlock()
+		return errcode.New(errcode.InvalidParams, "buffer [%#x,+%d) not registered through this client", spanOf(b).addr, len(b))
+	}
+	c.bufs = append(c.bufs[:idx], c.bufs[idx+1:]...)
+	c.bufMu.Unlock()
+	c.regs.remove(b)
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+	defer cancel()
+	if err := c.eng.UnregisterMemory(ctx, b); err != nil {
+		return fmt.Errorf("store: unregister buffer: %w", err)
+	}
+	return nil
+}
+
+// Close unmounts the client's segments, stops heartbeats, withdraws its
+// memory from the engine and releases it (after the last Buffer is
+// released), closes the engine it started and the master connection. It
+// waits for calls in progress.
+func (c *Client) Close() error {
+	c.life.Lock()
+	if c.closed.Swap(true) {
+		c.life.Unlock()
+		return nil
+	}
+	c.life.Unlock()
+	return c.teardown()
+}
+
+// teardown releases whatever New set up, in reverse order.
+func (c *Client) teardown() error {
+	var errs []error
+	// Heartbeats stop first: a Ping after the unmount could be told
+	// NEED_REMOUNT and mount the segments again.
+	if c.hbStop != nil {
+		c.hbStop()
+		c.hbWG.Wait()
+	}
+	for _, s := range c.segments {
+		if !s.mounted {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+		_, err := c.master.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), SegmentId: s.info.ID.pb()})
+		cancel()
+		if err != nil && !errors.Is(errcode.FromStatus(err), errcode.ErrSegmentNotFound) {
+			errs = append(errs, fmt.Errorf("store: unmount segment %s: %w", s.info.ID, errcode.FromStatus(err)))
+		}
+	}
+	if c.eng != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+		for _, s := range c.segments {
+			if err := c.eng.UnregisterMemory(ctx, s.mem); err != nil && !errors.Is(err, engine.ErrClosed) {
+				errs = append(errs, err)
+			}
+		}
+		if c.stage != nil {
+			if err := c.eng.UnregisterMemory(ctx, c.stage.mem); err != nil && !errors.Is(err, engine.ErrClosed) && !errors.Is(err, engine.ErrNotRegistered) {
+				errs = append(errs, err)
+			}
+		}
+		c.bufMu.Lock()
+		bufs := c.bufs
+		c.bufs = nil
+		c.bufMu.Unlock()
+		for _, b := range bufs {
+			c.eng.UnregisterMemory(ctx, b) // the caller's memory: only withdraw it
+		}
+		cancel()
+		if c.ownEng {
+			if err := c.eng.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		} else {
+			c.segMu.Lock()
+			for _, id := range c.segIDs {
+				c.eng.CloseSegment(id)
+			}
+			c.segIDs = map[string]engine.SegmentID{}
+			c.segMu.Unlock()
+		}
+	}
+	c.bufMu.Lock()
+	c.memOff = true
+	free := c.views == 0
+	c.bufMu.Unlock()
+	if free {
+		c.unmapMemory()
+	}
+	if c.conn != nil {
+		if err := c.conn.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmapMemory closes the pools once nothing can touch them.
+func (c *Client) unmapMemory() {
+	for _, s := range c.segments {
+		s.pool.Close()
+	}
+	if c.stage != nil {
+		c.stage.pool.Close()
+	}
+}

@@ -1,0 +1,130 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// A blocking fake batch RPC: each send waits for a release, so tests
+// control what is in flight.
+type fakeRPC struct {
+	mu      sync.Mutex
+	batches [][]int
+	release chan struct{}
+	started chan int
+}
+
+func (f *fakeRPC) send(_ context.Context, qs []int) ([]string, []error) {
+	f.mu.Lock()
+	f.batches = append(f.batches, append([]int(nil), qs...))
+	f.mu.Unlock()
+	f.started <- len(qs)
+	<-f.release
+	rs, errs := make([]string, len(qs)), make([]error, len(qs))
+	for i, q := range qs {
+		if q < 0 {
+			errs[i] = fmt.Errorf("bad %d", q)
+			continue
+		}
+		rs[i] = fmt.Sprint("r", q)
+	}
+	return rs, errs
+}
+
+func TestCoalescerBatchesWhileBusy(t *testing.T) {
+	f := &fakeRPC{release: make(chan struct{}), started: make(chan int, 16)}
+	c := newCoalescer(4, func(a, b int) bool { return (a%2 == 0) == (b%2 == 0) }, f.send)
+	type out struct {
+		q   int
+		r   string
+		err error
+	}
+	results := make(chan out, 16)
+	call := func(q int) {
+		r, err := c.do(context.Background(), q)
+		results <- out{q, r, err}
+	}
+	go call(0) // idle: leaves alone at once
+	if n := <-f.started; n != 1 {
+		t.Fatalf("first batch of %d", n)
+	}
+	// While it is in flight, more arrive: evens and odds (not compatible)
+	// and more evens than fit in one batch.
+	var wg sync.WaitGroup
+	for _, q := range []int{2, 4, 6, 8, 10, 1, -2} {
+		wg.Add(1)
+		go func() { defer wg.Done(); call(q) }()
+	}
+	// Let them queue before releasing the first RPC.
+	waitQueued(t, c, 7)
+	close(f.release)
+	wg.Wait()
+	got := map[int]out{}
+	for i := 0; i < 8; i++ {
+		o := <-results
+		got[o.q] = o
+	}
+	for _, q := range []int{0, 2, 4, 6, 8, 10, 1} {
+		if got[q].err != nil || got[q].r != fmt.Sprint("r", q) {
+			t.Fatalf("call %d: %+v", q, got[q])
+		}
+	}
+	if got[-2].err == nil {
+		t.Fatal("per-item error lost")
+	}
+	// Batches never mix parities and never exceed 4.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.batches) < 3 {
+		t.Fatalf("batches %v: queued calls were not merged", f.batches)
+	}
+	for _, b := range f.batches {
+		if len(b) > 4 {
+			t.Fatalf("batch %v over the limit", b)
+		}
+		for _, q := range b[1:] {
+			if (q%2 == 0) != (b[0]%2 == 0) {
+				t.Fatalf("batch %v mixes incompatible calls", b)
+			}
+		}
+	}
+	if c.busy || len(c.q) != 0 {
+		t.Fatal("coalescer not idle at the end")
+	}
+}
+
+func waitQueued(t *testing.T, c *coalescer[int, string], n int) {
+	t.Helper()
+	for i := 0; i < 10000; i++ {
+		c.mu.Lock()
+		l := len(c.q)
+		c.mu.Unlock()
+		if l >= n {
+			return
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	t.Fatalf("fewer than %d calls queued", n)
+}
+
+// A leader whose context is cancelled does not fail the calls riding on
+// its RPC.
+func TestCoalescerLeaderCancel(t *testing.T) {
+	var seen []error
+	c := newCoalescer(8, func(a, b int) bool { return true }, func(ctx context.Context, qs []int) ([]string, []error) {
+		seen = append(seen, ctx.Err())
+		return make([]string, len(qs)), make([]error, len(qs))
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := c.do(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if len(seen) != 1 || errors.Is(seen[0], context.Canceled) {
+		t.Fatalf("batch RPC saw %v", seen)
+	}
+}

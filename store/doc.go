@@ -1,0 +1,55 @@
+// Package store is the client library of Crescent's distributed KV-cache
+// store: it talks to the master over gRPC (store/storepb) for metadata and
+// moves the bytes itself, between its own memory and the memory other
+// clients contribute, through the transfer engine (package engine).
+//
+// # Contract
+//
+//   - New connects to the master, starts (or shares) a transfer engine,
+//     registers a staging pool (Config.LocalBufferSize) with it, and, when
+//     Config.GlobalSegmentSize > 0, contributes that much memory to the
+//     pool: a memfd arena from engine/mempool, registered with the engine
+//     and mounted on the master as one segment named after the engine's
+//     segment (its "host:port"). A client that contributes nothing is a
+//     pure client. Close unmounts the segments first, then stops
+//     heartbeats, withdraws the memory from the engine and releases it.
+//   - Heartbeats (Ping, every Config.HeartbeatInterval) run only while a
+//     segment is mounted. A Ping answered NEED_REMOUNT (the master forgot
+//     this client, e.g. after it missed heartbeats for the master's client
+//     TTL) re-mounts every segment with ReMountSegment; the objects the
+//     master dropped meanwhile are gone.
+//   - Put: PutStart reserves replica space; each replica is written, with
+//     a plain copy when it lies in this client's own segment and with an
+//     engine WRITE otherwise (straight from the caller's memory when it is
+//     registered, through a staging buffer when it is not); then PutEnd.
+//     Any failure after PutStart ends in PutRevoke, so a half-written
+//     object is never visible. Batch forms answer per item.
+//   - Get: the time is taken, then GetReplicaList (which grants a read
+//     lease of lease_ttl_ms); a complete memory replica is chosen (this
+//     client's own segment first, then segments on the same host, then the
+//     rest, trying the next on a transfer failure) and read; if the lease
+//     has run out by the end of the read the result is discarded with
+//     LEASE_EXPIRED, because the master may have evicted the object and
+//     handed its space to another writer meanwhile.
+//   - GetBuffer returns a view and a release: a replica in this client's
+//     own segment is viewed in place (valid until the lease deadline the
+//     Buffer reports), anything else is read into a buffer of the staging
+//     pool (a heap buffer when the pool is short). Memory stays mapped
+//     until every Buffer is released, even across Close.
+//   - PutFrom and GetInto move bytes directly between the caller's buffer
+//     and the replicas when the buffer lies in memory registered through
+//     RegisterBuffer (or in this client's segment or staging pool), with no
+//     copy in user space; unregistered buffers work too, through staging.
+//   - Errors are store error codes (package store/errcode): test them with
+//     errors.Is(err, errcode.ErrObjectNotFound) and the like. Failed RPCs
+//     map through errcode.FromStatus (RPC_FAIL, RPC_TIMEOUT, or the code
+//     the master sent); bad arguments are refused before any RPC with
+//     INVALID_KEY / INVALID_PARAMS / BUFFER_OVERFLOW; transfer failures are
+//     TRANSFER_FAIL wrapping the engine's error.
+//   - All methods are safe for concurrent use. Close waits for calls in
+//     progress; later calls return ErrClosed.
+//
+// Stats returns the client's counters (bytes moved, put/get latency
+// histograms, per-RPC counts and latencies); cmd/crescent-client exports
+// them to Prometheus.
+package store

@@ -1,0 +1,72 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net"
+
+	"google.golang.org/grpc"
+
+	"github.com/crescent-kv/crescent/store"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// A master on loopback, a client contributing memory, and a pure client
+// that stores and reads a value.
+func Example() {
+	// The master (normally the crescent-master binary).
+	m, err := master.New(master.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	m.Start()
+	defer m.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	g := grpc.NewServer()
+	master.NewService(m).Register(g)
+	go g.Serve(lis)
+	defer g.Stop()
+
+	ctx := context.Background()
+	// A client that contributes 64 MiB to the pool (normally the
+	// crescent-client daemon).
+	owner, err := store.New(ctx, store.Config{
+		MasterAddr: lis.Addr().String(), LocalHostname: "127.0.0.1",
+		GlobalSegmentSize: 64 << 20, LocalBufferSize: 16 << 20,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer owner.Close()
+
+	// An application's client: contributes nothing, reads and writes.
+	c, err := store.New(ctx, store.Config{MasterAddr: lis.Addr().String(), LocalHostname: "127.0.0.1", LocalBufferSize: 16 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	if err := c.Put(ctx, "layer0/block42", []byte("kv cache bytes"), store.ReplicateConfig{}); err != nil {
+		log.Fatal(err)
+	}
+	v, err := c.Get(ctx, "layer0/block42")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(string(v))
+
+	err = c.Put(ctx, "layer0/block42", []byte("again"), store.ReplicateConfig{})
+	fmt.Println(errors.Is(err, errcode.ErrObjectAlreadyExists))
+	_, err = c.Get(ctx, "layer0/block43")
+	fmt.Println(errors.Is(err, errcode.ErrObjectNotFound))
+	// Output:
+	// kv cache bytes
+	// true
+	// true
+}

@@ -1,0 +1,385 @@
+package store
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// replicaRef is a readable replica: size bytes at addr of segment seg.
+type replicaRef struct {
+	seg  string
+	addr uint64
+}
+
+// located is an object ready to be read: its size, its replicas in the
+// order to try them, and the lease deadline.
+type located struct {
+	size     uint64
+	reps     []replicaRef
+	deadline time.Time
+}
+
+// chooseReplicas orders the complete memory replicas: this client's own
+// segment first (a plain copy), then segments on this host (shm), then
+// the rest in the master's order.
+func (c *Client) chooseReplicas(key string, reps []*storepb.ReplicaDescriptor) (uint64, []replicaRef, error) {
+	var local, host, other []replicaRef
+	var size uint64
+	pending := false
+	for _, r := range reps {
+		m := r.GetMemory()
+		if r.Type != storepb.ReplicaType_REPLICA_TYPE_MEMORY || m == nil {
+			continue
+		}
+		if r.Status != storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE {
+			pending = true
+			continue
+		}
+		if size == 0 {
+			size = m.Size
+		} else if m.Size != size {
+			return 0, nil, errcode.New(errcode.InvalidReplica, "%q: replicas of %d and %d bytes", key, size, m.Size)
+		}
+		ref := replicaRef{seg: m.SegmentName, addr: m.BufferAddress}
+		switch h, _, _ := net.SplitHostPort(m.SegmentName); {
+		case m.SegmentName == c.name && c.isLocal(m.BufferAddress, m.Size):
+			local = append(local, ref)
+		case h != "" && h == c.host:
+			host = append(host, ref)
+		default:
+			other = append(other, ref)
+		}
+	}
+	out := append(append(local, host...), other...)
+	switch {
+	case len(out) > 0 && size == 0:
+		return 0, nil, errcode.New(errcode.InvalidReplica, "%q: replica of 0 bytes", key)
+	case len(out) > 0:
+		return size, out, nil
+	case pending:
+		return 0, nil, errcode.New(errcode.ReplicaIsNotReady, "%q", key)
+	case len(reps) == 0:
+		return 0, nil, errcode.New(errcode.ObjectNotFound, "%q: no replica", key)
+	}
+	return 0, nil, errcode.New(errcode.InvalidReplica, "%q: no memory replica", key)
+}
+
+func (c *Client) isLocal(addr, n uint64) bool {
+	_, ok := c.localSlice(c.name, addr, n)
+	return ok
+}
+
+// locate asks the master where key is, granting a lease. The lease runs
+// from before the request left, as the reference client counts it.
+func (c *Client) locate(ctx context.Context, key string) (located, error) {
+	if err := c.checkKey(key); err != nil {
+		return located{}, err
+	}
+	start := c.clock.Now()
+	res, err := c.gets.do(ctx, key)
+	if err != nil {
+		return located{}, err
+	}
+	size, reps, err := c.chooseReplicas(key, res.replicas)
+	if err != nil {
+		return located{}, err
+	}
+	return located{size: size, reps: reps, deadline: start.Add(res.leaseTTL)}, nil
+}
+
+// checkLease fails with LEASE_EXPIRED when the read ended after the lease:
+// the master may have evicted the object and reused its space meanwhile.
+func (c *Client) checkLease(key string, deadline time.Time) error {
+	if c.afterRead != nil {
+		c.afterRead()
+	}
+	if now := c.clock.Now(); now.After(deadline) {
+		return errcode.New(errcode.LeaseExpired, "%q: read ended %v after the lease", key, now.Sub(deadline))
+	}
+	return nil
+}
+
+// read fills dst from the first replica that can be read.
+func (c *Client) read(ctx context.Context, reps []replicaRef, dst []byte) error {
+	var err error
+	for _, r := range reps {
+		x := &xfer{op: engine.Read, buf: dst, seg: r.seg, addr: r.addr}
+		c.transfer(ctx, []*xfer{x})
+		if x.err == nil {
+			return nil
+		}
+		err = x.err
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return err
+}
+
+// Get returns a copy of the value stored under key.
+func (c *Client) Get(ctx context.Context, key string) (v []byte, err error) {
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	defer c.leave()
+	defer c.observeGet(time.Now(), &err)
+	loc, err := c.locate(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	v = make([]byte, loc.size)
+	if err := c.read(ctx, loc.reps, v); err != nil {
+		return nil, err
+	}
+	if err := c.checkLease(key, loc.deadline); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// GetInto reads the value stored under key into dst and returns its size.
+// dst shorter than the value is BUFFER_OVERFLOW. When dst lies in
+// registered memory the replica is read straight into it, with no copy.
+// After an error dst's contents are undefined.
+func (c *Client) GetInto(ctx context.Context, key string, dst []byte) (n int, err error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	defer c.observeGet(time.Now(), &err)
+	loc, err := c.locate(ctx, key)
+	if err != nil {
+		return 0, err
+	}
+	if uint64(len(dst)) < loc.size {
+		return 0, errcode.New(errcode.BufferOverflow, "%q: value of %d bytes, buffer of %d", key, loc.size, len(dst))
+	}
+	if err := c.read(ctx, loc.reps, dst[:loc.size]); err != nil {
+		return 0, err
+	}
+	if err := c.checkLease(key, loc.deadline); err != nil {
+		return 0, err
+	}
+	return int(loc.size), nil
+}
+
+func (c *Client) observeGet(start time.Time, err *error) {
+	c.stats.getLat.observe(time.Since(start))
+	countOps(&c.stats.gets, &c.stats.getFail, 1, btoi(*err != nil))
+}
+
+// Buffer is a value returned by GetBuffer: a view of the bytes plus a
+// release. Release it when done; its memory then goes back to the client.
+type Buffer struct {
+	c        *Client
+	mu       sync.Mutex
+	b        []byte
+	pooled   []byte // staging allocation to give back
+	mapped   bool   // b points into the client's memory
+	local    bool
+	deadline time.Time
+}
+
+// Bytes returns the value, or nil once released. A local view (Local())
+// shows the replica in place: it is guaranteed unchanged only until
+// LeaseDeadline, after which the master may evict the object and let a
+// writer reuse the space.
+func (b *Buffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b
+}
+
+// Len is the value's size (0 once released).
+func (b *Buffer) Len() int { return len(b.Bytes()) }
+
+// Local reports whether the Buffer views a replica in this client's own
+// segment, in place.
+func (b *Buffer) Local() bool { return b.local }
+
+// LeaseDeadline is when the read lease granted for this value ends.
+func (b *Buffer) LeaseDeadline() time.Time { return b.deadline }
+
+// Release gives the buffer back. Calling it again does nothing.
+func (b *Buffer) Release() {
+	b.mu.Lock()
+	if b.b == nil {
+		b.mu.Unlock()
+		return
+	}
+	b.b = nil
+	pooled, mapped := b.pooled, b.mapped
+	b.pooled = nil
+	b.mu.Unlock()
+	if pooled != nil {
+		b.c.stage.freeView(pooled)
+	}
+	if mapped {
+		b.c.dropView()
+	}
+}
+
+// Close is Release, for io.Closer.
+func (b *Buffer) Close() error {
+	b.Release()
+	return nil
+}
+
+// holdView keeps the client's memory mapped for a Buffer.
+func (c *Client) holdView() {
+	c.bufMu.Lock()
+	c.views++
+	c.bufMu.Unlock()
+}
+
+func (c *Client) dropView() {
+	c.bufMu.Lock()
+	c.views--
+	unmap := c.views == 0 && c.memOff
+	c.bufMu.Unlock()
+	if unmap {
+		c.unmapMemory()
+	}
+}
+
+// GetBuffer returns the value under key as a Buffer: a replica in this
+// client's own segment is viewed in place (no copy); otherwise it is read
+// into a buffer from the staging pool (a heap buffer when the pool is
+// short). The caller must Release it.
+func (c *Client) GetBuffer(ctx context.Context, key string) (buf *Buffer, err error) {
+	if err := c.enter(); err != nil {
+		return nil, err
+	}
+	defer c.leave()
+	defer c.observeGet(time.Now(), &err)
+	loc, err := c.locate(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if mem, ok := c.localSlice(loc.reps[0].seg, loc.reps[0].addr, loc.size); ok {
+		if err := c.checkLease(key, loc.deadline); err != nil {
+			return nil, err
+		}
+		c.holdView()
+		c.stats.read.Add(loc.size)
+		return &Buffer{c: c, b: mem, mapped: true, local: true, deadline: loc.deadline}, nil
+	}
+	buf = &Buffer{c: c, deadline: loc.deadline}
+	if p := c.stage.allocView(int(loc.size)); p != nil {
+		c.holdView()
+		buf.b, buf.pooled, buf.mapped = p, p, true
+	} else {
+		buf.b = make([]byte, loc.size)
+	}
+	if err := c.read(ctx, loc.reps, buf.b); err != nil {
+		buf.Release()
+		return nil, err
+	}
+	if err := c.checkLease(key, loc.deadline); err != nil {
+		buf.Release()
+		return nil, err
+	}
+	return buf, nil
+}
+
+// BatchGet returns the values under keys, answering per item. The reads of
+// all items move in shared engine batches; an item whose replica cannot be
+// read is retried on its next replica.
+func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
+	vals := make([][]byte, len(keys))
+	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		fill(errs, err)
+		return vals, errs
+	}
+	defer c.leave()
+	start := time.Now()
+	defer func() {
+		c.stats.batchGetLat.observe(time.Since(start))
+		countOps(&c.stats.gets, &c.stats.getFail, len(errs), countErrs(errs))
+	}()
+	var items []int
+	req := &storepb.BatchGetReplicaListRequest{}
+	for i, k := range keys {
+		if errs[i] = c.checkKey(k); errs[i] == nil {
+			items = append(items, i)
+			req.Keys = append(req.Keys, k)
+		}
+	}
+	if len(items) == 0 {
+		return vals, errs
+	}
+	t0 := c.clock.Now()
+	rctx, cancel := c.rpcCtx(ctx)
+	resp, err := c.master.BatchGetReplicaList(rctx, req)
+	cancel()
+	if err == nil && len(resp.Results) != len(items) {
+		err = errcode.New(errcode.InternalError, "BatchGetReplicaList answered %d results for %d keys", len(resp.Results), len(items))
+	}
+	if err != nil {
+		err = errcode.FromStatus(err)
+		for _, i := range items {
+			errs[i] = err
+		}
+		return vals, errs
+	}
+	locs := make(map[int]located, len(items))
+	for j, r := range resp.Results {
+		i := items[j]
+		if r.ErrorCode != 0 {
+			errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
+			continue
+		}
+		size, reps, err := c.chooseReplicas(keys[i], r.Replicas)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		locs[i] = located{size: size, reps: reps, deadline: t0.Add(time.Duration(r.LeaseTtlMs) * time.Millisecond)}
+		vals[i] = make([]byte, size)
+	}
+	// Attempt k reads every pending item from its k-th replica.
+	pending := make([]int, 0, len(locs))
+	for _, i := range items {
+		if _, ok := locs[i]; ok {
+			pending = append(pending, i)
+		}
+	}
+	for k := 0; len(pending) > 0 && ctx.Err() == nil; k++ {
+		xs := make([]*xfer, 0, len(pending))
+		for _, i := range pending {
+			r := locs[i].reps[k]
+			xs = append(xs, &xfer{op: engine.Read, buf: vals[i], seg: r.seg, addr: r.addr, item: i})
+		}
+		c.transfer(ctx, xs)
+		pending = pending[:0]
+		for _, x := range xs {
+			if x.err == nil {
+				continue
+			}
+			if k+1 < len(locs[x.item].reps) {
+				pending = append(pending, x.item)
+			} else {
+				errs[x.item] = x.err
+			}
+		}
+	}
+	for _, i := range pending { // ctx ended with these unread
+		errs[i] = errcode.New(errcode.TransferFail, "%q: %v", keys[i], ctx.Err())
+	}
+	for i, l := range locs {
+		if errs[i] == nil {
+			errs[i] = c.checkLease(keys[i], l.deadline)
+		}
+		if errs[i] != nil {
+			vals[i] = nil
+		}
+	}
+	return vals, errs
+}

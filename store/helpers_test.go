@@ -1,0 +1,124 @@
+package store
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// testMaster is a real master (store/master) served over gRPC on a
+// loopback port.
+type testMaster struct {
+	m    *master.Master
+	addr string
+	stop func()
+}
+
+func startMaster(t testing.TB, cfg master.Config) *testMaster {
+	t.Helper()
+	m, err := master.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	master.NewService(m).Register(g)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		g.Serve(lis)
+	}()
+	tm := &testMaster{m: m, addr: lis.Addr().String()}
+	tm.stop = sync.OnceFunc(func() {
+		g.Stop()
+		<-served
+		m.Close()
+	})
+	t.Cleanup(tm.stop)
+	return tm
+}
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// newTestClient starts a client of tm contributing seg bytes, closed at
+// the end of the test.
+func newTestClient(t testing.TB, tm *testMaster, seg int64, mod ...func(*Config)) *Client {
+	t.Helper()
+	cfg := Config{
+		MasterAddr: tm.addr, LocalHostname: "127.0.0.1", GlobalSegmentSize: seg,
+		LocalBufferSize: 32 << 20, Logger: quiet,
+	}
+	for _, f := range mod {
+		f(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return c
+}
+
+func protocols(p ...string) func(*Config) { return func(c *Config) { c.Protocols = p } }
+
+// eventually polls cond until it holds or the (generous) deadline passes.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func tctx(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// openFds counts this process's open file descriptors.
+func openFds(t testing.TB) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// segmentOf returns the segment name each replica of key lives on.
+func segmentsOf(t testing.TB, tm *testMaster, key string) []string {
+	t.Helper()
+	info, err := tm.m.QueryKey(key)
+	if err != nil {
+		t.Fatalf("QueryKey(%q): %v", key, err)
+	}
+	var out []string
+	for _, r := range info.Replicas {
+		out = append(out, r.SegmentName)
+	}
+	return out
+}

@@ -1,0 +1,103 @@
+package master
+
+import (
+	"time"
+
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+// QueryKey describes one object for administrators; it grants no lease.
+func (m *Master) QueryKey(key string) (KeyInfo, error) {
+	if err := m.checkKey(key); err != nil {
+		return KeyInfo{}, err
+	}
+	sh := m.shardOf(key)
+	sh.mu.Lock()
+	defer sh.unlock()
+	o := sh.get(key)
+	if o == nil {
+		return KeyInfo{}, errcode.New(errcode.ObjectNotFound, "key %q", key)
+	}
+	now := m.now()
+	ki := KeyInfo{Key: key, Size: o.size, Complete: o.complete(), Replicas: m.replicas(o),
+		SoftPin: o.flags&fSoftPin != 0, HardPin: o.flags&fHardPin != 0}
+	if !o.complete() {
+		ki.Owner = o.owner()
+		ki.Started = time.Unix(0, o.lease)
+		return ki, nil
+	}
+	if o.flags&fLeased != 0 {
+		ki.LeaseDeadline = time.Unix(0, o.lease)
+		ki.Leased = o.leased(now)
+	}
+	if ki.SoftPin {
+		ki.SoftPinDeadline = time.Unix(0, o.pin)
+	}
+	return ki, nil
+}
+
+// WalkKeys calls fn for every key (finished or not), one shard at a time,
+// until fn returns false. fn runs under a shard lock: it must not call the
+// Master.
+func (m *Master) WalkKeys(fn func(key string, complete bool) bool) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		for k, i := range sh.index {
+			if !fn(k, sh.objs[i].complete()) {
+				sh.unlock()
+				return
+			}
+		}
+		sh.unlock()
+	}
+}
+
+// AllKeys returns every complete object's key, in no particular order.
+func (m *Master) AllKeys() []string {
+	out := make([]string, 0, m.keys.Load())
+	m.WalkKeys(func(k string, complete bool) bool {
+		if complete {
+			out = append(out, k)
+		}
+		return true
+	})
+	return out
+}
+
+// AllSegments describes every mounted segment, in mount order.
+func (m *Master) AllSegments() []SegmentInfo {
+	sts := m.alloc.Segments()
+	out := make([]SegmentInfo, len(sts))
+	for i, st := range sts {
+		out[i] = segInfo(st)
+	}
+	return out
+}
+
+// Stats returns the master's counters.
+func (m *Master) Stats() Stats {
+	capacity, used := m.alloc.Totals()
+	m.clientMu.RLock()
+	clients := len(m.clients)
+	m.clientMu.RUnlock()
+	return Stats{
+		Capacity:        capacity,
+		Allocated:       used,
+		Keys:            m.keys.Load(),
+		PendingKeys:     m.pending.Load(),
+		SoftPinnedKeys:  m.softPinned.Load(),
+		HardPinnedKeys:  m.hardPinned.Load(),
+		Segments:        len(m.alloc.Segments()),
+		ActiveClients:   clients,
+		Quarantined:     m.quarantinedN.Load(),
+		EvictionRuns:    m.evictRuns.Load(),
+		EvictedKeys:     m.evictedKeys.Load(),
+		EvictedBytes:    m.evictedBytes.Load(),
+		ExpiredClients:  m.expiredClients.Load(),
+		DiscardedPuts:   m.discardedPuts.Load(),
+		ReleasedPuts:    m.releasedPuts.Load(),
+		DroppedReplicas: m.droppedReplicas.Load(),
+		LostKeys:        m.lostKeys.Load(),
+	}
+}

@@ -1,0 +1,129 @@
+package master
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/store/alloc"
+)
+
+// ErrInvalidConfig is returned by New for a Config field out of range.
+var ErrInvalidConfig = errors.New("master: invalid configuration")
+
+// Defaults (the reference's).
+const (
+	DefaultShards                = 1024
+	DefaultLeaseTTL              = 10 * time.Second
+	DefaultSoftPinTTL            = 30 * time.Minute
+	DefaultMaxSoftPinTTL         = 24 * time.Hour
+	DefaultEvictionHighWatermark = 0.90
+	DefaultEvictionRatio         = 0.05
+	DefaultClientTTL             = 10 * time.Second
+	DefaultPutDiscardTimeout     = 30 * time.Second
+	DefaultPutReleaseTimeout     = 600 * time.Second
+	DefaultMaxKeyLen             = 4096
+	DefaultMaxReplicas           = 16
+	DefaultEvictInterval         = 10 * time.Millisecond
+	DefaultLivenessInterval      = time.Second
+)
+
+// Config configures a Master. Zero fields take the defaults above, except
+// the booleans: AllowEvictSoftPinned is inverted as KeepSoftPinned so the
+// zero value keeps the reference's default (soft-pinned objects may be
+// evicted in the second pass).
+type Config struct {
+	Shards                int
+	LeaseTTL              time.Duration
+	SoftPinTTL            time.Duration
+	MaxSoftPinTTL         time.Duration
+	KeepSoftPinned        bool // true: never evict soft-pinned objects (allow_evict_soft_pinned_objects=false)
+	EvictionHighWatermark float64
+	EvictionRatio         float64
+	ClientTTL             time.Duration
+	// PutDiscardTimeout: an unfinished PutStart older than this may be taken
+	// over by a new PutStart of the same key.
+	PutDiscardTimeout time.Duration
+	// PutReleaseTimeout: an unfinished PutStart's space is freed this long
+	// after it started (whether or not it was taken over).
+	PutReleaseTimeout time.Duration
+	Strategy          alloc.Strategy
+	MaxKeyLen         int
+	MaxReplicas       int
+	// EvictInterval and LivenessInterval pace the background loops (Start);
+	// decisions inside them use Clock.
+	EvictInterval    time.Duration
+	LivenessInterval time.Duration
+	// ViewVersion is what Ping reports; 0 picks a random epoch.
+	ViewVersion uint64
+	Clock       clock.Clock // nil = clock.Real{}
+	OpLog       OpSink      // nil = none
+	Events      EventSink   // nil = none
+	Logger      *slog.Logger
+	// Seed makes placement reproducible (alloc.WithRand); 0 = random.
+	Seed uint64
+}
+
+func (c *Config) fill() error {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
+	}
+	def(&c.LeaseTTL, DefaultLeaseTTL)
+	def(&c.SoftPinTTL, DefaultSoftPinTTL)
+	def(&c.MaxSoftPinTTL, DefaultMaxSoftPinTTL)
+	def(&c.ClientTTL, DefaultClientTTL)
+	def(&c.PutDiscardTimeout, DefaultPutDiscardTimeout)
+	def(&c.PutReleaseTimeout, DefaultPutReleaseTimeout)
+	def(&c.EvictInterval, DefaultEvictInterval)
+	def(&c.LivenessInterval, DefaultLivenessInterval)
+	if c.EvictionHighWatermark == 0 {
+		c.EvictionHighWatermark = DefaultEvictionHighWatermark
+	}
+	if c.EvictionRatio == 0 {
+		c.EvictionRatio = DefaultEvictionRatio
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.MaxReplicas == 0 {
+		c.MaxReplicas = DefaultMaxReplicas
+	}
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	bad := func(f string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(f, args...))
+	}
+	switch {
+	case c.Shards < 1 || c.Shards > 1<<16:
+		return bad("Shards %d outside [1, 65536]", c.Shards)
+	case c.LeaseTTL < time.Millisecond, c.SoftPinTTL < 0, c.MaxSoftPinTTL < 0, c.ClientTTL < 0,
+		c.PutDiscardTimeout < 0, c.PutReleaseTimeout < 0, c.EvictInterval < 0, c.LivenessInterval < 0:
+		return bad("durations must be positive (lease TTL at least 1ms)")
+	case c.SoftPinTTL > c.MaxSoftPinTTL:
+		return bad("SoftPinTTL %v above MaxSoftPinTTL %v", c.SoftPinTTL, c.MaxSoftPinTTL)
+	case c.PutReleaseTimeout < c.PutDiscardTimeout:
+		return bad("PutReleaseTimeout %v below PutDiscardTimeout %v", c.PutReleaseTimeout, c.PutDiscardTimeout)
+	case !(c.EvictionHighWatermark > 0 && c.EvictionHighWatermark <= 1):
+		return bad("EvictionHighWatermark %v outside (0, 1]", c.EvictionHighWatermark)
+	case !(c.EvictionRatio > 0 && c.EvictionRatio <= 1):
+		return bad("EvictionRatio %v outside (0, 1]", c.EvictionRatio)
+	case c.MaxKeyLen < 1:
+		return bad("MaxKeyLen %d", c.MaxKeyLen)
+	case c.MaxReplicas < 1 || c.MaxReplicas > 255:
+		return bad("MaxReplicas %d outside [1, 255]", c.MaxReplicas)
+	case c.Strategy < alloc.Random || c.Strategy > alloc.LocalFirst:
+		return bad("unknown strategy %d", int(c.Strategy))
+	}
+	return nil
+}

@@ -1,0 +1,118 @@
+// Package master is the metadata service of Crescent's KV-cache store:
+// which objects exist, where their replicas are, who is writing them,
+// leases, pins, eviction and the liveness of the clients that contribute
+// memory. It holds metadata only: it never touches the memory and never
+// imports a transport. Master is the core (Go types, errcode errors);
+// Service puts the gRPC contract of store/storepb in front of it.
+//
+// # Objects
+//
+// Keys are non-empty valid UTF-8 of at most MaxKeyLen (4096) bytes, else
+// INVALID_KEY. An object is size bytes (> 0, else INVALID_PARAMS) with up
+// to MaxReplicas (16) replicas, each a contiguous allocation on a distinct
+// segment (package store/alloc); fewer segments than asked give fewer
+// replicas, none gives NO_AVAILABLE_HANDLE. A ReplicateConfig with more
+// replicas than the maximum, a soft-pin TTL above MaxSoftPinTTL (or
+// negative), both pins, or an empty preferred name is INVALID_PARAMS.
+//
+//   - PutStart(client, key, size, config) places the replicas (status
+//     PROCESSING) and records client as the writer. A complete key is
+//     OBJECT_ALREADY_EXISTS; so is an unfinished one younger than
+//     PutDiscardTimeout (30s). An older unfinished put is taken over: the
+//     key is reused at once, but the old replicas are quarantined and freed
+//     only at the old put's start + PutReleaseTimeout, because the old
+//     writer may still be writing into them (the reference does the same).
+//     When no segment can hold the object, one eviction round runs and
+//     placement is tried once more.
+//   - PutEnd: missing key OBJECT_NOT_FOUND, another client's put
+//     ILLEGAL_CLIENT; marks the object COMPLETE (visible) and emits Stored.
+//     Ending a complete object again succeeds (a retried RPC).
+//   - PutRevoke: same checks (a complete object is INVALID_WRITE); frees
+//     the replicas at once.
+//   - An unfinished put older than PutReleaseTimeout (600s) is freed.
+//   - GetReplicaList: only complete objects (unfinished:
+//     REPLICA_IS_NOT_READY); grants a lease, lease = max(lease, now +
+//     LeaseTTL) and renews a soft pin the same way; the answer carries
+//     LeaseTTL. ExistKey answers false for unfinished puts and grants a
+//     lease like Get unless noLease (probes should not hold objects back
+//     from eviction).
+//   - Remove(key, force): leased OBJECT_HAS_LEASE and unfinished
+//     OBJECT_REPLICA_BUSY unless force; a hard pin does not protect from
+//     Remove. A forced Remove of an unfinished put quarantines its space
+//     like a takeover. RemoveByRegex (RE2, whole key) and RemoveAll(force)
+//     remove complete objects only, skipping leased ones unless force;
+//     RemoveAll removes hard-pinned objects too.
+//
+// # Pins and eviction
+//
+// A soft pin lasts until PutEnd + TTL (the config's or SoftPinTTL, 30m)
+// and is renewed by every lease grant; a hard pin lasts forever. When
+// allocated/capacity exceeds EvictionHighWatermark (0.90, checked every
+// EvictInterval) or an allocation fails, an eviction round frees at least
+// EvictionRatio (0.05) of the total capacity, or all it can: candidates
+// are complete, not hard-pinned, not leased; oldest first, where objects
+// never leased are oldest (by PutEnd time) and the rest go by lease
+// deadline. Soft-pinned objects are candidates only in a second pass, run
+// when the first falls short and KeepSoftPinned is false. A round that
+// frees nothing holds off watermark rounds for a second.
+//
+// # Segments and clients
+//
+// MountSegment starts tracking the client: it must Ping within ClientTTL
+// (10s). A client silent for longer loses its segments: placement on them
+// stops, their replicas are dropped, objects left with none are erased
+// (Removed events, reason Lost), the segments are released and the client
+// is forgotten; its next Ping answers NEED_REMOUNT, and ReMountSegment
+// restores it. A client the master never tracked (a pure client, or one
+// that talked to another master) also gets NEED_REMOUNT. UnmountSegment
+// does the same dropping for one segment. The view version Ping reports
+// is constant for a master's lifetime (random unless configured).
+//
+// # Operation log
+//
+// Every metadata change goes through one function (apply) as an Op:
+// PutStart (with the segments chosen and the addresses obtained), PutEnd,
+// PutRevoke, Remove, Evict, Discard, DiscardFree, PutRelease, DropReplica,
+// Mount, UnmountStart, Unmount, ClientExpired. When Config.OpLog is set,
+// each Op is appended while the master holds the locks of everything it
+// touches, so the append order is a valid serialisation. Replay applies a
+// logged Op on another master (a standby): placement is not chosen again
+// but reproduced, and an address, index or state that does not match is
+// ErrReplayDiverged. Leases, soft-pin renewals and heartbeats are soft
+// state: not logged, so a promoted standby starts with no leases, soft
+// pins at their PutEnd deadline, and every client freshly seen. Replay
+// neither logs nor emits events.
+//
+// # Events
+//
+// With Config.Events set, the sink gets Stored at PutEnd (with the
+// BlockMeta the writer gave), Removed at Remove, eviction and loss (with
+// the block hashes kept from PutEnd), and RemoveAll's Cleared (one event
+// when no complete object survives, else Removed per key). Emit runs under
+// the key's shard lock and must not block.
+//
+// # Concurrency and memory
+//
+// All methods are safe for concurrent use. Objects live in Shards (1024)
+// shards by hash of the key, each with its own mutex. Lock order:
+// segMu (mount, unmount, expiry) or evictMu (one eviction round at a
+// time) -> shard (one at a time; RemoveAll takes all, in index order) ->
+// allocator table -> discardMu (quarantine) -> segments (in index order);
+// clientMu is a leaf. PutStart releases its shard before running an
+// eviction round. Whole-table
+// work (eviction scans, unmount, regex, release) takes shards one at a
+// time. A record is 64 bytes in a per-shard slab, indexed by a
+// map[string]uint32; with the key string and the allocator's range node
+// a key costs about 210 bytes at a million keys (BenchmarkBytesPerKey).
+//
+// # gRPC
+//
+// Service implements storepb.MasterServer: it converts messages, calls the
+// core, and answers failures with errcode.ToStatus (the store code in the
+// status details; clients recover it with errcode.FromStatus). Batch RPCs
+// answer every item in request order with its code (0 = OK); a malformed
+// batch (keys and sizes of different lengths, missing client_id) fails as
+// a whole with INVALID_PARAMS. Write, segment and Ping RPCs need client_id.
+// Service.Counts and WithObserver feed metrics. Serve runs a grpc.Server
+// until its context ends.
+package master

@@ -1,0 +1,42 @@
+package master
+
+// EventKind says what happened to cached data.
+type EventKind uint8
+
+// Event kinds, mapped by the KV-event wiring to BlockStored,
+// BlockRemoved and AllBlocksCleared.
+const (
+	EventStored EventKind = iota + 1
+	EventRemoved
+	EventCleared
+)
+
+// RemoveReason says why an object went away.
+type RemoveReason uint8
+
+// Reasons for EventRemoved.
+const (
+	ReasonRemoved RemoveReason = iota + 1 // Remove, BatchRemove, RemoveByRegex, RemoveAll
+	ReasonEvicted                         // eviction
+	ReasonLost                            // its last replica's segment went away
+)
+
+// Event tells an EventSink that an object was stored or removed. Stored
+// carries the BlockMeta given to PutEnd; Removed carries the block hashes
+// kept from it (nil when none was given).
+type Event struct {
+	Kind     EventKind
+	Reason   RemoveReason // EventRemoved only
+	Key      string       // empty for EventCleared
+	Size     uint64
+	Replicas []Replica
+	Block    *BlockMeta
+}
+
+// EventSink receives events. Emit is called while the master holds the
+// lock of the key's shard (all shards for EventCleared), so events of one
+// key arrive in order; it must not block and must not call back into the
+// Master. The event is the sink's to keep.
+type EventSink interface {
+	Emit(e *Event)
+}

@@ -1,0 +1,257 @@
+package master
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Metrics exposes a master (and its service's RPC counters) to
+// Prometheus, reading them at scrape time.
+type Metrics struct {
+	m   *Master
+	svc *Service
+	lat *prometheus.HistogramVec
+
+	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients *prometheus.Desc
+	evictRuns, evictKeys, evictBytes, expired, discarded, released, dropped, lost *prometheus.Desc
+	// Per RPC, named as the reference does: master_<rpc>_requests_total.
+	requests, failures, items, itemFailures map[string]*prometheus.Desc
+}
+
+// NewMetrics returns the collector. Pass its Observe to NewService with
+// WithObserver to get per-RPC latency histograms.
+func NewMetrics(m *Master, svc *Service) *Metrics {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, labels, nil)
+	}
+	return &Metrics{
+		m: m, svc: svc,
+		lat: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "master_rpc_duration_seconds",
+			Help:    "Time to serve a master RPC.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
+		}, []string{"rpc"}),
+		capacity:     d("master_total_capacity_bytes", "Bytes of all mounted segments."),
+		allocated:    d("master_allocated_bytes", "Bytes reserved for replicas."),
+		keys:         d("master_key_count", "Objects, finished or not."),
+		pending:      d("master_pending_key_count", "Objects between PutStart and PutEnd."),
+		softPinned:   d("master_soft_pin_key_count", "Soft-pinned objects."),
+		hardPinned:   d("master_hard_pin_key_count", "Hard-pinned objects."),
+		segments:     d("master_segment_count", "Mounted segments."),
+		clients:      d("master_active_clients", "Clients with mounted segments."),
+		evictRuns:    d("master_eviction_runs_total", "Eviction rounds."),
+		evictKeys:    d("master_evicted_keys_total", "Objects evicted."),
+		evictBytes:   d("master_evicted_bytes_total", "Bytes freed by eviction."),
+		expired:      d("master_expired_clients_total", "Clients dropped for missing heartbeats."),
+		discarded:    d("master_discarded_puts_total", "Unfinished puts taken over after the discard timeout."),
+		released:     d("master_released_puts_total", "Unfinished puts freed at the release timeout."),
+		dropped:      d("master_dropped_replicas_total", "Replicas lost with their segment."),
+		lost:         d("master_lost_keys_total", "Objects erased because no replica was left."),
+		requests:     perRPC("requests_total", "%s RPCs served."),
+		failures:     perRPC("failures_total", "%s RPCs answered with an error."),
+		items:        perRPC("items_total", "Items of %s batch RPCs."),
+		itemFailures: perRPC("item_failures_total", "Failed items of %s batch RPCs."),
+	}
+}
+
+func perRPC(suffix, help string) map[string]*prometheus.Desc {
+	out := make(map[string]*prometheus.Desc)
+	for _, name := range RPCNames() {
+		out[name] = prometheus.NewDesc("master_"+name+"_"+suffix, fmt.Sprintf(help, name), nil, nil)
+	}
+	return out
+}
+
+// Observe records one RPC's latency; hand it to WithObserver.
+func (x *Metrics) Observe(rpc string, d time.Duration, _ error) {
+	x.lat.WithLabelValues(rpc).Observe(d.Seconds())
+}
+
+// Describe implements prometheus.Collector.
+func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{x.capacity, x.allocated, x.keys, x.pending, x.softPinned, x.hardPinned, x.segments, x.clients,
+		x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost} {
+		ch <- d
+	}
+	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures} {
+		for _, d := range m {
+			ch <- d
+		}
+	}
+	x.lat.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
+	s := x.m.Stats()
+	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
+	c := func(d *prometheus.Desc, v uint64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	}
+	g(x.capacity, float64(s.Capacity))
+	g(x.allocated, float64(s.Allocated))
+	g(x.keys, float64(s.Keys))
+	g(x.pending, float64(s.PendingKeys))
+	g(x.softPinned, float64(s.SoftPinnedKeys))
+	g(x.hardPinned, float64(s.HardPinnedKeys))
+	g(x.segments, float64(s.Segments))
+	g(x.clients, float64(s.ActiveClients))
+	c(x.evictRuns, s.EvictionRuns)
+	c(x.evictKeys, s.EvictedKeys)
+	c(x.evictBytes, s.EvictedBytes)
+	c(x.expired, s.ExpiredClients)
+	c(x.discarded, s.DiscardedPuts)
+	c(x.released, s.ReleasedPuts)
+	c(x.dropped, s.DroppedReplicas)
+	c(x.lost, s.LostKeys)
+	if x.svc != nil {
+		for _, r := range x.svc.Counts() {
+			c(x.requests[r.Name], r.Requests)
+			c(x.failures[r.Name], r.Failures)
+			if strings.HasPrefix(r.Name, "batch_") {
+				c(x.items[r.Name], r.Items)
+				c(x.itemFailures[r.Name], r.ItemFailures)
+			}
+		}
+	}
+	x.lat.Collect(ch)
+}
+
+// AdminHandler serves the master's HTTP admin endpoints: /metrics
+// (Prometheus, reg), /metrics/summary (text), /health, /query_key?key=,
+// /get_all_keys, /get_all_segments. extra, when set, receives every other
+// path (the engine's HTTP metadata store at /metadata, for example).
+func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.Handler) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/metrics/summary", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		writeSummary(w, m, svc)
+	})
+	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "OK")
+	})
+	mux.HandleFunc("/query_key", func(w http.ResponseWriter, r *http.Request) {
+		key := r.URL.Query().Get("key")
+		if key == "" {
+			http.Error(w, "missing ?key=", http.StatusBadRequest)
+			return
+		}
+		info, err := m.QueryKey(key)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusNotFound)
+			return
+		}
+		writeJSON(w, keyJSON(info))
+	})
+	mux.HandleFunc("/get_all_keys", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		keys := m.AllKeys()
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintln(w, k)
+		}
+	})
+	mux.HandleFunc("/get_all_segments", func(w http.ResponseWriter, r *http.Request) {
+		segs := m.AllSegments()
+		out := make([]map[string]any, 0, len(segs))
+		for _, s := range segs {
+			out = append(out, map[string]any{
+				"name": s.Name, "id": uuidString(s.ID), "client": uuidString(s.Client), "base": s.Base,
+				"capacity": s.Capacity, "used": s.Used, "allocations": s.Allocs, "largest_free": s.LargestFree,
+				"protocol": s.Protocol, "status": s.Status.String(),
+			})
+		}
+		writeJSON(w, out)
+	})
+	if extra != nil {
+		mux.Handle("/", extra)
+	}
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func uuidString(u UUID) string { return fmt.Sprintf("%016x%016x", u.Hi, u.Lo) }
+
+func keyJSON(k KeyInfo) map[string]any {
+	reps := make([]map[string]any, 0, len(k.Replicas))
+	for _, r := range k.Replicas {
+		reps = append(reps, map[string]any{
+			"type": r.Type.String(), "status": r.Status.String(), "segment": r.SegmentName,
+			"address": r.Addr, "size": r.Size, "protocol": r.Protocol,
+		})
+	}
+	out := map[string]any{
+		"key": k.Key, "size": k.Size, "complete": k.Complete, "replicas": reps,
+		"leased": k.Leased, "soft_pin": k.SoftPin, "hard_pin": k.HardPin,
+	}
+	if !k.LeaseDeadline.IsZero() {
+		out["lease_deadline"] = k.LeaseDeadline.Format(time.RFC3339Nano)
+	}
+	if !k.SoftPinDeadline.IsZero() {
+		out["soft_pin_deadline"] = k.SoftPinDeadline.Format(time.RFC3339Nano)
+	}
+	if !k.Complete {
+		out["owner"] = uuidString(k.Owner)
+		out["started"] = k.Started.Format(time.RFC3339Nano)
+	}
+	return out
+}
+
+// writeSummary prints the human-readable /metrics/summary page.
+func writeSummary(w http.ResponseWriter, m *Master, svc *Service) {
+	s := m.Stats()
+	pct := 0.0
+	if s.Capacity > 0 {
+		pct = 100 * float64(s.Allocated) / float64(s.Capacity)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Crescent master (view %d)\n", m.ViewVersion())
+	fmt.Fprintf(&b, "Storage: %s / %s allocated (%.1f%%), %d segments, %d active clients\n",
+		bytesString(s.Allocated), bytesString(s.Capacity), pct, s.Segments, s.ActiveClients)
+	fmt.Fprintf(&b, "Keys: %d (%d unfinished, %d soft-pinned, %d hard-pinned)\n", s.Keys, s.PendingKeys, s.SoftPinnedKeys, s.HardPinnedKeys)
+	fmt.Fprintf(&b, "Eviction: %d runs, %d keys, %s freed\n", s.EvictionRuns, s.EvictedKeys, bytesString(s.EvictedBytes))
+	fmt.Fprintf(&b, "Liveness: %d clients expired, %d replicas dropped, %d keys lost\n", s.ExpiredClients, s.DroppedReplicas, s.LostKeys)
+	fmt.Fprintf(&b, "Unfinished puts: %d taken over, %d released\n", s.DiscardedPuts, s.ReleasedPuts)
+	if svc != nil {
+		b.WriteString("RPCs (requests / failures):\n")
+		for _, r := range svc.Counts() {
+			if r.Requests == 0 {
+				continue
+			}
+			fmt.Fprintf(&b, "  %-22s %10d / %d", r.Name, r.Requests, r.Failures)
+			if r.Items > 0 {
+				fmt.Fprintf(&b, "   items %d / %d failed", r.Items, r.ItemFailures)
+			}
+			b.WriteByte('\n')
+		}
+	}
+	w.Write([]byte(b.String()))
+}
+
+func bytesString(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for v := n / unit; v >= unit; v /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}

@@ -1,0 +1,368 @@
+package master
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+// ErrClosed is returned by Start after Close.
+var ErrClosed = errors.New("master: closed")
+
+// Master is the store's metadata service core: objects and their
+// replicas, segments, clients, leases, pins and eviction. It holds no
+// data and speaks no protocol; service.go puts gRPC in front of it. Safe
+// for concurrent use.
+type Master struct {
+	cfg   Config
+	clk   clock.Clock
+	oplog OpSink
+	ev    EventSink
+	alloc *alloc.Allocator
+	seed  maphash.Seed
+	view  uint64
+
+	shards []shard
+
+	// segMu serialises the control plane: mount, remount, unmount and
+	// client expiry. Lock order: segMu, clientMu, shard (one, or all in
+	// index order), allocator table, discardMu, segments (index order).
+	segMu    sync.Mutex
+	clientMu sync.RWMutex
+	clients  map[UUID]*client
+
+	discardMu sync.Mutex
+	discarded []quarantined
+
+	evictMu       sync.Mutex
+	lastFruitless atomic.Int64 // last watermark round that freed nothing
+
+	keys, pending, softPinned, hardPinned, quarantinedN atomic.Int64
+
+	evictRuns, evictedKeys, evictedBytes, expiredClients   atomic.Uint64
+	discardedPuts, releasedPuts, droppedReplicas, lostKeys atomic.Uint64
+
+	runMu   sync.Mutex
+	started bool
+	closed  bool
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+// shard holds the objects of the keys that hash to it. Records live in a
+// slab (objs) and the map holds slot numbers: a map slot is then 24 bytes
+// instead of 80, which matters because Go's maps run between 44% and 87%
+// full. Pointers into objs are valid only until the next insert.
+type shard struct {
+	mu      sync.Mutex
+	index   map[string]uint32 // key -> slot in objs
+	objs    []object          // free slots are zero and listed in free
+	free    []uint32
+	pending int // unfinished puts, so the release scan skips idle shards
+	_       [8]byte
+}
+
+func (sh *shard) get(key string) *object {
+	if i, ok := sh.index[key]; ok {
+		return &sh.objs[i]
+	}
+	return nil
+}
+
+func (sh *shard) insert(key string, o object) {
+	if n := len(sh.free); n > 0 {
+		i := sh.free[n-1]
+		sh.free = sh.free[:n-1]
+		sh.objs[i] = o
+		sh.index[key] = i
+		return
+	}
+	sh.index[key] = uint32(len(sh.objs))
+	sh.objs = append(sh.objs, o)
+}
+
+func (sh *shard) remove(key string) {
+	i, ok := sh.index[key]
+	if !ok {
+		return
+	}
+	delete(sh.index, key)
+	sh.objs[i] = object{}
+	sh.free = append(sh.free, i)
+}
+
+// unlock compacts a slab that is mostly free (never during an iteration,
+// which always runs under the lock) and unlocks.
+func (sh *shard) unlock() {
+	if n := len(sh.free); n > 0 && (len(sh.index) == 0 || n > 1024 && n > 3*len(sh.index)) {
+		sh.compact()
+	}
+	sh.mu.Unlock()
+}
+
+func (sh *shard) compact() {
+	if len(sh.index) == 0 {
+		sh.objs, sh.free = nil, nil
+		return
+	}
+	objs := make([]object, 0, len(sh.index))
+	for k, i := range sh.index {
+		sh.index[k] = uint32(len(objs))
+		objs = append(objs, sh.objs[i])
+	}
+	sh.objs, sh.free = objs, nil
+}
+
+// object is the per-key record, kept small (64 bytes) because the master
+// holds tens of millions of them: a value map, the first replica inline,
+// times as unix nanoseconds, one byte of flags; everything rare lives in
+// ext.
+type object struct {
+	size uint64
+	// lease is overloaded by state: while unfinished, the PutStart time;
+	// once complete, the lease deadline if fLeased, else the PutEnd time
+	// (the eviction order treats never-leased objects as oldest by it).
+	lease int64
+	pin   int64 // soft-pin deadline (fSoftPin, once complete)
+	ext   *objExt
+	r0    alloc.Placement
+	flags uint8
+}
+
+const (
+	fComplete uint8 = 1 << iota
+	fLeased
+	fSoftPin
+	fHardPin
+)
+
+// objExt holds what few objects need.
+type objExt struct {
+	owner  UUID              // the writer, while unfinished
+	more   []alloc.Placement // replicas after the first
+	pinTTL int64             // soft-pin TTL other than the default
+	hashes []uint64          // block hashes for Removed events
+}
+
+func (o *object) complete() bool { return o.flags&fComplete != 0 }
+
+func (o *object) leased(now int64) bool { return o.flags&fLeased != 0 && o.lease > now }
+
+func (o *object) softPinned(now int64) bool { return o.flags&fSoftPin != 0 && o.pin > now }
+
+func (o *object) nrep() int {
+	if o.ext == nil {
+		return 1
+	}
+	return 1 + len(o.ext.more)
+}
+
+func (o *object) placements() []alloc.Placement {
+	ps := make([]alloc.Placement, 0, o.nrep())
+	ps = append(ps, o.r0)
+	if o.ext != nil {
+		ps = append(ps, o.ext.more...)
+	}
+	return ps
+}
+
+func (o *object) owner() UUID {
+	if o.ext == nil {
+		return UUID{}
+	}
+	return o.ext.owner
+}
+
+// trimExt drops ext when it holds nothing.
+func (o *object) trimExt() {
+	if e := o.ext; e != nil && e.owner.IsZero() && len(e.more) == 0 && e.pinTTL == 0 && e.hashes == nil {
+		o.ext = nil
+	}
+}
+
+type client struct {
+	lastSeen atomic.Int64
+	expiring atomic.Bool
+}
+
+// quarantined replicas belong to a put that was taken over or force
+// removed before it finished: its writer may still be writing, so the
+// space is freed only at its PutReleaseTimeout.
+type quarantined struct {
+	key       string
+	ps        []alloc.Placement
+	size      uint64
+	releaseAt int64
+}
+
+// New returns a master. Call Start to run the background loops.
+func New(cfg Config) (*Master, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	var opts []alloc.Option
+	if cfg.Seed != 0 {
+		opts = append(opts, alloc.WithRand(cfg.Seed))
+	}
+	m := &Master{
+		cfg:     cfg,
+		clk:     cfg.Clock,
+		oplog:   cfg.OpLog,
+		ev:      cfg.Events,
+		alloc:   alloc.New(cfg.Strategy, opts...),
+		seed:    maphash.MakeSeed(),
+		view:    cfg.ViewVersion,
+		shards:  make([]shard, cfg.Shards),
+		clients: map[UUID]*client{},
+		stop:    make(chan struct{}),
+	}
+	for i := range m.shards {
+		m.shards[i].index = map[string]uint32{}
+	}
+	if m.view == 0 {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		m.view = binary.LittleEndian.Uint64(b[:])>>1 | 1 // non-zero
+	}
+	return m, nil
+}
+
+// Config returns the configuration in use (defaults filled in).
+func (m *Master) Config() Config { return m.cfg }
+
+// ViewVersion is the value Ping reports: constant for a master's lifetime.
+func (m *Master) ViewVersion() uint64 { return m.view }
+
+// Start runs the background loops: an eviction check every EvictInterval
+// and a liveness round (client expiry, release of stale puts) every
+// LivenessInterval. Decisions use Config.Clock; tests call Tick instead.
+func (m *Master) Start() error {
+	m.runMu.Lock()
+	defer m.runMu.Unlock()
+	if m.closed {
+		return ErrClosed
+	}
+	if m.started {
+		return nil
+	}
+	m.started = true
+	m.wg.Add(1)
+	go m.loop()
+	return nil
+}
+
+// Close stops the background loops and waits for them. The metadata
+// stays readable; Close is idempotent.
+func (m *Master) Close() error {
+	m.runMu.Lock()
+	if m.closed {
+		m.runMu.Unlock()
+		return nil
+	}
+	m.closed = true
+	close(m.stop)
+	m.runMu.Unlock()
+	m.wg.Wait()
+	return nil
+}
+
+func (m *Master) loop() {
+	defer m.wg.Done()
+	evict := time.NewTicker(m.cfg.EvictInterval)
+	defer evict.Stop()
+	live := time.NewTicker(m.cfg.LivenessInterval)
+	defer live.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-evict.C:
+			m.maybeEvict(m.now())
+		case <-live.C:
+			now := m.now()
+			m.expireClients(now)
+			m.releaseStale(now)
+		}
+	}
+}
+
+// Tick runs one round of every background task now: client expiry,
+// release of stale unfinished puts and quarantined replicas, and an
+// eviction round if usage is above the high watermark.
+func (m *Master) Tick() {
+	now := m.now()
+	m.expireClients(now)
+	m.releaseStale(now)
+	m.maybeEvict(now)
+}
+
+func (m *Master) now() int64 { return m.clk.Now().UnixNano() }
+
+func (m *Master) shardOf(key string) *shard {
+	return &m.shards[maphash.String(m.seed, key)%uint64(len(m.shards))]
+}
+
+func (m *Master) checkKey(key string) error {
+	switch {
+	case key == "":
+		return errcode.New(errcode.InvalidKey, "empty key")
+	case len(key) > m.cfg.MaxKeyLen:
+		return errcode.New(errcode.InvalidKey, "key of %d bytes exceeds %d", len(key), m.cfg.MaxKeyLen)
+	case !utf8.ValidString(key):
+		// gRPC refuses invalid UTF-8 in string fields; refuse it in-process too.
+		return errcode.New(errcode.InvalidKey, "key is not valid UTF-8")
+	}
+	return nil
+}
+
+// softPinTTL is the object's soft-pin TTL in nanoseconds.
+func (m *Master) softPinTTL(o *object) int64 {
+	if o.ext != nil && o.ext.pinTTL != 0 {
+		return o.ext.pinTTL
+	}
+	return int64(m.cfg.SoftPinTTL)
+}
+
+// grantLease extends the lease (and a soft pin) of a complete object.
+func (m *Master) grantLease(o *object, now int64) {
+	d := now + int64(m.cfg.LeaseTTL)
+	if o.flags&fLeased == 0 || o.lease < d {
+		o.lease = d
+	}
+	o.flags |= fLeased
+	if o.flags&fSoftPin != 0 {
+		if p := now + m.softPinTTL(o); p > o.pin {
+			o.pin = p
+		}
+	}
+}
+
+// replicas describes an object's replicas.
+func (m *Master) replicas(o *object) []Replica {
+	st := StatusProcessing
+	if o.complete() {
+		st = StatusComplete
+	}
+	out := make([]Replica, 0, o.nrep())
+	add := func(p alloc.Placement) {
+		s, _ := m.alloc.Segment(p.Seg)
+		out = append(out, Replica{Type: Memory, Status: st, SegmentName: s.Name, SegmentID: s.ID,
+			Addr: p.Addr, Size: o.size, Protocol: s.Protocol})
+	}
+	add(o.r0)
+	if o.ext != nil {
+		for _, p := range o.ext.more {
+			add(p)
+		}
+	}
+	return out
+}

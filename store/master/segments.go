@@ -1,0 +1,178 @@
+package master
+
+import (
+	"slices"
+
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+// MountSegment adds memory a client contributes to the pool and starts
+// tracking the client's liveness (it must Ping within ClientTTL from
+// now on). s.Client is set to client. A known segment ID is
+// ErrSegmentAlreadyExists; bad geometry ErrInvalidParams.
+func (m *Master) MountSegment(client UUID, s alloc.Segment) error {
+	if client.IsZero() {
+		return errcode.New(errcode.InvalidParams, "client id is zero")
+	}
+	s.Client = client
+	m.segMu.Lock()
+	defer m.segMu.Unlock()
+	return m.mountLocked(s)
+}
+
+func (m *Master) mountLocked(s alloc.Segment) error {
+	return m.apply(nil, &Op{Kind: OpMount, Time: m.now(), Client: s.Client, Segment: &s}, &applyArgs{})
+}
+
+// ReMountSegment mounts a client's segments again after NEED_REMOUNT.
+// Segments the master still has for this client are kept as they are;
+// a segment ID mounted by another client is ErrSegmentAlreadyExists.
+// The client is tracked again (a pure client with no segments is not).
+func (m *Master) ReMountSegment(client UUID, segs []alloc.Segment) error {
+	if client.IsZero() {
+		return errcode.New(errcode.InvalidParams, "client id is zero")
+	}
+	m.segMu.Lock()
+	defer m.segMu.Unlock()
+	for _, s := range segs {
+		s.Client = client
+		if idx, ok := m.alloc.Lookup(s.ID); ok {
+			old, _ := m.alloc.Segment(idx)
+			if old.Client != client {
+				return errcode.New(errcode.SegmentAlreadyExists, "segment %v belongs to client %v", s.ID, old.Client)
+			}
+			continue
+		}
+		if err := m.mountLocked(s); err != nil {
+			return err
+		}
+	}
+	if len(segs) > 0 {
+		m.touch(client)
+	}
+	return nil
+}
+
+// touch marks a tracked client as seen now.
+func (m *Master) touch(client UUID) {
+	m.clientMu.RLock()
+	if c := m.clients[client]; c != nil {
+		c.lastSeen.Store(m.now())
+	}
+	m.clientMu.RUnlock()
+}
+
+// UnmountSegment removes a client's segment: placement on it stops, its
+// replicas are dropped, objects left with none are erased (EventRemoved,
+// ReasonLost), then it is released. An unknown ID is
+// ErrSegmentNotFound; another client's segment ErrIllegalClient.
+func (m *Master) UnmountSegment(client UUID, id UUID) error {
+	m.segMu.Lock()
+	defer m.segMu.Unlock()
+	idx, ok := m.alloc.Lookup(id)
+	if !ok {
+		return errcode.New(errcode.SegmentNotFound, "segment %v", id)
+	}
+	s, _ := m.alloc.Segment(idx)
+	if s.Client != client {
+		return errcode.New(errcode.IllegalClient, "segment %v belongs to another client", id)
+	}
+	return m.unmountLocked(s)
+}
+
+// unmountLocked runs the unmount sequence; segMu is held.
+func (m *Master) unmountLocked(s alloc.Segment) error {
+	start := &Op{Kind: OpUnmountStart, Time: m.now(), Client: s.Client, Segment: &s}
+	if err := m.apply(nil, start, &applyArgs{}); err != nil {
+		return err
+	}
+	idx := start.Segments[0]
+	// Walk only if something may still point at the segment.
+	if st, ok := m.alloc.Stat(idx); ok && st.Allocs > 0 {
+		for i := range m.shards {
+			sh := &m.shards[i]
+			sh.mu.Lock()
+			now := m.now()
+			for k, j := range sh.index {
+				if o := &sh.objs[j]; o.r0.Seg == idx || o.ext != nil && slices.ContainsFunc(o.ext.more, func(p alloc.Placement) bool { return p.Seg == idx }) {
+					if err := m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: k, Segments: []uint32{idx}}, &applyArgs{}); err != nil {
+						sh.unlock()
+						return err
+					}
+				}
+			}
+			sh.unlock()
+		}
+	}
+	return m.apply(nil, &Op{Kind: OpUnmount, Time: m.now(), Client: s.Client, Segments: []uint32{idx}}, &applyArgs{})
+}
+
+// QuerySegmentStatus describes the segment with this ID
+// (ErrSegmentNotFound if none).
+func (m *Master) QuerySegmentStatus(id UUID) (SegmentInfo, error) {
+	idx, ok := m.alloc.Lookup(id)
+	if !ok {
+		return SegmentInfo{}, errcode.New(errcode.SegmentNotFound, "segment %v", id)
+	}
+	st, ok := m.alloc.Stat(idx)
+	if !ok {
+		return SegmentInfo{}, errcode.New(errcode.SegmentNotFound, "segment %v", id)
+	}
+	return segInfo(st), nil
+}
+
+func segInfo(st alloc.SegmentStats) SegmentInfo {
+	status := SegmentOK
+	if st.Unmounting {
+		status = SegmentUnmounting
+	}
+	return SegmentInfo{Segment: st.Segment, Index: st.Index, Status: status, Capacity: st.Capacity,
+		Used: st.Used, Allocs: st.Allocs, LargestFree: st.LargestFree}
+}
+
+// Ping records a heartbeat. A client the master does not track (never
+// mounted, expired, or mounted on another master) gets NEED_REMOUNT.
+// The view version is constant for the master's lifetime.
+func (m *Master) Ping(client UUID) (uint64, ClientStatus) {
+	m.clientMu.RLock()
+	c := m.clients[client]
+	m.clientMu.RUnlock()
+	if c == nil || c.expiring.Load() {
+		return m.view, ClientNeedRemount
+	}
+	c.lastSeen.Store(m.now())
+	return m.view, ClientOK
+}
+
+// expireClients unmounts the segments of clients silent for longer than
+// ClientTTL and forgets them.
+func (m *Master) expireClients(now int64) {
+	m.segMu.Lock()
+	defer m.segMu.Unlock()
+	var dead []UUID
+	m.clientMu.RLock()
+	for id, c := range m.clients {
+		if now-c.lastSeen.Load() > int64(m.cfg.ClientTTL) {
+			c.expiring.Store(true) // Pings get NEED_REMOUNT from here on
+			dead = append(dead, id)
+		}
+	}
+	m.clientMu.RUnlock()
+	for _, id := range dead {
+		m.cfg.Logger.Warn("master: client expired; unmounting its segments", "client", id.String())
+		for _, idx := range m.alloc.ByClient(id) {
+			s, ok := m.alloc.Segment(idx)
+			if !ok {
+				continue
+			}
+			if err := m.unmountLocked(s); err != nil {
+				m.cfg.Logger.Error("master: unmounting an expired client's segment", "segment", s.ID.String(), "err", err)
+			}
+		}
+		m.expiredClients.Add(1)
+		if err := m.apply(nil, &Op{Kind: OpClientExpired, Time: now, Client: id}, &applyArgs{}); err != nil {
+			m.cfg.Logger.Error("master: forgetting an expired client", "client", id.String(), "err", err)
+		}
+	}
+}

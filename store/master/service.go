@@ -1,0 +1,541 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// RPC names, as used in metric names (master_<rpc>_requests_total).
+const (
+	rpcPutStart = iota
+	rpcPutEnd
+	rpcPutRevoke
+	rpcBatchPutStart
+	rpcBatchPutEnd
+	rpcBatchPutRevoke
+	rpcGetReplicaList
+	rpcBatchGetReplicaList
+	rpcExistKey
+	rpcBatchExistKey
+	rpcRemove
+	rpcBatchRemove
+	rpcRemoveByRegex
+	rpcRemoveAll
+	rpcMountSegment
+	rpcReMountSegment
+	rpcUnmountSegment
+	rpcQuerySegmentStatus
+	rpcPing
+	rpcServiceReady
+	numRPC
+)
+
+var rpcNames = [numRPC]string{
+	"put_start", "put_end", "put_revoke", "batch_put_start", "batch_put_end", "batch_put_revoke",
+	"get_replica_list", "batch_get_replica_list", "exist_key", "batch_exist_key",
+	"remove", "batch_remove", "remove_by_regex", "remove_all",
+	"mount_segment", "remount_segment", "unmount_segment", "query_segment_status",
+	"ping", "service_ready",
+}
+
+// RPCNames lists the names RPCCount and observers use, in a fixed order.
+func RPCNames() []string { return append([]string(nil), rpcNames[:]...) }
+
+// RPCCount is one RPC's counters. Requests and Failures count calls (a
+// failure is an RPC answered with an error status); Items and
+// ItemFailures count the items of batch RPCs that succeeded as a whole.
+type RPCCount struct {
+	Name                                    string
+	Requests, Failures, Items, ItemFailures uint64
+}
+
+type rpcCounter struct{ requests, failures, items, itemFailures atomic.Uint64 }
+
+// Service is the gRPC face of a Master: it converts messages, calls the
+// core and maps errors with errcode.ToStatus; batch RPCs answer per item.
+type Service struct {
+	storepb.UnimplementedMasterServer
+	m       *Master
+	counts  [numRPC]rpcCounter
+	observe func(rpc string, d time.Duration, err error)
+	grace   time.Duration
+}
+
+// ServiceOption configures NewService.
+type ServiceOption func(*Service)
+
+// WithObserver calls fn after every RPC with its name, duration and the
+// error returned to the caller: nil on success (batch RPCs succeed as a
+// whole even when items fail), else a gRPC status from which
+// errcode.FromStatus recovers the store code. fn must be quick and safe
+// for concurrent use.
+func WithObserver(fn func(rpc string, d time.Duration, err error)) ServiceOption {
+	return func(s *Service) { s.observe = fn }
+}
+
+// WithGracePeriod bounds how long Serve waits for RPCs in flight when its
+// context ends (default 5s) before closing connections.
+func WithGracePeriod(d time.Duration) ServiceOption { return func(s *Service) { s.grace = d } }
+
+// NewService returns the gRPC service for m.
+func NewService(m *Master, opts ...ServiceOption) *Service {
+	s := &Service{m: m, grace: 5 * time.Second}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+var _ storepb.MasterServer = (*Service)(nil)
+
+// Counts returns every RPC's counters, in RPCNames order.
+func (s *Service) Counts() []RPCCount {
+	out := make([]RPCCount, numRPC)
+	for i := range out {
+		c := &s.counts[i]
+		out[i] = RPCCount{Name: rpcNames[i], Requests: c.requests.Load(), Failures: c.failures.Load(),
+			Items: c.items.Load(), ItemFailures: c.itemFailures.Load()}
+	}
+	return out
+}
+
+// Register adds the service to a gRPC server.
+func (s *Service) Register(g grpc.ServiceRegistrar) { storepb.RegisterMasterServer(g, s) }
+
+// Serve serves the service on lis until ctx ends, then stops gracefully
+// (bounded by the grace period). It returns nil after ctx ends, else the
+// server's error. It does not Start or Close the Master.
+func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
+	g := grpc.NewServer(opts...)
+	s.Register(g)
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	t := time.NewTimer(s.grace)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C:
+		g.Stop()
+		<-stopped
+	}
+	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// Serve is NewService(m).Serve(ctx, lis, opts...).
+func Serve(ctx context.Context, lis net.Listener, m *Master, opts ...grpc.ServerOption) error {
+	return NewService(m).Serve(ctx, lis, opts...)
+}
+
+// done records one RPC; items and bad count batch items.
+func (s *Service) done(rpc int, start time.Time, err error, items, bad int) {
+	c := &s.counts[rpc]
+	c.requests.Add(1)
+	if err != nil {
+		c.failures.Add(1)
+	}
+	if items > 0 && err == nil {
+		c.items.Add(uint64(items))
+		c.itemFailures.Add(uint64(bad))
+	}
+	if s.observe != nil {
+		s.observe(rpcNames[rpc], time.Since(start), err)
+	}
+}
+
+func fromPB(u *storepb.UUID) UUID {
+	if u == nil {
+		return UUID{}
+	}
+	return UUID{Hi: u.High, Lo: u.Low}
+}
+
+func toPB(u UUID) *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
+
+func clientID(u *storepb.UUID) (UUID, error) {
+	if u == nil {
+		return UUID{}, errcode.New(errcode.InvalidParams, "client_id missing")
+	}
+	return fromPB(u), nil
+}
+
+func configFromPB(c *storepb.ReplicateConfig) (ReplicateConfig, error) {
+	if c == nil {
+		return ReplicateConfig{}, nil
+	}
+	if c.ReplicaNum > math.MaxInt32 {
+		return ReplicateConfig{}, errcode.New(errcode.InvalidParams, "replica_num %d", c.ReplicaNum)
+	}
+	rc := ReplicateConfig{Replicas: int(c.ReplicaNum), SoftPin: c.WithSoftPin, HardPin: c.WithHardPin,
+		Preferred: c.PreferredSegments, SameNode: c.PreferAllocInSameNode}
+	if c.WithSoftPin && c.SoftPinTtlMs > 0 {
+		// Saturate: anything this large is above any maximum anyway.
+		rc.SoftPinTTL = time.Duration(min(c.SoftPinTtlMs, math.MaxInt64/uint64(time.Millisecond))) * time.Millisecond
+	}
+	return rc, nil
+}
+
+func replicasPB(rs []Replica) []*storepb.ReplicaDescriptor {
+	out := make([]*storepb.ReplicaDescriptor, len(rs))
+	for i, r := range rs {
+		out[i] = &storepb.ReplicaDescriptor{
+			Type:   storepb.ReplicaType(r.Type),
+			Status: storepb.ReplicaStatus(r.Status),
+			Memory: &storepb.MemoryDescriptor{SegmentName: r.SegmentName, BufferAddress: r.Addr, Size: r.Size,
+				Protocol: r.Protocol, SegmentId: toPB(r.SegmentID)},
+		}
+	}
+	return out
+}
+
+func blockFromPB(b *storepb.BlockMetadata) *BlockMeta {
+	if b == nil {
+		return nil
+	}
+	bm := &BlockMeta{BlockHashes: b.BlockHashes, TokenIDs: b.TokenIds, BlockSize: b.BlockSize, LoraName: b.LoraName}
+	if b.ParentBlockHash != nil {
+		bm.HasParent, bm.ParentHash = true, *b.ParentBlockHash
+	}
+	if b.LoraId != nil {
+		bm.HasLora, bm.LoraID = true, *b.LoraId
+	}
+	return bm
+}
+
+func segmentFromPB(s *storepb.Segment) (alloc.Segment, error) {
+	if s == nil || s.Id == nil {
+		return alloc.Segment{}, errcode.New(errcode.InvalidParams, "segment or its id missing")
+	}
+	return alloc.Segment{ID: fromPB(s.Id), Name: s.Name, Base: s.Base, Size: s.Size, Protocol: s.Protocol,
+		TEEndpoint: s.TeEndpoint}, nil
+}
+
+func item(err error) *storepb.ItemResult {
+	if err == nil {
+		return &storepb.ItemResult{}
+	}
+	return &storepb.ItemResult{ErrorCode: int32(errcode.CodeOf(err)), Message: err.Error()}
+}
+
+func countBad(errs []error) int {
+	n := 0
+	for _, e := range errs {
+		if e != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// PutStart implements storepb.MasterServer.
+func (s *Service) PutStart(_ context.Context, r *storepb.PutStartRequest) (resp *storepb.PutStartResponse, err error) {
+	defer func(t time.Time) { s.done(rpcPutStart, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	rc, err := configFromPB(r.Config)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	reps, err := s.m.PutStart(c, r.Key, r.Size, rc)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.PutStartResponse{Replicas: replicasPB(reps)}, nil
+}
+
+// PutEnd implements storepb.MasterServer.
+func (s *Service) PutEnd(_ context.Context, r *storepb.PutEndRequest) (_ *storepb.PutEndResponse, err error) {
+	defer func(t time.Time) { s.done(rpcPutEnd, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err == nil {
+		err = s.m.PutEnd(c, r.Key, ReplicaType(r.ReplicaType), blockFromPB(r.Block))
+	}
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.PutEndResponse{}, nil
+}
+
+// PutRevoke implements storepb.MasterServer.
+func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *storepb.PutRevokeResponse, err error) {
+	defer func(t time.Time) { s.done(rpcPutRevoke, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err == nil {
+		err = s.m.PutRevoke(c, r.Key, ReplicaType(r.ReplicaType))
+	}
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.PutRevokeResponse{}, nil
+}
+
+// BatchPutStart implements storepb.MasterServer.
+func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartRequest) (_ *storepb.BatchPutStartResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcBatchPutStart, t, err, len(r.Keys), bad) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	rc, err := configFromPB(r.Config)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	res, err := s.m.BatchPutStart(c, r.Keys, r.Sizes, rc)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
+	for i, x := range res {
+		if x.Err != nil {
+			bad++
+			out.Results[i] = &storepb.PutStartResult{ErrorCode: int32(errcode.CodeOf(x.Err)), Message: x.Err.Error()}
+			continue
+		}
+		out.Results[i] = &storepb.PutStartResult{Replicas: replicasPB(x.Replicas)}
+	}
+	return out, nil
+}
+
+// BatchPutEnd implements storepb.MasterServer.
+func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) (_ *storepb.BatchPutEndResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcBatchPutEnd, t, err, len(r.Keys), bad) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	var blocks []*BlockMeta
+	if len(r.Blocks) > 0 {
+		blocks = make([]*BlockMeta, len(r.Blocks))
+		for i, b := range r.Blocks {
+			blocks[i] = blockFromPB(b)
+		}
+	}
+	errs, err := s.m.BatchPutEnd(c, r.Keys, ReplicaType(r.ReplicaType), blocks)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	bad = countBad(errs)
+	out := &storepb.BatchPutEndResponse{Results: make([]*storepb.ItemResult, len(errs))}
+	for i, e := range errs {
+		out.Results[i] = item(e)
+	}
+	return out, nil
+}
+
+// BatchPutRevoke implements storepb.MasterServer.
+func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeRequest) (_ *storepb.BatchPutRevokeResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcBatchPutRevoke, t, err, len(r.Keys), bad) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	errs := s.m.BatchPutRevoke(c, r.Keys, ReplicaType(r.ReplicaType))
+	bad = countBad(errs)
+	out := &storepb.BatchPutRevokeResponse{Results: make([]*storepb.ItemResult, len(errs))}
+	for i, e := range errs {
+		out.Results[i] = item(e)
+	}
+	return out, nil
+}
+
+func leaseMs(d time.Duration) uint64 { return uint64(d / time.Millisecond) }
+
+// GetReplicaList implements storepb.MasterServer.
+func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListRequest) (_ *storepb.GetReplicaListResponse, err error) {
+	defer func(t time.Time) { s.done(rpcGetReplicaList, t, err, 0, 0) }(time.Now())
+	reps, ttl, err := s.m.GetReplicaList(r.Key)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.GetReplicaListResponse{Replicas: replicasPB(reps), LeaseTtlMs: leaseMs(ttl)}, nil
+}
+
+// BatchGetReplicaList implements storepb.MasterServer.
+func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetReplicaListRequest) (_ *storepb.BatchGetReplicaListResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcBatchGetReplicaList, t, err, len(r.Keys), bad) }(time.Now())
+	res := s.m.BatchGetReplicaList(r.Keys)
+	out := &storepb.BatchGetReplicaListResponse{Results: make([]*storepb.GetReplicaListResult, len(res))}
+	for i, x := range res {
+		if x.Err != nil {
+			bad++
+			out.Results[i] = &storepb.GetReplicaListResult{ErrorCode: int32(errcode.CodeOf(x.Err)), Message: x.Err.Error()}
+			continue
+		}
+		out.Results[i] = &storepb.GetReplicaListResult{Replicas: replicasPB(x.Replicas), LeaseTtlMs: leaseMs(x.LeaseTTL)}
+	}
+	return out, nil
+}
+
+// ExistKey implements storepb.MasterServer.
+func (s *Service) ExistKey(_ context.Context, r *storepb.ExistKeyRequest) (_ *storepb.ExistKeyResponse, err error) {
+	defer func(t time.Time) { s.done(rpcExistKey, t, err, 0, 0) }(time.Now())
+	ok, err := s.m.ExistKey(r.Key, r.NoLease)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.ExistKeyResponse{Exists: ok}, nil
+}
+
+// BatchExistKey implements storepb.MasterServer.
+func (s *Service) BatchExistKey(_ context.Context, r *storepb.BatchExistKeyRequest) (_ *storepb.BatchExistKeyResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcBatchExistKey, t, err, len(r.Keys), bad) }(time.Now())
+	ok, errs := s.m.BatchExistKey(r.Keys, r.NoLease)
+	bad = countBad(errs)
+	out := &storepb.BatchExistKeyResponse{Results: make([]*storepb.ExistResult, len(ok))}
+	for i := range ok {
+		out.Results[i] = &storepb.ExistResult{ErrorCode: int32(errcode.CodeOf(errs[i])), Exists: ok[i]}
+	}
+	return out, nil
+}
+
+// Remove implements storepb.MasterServer.
+func (s *Service) Remove(_ context.Context, r *storepb.RemoveRequest) (_ *storepb.RemoveResponse, err error) {
+	defer func(t time.Time) { s.done(rpcRemove, t, err, 0, 0) }(time.Now())
+	if err = s.m.Remove(r.Key, r.Force); err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.RemoveResponse{}, nil
+}
+
+// BatchRemove implements storepb.MasterServer.
+func (s *Service) BatchRemove(_ context.Context, r *storepb.BatchRemoveRequest) (_ *storepb.BatchRemoveResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcBatchRemove, t, err, len(r.Keys), bad) }(time.Now())
+	errs := s.m.BatchRemove(r.Keys, r.Force)
+	bad = countBad(errs)
+	out := &storepb.BatchRemoveResponse{Results: make([]*storepb.ItemResult, len(errs))}
+	for i, e := range errs {
+		out.Results[i] = item(e)
+	}
+	return out, nil
+}
+
+// RemoveByRegex implements storepb.MasterServer.
+func (s *Service) RemoveByRegex(_ context.Context, r *storepb.RemoveByRegexRequest) (_ *storepb.RemoveByRegexResponse, err error) {
+	defer func(t time.Time) { s.done(rpcRemoveByRegex, t, err, 0, 0) }(time.Now())
+	n, err := s.m.RemoveByRegex(r.Regex, r.Force)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.RemoveByRegexResponse{Removed: n}, nil
+}
+
+// RemoveAll implements storepb.MasterServer.
+func (s *Service) RemoveAll(_ context.Context, r *storepb.RemoveAllRequest) (_ *storepb.RemoveAllResponse, err error) {
+	defer func(t time.Time) { s.done(rpcRemoveAll, t, err, 0, 0) }(time.Now())
+	n, err := s.m.RemoveAll(r.Force)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.RemoveAllResponse{Removed: n}, nil
+}
+
+// MountSegment implements storepb.MasterServer.
+func (s *Service) MountSegment(_ context.Context, r *storepb.MountSegmentRequest) (_ *storepb.MountSegmentResponse, err error) {
+	defer func(t time.Time) { s.done(rpcMountSegment, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	var seg alloc.Segment
+	if err == nil {
+		seg, err = segmentFromPB(r.Segment)
+	}
+	if err == nil {
+		err = s.m.MountSegment(c, seg)
+	}
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.MountSegmentResponse{}, nil
+}
+
+// ReMountSegment implements storepb.MasterServer.
+func (s *Service) ReMountSegment(_ context.Context, r *storepb.ReMountSegmentRequest) (_ *storepb.ReMountSegmentResponse, err error) {
+	defer func(t time.Time) { s.done(rpcReMountSegment, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	segs := make([]alloc.Segment, len(r.Segments))
+	for i, ps := range r.Segments {
+		if segs[i], err = segmentFromPB(ps); err != nil {
+			return nil, errcode.ToStatus(err)
+		}
+	}
+	if err = s.m.ReMountSegment(c, segs); err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.ReMountSegmentResponse{}, nil
+}
+
+// UnmountSegment implements storepb.MasterServer.
+func (s *Service) UnmountSegment(_ context.Context, r *storepb.UnmountSegmentRequest) (_ *storepb.UnmountSegmentResponse, err error) {
+	defer func(t time.Time) { s.done(rpcUnmountSegment, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err == nil && r.SegmentId == nil {
+		err = errcode.New(errcode.InvalidParams, "segment_id missing")
+	}
+	if err == nil {
+		err = s.m.UnmountSegment(c, fromPB(r.SegmentId))
+	}
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.UnmountSegmentResponse{}, nil
+}
+
+// QuerySegmentStatus implements storepb.MasterServer.
+func (s *Service) QuerySegmentStatus(_ context.Context, r *storepb.QuerySegmentStatusRequest) (_ *storepb.QuerySegmentStatusResponse, err error) {
+	defer func(t time.Time) { s.done(rpcQuerySegmentStatus, t, err, 0, 0) }(time.Now())
+	if r.SegmentId == nil {
+		err = errcode.New(errcode.InvalidParams, "segment_id missing")
+		return nil, errcode.ToStatus(err)
+	}
+	info, err := s.m.QuerySegmentStatus(fromPB(r.SegmentId))
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.QuerySegmentStatusResponse{Status: storepb.SegmentStatus(info.Status), Capacity: info.Capacity,
+		Used: info.Used, Name: info.Name}, nil
+}
+
+// Ping implements storepb.MasterServer.
+func (s *Service) Ping(_ context.Context, r *storepb.PingRequest) (_ *storepb.PingResponse, err error) {
+	defer func(t time.Time) { s.done(rpcPing, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	view, st := s.m.Ping(c)
+	return &storepb.PingResponse{ViewVersion: view, ClientStatus: storepb.ClientStatus(st)}, nil
+}
+
+// ServiceReady implements storepb.MasterServer: a serving master is ready.
+func (s *Service) ServiceReady(context.Context, *storepb.ServiceReadyRequest) (_ *storepb.ServiceReadyResponse, err error) {
+	defer func(t time.Time) { s.done(rpcServiceReady, t, nil, 0, 0) }(time.Now())
+	return &storepb.ServiceReadyResponse{}, nil
+}

@@ -1,0 +1,350 @@
+package master
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// serve runs the service on a real gRPC server on 127.0.0.1:0 and returns
+// a client connected to it; cleanup stops both.
+func serve(t testing.TB, m *Master, opts ...ServiceOption) (storepb.MasterClient, *Service) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := NewService(m, opts...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx, lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return storepb.NewMasterClient(conn), svc
+}
+
+func pbID(u UUID) *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
+
+func TestServiceRoundTrip(t *testing.T) {
+	e := newEnv(t, nil)
+	var mu sync.Mutex
+	observed := map[string]int{}
+	c, svc := serve(t, e.m, WithObserver(func(rpc string, d time.Duration, err error) {
+		mu.Lock()
+		observed[rpc]++
+		mu.Unlock()
+	}))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := cl(1), cl(2)
+	seg := &storepb.Segment{Id: pbID(UUID{Lo: 42}), Name: "host:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
+
+	// A client the master does not know is told to remount.
+	ping, err := c.Ping(ctx, &storepb.PingRequest{ClientId: pbID(a)})
+	if err != nil || ping.ClientStatus != storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT || ping.ViewVersion != e.m.ViewVersion() {
+		t.Fatalf("Ping = %v, %v", ping, err)
+	}
+	if _, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a), Segment: seg}); err != nil {
+		t.Fatal(err)
+	}
+	if ping, _ := c.Ping(ctx, &storepb.PingRequest{ClientId: pbID(a)}); ping.ClientStatus != storepb.ClientStatus_CLIENT_STATUS_OK {
+		t.Fatalf("Ping after mount = %v", ping)
+	}
+	st, err := c.QuerySegmentStatus(ctx, &storepb.QuerySegmentStatusRequest{SegmentId: seg.Id})
+	if err != nil || st.Status != storepb.SegmentStatus_SEGMENT_STATUS_OK || st.Capacity != 1<<20 || st.Name != "host:1" {
+		t.Fatalf("QuerySegmentStatus = %v, %v", st, err)
+	}
+
+	ps, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "k", Size: 1000,
+		Config: &storepb.ReplicateConfig{ReplicaNum: 1, WithSoftPin: true, SoftPinTtlMs: 60000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ps.Replicas) != 1 || ps.Replicas[0].Status != storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING ||
+		ps.Replicas[0].Memory.SegmentName != "host:1" || ps.Replicas[0].Memory.Size != 1000 ||
+		ps.Replicas[0].Memory.BufferAddress < 1<<30 || ps.Replicas[0].Memory.SegmentId.Low != 42 {
+		t.Fatalf("PutStart = %v", ps)
+	}
+	if info, _ := e.m.QueryKey("k"); !info.SoftPin {
+		t.Fatal("soft pin lost on the wire")
+	}
+	parent, lora := uint64(4), int64(-3)
+	if _, err := c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k",
+		Block: &storepb.BlockMetadata{BlockHashes: []uint64{5}, ParentBlockHash: &parent, TokenIds: []uint32{9},
+			BlockSize: 16, LoraId: &lora, LoraName: "l"}}); err != nil {
+		t.Fatal(err)
+	}
+	evs := e.ev.take()
+	if len(evs) != 1 || evs[0].Block == nil || evs[0].Block.BlockHashes[0] != 5 || !evs[0].Block.HasParent ||
+		evs[0].Block.ParentHash != 4 || !evs[0].Block.HasLora || evs[0].Block.LoraID != -3 || evs[0].Block.LoraName != "l" ||
+		evs[0].Block.BlockSize != 16 || evs[0].Block.TokenIDs[0] != 9 {
+		t.Fatalf("events %+v", evs)
+	}
+	if _, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "revoked", Size: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PutRevoke(ctx, &storepb.PutRevokeRequest{ClientId: pbID(a), Key: "revoked"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.m.QueryKey("revoked"); !errors.Is(err, errcode.ErrObjectNotFound) {
+		t.Fatalf("revoked key: %v", err)
+	}
+	g, err := c.GetReplicaList(ctx, &storepb.GetReplicaListRequest{Key: "k"})
+	if err != nil || g.LeaseTtlMs != 10000 || len(g.Replicas) != 1 ||
+		g.Replicas[0].Status != storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE ||
+		g.Replicas[0].Memory.BufferAddress != ps.Replicas[0].Memory.BufferAddress {
+		t.Fatalf("GetReplicaList = %v, %v", g, err)
+	}
+	if ex, err := c.ExistKey(ctx, &storepb.ExistKeyRequest{Key: "k", NoLease: true}); err != nil || !ex.Exists {
+		t.Fatalf("ExistKey = %v, %v", ex, err)
+	}
+	if _, err := c.ServiceReady(ctx, &storepb.ServiceReadyRequest{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Failures arrive as errcode sentinels.
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want error
+	}{
+		{"get of a missing key", func() error {
+			_, err := c.GetReplicaList(ctx, &storepb.GetReplicaListRequest{Key: "missing"})
+			return err
+		}, errcode.ErrObjectNotFound},
+		{"empty key", func() error {
+			_, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "", Size: 1})
+			return err
+		}, errcode.ErrInvalidKey},
+		{"size 0", func() error {
+			_, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "z", Size: 0})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"duplicate put", func() error {
+			_, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(b), Key: "k", Size: 1})
+			return err
+		}, errcode.ErrObjectAlreadyExists},
+		{"invalid replica config", func() error {
+			_, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "z", Size: 1,
+				Config: &storepb.ReplicateConfig{ReplicaNum: 1000}})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"soft pin TTL above the maximum", func() error {
+			_, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "z", Size: 1,
+				Config: &storepb.ReplicateConfig{WithSoftPin: true, SoftPinTtlMs: 1 << 63}})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"missing client id", func() error {
+			_, err := c.PutStart(ctx, &storepb.PutStartRequest{Key: "z", Size: 1})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"PutEnd from another client", func() error {
+			if _, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "p", Size: 10}); err != nil {
+				return err
+			}
+			_, err := c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(b), Key: "p"})
+			return err
+		}, errcode.ErrIllegalClient},
+		{"PutRevoke of a missing key", func() error {
+			_, err := c.PutRevoke(ctx, &storepb.PutRevokeRequest{ClientId: pbID(a), Key: "missing"})
+			return err
+		}, errcode.ErrObjectNotFound},
+		{"PutEnd of a disk replica", func() error {
+			_, err := c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "p", ReplicaType: storepb.ReplicaType_REPLICA_TYPE_DISK})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"Ping without a client id", func() error {
+			_, err := c.Ping(ctx, &storepb.PingRequest{})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"Remove while leased", func() error {
+			_, err := c.Remove(ctx, &storepb.RemoveRequest{Key: "k"})
+			return err
+		}, errcode.ErrObjectHasLease},
+		{"mount of a known segment", func() error {
+			_, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a), Segment: seg})
+			return err
+		}, errcode.ErrSegmentAlreadyExists},
+		{"mount without a segment", func() error {
+			_, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a)})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"unmount of an unknown segment", func() error {
+			_, err := c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: pbID(UUID{Lo: 1})})
+			return err
+		}, errcode.ErrSegmentNotFound},
+		{"status of an unknown segment", func() error {
+			_, err := c.QuerySegmentStatus(ctx, &storepb.QuerySegmentStatusRequest{SegmentId: pbID(UUID{Lo: 1})})
+			return err
+		}, errcode.ErrSegmentNotFound},
+		{"bad regex", func() error {
+			_, err := c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: "["})
+			return err
+		}, errcode.ErrInvalidParams},
+		{"batch with mismatched sizes", func() error {
+			_, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: pbID(a), Keys: []string{"x"}})
+			return err
+		}, errcode.ErrInvalidParams},
+	} {
+		err := errcode.FromStatus(tc.call())
+		if !errors.Is(err, tc.want) {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
+		}
+	}
+
+	// Batches answer per item, in order.
+	bps, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: pbID(a),
+		Keys: []string{"b1", "", "k", "b2"}, Sizes: []uint64{10, 10, 10, 1 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCodes := func(what string, got []int32, want ...errcode.Code) {
+		t.Helper()
+		for i := range want {
+			if i >= len(got) || errcode.Code(got[i]) != want[i] {
+				t.Fatalf("%s: codes %v, want %v", what, got, want)
+			}
+		}
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d results, want %d", what, len(got), len(want))
+		}
+	}
+	var codes []int32
+	for _, r := range bps.Results {
+		codes = append(codes, r.ErrorCode)
+	}
+	wantCodes("BatchPutStart", codes, errcode.OK, errcode.InvalidKey, errcode.ObjectAlreadyExists, errcode.NoAvailableHandle)
+	if len(bps.Results[0].Replicas) != 1 || bps.Results[1].Message == "" {
+		t.Fatalf("BatchPutStart results %v", bps.Results)
+	}
+	bpe, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"b1", "nope", "p"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes = nil
+	for _, r := range bpe.Results {
+		codes = append(codes, r.ErrorCode)
+	}
+	wantCodes("BatchPutEnd", codes, errcode.OK, errcode.ObjectNotFound, errcode.OK)
+	bg, err := c.BatchGetReplicaList(ctx, &storepb.BatchGetReplicaListRequest{Keys: []string{"b1", "nope"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bg.Results[0].ErrorCode != 0 || len(bg.Results[0].Replicas) != 1 || bg.Results[0].LeaseTtlMs != 10000 ||
+		errcode.Code(bg.Results[1].ErrorCode) != errcode.ObjectNotFound {
+		t.Fatalf("BatchGetReplicaList %v", bg.Results)
+	}
+	be, err := c.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: []string{"b1", "nope", ""}, NoLease: true})
+	if err != nil || !be.Results[0].Exists || be.Results[1].Exists || errcode.Code(be.Results[2].ErrorCode) != errcode.InvalidKey {
+		t.Fatalf("BatchExistKey %v %v", be, err)
+	}
+	if _, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "rv", Size: 10}); err != nil {
+		t.Fatal(err)
+	}
+	brv, err := c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"rv", "b1"}})
+	if err != nil || brv.Results[0].ErrorCode != 0 || errcode.Code(brv.Results[1].ErrorCode) != errcode.InvalidWrite {
+		t.Fatalf("BatchPutRevoke %v %v", brv, err)
+	}
+	br, err := c.BatchRemove(ctx, &storepb.BatchRemoveRequest{Keys: []string{"b1", "nope"}})
+	if err != nil || errcode.Code(br.Results[0].ErrorCode) != errcode.ObjectHasLease || errcode.Code(br.Results[1].ErrorCode) != errcode.ObjectNotFound {
+		t.Fatalf("BatchRemove %v %v", br, err)
+	}
+	if _, err := c.Remove(ctx, &storepb.RemoveRequest{Key: "b1", Force: true}); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: "p", Force: true})
+	if err != nil || rr.Removed != 1 {
+		t.Fatalf("RemoveByRegex %v %v", rr, err)
+	}
+	ra, err := c.RemoveAll(ctx, &storepb.RemoveAllRequest{Force: true})
+	if err != nil || ra.Removed != 1 {
+		t.Fatalf("RemoveAll %v %v", ra, err)
+	}
+	// Remount is idempotent; unmount drops the segment.
+	if _, err := c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(a), Segments: []*storepb.Segment{seg}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: seg.Id}); err != nil {
+		t.Fatal(err)
+	}
+	if segs := e.m.AllSegments(); len(segs) != 0 {
+		t.Fatalf("segments after unmount %v", segs)
+	}
+
+	counts := map[string]RPCCount{}
+	for _, rc := range svc.Counts() {
+		counts[rc.Name] = rc
+	}
+	if pc := counts["put_start"]; pc.Requests != 10 || pc.Failures != 6 {
+		t.Fatalf("put_start counters %+v", pc)
+	}
+	if bc := counts["batch_put_start"]; bc.Requests != 2 || bc.Failures != 1 || bc.Items != 4 || bc.ItemFailures != 3 {
+		t.Fatalf("batch_put_start counters %+v", bc)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, rc := range svc.Counts() {
+		if uint64(observed[rc.Name]) != rc.Requests {
+			t.Errorf("%s: observed %d, counted %d", rc.Name, observed[rc.Name], rc.Requests)
+		}
+	}
+	if len(RPCNames()) != 20 {
+		t.Fatal("RPC names")
+	}
+}
+
+// TestServeStops checks Serve returns on cancel with a connection still
+// open, and reports a listener that fails.
+func TestServeStops(t *testing.T) {
+	e := newEnv(t, nil)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, lis, e.m) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rctx, rcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer rcancel()
+	if _, err := storepb.NewMasterClient(conn).ServiceReady(rctx, &storepb.ServiceReadyRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve did not return")
+	}
+	// A closed listener is an error.
+	lis2, _ := net.Listen("tcp", "127.0.0.1:0")
+	lis2.Close()
+	if err := Serve(context.Background(), lis2, e.m); err == nil {
+		t.Fatal("Serve on a closed listener succeeded")
+	}
+}

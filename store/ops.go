@@ -1,0 +1,170 @@
+package store
+
+import (
+	"context"
+
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// ExistOption modifies IsExist and BatchIsExist.
+type ExistOption func(*existOpts)
+
+type existOpts struct{ noLease bool }
+
+// NoLease checks existence without granting a read lease, so probes do not
+// hold objects back from eviction (the reference always grants one).
+func NoLease() ExistOption { return func(o *existOpts) { o.noLease = true } }
+
+func existOptions(opts []ExistOption) existOpts {
+	var o existOpts
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+// IsExist reports whether key is stored and complete. Like the reference
+// it grants a read lease, unless NoLease is given.
+func (c *Client) IsExist(ctx context.Context, key string, opts ...ExistOption) (bool, error) {
+	if err := c.enter(); err != nil {
+		return false, err
+	}
+	defer c.leave()
+	if err := c.checkKey(key); err != nil {
+		return false, err
+	}
+	o := existOptions(opts)
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	resp, err := c.master.ExistKey(rctx, &storepb.ExistKeyRequest{Key: key, NoLease: o.noLease})
+	if err != nil {
+		return false, errcode.FromStatus(err)
+	}
+	return resp.Exists, nil
+}
+
+// BatchIsExist is IsExist for many keys, answering per item.
+func (c *Client) BatchIsExist(ctx context.Context, keys []string, opts ...ExistOption) ([]bool, []error) {
+	found := make([]bool, len(keys))
+	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		fill(errs, err)
+		return found, errs
+	}
+	defer c.leave()
+	o := existOptions(opts)
+	items, req := c.validKeys(keys, errs)
+	if len(items) == 0 {
+		return found, errs
+	}
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	resp, err := c.master.BatchExistKey(rctx, &storepb.BatchExistKeyRequest{Keys: req, NoLease: o.noLease})
+	if err == nil && len(resp.Results) != len(items) {
+		err = errcode.New(errcode.InternalError, "BatchExistKey answered %d results for %d keys", len(resp.Results), len(items))
+	}
+	if err != nil {
+		err = errcode.FromStatus(err)
+		for _, i := range items {
+			errs[i] = err
+		}
+		return found, errs
+	}
+	for j, r := range resp.Results {
+		i := items[j]
+		found[i] = r.Exists
+		errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), "")
+	}
+	return found, errs
+}
+
+// validKeys checks keys, recording errors, and returns the valid ones
+// with their positions.
+func (c *Client) validKeys(keys []string, errs []error) ([]int, []string) {
+	var items []int
+	var valid []string
+	for i, k := range keys {
+		if errs[i] = c.checkKey(k); errs[i] == nil {
+			items = append(items, i)
+			valid = append(valid, k)
+		}
+	}
+	return items, valid
+}
+
+// Remove deletes key. A leased object fails with OBJECT_HAS_LEASE and one
+// being written with OBJECT_REPLICA_BUSY, unless force.
+func (c *Client) Remove(ctx context.Context, key string, force bool) error {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	if err := c.checkKey(key); err != nil {
+		return err
+	}
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	_, err := c.master.Remove(rctx, &storepb.RemoveRequest{Key: key, Force: force})
+	return errcode.FromStatus(err)
+}
+
+// BatchRemove is Remove for many keys, answering per item.
+func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []error {
+	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		fill(errs, err)
+		return errs
+	}
+	defer c.leave()
+	items, req := c.validKeys(keys, errs)
+	if len(items) == 0 {
+		return errs
+	}
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	resp, err := c.master.BatchRemove(rctx, &storepb.BatchRemoveRequest{Keys: req, Force: force})
+	if err == nil && len(resp.Results) != len(items) {
+		err = errcode.New(errcode.InternalError, "BatchRemove answered %d results for %d keys", len(resp.Results), len(items))
+	}
+	for j, i := range items {
+		if err != nil {
+			errs[i] = errcode.FromStatus(err)
+		} else {
+			errs[i] = errcode.FromCode(errcode.Code(resp.Results[j].ErrorCode), resp.Results[j].Message)
+		}
+	}
+	return errs
+}
+
+// RemoveByRegex deletes every complete key matching regex (RE2, whole
+// key) and returns how many went.
+func (c *Client) RemoveByRegex(ctx context.Context, regex string, force bool) (uint64, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	resp, err := c.master.RemoveByRegex(rctx, &storepb.RemoveByRegexRequest{Regex: regex, Force: force})
+	if err != nil {
+		return 0, errcode.FromStatus(err)
+	}
+	return resp.Removed, nil
+}
+
+// RemoveAll deletes every complete object that is not leased (every one
+// when force) and returns how many went.
+func (c *Client) RemoveAll(ctx context.Context, force bool) (uint64, error) {
+	if err := c.enter(); err != nil {
+		return 0, err
+	}
+	defer c.leave()
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	resp, err := c.master.RemoveAll(rctx, &storepb.RemoveAllRequest{Force: force})
+	if err != nil {
+		return 0, errcode.FromStatus(err)
+	}
+	return resp.Removed, nil
+}

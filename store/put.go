@@ -1,0 +1,270 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// checkKey refuses keys the master would refuse, before any RPC.
+func (c *Client) checkKey(key string) error {
+	if key == "" {
+		return errcode.New(errcode.InvalidKey, "empty key")
+	}
+	if c.cfg.MaxKeyLen > 0 && len(key) > c.cfg.MaxKeyLen {
+		return errcode.New(errcode.InvalidKey, "key of %d bytes > %d", len(key), c.cfg.MaxKeyLen)
+	}
+	return nil
+}
+
+func checkValue(v []byte) error {
+	if len(v) == 0 {
+		return errcode.New(errcode.InvalidParams, "empty value")
+	}
+	return nil
+}
+
+// Put stores value under key. It fails with OBJECT_ALREADY_EXISTS when the
+// key is stored or being stored; on any failure nothing is stored.
+func (c *Client) Put(ctx context.Context, key string, value []byte, rc ReplicateConfig) error {
+	return c.put(ctx, key, value, rc)
+}
+
+// PutFrom is Put from caller-owned memory: when src lies in registered
+// memory (RegisterBuffer) the replicas are written straight from it, with
+// no copy; otherwise through staging buffers.
+func (c *Client) PutFrom(ctx context.Context, key string, src []byte, rc ReplicateConfig) error {
+	return c.put(ctx, key, src, rc)
+}
+
+func (c *Client) put(ctx context.Context, key string, value []byte, rc ReplicateConfig) (err error) {
+	if err := c.enter(); err != nil {
+		return err
+	}
+	defer c.leave()
+	start := time.Now()
+	defer func() {
+		c.stats.putLat.observe(time.Since(start))
+		countOps(&c.stats.puts, &c.stats.putFail, 1, btoi(err != nil))
+	}()
+	if err := c.checkKey(key); err != nil {
+		return err
+	}
+	if err := checkValue(value); err != nil {
+		return err
+	}
+	if err := rc.check(); err != nil {
+		return err
+	}
+	replicas, err := c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rc.pb()})
+	if err != nil {
+		return err
+	}
+	if c.beforeWrite != nil {
+		c.beforeWrite()
+	}
+	xs, err := writeXfers(key, value, replicas, 0)
+	if err == nil {
+		c.transfer(ctx, xs)
+		err = firstErr(xs)
+	}
+	if err == nil {
+		if _, err = c.putEnds.do(ctx, putEndQ{key: key, block: rc.Block.pb()}); err == nil {
+			return nil
+		}
+	}
+	c.revoke(ctx, []string{key})
+	return err
+}
+
+// writeXfers turns the replicas PutStart reserved into writes of value.
+func writeXfers(key string, value []byte, reps []*storepb.ReplicaDescriptor, item int) ([]*xfer, error) {
+	if len(reps) == 0 {
+		return nil, errcode.New(errcode.InvalidReplica, "%q: master reserved no replica", key)
+	}
+	xs := make([]*xfer, 0, len(reps))
+	for _, r := range reps {
+		m := r.GetMemory()
+		if r.Type != storepb.ReplicaType_REPLICA_TYPE_MEMORY || m == nil {
+			return nil, errcode.New(errcode.InvalidReplica, "%q: replica of type %s", key, r.Type)
+		}
+		if m.Size < uint64(len(value)) {
+			return nil, errcode.New(errcode.InvalidReplica, "%q: replica of %d bytes for a %d-byte value", key, m.Size, len(value))
+		}
+		xs = append(xs, &xfer{op: engine.Write, buf: value, seg: m.SegmentName, addr: m.BufferAddress, item: item})
+	}
+	return xs, nil
+}
+
+func firstErr(xs []*xfer) error {
+	for _, x := range xs {
+		if x.err != nil {
+			return x.err
+		}
+	}
+	return nil
+}
+
+// revoke gives back the space of unfinished puts. It runs even when ctx
+// is cancelled: the master must not keep a reservation we abandoned.
+func (c *Client) revoke(ctx context.Context, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	rctx, cancel := c.rpcCtx(context.WithoutCancel(ctx))
+	defer cancel()
+	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
+	if len(keys) == 1 {
+		if _, err := c.master.PutRevoke(rctx, &storepb.PutRevokeRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem}); err != nil {
+			c.log.Warn("put revoke failed; the master reclaims the key after its discard timeout", "key", keys[0], "err", errcode.FromStatus(err))
+		}
+		return
+	}
+	resp, err := c.master.BatchPutRevoke(rctx, &storepb.BatchPutRevokeRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem})
+	if err != nil {
+		c.log.Warn("batch put revoke failed; the master reclaims the keys after its discard timeout", "keys", len(keys), "err", errcode.FromStatus(err))
+		return
+	}
+	for i, r := range resp.Results {
+		if r.ErrorCode != 0 && i < len(keys) {
+			c.log.Warn("put revoke failed", "key", keys[i], "err", errcode.FromCode(errcode.Code(r.ErrorCode), r.Message))
+		}
+	}
+}
+
+// BatchPut stores values[i] under keys[i], answering per item (nil = stored).
+// All items share rc; the bytes of every item move in shared engine
+// batches.
+func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, rc ReplicateConfig) []error {
+	errs := make([]error, len(keys))
+	if err := c.enter(); err != nil {
+		fill(errs, err)
+		return errs
+	}
+	defer c.leave()
+	start := time.Now()
+	defer func() {
+		c.stats.batchPutLat.observe(time.Since(start))
+		countOps(&c.stats.puts, &c.stats.putFail, len(errs), countErrs(errs))
+	}()
+	if len(values) != len(keys) {
+		fill(errs, errcode.New(errcode.InvalidParams, "%d keys, %d values", len(keys), len(values)))
+		return errs
+	}
+	if err := rc.check(); err != nil {
+		fill(errs, err)
+		return errs
+	}
+	req := &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Config: rc.pb()}
+	var items []int // request position -> item
+	for i, k := range keys {
+		if errs[i] = c.checkKey(k); errs[i] == nil {
+			errs[i] = checkValue(values[i])
+		}
+		if errs[i] == nil {
+			items = append(items, i)
+			req.Keys = append(req.Keys, k)
+			req.Sizes = append(req.Sizes, uint64(len(values[i])))
+		}
+	}
+	if len(items) == 0 {
+		return errs
+	}
+	rctx, cancel := c.rpcCtx(ctx)
+	resp, err := c.master.BatchPutStart(rctx, req)
+	cancel()
+	if err == nil && len(resp.Results) != len(items) {
+		err = errcode.New(errcode.InternalError, "BatchPutStart answered %d results for %d keys", len(resp.Results), len(items))
+	}
+	if err != nil {
+		err = errcode.FromStatus(err)
+		for _, i := range items {
+			errs[i] = err
+		}
+		return errs
+	}
+	if c.beforeWrite != nil {
+		c.beforeWrite()
+	}
+	var xs []*xfer
+	var started []int
+	for j, r := range resp.Results {
+		i := items[j]
+		if r.ErrorCode != 0 {
+			errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
+			continue
+		}
+		started = append(started, i)
+		ix, err := writeXfers(keys[i], values[i], r.Replicas, i)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		xs = append(xs, ix...)
+	}
+	c.transfer(ctx, xs)
+	for _, x := range xs {
+		if x.err != nil && errs[x.item] == nil {
+			errs[x.item] = x.err
+		}
+	}
+	var done, failed []string
+	var doneItems []int
+	for _, i := range started {
+		if errs[i] == nil {
+			done = append(done, keys[i])
+			doneItems = append(doneItems, i)
+		} else {
+			failed = append(failed, keys[i])
+		}
+	}
+	if len(done) > 0 {
+		rctx, cancel := c.rpcCtx(ctx)
+		resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{
+			ClientId: c.id.pb(), Keys: done, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY,
+		})
+		cancel()
+		if err == nil && len(resp.Results) != len(done) {
+			err = errcode.New(errcode.InternalError, "BatchPutEnd answered %d results for %d keys", len(resp.Results), len(done))
+		}
+		for j, i := range doneItems {
+			switch {
+			case err != nil:
+				errs[i] = errcode.FromStatus(err)
+			case resp.Results[j].ErrorCode != 0:
+				errs[i] = errcode.FromCode(errcode.Code(resp.Results[j].ErrorCode), resp.Results[j].Message)
+			}
+			if errs[i] != nil {
+				failed = append(failed, keys[i])
+			}
+		}
+	}
+	c.revoke(ctx, failed)
+	return errs
+}
+
+func fill(errs []error, err error) {
+	for i := range errs {
+		errs[i] = err
+	}
+}
+
+func countErrs(errs []error) int {
+	n := 0
+	for _, e := range errs {
+		if e != nil {
+			n++
+		}
+	}
+	return n
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,253 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+// xfer moves len(buf) bytes between the caller's buf and [addr,
+// addr+len(buf)) of segment seg: a replica write (engine.Write) or read.
+type xfer struct {
+	op   engine.OpCode
+	buf  []byte
+	seg  string
+	addr uint64
+	err  error
+	item int // the batch item it belongs to
+}
+
+func (x *xfer) fail(err error) {
+	if x.err == nil {
+		x.err = fmt.Errorf("%w: segment %s: %w", errcode.ErrTransferFail, x.seg, err)
+	}
+}
+
+// piece is the part of an xfer one engine request carries.
+type piece struct {
+	x     *xfer
+	local []byte // registered memory the request uses: x.buf itself or staging
+	user  []byte // the caller's bytes a staged piece stands for
+	stage []byte // the staging allocation to free (nil when direct)
+	addr  uint64
+}
+
+// localSlice returns [addr, addr+n) when it lies in one of this client's
+// own segments, which it reads and writes with plain copies.
+func (c *Client) localSlice(seg string, addr, n uint64) ([]byte, bool) {
+	if seg != c.name {
+		return nil, false
+	}
+	for _, s := range c.segments {
+		if b, ok := s.slice(addr, n); ok {
+			return b, true
+		}
+	}
+	return nil, false
+}
+
+// transfer performs every xfer, recording failures in x.err: copies for
+// this client's own segments, engine requests for the rest, from the
+// caller's memory when it is registered and through staging buffers when
+// it is not.
+func (c *Client) transfer(ctx context.Context, xs []*xfer) {
+	remote := xs[:0:0]
+	for _, x := range xs {
+		if mem, ok := c.localSlice(x.seg, x.addr, uint64(len(x.buf))); ok {
+			if x.op == engine.Write {
+				copy(mem, x.buf)
+				c.stats.written.Add(uint64(len(x.buf)))
+			} else {
+				copy(x.buf, mem)
+				c.stats.read.Add(uint64(len(x.buf)))
+			}
+			continue
+		}
+		remote = append(remote, x)
+	}
+	if len(remote) > 0 {
+		c.transferRemote(ctx, remote)
+	}
+}
+
+func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
+	ids := make(map[string]engine.SegmentID)
+	for _, x := range xs {
+		if _, ok := ids[x.seg]; ok {
+			continue
+		}
+		id, err := c.segmentID(ctx, x.seg)
+		if err != nil {
+			// Every xfer to it fails; mark now, skip below.
+			for _, y := range xs {
+				if y.seg == x.seg {
+					y.fail(err)
+				}
+			}
+			continue
+		}
+		ids[x.seg] = id
+	}
+	// Rounds: each takes as many pieces as staging room allows (all the
+	// direct ones), runs them as one engine batch, then frees its staging.
+	// A round waits for staging room only while it holds none, so
+	// concurrent calls cannot deadlock on the pool.
+	i, off := 0, 0
+	var round []piece
+	for {
+		round = round[:0]
+	fill:
+		for i < len(xs) {
+			x := xs[i]
+			if x.err != nil {
+				i, off = i+1, 0
+				continue
+			}
+			if off == 0 && c.regs.contains(x.buf) {
+				round = append(round, piece{x: x, local: x.buf, addr: x.addr})
+				i++
+				continue
+			}
+			n := min(len(x.buf)-off, c.stage.chunk)
+			var st []byte
+			if len(round) == 0 {
+				var err error
+				if st, err = c.stage.alloc(ctx, n); err != nil {
+					for _, y := range xs[i:] {
+						y.fail(err)
+					}
+					return
+				}
+			} else if st = c.stage.tryAlloc(n); st == nil {
+				break fill
+			}
+			user := x.buf[off : off+n]
+			if x.op == engine.Write {
+				copy(st, user)
+				c.stats.staged.Add(uint64(n))
+			}
+			round = append(round, piece{x: x, local: st, user: user, stage: st, addr: x.addr + uint64(off)})
+			if off += n; off == len(x.buf) {
+				i, off = i+1, 0
+			}
+		}
+		if len(round) == 0 {
+			return
+		}
+		c.runRound(ctx, round, ids)
+		for _, p := range round {
+			if p.stage != nil {
+				c.stage.free(p.stage)
+			}
+		}
+	}
+}
+
+// runRound submits the pieces as one batch and waits for it.
+func (c *Client) runRound(ctx context.Context, round []piece, ids map[string]engine.SegmentID) {
+	bid, err := c.eng.AllocateBatch(len(round))
+	if err != nil {
+		for _, p := range round {
+			p.x.fail(err)
+		}
+		return
+	}
+	defer c.freeBatch(bid)
+	active := make([]int, 0, len(round))
+	reqs := make([]engine.Request, 0, len(round))
+	for k, p := range round {
+		if p.x.err != nil {
+			continue // an earlier piece of the same xfer failed
+		}
+		active = append(active, k)
+		reqs = append(reqs, engine.Request{Op: p.x.op, Local: p.local, Target: ids[p.x.seg], TargetAddr: p.addr})
+	}
+	// Submit is all or nothing: drop a refused request and try the rest.
+	for len(reqs) > 0 {
+		err := c.eng.Submit(bid, reqs)
+		if err == nil {
+			break
+		}
+		var re *engine.RequestError
+		if !errors.As(err, &re) || re.Index < 0 || re.Index >= len(reqs) {
+			for _, k := range active {
+				round[k].x.fail(err)
+			}
+			return
+		}
+		round[active[re.Index]].x.fail(re.Err)
+		active = append(active[:re.Index], active[re.Index+1:]...)
+		reqs = append(reqs[:re.Index], reqs[re.Index+1:]...)
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	_, werr := c.eng.Wait(ctx, bid)
+	for j, k := range active {
+		p := &round[k]
+		ts, err := c.eng.Status(bid, j)
+		if err == nil && ts.Status == engine.Completed {
+			if p.x.op == engine.Write {
+				c.stats.written.Add(uint64(len(p.local)))
+			} else {
+				if p.stage != nil {
+					copy(p.user, p.local)
+					c.stats.staged.Add(uint64(len(p.local)))
+				}
+				c.stats.read.Add(uint64(len(p.local)))
+			}
+			continue
+		}
+		switch {
+		case err != nil:
+		case ts.Err != nil:
+			err = ts.Err
+		case werr != nil:
+			err = werr
+		default:
+			err = fmt.Errorf("request ended %s", ts.Status)
+		}
+		p.x.fail(err)
+	}
+}
+
+// freeBatch frees a batch, waiting for its transports to let go of the
+// buffers first (they may still hold them after a cancelled Wait; no
+// request outlives the engine's transfer timeout).
+func (c *Client) freeBatch(id engine.BatchID) {
+	wait := 50 * time.Microsecond
+	for {
+		err := c.eng.FreeBatch(id)
+		if !errors.Is(err, engine.ErrBatchBusy) {
+			return
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 10*time.Millisecond)
+	}
+}
+
+// segmentID opens a peer segment once and caches the handle.
+func (c *Client) segmentID(ctx context.Context, name string) (engine.SegmentID, error) {
+	c.segMu.Lock()
+	id, ok := c.segIDs[name]
+	c.segMu.Unlock()
+	if ok {
+		return id, nil
+	}
+	id, err := c.eng.OpenSegment(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	c.segMu.Lock()
+	defer c.segMu.Unlock()
+	if old, ok := c.segIDs[name]; ok {
+		c.eng.CloseSegment(id) // a concurrent opener won; drop our reference
+		return old, nil
+	}
+	c.segIDs[name] = id
+	return id, nil
+}
