@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math"
 	"net"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -117,7 +116,7 @@ func (s *Service) Register(g grpc.ServiceRegistrar) { storepb.RegisterMasterServ
 // (bounded by the grace period). It returns nil after ctx ends, else the
 // server's error. It does not Start or Close the Master.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
-	g := grpc.NewServer(append([]grpc.ServerOption{grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))), grpc.SharedWriteBuffer(true)}, opts...)...)
+	g := grpc.NewServer(opts...)
 	s.Register(g)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
