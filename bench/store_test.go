@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/crescent-kv/crescent/internal/redisproc"
 	"math"
 	"os"
 	"strings"
@@ -285,7 +286,7 @@ func TestStartRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := redisPing(r.Addr); err != nil {
+	if err := redisproc.Ping(r.Addr); err != nil {
 		t.Fatal(err)
 	}
 	if err := r.Close(); err != nil {
@@ -294,7 +295,7 @@ func TestStartRedis(t *testing.T) {
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if redisPing(r.Addr) == nil {
+	if redisproc.Ping(r.Addr) == nil {
 		t.Fatal("redis still answers after Close")
 	}
 }

@@ -125,3 +125,25 @@ func DialDiagnosis(addrs ...string) string {
 	}
 	return strings.Join(out, "; ")
 }
+
+// Entries returns what a store backend publishes for d: its descriptor
+// under Segment(d.Name) and, when rpcAddr is set, the rpc_meta entry under
+// RPCMeta(d.Name). The descriptor is validated first.
+func (k Keys) Entries(d *SegmentDesc, rpcAddr string) (map[string][]byte, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	val, err := d.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	kvs := map[string][]byte{k.Segment(d.Name): val}
+	if rpcAddr != "" {
+		rpc, err := EncodeRPCMeta(rpcAddr)
+		if err != nil {
+			return nil, err
+		}
+		kvs[k.RPCMeta(d.Name)] = rpc
+	}
+	return kvs, nil
+}

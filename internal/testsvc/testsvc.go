@@ -1,20 +1,18 @@
 package testsvc
 
 import (
-	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/redisproc"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -70,10 +68,7 @@ func (s *syncBuffer) String() string {
 // persistence off, stopped by the test's cleanup.
 type Redis struct {
 	Addr string // 127.0.0.1:port
-	cmd  *exec.Cmd
-	out  *syncBuffer
-	once sync.Once
-	done chan struct{}
+	s    *redisproc.Server
 }
 
 // URL is the server's "redis://127.0.0.1:port" connection string.
@@ -84,93 +79,23 @@ func (r *Redis) URL() string { return "redis://" + r.Addr }
 // MissingDep) when redis-server is not installed.
 func StartRedis(t testing.TB, args ...string) *Redis {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
+	s, err := redisproc.Start("", args...)
+	if errors.Is(err, redisproc.ErrNotInstalled) {
 		MissingDep(t, "redis-server", err)
 	}
-	dir := t.TempDir()
-	var lastErr error
-	for attempt := 0; attempt < 5; attempt++ {
-		port := FreePort(t)
-		r, err := startRedis(bin, dir, port, args)
-		if err == nil {
-			t.Cleanup(r.Stop)
-			return r
-		}
-		lastErr = err
-	}
-	t.Fatalf("testsvc: redis-server did not start: %v", lastErr)
-	return nil
-}
-
-func startRedis(bin, dir string, port int, args []string) (*Redis, error) {
-	argv := append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--daemonize", "no", "--logfile", "", "--protected-mode", "yes",
-	}, args...)
-	r := &Redis{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), out: &syncBuffer{}, done: make(chan struct{})}
-	r.cmd = exec.Command(bin, argv...)
-	r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
-	if err := r.cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { r.cmd.Wait(); close(r.done) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if err := ping(r.Addr); err == nil {
-			return r, nil
-		}
-		select {
-		case <-r.done:
-			return nil, fmt.Errorf("redis-server exited: %s", r.out.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			r.Stop()
-			return nil, fmt.Errorf("redis-server on %s not answering: %s", r.Addr, r.out.String())
-		}
-	}
-}
-
-// ping sends a RESP PING and expects +PONG (or -NOAUTH).
-func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err != nil {
-		return err
+		t.Fatalf("testsvc: %v", err)
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Write([]byte("PING\r\n")); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	// NOAUTH: up, with --requirepass.
-	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") {
-		return fmt.Errorf("PING answered %q", line)
-	}
-	return nil
+	t.Cleanup(func() { s.Close() })
+	return &Redis{Addr: s.Addr, s: s}
 }
 
-// Stop terminates the server (SIGTERM, then SIGKILL after 10s) and waits
-// for it. It is safe to call more than once.
-func (r *Redis) Stop() {
-	r.once.Do(func() {
-		r.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-r.done:
-		case <-time.After(10 * time.Second):
-			r.cmd.Process.Kill()
-			<-r.done
-		}
-	})
-}
+// Stop terminates the server and waits for it. It is safe to call more
+// than once.
+func (r *Redis) Stop() { r.s.Close() }
 
 // Output is what the server printed so far.
-func (r *Redis) Output() string { return r.out.String() }
+func (r *Redis) Output() string { return r.s.Output() }
 
 // Etcd is an in-process single-member etcd on free 127.0.0.1 ports with
 // a temporary data dir, closed by the test's cleanup.

@@ -3,6 +3,7 @@ package testsvc
 import (
 	"bufio"
 	"context"
+	"github.com/crescent-kv/crescent/internal/redisproc"
 	"net"
 	"os/exec"
 	"strings"
@@ -20,7 +21,7 @@ func TestMain(m *testing.M) {
 
 func TestRedisStartStop(t *testing.T) {
 	r := StartRedis(t)
-	if err := ping(r.Addr); err != nil {
+	if err := redisproc.Ping(r.Addr); err != nil {
 		t.Fatalf("ping %s: %v", r.Addr, err)
 	}
 	r.Stop()
@@ -34,13 +35,12 @@ func TestRedisStartStop(t *testing.T) {
 func TestRedisBadArgsFailFast(t *testing.T) {
 	// redis-server exits on an unknown option: the start must report its
 	// output instead of waiting for a server that never comes.
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
+	if _, err := exec.LookPath("redis-server"); err != nil {
 		MissingDep(t, "redis-server", err)
 	}
-	r, err := startRedis(bin, t.TempDir(), FreePort(t), []string{"--no-such-option", "x"})
+	r, err := redisproc.Start("", "--no-such-option", "x")
 	if err == nil {
-		r.Stop()
+		r.Close()
 		t.Fatal("redis-server started with a bad option")
 	}
 	if !strings.Contains(err.Error(), "exited") {

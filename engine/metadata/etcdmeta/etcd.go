@@ -137,20 +137,9 @@ func (b *Backend) ttlSeconds() int64 {
 // Publish writes d under its segment key, and the rpc_meta entry when
 // Options.RPCAddr is set, both attached to the backend's lease.
 func (b *Backend) Publish(ctx context.Context, d *metadata.SegmentDesc) error {
-	if err := d.Validate(); err != nil {
-		return err
-	}
-	val, err := d.Marshal()
+	kvs, err := b.keys.Entries(d, b.opts.RPCAddr)
 	if err != nil {
 		return err
-	}
-	kvs := map[string][]byte{b.keys.Segment(d.Name): val}
-	if b.opts.RPCAddr != "" {
-		rpc, err := metadata.EncodeRPCMeta(b.opts.RPCAddr)
-		if err != nil {
-			return err
-		}
-		kvs[b.keys.RPCMeta(d.Name)] = rpc
 	}
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()

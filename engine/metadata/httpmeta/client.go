@@ -185,10 +185,7 @@ func (b *Backend) del(ctx context.Context, key string) error {
 // Publish PUTs the rpc_meta entry (once per segment, when
 // Options.RPCAddr is set), then the descriptor. Values are compact JSON.
 func (b *Backend) Publish(ctx context.Context, d *metadata.SegmentDesc) error {
-	if err := d.Validate(); err != nil {
-		return err
-	}
-	val, err := d.Marshal()
+	kvs, err := b.keys.Entries(d, b.opts.RPCAddr)
 	if err != nil {
 		return err
 	}
@@ -197,16 +194,12 @@ func (b *Backend) Publish(ctx context.Context, d *metadata.SegmentDesc) error {
 	if b.closed {
 		return ErrClosed
 	}
-	if b.opts.RPCAddr != "" && !b.names[d.Name] {
-		rpc, err := metadata.EncodeRPCMeta(b.opts.RPCAddr)
-		if err != nil {
-			return err
-		}
+	if rpc, ok := kvs[b.keys.RPCMeta(d.Name)]; ok && !b.names[d.Name] {
 		if err := b.putRPCMeta(ctx, d.Name, bytes.TrimSuffix(rpc, []byte("\n"))); err != nil {
 			return err
 		}
 	}
-	if err := b.put(ctx, b.keys.Segment(d.Name), bytes.TrimSuffix(val, []byte("\n"))); err != nil {
+	if err := b.put(ctx, b.keys.Segment(d.Name), bytes.TrimSuffix(kvs[b.keys.Segment(d.Name)], []byte("\n"))); err != nil {
 		return err
 	}
 	b.names[d.Name] = true

@@ -172,20 +172,9 @@ func (b *Backend) opCtx(ctx context.Context) (context.Context, context.CancelFun
 // Publish SETs d under its segment key, and the rpc_meta entry when
 // Options.RPCAddr is set, in one transaction, each with PX = TTL.
 func (b *Backend) Publish(ctx context.Context, d *metadata.SegmentDesc) error {
-	if err := d.Validate(); err != nil {
-		return err
-	}
-	val, err := d.Marshal()
+	kvs, err := b.keys.Entries(d, b.opts.RPCAddr)
 	if err != nil {
 		return err
-	}
-	kvs := map[string][]byte{b.keys.Segment(d.Name): val}
-	if b.opts.RPCAddr != "" {
-		rpc, err := metadata.EncodeRPCMeta(b.opts.RPCAddr)
-		if err != nil {
-			return err
-		}
-		kvs[b.keys.RPCMeta(d.Name)] = rpc
 	}
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()

@@ -1,0 +1,177 @@
+// Package redisproc starts a real redis-server on a free 127.0.0.1 port,
+// with persistence off in a private directory, for benchmarks and tests
+// that measure against or depend on Redis.
+package redisproc
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// ErrNotInstalled means redis-server is not on the machine (make deps
+// installs it).
+var ErrNotInstalled = errors.New("redisproc: redis-server not found")
+
+// Server is a running redis-server.
+type Server struct {
+	Addr string // 127.0.0.1:port
+	cmd  *exec.Cmd
+	dir  string
+	out  *lockedBuffer
+	done chan struct{}
+	once sync.Once
+}
+
+// Path resolves bin (redis-server on $PATH when empty).
+func Path(bin string) (string, error) {
+	if bin == "" {
+		bin = "redis-server"
+	}
+	p, err := exec.LookPath(bin)
+	if err != nil {
+		return "", fmt.Errorf("%w (%v); run `make deps`", ErrNotInstalled, err)
+	}
+	return p, nil
+}
+
+// Start runs redis-server (bin, or the one on $PATH) with extra arguments
+// and waits until it answers PING. A port taken between choosing and
+// binding it is retried with another.
+func Start(bin string, args ...string) (*Server, error) {
+	path, err := Path(bin)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "crescent-redis-*")
+	if err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		s, err := start(path, dir, port, args)
+		if err == nil {
+			return s, nil
+		}
+		lastErr = err
+	}
+	os.RemoveAll(dir)
+	return nil, fmt.Errorf("redisproc: redis-server did not start: %w", lastErr)
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func start(path, dir string, port int, args []string) (*Server, error) {
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, out: &lockedBuffer{}, done: make(chan struct{})}
+	argv := append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir,
+		"--daemonize", "no", "--logfile", "", "--protected-mode", "yes",
+	}, args...)
+	s.cmd = exec.Command(path, argv...)
+	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
+	// Its own process group, so a Ctrl-C at the terminal reaches the
+	// parent, which stops the server; it dies with the parent.
+	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := s.cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { s.cmd.Wait(); close(s.done) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if err := Ping(s.Addr); err == nil {
+			return s, nil
+		}
+		select {
+		case <-s.done:
+			return nil, fmt.Errorf("redis-server on port %d exited: %s", port, strings.TrimSpace(s.out.String()))
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, fmt.Errorf("redis-server on %s not answering PING: %s", s.Addr, strings.TrimSpace(s.out.String()))
+		}
+	}
+}
+
+// Ping sends an inline PING and expects +PONG (or -NOAUTH: up, with a
+// password).
+func Ping(addr string) error {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(line, "+PONG") && !strings.HasPrefix(line, "-NOAUTH") {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	return nil
+}
+
+func (s *Server) stop() {
+	s.once.Do(func() {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.done:
+		case <-time.After(10 * time.Second):
+			s.cmd.Process.Kill()
+			<-s.done
+		}
+	})
+}
+
+// Close stops the server (SIGTERM, SIGKILL after 10 s), waits for it and
+// removes its directory. Safe to call twice.
+func (s *Server) Close() error {
+	s.stop()
+	return os.RemoveAll(s.dir)
+}
+
+// Output is what the server printed so far.
+func (s *Server) Output() string { return s.out.String() }
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
