@@ -1,6 +1,7 @@
 package metadata
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -146,4 +147,41 @@ func (k Keys) Entries(d *SegmentDesc, rpcAddr string) (map[string][]byte, error)
 		kvs[k.RPCMeta(d.Name)] = rpc
 	}
 	return kvs, nil
+}
+
+// KVReader is how a store backend reads one key: the value, whether it
+// exists, or an error.
+type KVReader func(ctx context.Context, key string) ([]byte, bool, error)
+
+// GetDesc reads segment name's descriptor through get (store says which
+// store, for messages), filling tcp_data_host from its rpc_meta entry when
+// the name carries no host.
+func (k Keys) GetDesc(ctx context.Context, get KVReader, store, name string) (*SegmentDesc, error) {
+	key := k.Segment(name)
+	v, ok, err := get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: %q (no %s key %s)", ErrNotFound, name, store, key)
+	}
+	d, err := UnmarshalDesc(v)
+	if err != nil {
+		return nil, fmt.Errorf("%s key %s: %w", store, key, err)
+	}
+	FillDataHost(d, func() (string, error) { return k.GetRPCAddr(ctx, get, store, name) })
+	return d, nil
+}
+
+// GetRPCAddr reads the handshake address published under rpc_meta/<name>.
+func (k Keys) GetRPCAddr(ctx context.Context, get KVReader, store, name string) (string, error) {
+	key := k.RPCMeta(name)
+	v, ok, err := get(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", fmt.Errorf("%w: %q has no rpc_meta entry (%s key %s)", ErrNotFound, name, store, key)
+	}
+	return DecodeRPCMeta(v)
 }

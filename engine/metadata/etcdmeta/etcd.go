@@ -235,20 +235,7 @@ func (b *Backend) keepAlive(id clientv3.LeaseID) {
 // Get returns segment name's descriptor, or an error matching
 // metadata.ErrNotFound when there is none.
 func (b *Backend) Get(ctx context.Context, name string) (*metadata.SegmentDesc, error) {
-	key := b.keys.Segment(name)
-	v, ok, err := b.get(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %q (no etcd key %s)", metadata.ErrNotFound, name, key)
-	}
-	d, err := metadata.UnmarshalDesc(v)
-	if err != nil {
-		return nil, fmt.Errorf("etcdmeta: key %s: %w", key, err)
-	}
-	metadata.FillDataHost(d, func() (string, error) { return b.RPCAddr(ctx, name) })
-	return d, nil
+	return b.keys.GetDesc(ctx, b.get, "etcd", name)
 }
 
 func (b *Backend) get(ctx context.Context, key string) ([]byte, bool, error) {
@@ -267,15 +254,7 @@ func (b *Backend) get(ctx context.Context, key string) ([]byte, bool, error) {
 // RPCAddr returns the handshake address published under
 // rpc_meta/<name>.
 func (b *Backend) RPCAddr(ctx context.Context, name string) (string, error) {
-	key := b.keys.RPCMeta(name)
-	v, ok, err := b.get(ctx, key)
-	if err != nil {
-		return "", err
-	}
-	if !ok {
-		return "", fmt.Errorf("%w: %q has no rpc_meta entry (etcd key %s)", metadata.ErrNotFound, name, key)
-	}
-	return metadata.DecodeRPCMeta(v)
+	return b.keys.GetRPCAddr(ctx, b.get, "etcd", name)
 }
 
 // Remove deletes segment name's descriptor and rpc_meta entry.

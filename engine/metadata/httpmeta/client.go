@@ -227,34 +227,13 @@ func (b *Backend) putRPCMeta(ctx context.Context, name string, val []byte) error
 // Get returns segment name's descriptor, or an error matching
 // metadata.ErrNotFound when there is none.
 func (b *Backend) Get(ctx context.Context, name string) (*metadata.SegmentDesc, error) {
-	key := b.keys.Segment(name)
-	v, ok, err := b.get(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %q (no key %s at %s)", metadata.ErrNotFound, name, key, b.base)
-	}
-	d, err := metadata.UnmarshalDesc(v)
-	if err != nil {
-		return nil, fmt.Errorf("httpmeta: key %s: %w", key, err)
-	}
-	metadata.FillDataHost(d, func() (string, error) { return b.RPCAddr(ctx, name) })
-	return d, nil
+	return b.keys.GetDesc(ctx, b.get, "metadata server "+b.base, name)
 }
 
 // RPCAddr returns the handshake address published under
 // rpc_meta/<name>.
 func (b *Backend) RPCAddr(ctx context.Context, name string) (string, error) {
-	key := b.keys.RPCMeta(name)
-	v, ok, err := b.get(ctx, key)
-	if err != nil {
-		return "", err
-	}
-	if !ok {
-		return "", fmt.Errorf("%w: %q has no rpc_meta entry (key %s at %s)", metadata.ErrNotFound, name, key, b.base)
-	}
-	return metadata.DecodeRPCMeta(v)
+	return b.keys.GetRPCAddr(ctx, b.get, "metadata server "+b.base, name)
 }
 
 // Remove DELETEs segment name's descriptor and rpc_meta entry; absent

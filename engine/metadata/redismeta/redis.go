@@ -264,20 +264,7 @@ func (b *Backend) refresh() error {
 // Get returns segment name's descriptor, or an error matching
 // metadata.ErrNotFound when there is none.
 func (b *Backend) Get(ctx context.Context, name string) (*metadata.SegmentDesc, error) {
-	key := b.keys.Segment(name)
-	v, ok, err := b.get(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	if !ok {
-		return nil, fmt.Errorf("%w: %q (no redis key %s)", metadata.ErrNotFound, name, key)
-	}
-	d, err := metadata.UnmarshalDesc(v)
-	if err != nil {
-		return nil, fmt.Errorf("redismeta: key %s: %w", key, err)
-	}
-	metadata.FillDataHost(d, func() (string, error) { return b.RPCAddr(ctx, name) })
-	return d, nil
+	return b.keys.GetDesc(ctx, b.get, "redis", name)
 }
 
 func (b *Backend) get(ctx context.Context, key string) ([]byte, bool, error) {
@@ -296,15 +283,7 @@ func (b *Backend) get(ctx context.Context, key string) ([]byte, bool, error) {
 // RPCAddr returns the handshake address published under
 // rpc_meta/<name>.
 func (b *Backend) RPCAddr(ctx context.Context, name string) (string, error) {
-	key := b.keys.RPCMeta(name)
-	v, ok, err := b.get(ctx, key)
-	if err != nil {
-		return "", err
-	}
-	if !ok {
-		return "", fmt.Errorf("%w: %q has no rpc_meta entry (redis key %s)", metadata.ErrNotFound, name, key)
-	}
-	return metadata.DecodeRPCMeta(v)
+	return b.keys.GetRPCAddr(ctx, b.get, "redis", name)
 }
 
 // Remove deletes segment name's descriptor and rpc_meta entry.
