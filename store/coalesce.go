@@ -135,109 +135,126 @@ type getResult struct {
 // startCoalescers wires the single-key Put and Get RPCs through
 // coalescers.
 func (c *Client) startCoalescers() {
-	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
 	c.putStarts = newCoalescer(maxCoalesce,
 		func(a, b putStartQ) bool { return proto.Equal(a.rc, b.rc) },
 		func(ctx context.Context, qs []putStartQ) ([][]*storepb.ReplicaDescriptor, []error) {
-			rs, errs := make([][]*storepb.ReplicaDescriptor, len(qs)), make([]error, len(qs))
-			rctx, cancel := c.rpcCtx(ctx)
-			defer cancel()
-			if len(qs) == 1 {
-				resp, err := c.master.PutStart(rctx, &storepb.PutStartRequest{ClientId: c.id.pb(), Key: qs[0].key, Size: qs[0].size, Config: qs[0].rc})
-				if err != nil {
-					errs[0] = errcode.FromStatus(err)
-				} else {
-					rs[0] = resp.Replicas
-				}
-				return rs, errs
+			keys, sizes := make([]string, len(qs)), make([]uint64, len(qs))
+			for i, q := range qs {
+				keys[i], sizes[i] = q.key, q.size
 			}
-			req := &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Config: qs[0].rc}
-			for _, q := range qs {
-				req.Keys, req.Sizes = append(req.Keys, q.key), append(req.Sizes, q.size)
-			}
-			resp, err := c.master.BatchPutStart(rctx, req)
-			if err == nil && len(resp.Results) != len(qs) {
-				err = errcode.New(errcode.InternalError, "BatchPutStart answered %d results for %d keys", len(resp.Results), len(qs))
-			} else if err != nil {
-				err = errcode.FromStatus(err)
-			}
-			for i := range qs {
-				if err != nil {
-					errs[i] = err
-					continue
-				}
-				r := resp.Results[i]
-				if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
-					rs[i] = r.Replicas
-				}
-			}
-			return rs, errs
+			return c.rpcPutStart(ctx, keys, sizes, qs[0].rc)
 		})
 	c.putEnds = newCoalescer(maxCoalesce,
 		func(a, b putEndQ) bool { return (a.block == nil) == (b.block == nil) },
 		func(ctx context.Context, qs []putEndQ) ([]struct{}, []error) {
-			errs := make([]error, len(qs))
-			rctx, cancel := c.rpcCtx(ctx)
-			defer cancel()
-			if len(qs) == 1 {
-				if _, err := c.master.PutEnd(rctx, &storepb.PutEndRequest{ClientId: c.id.pb(), Key: qs[0].key, ReplicaType: mem, Block: qs[0].block}); err != nil {
-					errs[0] = errcode.FromStatus(err)
-				}
-				return make([]struct{}, 1), errs
-			}
-			req := &storepb.BatchPutEndRequest{ClientId: c.id.pb(), ReplicaType: mem}
-			for _, q := range qs {
-				req.Keys = append(req.Keys, q.key)
+			keys := make([]string, len(qs))
+			var blocks []*storepb.BlockMetadata
+			for i, q := range qs {
+				keys[i] = q.key
 				if q.block != nil {
-					req.Blocks = append(req.Blocks, q.block)
+					blocks = append(blocks, q.block)
 				}
 			}
-			resp, err := c.master.BatchPutEnd(rctx, req)
-			if err == nil && len(resp.Results) != len(qs) {
-				err = errcode.New(errcode.InternalError, "BatchPutEnd answered %d results for %d keys", len(resp.Results), len(qs))
-			} else if err != nil {
-				err = errcode.FromStatus(err)
-			}
-			for i := range qs {
-				if err != nil {
-					errs[i] = err
-				} else {
-					errs[i] = errcode.FromCode(errcode.Code(resp.Results[i].ErrorCode), resp.Results[i].Message)
-				}
-			}
-			return make([]struct{}, len(qs)), errs
+			return make([]struct{}, len(qs)), c.rpcPutEnd(ctx, keys, blocks)
 		})
 	c.gets = newCoalescer(maxCoalesce,
 		func(a, b string) bool { return true },
-		func(ctx context.Context, keys []string) ([]getResult, []error) {
-			rs, errs := make([]getResult, len(keys)), make([]error, len(keys))
-			rctx, cancel := c.rpcCtx(ctx)
-			defer cancel()
-			if len(keys) == 1 {
-				resp, err := c.master.GetReplicaList(rctx, &storepb.GetReplicaListRequest{Key: keys[0]})
-				if err != nil {
-					errs[0] = errcode.FromStatus(err)
-				} else {
-					rs[0] = getResult{resp.Replicas, time.Duration(resp.LeaseTtlMs) * time.Millisecond}
-				}
-				return rs, errs
-			}
-			resp, err := c.master.BatchGetReplicaList(rctx, &storepb.BatchGetReplicaListRequest{Keys: keys})
-			if err == nil && len(resp.Results) != len(keys) {
-				err = errcode.New(errcode.InternalError, "BatchGetReplicaList answered %d results for %d keys", len(resp.Results), len(keys))
-			} else if err != nil {
-				err = errcode.FromStatus(err)
-			}
-			for i := range keys {
-				if err != nil {
-					errs[i] = err
-					continue
-				}
-				r := resp.Results[i]
-				if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
-					rs[i] = getResult{r.Replicas, time.Duration(r.LeaseTtlMs) * time.Millisecond}
-				}
-			}
-			return rs, errs
-		})
+		c.rpcGetReplicaList)
+}
+
+// The three RPC helpers below answer per key, whatever was sent: the
+// single-key RPC for one key, the batch RPC for more. A failed RPC fails
+// every key.
+
+// rpcPutStart reserves space for keys (all with config rc).
+func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64, rc *storepb.ReplicateConfig) ([][]*storepb.ReplicaDescriptor, []error) {
+	rs, errs := make([][]*storepb.ReplicaDescriptor, len(keys)), make([]error, len(keys))
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	if len(keys) == 1 {
+		resp, err := c.master.PutStart(rctx, &storepb.PutStartRequest{ClientId: c.id.pb(), Key: keys[0], Size: sizes[0], Config: rc})
+		if err != nil {
+			errs[0] = errcode.FromStatus(err)
+		} else {
+			rs[0] = resp.Replicas
+		}
+		return rs, errs
+	}
+	resp, err := c.master.BatchPutStart(rctx, &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Keys: keys, Sizes: sizes, Config: rc})
+	if err = batchErr(err, "BatchPutStart", len(resp.GetResults()), len(keys)); err != nil {
+		fill(errs, err)
+		return rs, errs
+	}
+	for i, r := range resp.Results {
+		if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
+			rs[i] = r.Replicas
+		}
+	}
+	return rs, errs
+}
+
+// rpcPutEnd commits keys; blocks is empty or one per key.
+func (c *Client) rpcPutEnd(ctx context.Context, keys []string, blocks []*storepb.BlockMetadata) []error {
+	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
+	errs := make([]error, len(keys))
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	if len(keys) == 1 {
+		var block *storepb.BlockMetadata
+		if len(blocks) == 1 {
+			block = blocks[0]
+		}
+		if _, err := c.master.PutEnd(rctx, &storepb.PutEndRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Block: block}); err != nil {
+			errs[0] = errcode.FromStatus(err)
+		}
+		return errs
+	}
+	resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem, Blocks: blocks})
+	if err = batchErr(err, "BatchPutEnd", len(resp.GetResults()), len(keys)); err != nil {
+		fill(errs, err)
+		return errs
+	}
+	for i, r := range resp.Results {
+		errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
+	}
+	return errs
+}
+
+// rpcGetReplicaList locates keys, granting read leases.
+func (c *Client) rpcGetReplicaList(ctx context.Context, keys []string) ([]getResult, []error) {
+	rs, errs := make([]getResult, len(keys)), make([]error, len(keys))
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	if len(keys) == 1 {
+		resp, err := c.master.GetReplicaList(rctx, &storepb.GetReplicaListRequest{Key: keys[0]})
+		if err != nil {
+			errs[0] = errcode.FromStatus(err)
+		} else {
+			rs[0] = getResult{resp.Replicas, time.Duration(resp.LeaseTtlMs) * time.Millisecond}
+		}
+		return rs, errs
+	}
+	resp, err := c.master.BatchGetReplicaList(rctx, &storepb.BatchGetReplicaListRequest{Keys: keys})
+	if err = batchErr(err, "BatchGetReplicaList", len(resp.GetResults()), len(keys)); err != nil {
+		fill(errs, err)
+		return rs, errs
+	}
+	for i, r := range resp.Results {
+		if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
+			rs[i] = getResult{r.Replicas, time.Duration(r.LeaseTtlMs) * time.Millisecond}
+		}
+	}
+	return rs, errs
+}
+
+// batchErr turns a batch RPC's outcome into the error of every item: the
+// RPC's own error, or a result count that does not match the request.
+func batchErr(err error, rpc string, got, want int) error {
+	if err != nil {
+		return errcode.FromStatus(err)
+	}
+	if got != want {
+		return errcode.New(errcode.InternalError, "%s answered %d results for %d keys", rpc, got, want)
+	}
+	return nil
 }

@@ -305,43 +305,29 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 		countOps(&c.stats.gets, &c.stats.getFail, len(errs), countErrs(errs))
 	}()
 	var items []int
-	req := &storepb.BatchGetReplicaListRequest{}
+	var okKeys []string
 	for i, k := range keys {
 		if errs[i] = c.checkKey(k); errs[i] == nil {
 			items = append(items, i)
-			req.Keys = append(req.Keys, k)
+			okKeys = append(okKeys, k)
 		}
 	}
 	if len(items) == 0 {
 		return vals, errs
 	}
 	t0 := c.clock.Now()
-	rctx, cancel := c.rpcCtx(ctx)
-	resp, err := c.master.BatchGetReplicaList(rctx, req)
-	cancel()
-	if err == nil && len(resp.Results) != len(items) {
-		err = errcode.New(errcode.InternalError, "BatchGetReplicaList answered %d results for %d keys", len(resp.Results), len(items))
-	}
-	if err != nil {
-		err = errcode.FromStatus(err)
-		for _, i := range items {
-			errs[i] = err
-		}
-		return vals, errs
-	}
+	results, getErrs := c.rpcGetReplicaList(ctx, okKeys)
 	locs := make(map[int]located, len(items))
-	for j, r := range resp.Results {
-		i := items[j]
-		if r.ErrorCode != 0 {
-			errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
+	for j, i := range items {
+		if errs[i] = getErrs[j]; errs[i] != nil {
 			continue
 		}
-		size, reps, err := c.chooseReplicas(keys[i], r.Replicas)
+		size, reps, err := c.chooseReplicas(keys[i], results[j].replicas)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		locs[i] = located{size: size, reps: reps, deadline: t0.Add(time.Duration(r.LeaseTtlMs) * time.Millisecond)}
+		locs[i] = located{size: size, reps: reps, deadline: t0.Add(results[j].leaseTTL)}
 		vals[i] = make([]byte, size)
 	}
 	// Attempt k reads every pending item from its k-th replica.

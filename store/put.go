@@ -158,47 +158,34 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		fill(errs, err)
 		return errs
 	}
-	req := &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Config: rc.pb()}
 	var items []int // request position -> item
+	var okKeys []string
+	var sizes []uint64
 	for i, k := range keys {
 		if errs[i] = c.checkKey(k); errs[i] == nil {
 			errs[i] = checkValue(values[i])
 		}
 		if errs[i] == nil {
 			items = append(items, i)
-			req.Keys = append(req.Keys, k)
-			req.Sizes = append(req.Sizes, uint64(len(values[i])))
+			okKeys = append(okKeys, k)
+			sizes = append(sizes, uint64(len(values[i])))
 		}
 	}
 	if len(items) == 0 {
 		return errs
 	}
-	rctx, cancel := c.rpcCtx(ctx)
-	resp, err := c.master.BatchPutStart(rctx, req)
-	cancel()
-	if err == nil && len(resp.Results) != len(items) {
-		err = errcode.New(errcode.InternalError, "BatchPutStart answered %d results for %d keys", len(resp.Results), len(items))
-	}
-	if err != nil {
-		err = errcode.FromStatus(err)
-		for _, i := range items {
-			errs[i] = err
-		}
-		return errs
-	}
+	replicas, startErrs := c.rpcPutStart(ctx, okKeys, sizes, rc.pb())
 	if c.beforeWrite != nil {
 		c.beforeWrite()
 	}
 	var xs []*xfer
 	var started []int
-	for j, r := range resp.Results {
-		i := items[j]
-		if r.ErrorCode != 0 {
-			errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
+	for j, i := range items {
+		if errs[i] = startErrs[j]; errs[i] != nil {
 			continue
 		}
 		started = append(started, i)
-		ix, err := writeXfers(keys[i], values[i], r.Replicas, i)
+		ix, err := writeXfers(keys[i], values[i], replicas[j], i)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -222,22 +209,9 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		}
 	}
 	if len(done) > 0 {
-		rctx, cancel := c.rpcCtx(ctx)
-		resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{
-			ClientId: c.id.pb(), Keys: done, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY,
-		})
-		cancel()
-		if err == nil && len(resp.Results) != len(done) {
-			err = errcode.New(errcode.InternalError, "BatchPutEnd answered %d results for %d keys", len(resp.Results), len(done))
-		}
-		for j, i := range doneItems {
-			switch {
-			case err != nil:
-				errs[i] = errcode.FromStatus(err)
-			case resp.Results[j].ErrorCode != 0:
-				errs[i] = errcode.FromCode(errcode.Code(resp.Results[j].ErrorCode), resp.Results[j].Message)
-			}
-			if errs[i] != nil {
+		for j, err := range c.rpcPutEnd(ctx, done, nil) {
+			if i := doneItems[j]; err != nil {
+				errs[i] = err
 				failed = append(failed, keys[i])
 			}
 		}
