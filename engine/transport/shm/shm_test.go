@@ -6,9 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
@@ -194,45 +194,6 @@ func do(tb testing.TB, tr transport.Transport, p transport.Peer, op transport.Op
 	return got[0]
 }
 
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-}
-
-func firstDiff(got, want []byte) string {
-	if len(got) != len(want) {
-		return fmt.Sprintf("length %d, want %d", len(got), len(want))
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			return fmt.Sprintf("byte %d of %d is %#x, want %#x", i, len(got), got[i], want[i])
-		}
-	}
-	return "equal"
-}
-
-func eventually(tb testing.TB, what string, f func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-func countFDs(tb testing.TB) int {
-	tb.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return len(ents)
-}
-
 var ops = []transport.Op{transport.Write, transport.Read}
 
 func TestRoundTrip(t *testing.T) {
@@ -249,7 +210,7 @@ func TestRoundTrip(t *testing.T) {
 				if op == transport.Read {
 					src, dst = remote, local
 				}
-				fill(src, uint64(2*i)+uint64(op))
+				testutil.Fill(src, uint64(2*i)+uint64(op))
 				clear(dst)
 				if !a.tr.Accepts(pb, b.addr(roff), uint64(size)) {
 					t.Fatal("Accepts = false for a same-host shareable buffer")
@@ -259,7 +220,7 @@ func TestRoundTrip(t *testing.T) {
 					t.Fatalf("n=%d err=%v", r.n, r.err)
 				}
 				if !bytes.Equal(dst, src) {
-					t.Fatalf("data differs: %s", firstDiff(dst, src))
+					t.Fatalf("data differs: %s", testutil.FirstDiff(dst, src))
 				}
 			})
 		}
@@ -377,7 +338,7 @@ func TestRegionsRegisteredLater(t *testing.T) {
 	if !a.tr.Accepts(pb, addr+100, 1<<20) {
 		t.Fatal("buffer registered after the first listing not accepted")
 	}
-	fill(a.buf, 1)
+	testutil.Fill(a.buf, 1)
 	if r := do(t, a.tr, pb, transport.Write, a.buf, addr+100); r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -418,12 +379,12 @@ func TestManyRegions(t *testing.T) {
 			t.Fatalf("region %d of %d not accepted", i, len(regions))
 		}
 		src := a.buf[:size]
-		fill(src, uint64(i))
+		testutil.Fill(src, uint64(i))
 		if res := do(t, a.tr, pb, transport.Write, src, addr); res.err != nil {
 			t.Fatalf("region %d: %v", i, res.err)
 		}
 		if !bytes.Equal(r, src) {
-			t.Fatalf("region %d: write landed elsewhere: %s", i, firstDiff(r, src))
+			t.Fatalf("region %d: write landed elsewhere: %s", i, testutil.FirstDiff(r, src))
 		}
 	}
 	for i, r := range regions {
@@ -628,7 +589,7 @@ func TestMalformedControl(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			fdsBefore := countFDs(t)
+			fdsBefore := testutil.CountFDs(t)
 			c := rawDial(t, b)
 			var fds []int
 			for range tc.fds {
@@ -652,7 +613,7 @@ func TestMalformedControl(t *testing.T) {
 				t.Fatalf("connection still served after a malformed packet: %+v", m)
 			}
 			c.Close()
-			eventually(t, "fds sent by the client to be closed", func() bool { return countFDs(t) <= fdsBefore })
+			testutil.Eventually(t, "fds sent by the client to be closed", func() bool { return testutil.CountFDs(t) <= fdsBefore })
 			// The server still serves others.
 			if !a.tr.Accepts(b.peer(), b.addr(0), 1) {
 				t.Fatal("server stopped serving after a malformed packet")
@@ -686,7 +647,7 @@ func TestTargetDies(t *testing.T) {
 	if err := b.tr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the peer to unmap a dead target", func() bool { return b.mapped(t) == base })
+	testutil.Eventually(t, "the peer to unmap a dead target", func() bool { return b.mapped(t) == base })
 	if a.tr.Accepts(pb, b.addr(0), 1) {
 		t.Fatal("Accepts = true for a dead target")
 	}
@@ -766,7 +727,7 @@ func checkSealed(t *testing.T, b *node) {
 // goroutines are back where they were.
 func TestNoLeaks(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
-	before := countFDs(t)
+	before := testutil.CountFDs(t)
 	for range 3 {
 		a := startNode(t, "a", 1<<20, nodeOpts{})
 		b := startNode(t, "b", 1<<20, nodeOpts{})
@@ -786,7 +747,7 @@ func TestNoLeaks(t *testing.T) {
 		b.close()
 	}
 	goleak.VerifyNone(t, leaks)
-	if after := countFDs(t); after != before {
+	if after := testutil.CountFDs(t); after != before {
 		t.Fatalf("fds: %d before, %d after", before, after)
 	}
 }
@@ -874,7 +835,7 @@ func TestAbortedTask(t *testing.T) {
 		t.Fatal("not accepted")
 	}
 	clear(b.buf[:4096])
-	fill(a.buf[:4096], 1)
+	testutil.Fill(a.buf[:4096], 1)
 	var got []error
 	done := func(_ *transport.Task, _ int, err error) { got = append(got, err) }
 	aborted := transport.NewTask(transport.Write, a.buf[:4096], b.addr(0), time.Now().Add(time.Minute), done)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"io"
 	"net"
 	"strconv"
@@ -77,7 +78,7 @@ func TestServerV2Write(t *testing.T) {
 	b := newNode(t, "b", 1<<20, tcp.Config{})
 	c := dialRaw(t, b)
 	payload := make([]byte, 300<<10)
-	fill(payload, 1)
+	testutil.Fill(payload, 1)
 	clear(b.buf)
 	send(t, c, header(uint64(len(payload)), b.addr(17), tcp.OpWrite|tcp.V2Flag), payload)
 	if st := readStatus(t, c); st != tcp.StatusOK {
@@ -94,7 +95,7 @@ func TestServerV2Write(t *testing.T) {
 
 func TestServerV2Read(t *testing.T) {
 	b := newNode(t, "b", 1<<20, tcp.Config{})
-	fill(b.buf, 2)
+	testutil.Fill(b.buf, 2)
 	c := dialRaw(t, b)
 	send(t, c, header(200<<10, b.addr(33), tcp.OpRead|tcp.V2Flag))
 	if st := readStatus(t, c); st != tcp.StatusOK {
@@ -105,7 +106,7 @@ func TestServerV2Read(t *testing.T) {
 		t.Fatal(err)
 	}
 	if want := b.buf[33 : 33+200<<10]; !bytes.Equal(got, want) {
-		t.Fatalf("read data: %s", firstDiff(got, want))
+		t.Fatalf("read data: %s", testutil.FirstDiff(got, want))
 	}
 }
 
@@ -116,7 +117,7 @@ func TestServerOneRequestThenEOF(t *testing.T) {
 	t.Run("write", func(t *testing.T) {
 		clear(b.buf)
 		payload := make([]byte, 100<<10)
-		fill(payload, 3)
+		testutil.Fill(payload, 3)
 		in0 := b.tr.Stats().ServerBytesIn
 		c := dialRaw(t, b)
 		send(t, c, header(uint64(len(payload)), b.addr(0), tcp.OpWrite), payload)
@@ -124,19 +125,19 @@ func TestServerOneRequestThenEOF(t *testing.T) {
 		if got := readToEOF(t, c); len(got) != 0 {
 			t.Fatalf("v1 write got %d reply bytes", len(got))
 		}
-		eventually(t, "v1 write to land", func() bool { return b.tr.Stats().ServerBytesIn-in0 == uint64(len(payload)) })
+		testutil.Eventually(t, "v1 write to land", func() bool { return b.tr.Stats().ServerBytesIn-in0 == uint64(len(payload)) })
 		if !bytes.Equal(b.buf[:len(payload)], payload) {
 			t.Fatal("v1 write not in target memory")
 		}
 	})
 	t.Run("read", func(t *testing.T) {
-		fill(b.buf, 4)
+		testutil.Fill(b.buf, 4)
 		c := dialRaw(t, b)
 		send(t, c, header(64<<10, b.addr(5), tcp.OpRead))
 		c.CloseWrite()
 		got := readToEOF(t, c)
 		if want := b.buf[5 : 5+64<<10]; !bytes.Equal(got, want) {
-			t.Fatalf("v1 read: %s", firstDiff(got, want))
+			t.Fatalf("v1 read: %s", testutil.FirstDiff(got, want))
 		}
 	})
 }
@@ -153,7 +154,7 @@ func TestServerPipelined(t *testing.T) {
 	for i := range n {
 		size := 1 + i*977
 		payloads[i] = make([]byte, size)
-		fill(payloads[i], uint64(i))
+		testutil.Fill(payloads[i], uint64(i))
 		off := uint64(i * 64 << 10)
 		req.Write(header(uint64(size), b.addr(0)+off, tcp.OpWrite|tcp.V2Flag))
 		req.Write(payloads[i])
@@ -178,7 +179,7 @@ func TestServerPipelined(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(got, payloads[i]) {
-			t.Fatalf("read %d after write %d: %s", i, i, firstDiff(got, payloads[i]))
+			t.Fatalf("read %d after write %d: %s", i, i, testutil.FirstDiff(got, payloads[i]))
 		}
 	}
 	if err := <-errc; err != nil {
@@ -248,7 +249,7 @@ func checkServes(tb testing.TB, b *node) {
 func TestServerGarbage(t *testing.T) {
 	b := newNode(t, "b", 1<<20, tcp.Config{})
 	random := make([]byte, 1000)
-	fill(random, 9)
+	testutil.Fill(random, 9)
 	cases := []struct {
 		name string
 		data []byte
@@ -289,11 +290,11 @@ func TestServerPinsRegion(t *testing.T) {
 			b := newNode(t, "b", size, tcp.Config{})
 			clear(b.buf)
 			payload := make([]byte, size)
-			fill(payload, 5)
+			testutil.Fill(payload, 5)
 			c := dialRaw(t, b)
 			send(t, c, header(size, b.addr(0), tcp.OpWrite|tcp.V2Flag), payload[:1<<20])
 			// Bytes in target memory mean the server holds the lease.
-			eventually(t, "first bytes to land", func() bool { return bytes.Equal(b.buf[:4096], payload[:4096]) })
+			testutil.Eventually(t, "first bytes to land", func() bool { return bytes.Equal(b.buf[:4096], payload[:4096]) })
 
 			ctx := context.Background()
 			if !wait {
@@ -307,7 +308,7 @@ func TestServerPinsRegion(t *testing.T) {
 				removed <- err
 			}()
 			// Once Remove started, new requests are refused.
-			eventually(t, "new requests to be refused", func() bool {
+			testutil.Eventually(t, "new requests to be refused", func() bool {
 				c2 := dialRaw(t, b)
 				defer c2.Close()
 				send(t, c2, header(8, b.addr(0), tcp.OpRead|tcp.V2Flag))

@@ -6,11 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -178,45 +178,6 @@ func byTask(rs []result) map[*transport.Task]result {
 
 func soon() time.Time { return time.Now().Add(30 * time.Second) }
 
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-}
-
-func firstDiff(got, want []byte) string {
-	if len(got) != len(want) {
-		return fmt.Sprintf("length %d, want %d", len(got), len(want))
-	}
-	for i := range got {
-		if got[i] != want[i] {
-			return fmt.Sprintf("byte %d of %d is %#x, want %#x", i, len(got), got[i], want[i])
-		}
-	}
-	return "equal"
-}
-
-func eventually(tb testing.TB, what string, f func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-func countFDs(tb testing.TB) int {
-	tb.Helper()
-	ents, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return len(ents)
-}
-
 var ops = []transport.Op{transport.Write, transport.Read}
 
 func TestRoundTrip(t *testing.T) {
@@ -243,7 +204,7 @@ func TestRoundTrip(t *testing.T) {
 						if op == transport.Read {
 							src, dst = remote, local
 						}
-						fill(src, seed)
+						testutil.Fill(src, seed)
 						clear(dst)
 						before := b.tr.Stats()
 						a.tr.Submit(pb, []*transport.Task{c.task(op, local, b.addr(roff), soon())})
@@ -260,13 +221,13 @@ func TestRoundTrip(t *testing.T) {
 						}
 						if op == transport.Write && v.forceV1 {
 							// A v1 WRITE completes once sent: wait until it landed.
-							eventually(t, "v1 write to land", func() bool { return moved() >= uint64(size) })
+							testutil.Eventually(t, "v1 write to land", func() bool { return moved() >= uint64(size) })
 						}
 						if !bytes.Equal(dst, src) {
-							t.Fatalf("data differs: %s", firstDiff(dst, src))
+							t.Fatalf("data differs: %s", testutil.FirstDiff(dst, src))
 						}
 						// Every byte crossed once: nothing was sent twice.
-						eventually(t, "server counters", func() bool { return moved() >= uint64(size) })
+						testutil.Eventually(t, "server counters", func() bool { return moved() >= uint64(size) })
 						if got := moved(); got != uint64(size) {
 							t.Fatalf("server moved %d bytes for a %d-byte request", got, size)
 						}
@@ -307,7 +268,7 @@ func TestManyTasksOneSubmit(t *testing.T) {
 			}
 
 			// All WRITEs in one Submit.
-			fill(a.buf, 10)
+			testutil.Fill(a.buf, 10)
 			clear(b.buf)
 			in0 := b.tr.Stats().ServerBytesIn
 			var tasks []*transport.Task
@@ -320,15 +281,15 @@ func TestManyTasksOneSubmit(t *testing.T) {
 					t.Fatalf("write: n=%d err=%v", r.n, r.err)
 				}
 			}
-			eventually(t, "writes to land", func() bool { return b.tr.Stats().ServerBytesIn-in0 >= uint64(total) })
+			testutil.Eventually(t, "writes to land", func() bool { return b.tr.Stats().ServerBytesIn-in0 >= uint64(total) })
 			for i, s := range spans {
 				if got, want := b.buf[s.roff:s.roff+s.n], a.buf[s.loff:s.loff+s.n]; !bytes.Equal(got, want) {
-					t.Fatalf("write %d: %s", i, firstDiff(got, want))
+					t.Fatalf("write %d: %s", i, testutil.FirstDiff(got, want))
 				}
 			}
 
 			// All READs in one Submit, into other places.
-			fill(b.buf, 11)
+			testutil.Fill(b.buf, 11)
 			clear(a.buf)
 			tasks = tasks[:0]
 			for _, s := range spans {
@@ -342,7 +303,7 @@ func TestManyTasksOneSubmit(t *testing.T) {
 			}
 			for i, s := range spans {
 				if got, want := a.buf[s.roff:s.roff+s.n], b.buf[s.loff:s.loff+s.n]; !bytes.Equal(got, want) {
-					t.Fatalf("read %d: %s", i, firstDiff(got, want))
+					t.Fatalf("read %d: %s", i, testutil.FirstDiff(got, want))
 				}
 			}
 			c.none(t)
@@ -391,7 +352,7 @@ func TestRejected(t *testing.T) {
 				t.Fatalf("server counted %d rejections, want %d", got, tc.rejects)
 			}
 			// The peer stays usable: later requests open new connections.
-			fill(tc.from.buf[:8192], 3)
+			testutil.Fill(tc.from.buf[:8192], 3)
 			tc.from.tr.Submit(pb, []*transport.Task{
 				c.task(transport.Write, tc.from.buf[:8192], b.addr(100), soon()),
 				c.task(transport.Read, tc.from.buf[8192:16384], b.addr(100), soon()),
@@ -581,7 +542,7 @@ func TestBrokenConnection(t *testing.T) {
 			if tc.op == transport.Read {
 				src, dst = b.buf, a.buf
 			}
-			fill(src, 7)
+			testutil.Fill(src, 7)
 			clear(dst)
 			c := newCollector()
 			var tasks []*transport.Task
@@ -609,10 +570,10 @@ func TestBrokenConnection(t *testing.T) {
 			}
 			if tc.back {
 				if tc.op == transport.Write {
-					eventually(t, "writes to land", func() bool { return b.tr.Stats().ServerBytesIn >= total })
+					testutil.Eventually(t, "writes to land", func() bool { return b.tr.Stats().ServerBytesIn >= total })
 				}
 				if !bytes.Equal(dst, src) {
-					t.Fatalf("data differs after retry: %s", firstDiff(dst, src))
+					t.Fatalf("data differs after retry: %s", testutil.FirstDiff(dst, src))
 				}
 			} else if failed == 0 {
 				t.Fatal("every task succeeded although the target vanished mid-transfer")
@@ -825,7 +786,7 @@ func TestClose(t *testing.T) {
 // everything and checks that fds and goroutines are back where they were.
 func TestNoLeaks(t *testing.T) {
 	leaks := goleak.IgnoreCurrent()
-	before := countFDs(t)
+	before := testutil.CountFDs(t)
 	for i := 0; i < 3; i++ {
 		a := startNode(t, "a", 2<<20, tcp.Config{SliceSize: 64 << 10})
 		b := startNode(t, "b", 2<<20, tcp.Config{})
@@ -855,7 +816,7 @@ func TestNoLeaks(t *testing.T) {
 	}
 	goleak.VerifyNone(t, leaks)
 	// Fewer is fine: a connection of an earlier test may close meanwhile.
-	if after := countFDs(t); after > before {
+	if after := testutil.CountFDs(t); after > before {
 		t.Fatalf("fds: %d before, %d after", before, after)
 	}
 }
@@ -884,7 +845,7 @@ func TestFraming(t *testing.T) {
 			a := newNode(t, "a", 1<<20, tcp.Config{Lanes: 1, ForceV1: tc.forceV1})
 			p := rawPeer("target", ln.Addr().(*net.TCPAddr).Port, tc.version)
 			c := newCollector()
-			fill(a.buf[:100], 1)
+			testutil.Fill(a.buf[:100], 1)
 			a.tr.Submit(p, []*transport.Task{c.task(transport.Write, a.buf[:100], rawBase+8, soon())})
 			ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second))
 			conn, err := ln.Accept()

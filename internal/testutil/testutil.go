@@ -1,0 +1,55 @@
+// Package testutil holds small helpers shared by the transports' tests:
+// deterministic fill patterns, byte comparison with a useful message,
+// waiting for a condition, and counting open file descriptors.
+package testutil
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+)
+
+// Fill writes a pseudo-random pattern determined by seed.
+func Fill(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+// FirstDiff describes where got and want differ ("equal" when they don't).
+func FirstDiff(got, want []byte) string {
+	if len(got) != len(want) {
+		return fmt.Sprintf("length %d, want %d", len(got), len(want))
+	}
+	for i := range got {
+		if got[i] != want[i] {
+			return fmt.Sprintf("byte %d of %d is %#x, want %#x", i, len(got), got[i], want[i])
+		}
+	}
+	return "equal"
+}
+
+// Eventually polls f until it holds, failing the test after 20 s.
+func Eventually(tb testing.TB, what string, f func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// CountFDs is the number of file descriptors the process has open.
+func CountFDs(tb testing.TB) int {
+	tb.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return len(ents)
+}
