@@ -101,6 +101,10 @@ type StoreConfig struct {
 	RedisServer string `json:"redis_server,omitempty"`
 	// LocalHostname is the clients' engine host (default 127.0.0.1).
 	LocalHostname string `json:"local_hostname,omitempty"`
+	// PutAhead is the clients' Config.PutAhead: reservations kept per
+	// value size for one-round-trip puts (0 = the client's default,
+	// negative = off: every put is PutStart+PutEnd).
+	PutAhead int `json:"put_ahead,omitempty"`
 	// Objects is the number of objects meta stores (default 1,000,000).
 	Objects int `json:"objects,omitempty"`
 	// Progress, when set, receives a line per round.
@@ -213,6 +217,8 @@ type StoreResult struct {
 	Threads         int    `json:"threads"`
 	Batch           int    `json:"batch"`
 	Replicas        int    `json:"replicas"`
+	// PutAhead as configured (0 = the client's default, negative = off).
+	PutAhead int `json:"put_ahead"`
 	// ZeroCopy: every call moved values with no copy in user space.
 	ZeroCopy       bool    `json:"zero_copy"`
 	Protocol       string  `json:"protocol"`
@@ -402,6 +408,7 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 	sc := store.Config{
 		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
 		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
+		PutAhead: cfg.PutAhead,
 	}
 	if cfg.Protocol != "" {
 		sc.Protocols = []string{cfg.Protocol}
@@ -896,7 +903,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	res = &StoreResult{
 		Operation: c.Operation, ValueSize: c.ValueSize, Clients: c.Clients, ClientProcesses: c.ClientProcesses,
 		Threads: c.Threads, Batch: c.Batch, Replicas: c.Replicas, ZeroCopy: c.zeroCopy(), Protocol: c.Protocol,
-		GetKeys: gets, RingKeys: ring, Baseline: c.Baseline, Master: where,
+		GetKeys: gets, RingKeys: ring, Baseline: c.Baseline, Master: where, PutAhead: c.PutAhead,
 		DurationS: tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
 	}
 	if res.Protocol == "" {

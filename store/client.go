@@ -56,6 +56,13 @@ type Config struct {
 	// MaxKeyLen refuses longer keys before any RPC (default 4096, the
 	// master's default; negative leaves the check to the master).
 	MaxKeyLen int
+	// PutAhead is how many reservations the client keeps for each value
+	// size it puts repeatedly, so such puts take one master round trip
+	// instead of two (ahead.go; default 8, negative disables).
+	PutAhead int
+	// PutAheadBytes bounds the pool memory those reservations hold
+	// (default 64 MiB).
+	PutAheadBytes int64
 	// Engine, when set, is used instead of starting one; the client
 	// neither configures nor closes it (LocalHostname, Protocols and
 	// MetadataServer are then ignored).
@@ -92,6 +99,15 @@ func (c *Config) setDefaults() error {
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = DefaultMaxKeyLen
 	}
+	if c.PutAhead == 0 {
+		c.PutAhead = DefaultPutAhead
+	}
+	if c.PutAheadBytes < 0 {
+		return fmt.Errorf("%w: put-ahead bytes %d", ErrInvalidConfig, c.PutAheadBytes)
+	}
+	if c.PutAheadBytes == 0 {
+		c.PutAheadBytes = DefaultPutAheadBytes
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -122,6 +138,10 @@ type Client struct {
 	putStarts *coalescer[putStartQ, []*storepb.ReplicaDescriptor]
 	putEnds   *coalescer[putEndQ, struct{}]
 	gets      *coalescer[string, getResult]
+	commits   *coalescer[commitQ, struct{}]
+
+	ahead     *putAhead // nil when disabled
+	aheadStop context.CancelFunc
 
 	bufMu  sync.Mutex
 	bufs   [][]byte // RegisterBuffer'd buffers still registered
@@ -165,6 +185,13 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	}
 	c.conn, c.master = conn, storepb.NewMasterClient(conn)
 	c.startCoalescers()
+	if cfg.PutAhead > 0 {
+		c.ahead = newPutAhead(cfg.PutAhead, cfg.PutAheadBytes)
+		var actx context.Context
+		actx, c.aheadStop = context.WithCancel(context.Background())
+		c.ahead.wg.Add(1)
+		go c.aheadLoop(actx)
+	}
 	if err := c.startMemory(); err != nil {
 		return nil, err
 	}
@@ -474,6 +501,8 @@ func (c *Client) Close() error {
 // teardown releases whatever New set up, in reverse order.
 func (c *Client) teardown() error {
 	var errs []error
+	// Reservations go back while the master connection is up.
+	c.closeAhead()
 	// Heartbeats stop first: a Ping after the unmount could be told
 	// NEED_REMOUNT and mount the segments again.
 	if c.hbStop != nil {

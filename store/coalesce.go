@@ -160,6 +160,9 @@ func (c *Client) startCoalescers() {
 	c.gets = newCoalescer(maxCoalesce,
 		func(a, b string) bool { return true },
 		c.rpcGetReplicaList)
+	c.commits = newCoalescer(maxCoalesce,
+		func(a, b commitQ) bool { return true },
+		c.rpcCommit)
 }
 
 // The three RPC helpers below answer per key, whatever was sent: the

@@ -81,6 +81,10 @@ func newTestClient(t testing.TB, tm *testMaster, seg int64, mod ...func(*Config)
 
 func protocols(p ...string) func(*Config) { return func(c *Config) { c.Protocols = p } }
 
+// twoRPCPuts turns put-ahead off, for tests of the PutStart/PutEnd path
+// and of exact space accounting (reservations hold space).
+func twoRPCPuts(c *Config) { c.PutAhead = -1 }
+
 // eventually polls cond until it holds or the (generous) deadline passes.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()

@@ -323,7 +323,7 @@ func TestIsExistLease(t *testing.T) {
 
 func TestRemove(t *testing.T) {
 	tm := startMaster(t, master.Config{})
-	a := newTestClient(t, tm, 16<<20)
+	a := newTestClient(t, tm, 16<<20, twoRPCPuts)
 	ctx := tctx(t)
 	for i := range 10 {
 		if err := a.Put(ctx, fmt.Sprintf("r/%d", i), []byte("v"), ReplicateConfig{HardPin: i == 0}); err != nil {
@@ -414,7 +414,7 @@ func TestReplicaPlacement(t *testing.T) {
 // comes back.
 func TestPutRevokedWhenTransferFails(t *testing.T) {
 	tm := startMaster(t, master.Config{})
-	a := newTestClient(t, tm, 16<<20, protocols("tcp"))
+	a := newTestClient(t, tm, 16<<20, protocols("tcp"), twoRPCPuts)
 	eng, err := engine.New(engine.Config{LocalServerName: "127.0.0.1", Protocols: []string{"tcp"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/crescent-kv/crescent/engine"
@@ -59,7 +60,20 @@ func (c *Client) put(ctx context.Context, key string, value []byte, rc Replicate
 	if err := rc.check(); err != nil {
 		return err
 	}
-	replicas, err := c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rc.pb()})
+	rcpb := rc.pb()
+	if c.ahead != nil {
+		done, err := c.putAhead(ctx, key, value, rc, rcpb)
+		if done {
+			return err
+		}
+	}
+	replicas, err := c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
+	if err != nil && errors.Is(err, errcode.ErrNoAvailableHandle) && c.ahead != nil && c.ahead.held() > 0 {
+		// Our own reservations may be what fills the pool.
+		c.ahead.age(true)
+		c.giveBack(ctx)
+		replicas, err = c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
+	}
 	if err != nil {
 		return err
 	}
@@ -78,6 +92,47 @@ func (c *Client) put(ctx context.Context, key string, value []byte, rc Replicate
 	}
 	c.revoke(ctx, []string{key})
 	return err
+}
+
+// putAhead runs a put in one round trip when a reservation of its class
+// is at hand (ahead.go). done is false when the put must take the
+// two-RPC path: no reservation, or one the master no longer has.
+func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc ReplicateConfig, rcpb *storepb.ReplicateConfig) (done bool, err error) {
+	k := classOf(uint64(len(value)), rcpb)
+	h, ok, refill := c.ahead.take(k, rcpb)
+	if refill {
+		c.refill(k)
+	}
+	if !ok {
+		return false, nil
+	}
+	if c.beforeWrite != nil {
+		c.beforeWrite()
+	}
+	xs, err := writeXfers(key, value, h.reps, 0)
+	if err == nil {
+		c.transfer(ctx, xs)
+		err = firstErr(xs)
+	}
+	if err != nil {
+		c.ahead.drop(h.id)
+		return true, err
+	}
+	_, err = c.commits.do(ctx, commitQ{key: key, id: h.id, block: rc.Block.pb(), class: k})
+	switch {
+	case err == nil:
+		c.stats.putsAhead.Add(1)
+		return true, nil
+	case errors.Is(err, errcode.ErrObjectAlreadyExists):
+		c.ahead.putBack(k, h)
+		return true, err
+	case errors.Is(err, errcode.ErrReplicaIsGone):
+		c.stats.aheadGone.Add(1)
+		return false, nil
+	}
+	// Unknown outcome (the RPC failed): never use this reservation again.
+	c.ahead.drop(h.id)
+	return true, err
 }
 
 // writeXfers turns the replicas PutStart reserved into writes of value.

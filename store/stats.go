@@ -116,6 +116,10 @@ type Stats struct {
 	PutLatency, GetLatency, BatchPutLatency, BatchGetLatency Histogram
 	// RPC holds per-method counters, keyed by the RPC's name ("PutStart").
 	RPC map[string]RPCStats
+	// PutsAhead counts puts done in one round trip (CommitPut of a
+	// reservation); AheadGone those that found their reservation gone and
+	// took the two-RPC path.
+	PutsAhead, AheadGone uint64
 	// Heartbeats sent, failed, and re-mounts after NEED_REMOUNT.
 	Heartbeats, HeartbeatFailures, Remounts uint64
 	// SegmentBytes is the memory mounted on the master; StagingBytes the
@@ -128,6 +132,7 @@ type stats struct {
 	puts, putFail, gets, getFail             atomic.Uint64
 	putLat, getLat, batchPutLat, batchGetLat *histogram
 	heartbeats, heartbeatFail, remounts      atomic.Uint64
+	putsAhead, aheadGone                     atomic.Uint64
 	rpc                                      map[string]*rpcCounter // fixed at creation: read without locks
 }
 
@@ -167,6 +172,7 @@ func (s *stats) snapshot() Stats {
 		Puts: s.puts.Load(), PutFailures: s.putFail.Load(), Gets: s.gets.Load(), GetFailures: s.getFail.Load(),
 		PutLatency: s.putLat.snapshot(), GetLatency: s.getLat.snapshot(),
 		BatchPutLatency: s.batchPutLat.snapshot(), BatchGetLatency: s.batchGetLat.snapshot(),
+		PutsAhead: s.putsAhead.Load(), AheadGone: s.aheadGone.Load(),
 		Heartbeats: s.heartbeats.Load(), HeartbeatFailures: s.heartbeatFail.Load(), Remounts: s.remounts.Load(),
 		RPC: make(map[string]RPCStats, len(s.rpc)),
 	}

@@ -39,6 +39,7 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&c.Baseline, "baseline", "", "redis or none (default redis when redis-server is installed)")
 	fs.StringVar(&c.RedisServer, "redis_server", "", "redis-server binary (default: $PATH)")
 	fs.StringVar(&c.LocalHostname, "local_server_name", "127.0.0.1", "clients' engine host")
+	fs.IntVar(&c.PutAhead, "put_ahead", 0, "reservations each client keeps per value size for one-round-trip puts (0: the client's default, -1: off)")
 	fs.IntVar(&c.Objects, "objects", bench.DefaultMetaObjects, "meta: objects to store")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file (client processes: to FILE.PID each)")
@@ -126,8 +127,12 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.ClientProcesses {
 		procs = "processes"
 	}
-	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %d replica(s), %s, protocol %s, master %s\n",
-		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, r.Replicas, path, r.Protocol, r.Master)
+	ahead := "put-ahead on"
+	if r.PutAhead < 0 {
+		ahead = "put-ahead off"
+	}
+	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %d replica(s), %s, %s, protocol %s, master %s\n",
+		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, r.Replicas, path, ahead, r.Protocol, r.Master)
 	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)
 	if r.Baseline != "none" {

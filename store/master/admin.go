@@ -91,6 +91,8 @@ func (m *Master) Stats() Stats {
 		Segments:        len(m.alloc.Segments()),
 		ActiveClients:   clients,
 		Quarantined:     m.quarantinedN.Load(),
+		Reservations:    m.reservations(),
+		ReservedBytes:   uint64(m.reservedBytes.Load()),
 		EvictionRuns:    m.evictRuns.Load(),
 		EvictedKeys:     m.evictedKeys.Load(),
 		EvictedBytes:    m.evictedBytes.Load(),

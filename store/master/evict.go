@@ -163,8 +163,8 @@ func (m *Master) evictPass(now int64, target uint64, soft bool, res *EvictResult
 	}
 }
 
-// releaseStale frees unfinished puts older than PutReleaseTimeout and
-// quarantined replicas whose release time has come.
+// releaseStale frees unfinished puts and reservations older than
+// PutReleaseTimeout and quarantined replicas whose release time has come.
 func (m *Master) releaseStale(now int64) {
 	limit := int64(m.cfg.PutReleaseTimeout)
 	for i := range m.shards {
@@ -182,6 +182,7 @@ func (m *Master) releaseStale(now int64) {
 		}
 		sh.unlock()
 	}
+	m.releaseStaleReserved(now)
 	m.discardMu.Lock()
 	defer m.discardMu.Unlock()
 	for i := 0; i < len(m.discarded); {

@@ -182,6 +182,29 @@ func checkInvariants(t testing.TB, m *Master) {
 		}
 		sh.mu.Unlock()
 	}
+	m.resvMu.Lock()
+	var rbytes uint64
+	for id, o := range m.resv {
+		if o.complete() || o.owner().IsZero() {
+			t.Errorf("reservation %d: complete %v owner %v", id, o.complete(), o.owner())
+		}
+		rbytes += o.size
+		segs := map[uint32]bool{}
+		for _, p := range o.placements() {
+			if segs[p.Seg] {
+				t.Errorf("reservation %d: two replicas on segment %d", id, p.Seg)
+			}
+			segs[p.Seg] = true
+			r := alloc.Reserved(o.size)
+			sum += r
+			per[p.Seg] = append(per[p.Seg], iv{p.Addr, p.Addr + r, fmt.Sprint("reservation:", id)})
+		}
+		if id > m.resvNext {
+			t.Errorf("reservation %d above the last id given, %d", id, m.resvNext)
+		}
+	}
+	nresv := len(m.resv)
+	m.resvMu.Unlock()
 	m.discardMu.Lock()
 	var q int64
 	for _, d := range m.discarded {
@@ -196,6 +219,9 @@ func checkInvariants(t testing.TB, m *Master) {
 	st := m.Stats()
 	if st.Allocated != sum {
 		t.Errorf("allocated %d bytes, live replicas hold %d", st.Allocated, sum)
+	}
+	if st.Reservations != nresv || st.ReservedBytes != rbytes {
+		t.Errorf("reservations %d of %d bytes; counted %d of %d", st.Reservations, st.ReservedBytes, nresv, rbytes)
 	}
 	if st.Keys != keys || st.PendingKeys != pending || st.SoftPinnedKeys != soft || st.HardPinnedKeys != hard || st.Quarantined != q {
 		t.Errorf("counters %+v; counted keys %d pending %d soft %d hard %d quarantined %d", st, keys, pending, soft, hard, q)
@@ -223,6 +249,7 @@ type state struct {
 	segs       []string
 	quarantine []string
 	clients    []string
+	resv       []string
 }
 
 func dumpState(m *Master) state {
@@ -251,6 +278,19 @@ func dumpState(m *Master) state {
 		s.segs = append(s.segs, fmt.Sprintf("%d %v %s used=%d allocs=%d largest=%d unmounting=%v client=%v",
 			st.Index, st.Segment.ID, st.Segment.Name, st.Used, st.Allocs, st.LargestFree, st.Unmounting, st.Segment.Client))
 	}
+	m.resvMu.Lock()
+	for id, o := range m.resv {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size, o.owner(), o.lease,
+			o.flags&fSoftPin != 0, o.flags&fHardPin != 0, o.ext.pinTTL)
+		for _, p := range o.placements() {
+			fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
+		}
+		s.resv = append(s.resv, b.String())
+	}
+	s.resv = append(s.resv, fmt.Sprint("next=", m.resvNext))
+	m.resvMu.Unlock()
+	slices.Sort(s.resv)
 	m.discardMu.Lock()
 	for _, q := range m.discarded {
 		var b strings.Builder
@@ -290,6 +330,9 @@ func diffState(a, b state) string {
 	}
 	if !slices.Equal(a.quarantine, b.quarantine) {
 		out = append(out, fmt.Sprintf("quarantine:\n  %v\n  %v", a.quarantine, b.quarantine))
+	}
+	if !slices.Equal(a.resv, b.resv) {
+		out = append(out, fmt.Sprintf("reservations:\n  %v\n  %v", a.resv, b.resv))
 	}
 	if !slices.Equal(a.clients, b.clients) {
 		out = append(out, fmt.Sprintf("clients: %v != %v", a.clients, b.clients))

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,13 +36,20 @@ type Master struct {
 
 	// segMu serialises the control plane: mount, remount, unmount and
 	// client expiry. Lock order: segMu, clientMu, shard (one, or all in
-	// index order), allocator table, discardMu, segments (index order).
+	// index order), resvMu, allocator table, discardMu, segments (index
+	// order).
 	segMu    sync.Mutex
 	clientMu sync.RWMutex
 	clients  map[UUID]*client
 
 	discardMu sync.Mutex
 	discarded []quarantined
+
+	// Reservations (reserve.go): unfinished objects under no key, by id.
+	resvMu        sync.Mutex
+	resv          map[uint64]object
+	resvNext      uint64 // the last id given
+	reservedBytes atomic.Int64
 
 	evictMu       sync.Mutex
 	lastFruitless atomic.Int64 // last watermark round that freed nothing
@@ -182,6 +190,16 @@ func (o *object) owner() UUID {
 	return o.ext.owner
 }
 
+// setPlacements replaces the replicas (ps not empty, the object has ext).
+func (o *object) setPlacements(ps []alloc.Placement) {
+	o.r0 = ps[0]
+	o.ext.more = slices.Clip(ps[1:])
+	if len(o.ext.more) == 0 {
+		o.ext.more = nil
+	}
+	o.trimExt()
+}
+
 // trimExt drops ext when it holds nothing.
 func (o *object) trimExt() {
 	if e := o.ext; e != nil && e.owner.IsZero() && len(e.more) == 0 && e.pinTTL == 0 && e.hashes == nil {
@@ -223,6 +241,7 @@ func New(cfg Config) (*Master, error) {
 		view:    cfg.ViewVersion,
 		shards:  make([]shard, cfg.Shards),
 		clients: map[UUID]*client{},
+		resv:    map[uint64]object{},
 		stop:    make(chan struct{}),
 	}
 	for i := range m.shards {

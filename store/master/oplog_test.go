@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/errcode"
 )
 
 // drive runs a random mix of every kind of operation against e's master:
@@ -35,25 +36,61 @@ func drive(t testing.TB, e *env, seed uint64, steps int, checkpoint func()) {
 		c UUID
 		k string
 	}
+	config := func() ReplicateConfig {
+		rc := ReplicateConfig{Replicas: 1 + r.IntN(3)}
+		switch r.IntN(10) {
+		case 0:
+			rc.SoftPin = true
+			if r.IntN(2) == 0 {
+				rc.SoftPinTTL = time.Duration(1+r.IntN(60)) * time.Second
+			}
+		case 1:
+			rc.HardPin = true
+		case 2:
+			rc.Preferred = []string{fmt.Sprintf("host%d", 1+r.IntN(4))}
+		}
+		return rc
+	}
+	type held struct {
+		c  UUID
+		id uint64
+	}
+	var resv []held
 	for step := range steps {
 		if checkpoint != nil && step%500 == 0 {
 			checkpoint()
 		}
 		c := clients[r.IntN(len(clients))]
+		if r.IntN(100) < 12 {
+			// Put-ahead: reserve, commit (sometimes to a taken key, by
+			// the wrong client or stale), give back.
+			switch x := r.IntN(5); {
+			case x < 2:
+				res := e.m.Reserve(c, ReserveSpec{Size: uint64(1 + r.IntN(16<<10)), Config: config(), Count: 1 + r.IntN(3)})
+				for _, rv := range res.Reservations {
+					resv = append(resv, held{c, rv.ID})
+				}
+			case x < 4 && len(resv) > 0:
+				i := r.IntN(len(resv))
+				h := resv[i]
+				by := h.c
+				if r.IntN(10) == 0 {
+					by = clients[r.IntN(len(clients))]
+				}
+				err := e.m.Commit(by, []CommitItem{{Key: key(), ID: h.id, Block: &BlockMeta{BlockHashes: []uint64{r.Uint64()}}}})[0]
+				if err == nil || errors.Is(err, errcode.ErrReplicaIsGone) {
+					resv = slices.Delete(resv, i, i+1)
+				}
+			case len(resv) > 0:
+				i := r.IntN(len(resv))
+				e.m.Unreserve(resv[i].c, []uint64{resv[i].id})
+				resv = slices.Delete(resv, i, i+1)
+			}
+			continue
+		}
 		switch n := r.IntN(100); {
 		case n < 25:
-			rc := ReplicateConfig{Replicas: 1 + r.IntN(3)}
-			switch r.IntN(10) {
-			case 0:
-				rc.SoftPin = true
-				if r.IntN(2) == 0 {
-					rc.SoftPinTTL = time.Duration(1+r.IntN(60)) * time.Second
-				}
-			case 1:
-				rc.HardPin = true
-			case 2:
-				rc.Preferred = []string{fmt.Sprintf("host%d", 1+r.IntN(4))}
-			}
+			rc := config()
 			k := key()
 			if _, err := e.m.PutStart(c, k, uint64(1+r.IntN(16<<10)), rc); err == nil {
 				pending = append(pending, struct {
@@ -154,7 +191,7 @@ func TestOpLogReplay(t *testing.T) {
 			for _, op := range ops {
 				kinds[op.Kind]++
 			}
-			for k := OpPutStart; k <= OpClientExpired; k++ {
+			for k := OpPutStart; k <= OpDropReserved; k++ {
 				if kinds[k] == 0 {
 					t.Errorf("the mix never produced %v (%v)", k, kinds)
 				}

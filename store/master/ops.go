@@ -62,10 +62,23 @@ const (
 	// OpClientExpired forgets Client (its segments are gone); its next
 	// Ping gets NEED_REMOUNT.
 	OpClientExpired
+	// OpReserve places reservation ID (the master's next id) of Size
+	// bytes for Client on Segments at Addrs, with pins as OpPutStart.
+	OpReserve
+	// OpCommit binds reservation ID (Client's) to Key and completes the
+	// object at Time; Block as OpPutEnd.
+	OpCommit
+	// OpUnreserve frees reservation ID: given back by Client, or (zero
+	// Client) older than PutReleaseTimeout.
+	OpUnreserve
+	// OpDropReserved forgets reservation ID's replica on segment
+	// Segments[0] (being unmounted); one left with none is forgotten.
+	OpDropReserved
 )
 
 var opNames = [...]string{"", "PutStart", "PutEnd", "PutRevoke", "Remove", "Evict", "Discard", "DiscardFree",
-	"PutRelease", "DropReplica", "Mount", "UnmountStart", "Unmount", "ClientExpired"}
+	"PutRelease", "DropReplica", "Mount", "UnmountStart", "Unmount", "ClientExpired",
+	"Reserve", "Commit", "Unreserve", "DropReserved"}
 
 func (k OpKind) String() string {
 	if int(k) < len(opNames) && k != 0 {
@@ -89,6 +102,7 @@ type Op struct {
 	Addrs      []uint64
 	Segment    *alloc.Segment
 	Block      *BlockMeta
+	ID         uint64 // reservation id
 }
 
 // OpSink receives every metadata change. Append is called while the
@@ -127,7 +141,8 @@ func diverged(op *Op, format string, args ...any) error {
 
 // apply is the one place metadata changes. The caller holds the key's
 // shard lock for key operations (sh), segMu for segment and client
-// operations, nothing for OpDiscardFree. Live callers have checked the
+// operations, resvMu for reservation operations (and the shard lock too
+// for OpCommit), nothing for OpDiscardFree. Live callers have checked the
 // preconditions; on replay apply checks them and reports divergence.
 func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 	switch op.Kind {
@@ -149,6 +164,14 @@ func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 		return m.applyUnmount(op, a)
 	case OpClientExpired:
 		return m.applyClientExpired(op, a)
+	case OpReserve:
+		return m.applyReserve(op, a)
+	case OpCommit:
+		return m.applyCommit(sh, op, a)
+	case OpUnreserve:
+		return m.applyUnreserve(op, a)
+	case OpDropReserved:
+		return m.applyDropReserved(op, a)
 	}
 	return fmt.Errorf("%w: unknown op kind %v", ErrReplayDiverged, op.Kind)
 }
@@ -162,45 +185,20 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 	}
 	var bad error
 	ps := m.alloc.AllocateSet(op.Segments, op.Size, func(ps []alloc.Placement) {
-		if a.replay {
-			if len(ps) != len(op.Segments) {
-				bad = diverged(op, "placed %d of %d replicas", len(ps), len(op.Segments))
-				return
-			}
-			for i, p := range ps {
-				if p.Seg != op.Segments[i] || p.Addr != op.Addrs[i] {
-					bad = diverged(op, "replica %d at %d:%#x, logged %d:%#x", i, p.Seg, p.Addr, op.Segments[i], op.Addrs[i])
-					return
-				}
-			}
-		} else {
-			if len(ps) == 0 {
-				return
-			}
-			op.Segments = op.Segments[:0]
-			op.Addrs = make([]uint64, 0, len(ps))
-			for _, p := range ps {
-				op.Segments = append(op.Segments, p.Seg)
-				op.Addrs = append(op.Addrs, p.Addr)
-			}
+		if bad = m.placed(op, ps, a); bad != nil || len(ps) == 0 {
+			return
 		}
-		o := object{size: op.Size, lease: op.Time, r0: ps[0]}
-		o.ext = &objExt{owner: op.Client, pinTTL: int64(op.SoftPinTTL)}
-		if len(ps) > 1 {
-			o.ext.more = slices.Clone(ps[1:])
-		}
-		if op.SoftPin {
-			o.flags |= fSoftPin
-			m.softPinned.Add(1)
-		}
-		if op.HardPin {
-			o.flags |= fHardPin
-			m.hardPinned.Add(1)
-		}
+		o := m.pendingObject(op, ps)
 		sh.insert(op.Key, o)
 		sh.pending++
 		m.keys.Add(1)
 		m.pending.Add(1)
+		if o.flags&fSoftPin != 0 {
+			m.softPinned.Add(1)
+		}
+		if o.flags&fHardPin != 0 {
+			m.hardPinned.Add(1)
+		}
 		if a.obj != nil {
 			*a.obj = o
 		}
@@ -218,11 +216,51 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 	return nil
 }
 
-func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
-	o := sh.get(op.Key)
-	if o == nil || o.complete() || o.owner() != op.Client {
-		return diverged(op, "no unfinished put of this client")
+// placed checks (replay) or records (live) where AllocateSet put the
+// replicas of a PutStart or Reserve.
+func (m *Master) placed(op *Op, ps []alloc.Placement, a *applyArgs) error {
+	if a.replay {
+		if len(ps) != len(op.Segments) {
+			return diverged(op, "placed %d of %d replicas", len(ps), len(op.Segments))
+		}
+		for i, p := range ps {
+			if p.Seg != op.Segments[i] || p.Addr != op.Addrs[i] {
+				return diverged(op, "replica %d at %d:%#x, logged %d:%#x", i, p.Seg, p.Addr, op.Segments[i], op.Addrs[i])
+			}
+		}
+		return nil
 	}
+	if len(ps) == 0 {
+		return nil
+	}
+	op.Segments = op.Segments[:0]
+	op.Addrs = make([]uint64, 0, len(ps))
+	for _, p := range ps {
+		op.Segments = append(op.Segments, p.Seg)
+		op.Addrs = append(op.Addrs, p.Addr)
+	}
+	return nil
+}
+
+// pendingObject is the unfinished object a PutStart or Reserve creates.
+func (m *Master) pendingObject(op *Op, ps []alloc.Placement) object {
+	o := object{size: op.Size, lease: op.Time, r0: ps[0]}
+	o.ext = &objExt{owner: op.Client, pinTTL: int64(op.SoftPinTTL)}
+	if len(ps) > 1 {
+		o.ext.more = slices.Clone(ps[1:])
+	}
+	if op.SoftPin {
+		o.flags |= fSoftPin
+	}
+	if op.HardPin {
+		o.flags |= fHardPin
+	}
+	return o
+}
+
+// complete makes an unfinished object COMPLETE at op.Time (PutEnd,
+// Commit).
+func (m *Master) complete(o *object, op *Op) {
 	o.flags |= fComplete
 	o.lease = op.Time
 	if o.flags&fSoftPin != 0 {
@@ -233,6 +271,14 @@ func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
 		o.ext.hashes = slices.Clone(op.Block.BlockHashes)
 	}
 	o.trimExt()
+}
+
+func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
+	o := sh.get(op.Key)
+	if o == nil || o.complete() || o.owner() != op.Client {
+		return diverged(op, "no unfinished put of this client")
+	}
+	m.complete(o, op)
 	sh.pending--
 	m.pending.Add(-1)
 	m.append(op, a)
@@ -341,13 +387,7 @@ func (m *Master) applyDropReplica(sh *shard, op *Op, a *applyArgs) error {
 		}
 		return nil
 	}
-	ps = slices.Delete(ps, i, i+1)
-	o.r0 = ps[0]
-	o.ext.more = slices.Clip(ps[1:])
-	if len(o.ext.more) == 0 {
-		o.ext.more = nil
-	}
-	o.trimExt()
+	o.setPlacements(slices.Delete(ps, i, i+1))
 	*p = o
 	m.append(op, a)
 	return nil
@@ -484,6 +524,17 @@ func (m *Master) Replay(op *Op) error {
 	case OpMount, OpUnmountStart, OpUnmount, OpClientExpired:
 		m.segMu.Lock()
 		defer m.segMu.Unlock()
+		return m.apply(nil, op, a)
+	case OpCommit:
+		sh := m.shardOf(op.Key)
+		sh.mu.Lock()
+		defer sh.unlock()
+		m.resvMu.Lock()
+		defer m.resvMu.Unlock()
+		return m.apply(sh, op, a)
+	case OpReserve, OpUnreserve, OpDropReserved:
+		m.resvMu.Lock()
+		defer m.resvMu.Unlock()
 		return m.apply(nil, op, a)
 	}
 	return m.apply(nil, op, a)

@@ -52,10 +52,7 @@ func (m *Master) PutStart(client UUID, key string, size uint64, rc ReplicateConf
 
 func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateConfig, n int) ([]Replica, error) {
 	req := alloc.Request{Size: size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode}
-	ttl := rc.SoftPinTTL // kept per object only when it is not the default
-	if !rc.SoftPin || ttl == m.cfg.SoftPinTTL {
-		ttl = 0
-	}
+	ttl := m.pinTTL(rc) // kept per object only when it is not the default
 	sh := m.shardOf(key)
 	for attempt := 0; ; attempt++ {
 		sh.mu.Lock()

@@ -105,6 +105,9 @@ func (m *Master) unmountLocked(s alloc.Segment) error {
 			sh.unlock()
 		}
 	}
+	if err := m.dropReserved(idx); err != nil {
+		return err
+	}
 	return m.apply(nil, &Op{Kind: OpUnmount, Time: m.now(), Client: s.Client, Segments: []uint32{idx}}, &applyArgs{})
 }
 

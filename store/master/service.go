@@ -37,6 +37,8 @@ const (
 	rpcQuerySegmentStatus
 	rpcPing
 	rpcServiceReady
+	rpcReservePut
+	rpcCommitPut
 	numRPC
 )
 
@@ -45,7 +47,7 @@ var rpcNames = [numRPC]string{
 	"get_replica_list", "batch_get_replica_list", "exist_key", "batch_exist_key",
 	"remove", "batch_remove", "remove_by_regex", "remove_all",
 	"mount_segment", "remount_segment", "unmount_segment", "query_segment_status",
-	"ping", "service_ready",
+	"ping", "service_ready", "reserve_put", "commit_put",
 }
 
 // RPCNames lists the names RPCCount and observers use, in a fixed order.
@@ -359,6 +361,86 @@ func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeReq
 	for i, e := range errs {
 		out.Results[i] = item(e)
 	}
+	return out, nil
+}
+
+// maxReserveSpecs bounds the specs of one ReservePut or CommitPut.
+const maxReserveSpecs = 64
+
+// reserve serves specs after giving back release; nil specs answer nil.
+func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec) ([]*storepb.ReserveResult, int, error) {
+	if len(specs) > maxReserveSpecs {
+		return nil, 0, errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(specs), maxReserveSpecs)
+	}
+	if len(release) > 0 {
+		s.m.Unreserve(c, release)
+	}
+	if len(specs) == 0 {
+		return nil, 0, nil
+	}
+	out := make([]*storepb.ReserveResult, len(specs))
+	bad := 0
+	for i, sp := range specs {
+		rc, err := configFromPB(sp.GetConfig())
+		var res ReserveResult
+		if err == nil {
+			res = s.m.Reserve(c, ReserveSpec{Size: sp.GetSize(), Config: rc, Count: int(min(sp.GetCount(), MaxReserveCount+1))})
+			err = res.Err
+		}
+		if err != nil {
+			bad++
+			out[i] = &storepb.ReserveResult{ErrorCode: int32(errcode.CodeOf(err)), Message: err.Error()}
+			continue
+		}
+		rs := make([]*storepb.Reservation, len(res.Reservations))
+		for j, x := range res.Reservations {
+			rs[j] = &storepb.Reservation{Id: x.ID, Size: x.Size, Replicas: replicasPB(x.Replicas)}
+		}
+		out[i] = &storepb.ReserveResult{Reservations: rs}
+	}
+	return out, bad, nil
+}
+
+func (s *Service) reserveTTL() uint64 { return leaseMs(s.m.cfg.PutDiscardTimeout) }
+
+// ReservePut implements storepb.MasterServer.
+func (s *Service) ReservePut(_ context.Context, r *storepb.ReservePutRequest) (_ *storepb.ReservePutResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcReservePut, t, err, len(r.Specs), bad) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	res, bad, err := s.reserve(c, r.Release, r.Specs)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.ReservePutResponse{Results: res, TtlMs: s.reserveTTL()}, nil
+}
+
+// CommitPut implements storepb.MasterServer.
+func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *storepb.CommitPutResponse, err error) {
+	bad := 0
+	defer func(t time.Time) { s.done(rpcCommitPut, t, err, len(r.Items), bad) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	if len(r.Reserve) > maxReserveSpecs {
+		return nil, errcode.ToStatus(errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(r.Reserve), maxReserveSpecs))
+	}
+	items := make([]CommitItem, len(r.Items))
+	for i, it := range r.Items {
+		items[i] = CommitItem{Key: it.GetKey(), ID: it.GetReservationId(), Block: blockFromPB(it.GetBlock())}
+	}
+	errs := s.m.Commit(c, items)
+	bad = countBad(errs)
+	out := &storepb.CommitPutResponse{Results: make([]*storepb.ItemResult, len(errs)), TtlMs: s.reserveTTL()}
+	for i, e := range errs {
+		out.Results[i] = item(e)
+	}
+	// Items are committed whatever happens to the reservations asked for.
+	out.Reserved, _, _ = s.reserve(c, r.Release, r.Reserve)
 	return out, nil
 }
 

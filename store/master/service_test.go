@@ -306,7 +306,7 @@ func TestServiceRoundTrip(t *testing.T) {
 			t.Errorf("%s: observed %d, counted %d", rc.Name, observed[rc.Name], rc.Requests)
 		}
 	}
-	if len(RPCNames()) != 20 {
+	if len(RPCNames()) != len(storepb.Master_ServiceDesc.Methods) {
 		t.Fatal("RPC names")
 	}
 }
@@ -347,4 +347,73 @@ func TestServeStops(t *testing.T) {
 	if err := Serve(context.Background(), lis2, e.m); err == nil {
 		t.Fatal("Serve on a closed listener succeeded")
 	}
+}
+
+// TestServiceReserveCommit: the one-round-trip put over gRPC: reserve,
+// commit with a replacement asked for in the same call, give back.
+func TestServiceReserveCommit(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.PutDiscardTimeout = 20 * time.Second })
+	c, svc := serve(t, e.m)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	e.mount(cl(1), "host:1", 8<<20)
+	a := pbID(cl(1))
+	spec := &storepb.ReserveSpec{Size: 4096, Config: &storepb.ReplicateConfig{ReplicaNum: 1}, Count: 2}
+	rr, err := c.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: a, Specs: []*storepb.ReserveSpec{spec,
+		{Size: 0, Count: 1}, {Size: 1, Count: 1000}}})
+	if err != nil || len(rr.Results) != 3 || rr.TtlMs != 20000 {
+		t.Fatalf("ReservePut = %v, %v", rr, err)
+	}
+	got := rr.Results[0].Reservations
+	if len(got) != 2 || got[0].Size != 4096 || len(got[0].Replicas) != 1 || got[0].Replicas[0].Memory.SegmentName != "host:1" {
+		t.Fatalf("reservations %v", got)
+	}
+	for _, bad := range rr.Results[1:] {
+		if errcode.Code(bad.ErrorCode) != errcode.InvalidParams || len(bad.Reservations) != 0 {
+			t.Fatalf("bad spec answered %v", bad)
+		}
+	}
+	cr, err := c.CommitPut(ctx, &storepb.CommitPutRequest{ClientId: a,
+		Items: []*storepb.CommitItem{
+			{Key: "k1", ReservationId: got[0].Id, Block: &storepb.BlockMetadata{BlockHashes: []uint64{1}}},
+			{Key: "k1", ReservationId: got[1].Id}, // the key was just taken
+		},
+		Reserve: []*storepb.ReserveSpec{{Size: 4096, Config: spec.Config, Count: 1}}})
+	if err != nil || len(cr.Results) != 2 || len(cr.Reserved) != 1 || cr.TtlMs != 20000 {
+		t.Fatalf("CommitPut = %v, %v", cr, err)
+	}
+	if cr.Results[0].ErrorCode != 0 || errcode.Code(cr.Results[1].ErrorCode) != errcode.ObjectAlreadyExists {
+		t.Fatalf("commit results %v", cr.Results)
+	}
+	if n := len(cr.Reserved[0].Reservations); n != 1 {
+		t.Fatalf("replacement: %v", cr.Reserved)
+	}
+	if gl, err := c.GetReplicaList(ctx, &storepb.GetReplicaListRequest{Key: "k1"}); err != nil ||
+		gl.Replicas[0].Memory.BufferAddress != got[0].Replicas[0].Memory.BufferAddress {
+		t.Fatalf("k1 = %v, %v", gl, err)
+	}
+	// Give both outstanding back in an empty ReservePut.
+	if _, err := c.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: a,
+		Release: []uint64{got[1].Id, cr.Reserved[0].Reservations[0].Id}}); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.m.Stats(); st.Reservations != 0 || st.Keys != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if _, err := c.CommitPut(ctx, &storepb.CommitPutRequest{Items: []*storepb.CommitItem{{Key: "x"}}}); !errors.Is(errcode.FromStatus(err), errcode.ErrInvalidParams) {
+		t.Fatalf("no client id: %v", err)
+	}
+	for _, rc := range svc.Counts() {
+		switch rc.Name {
+		case "reserve_put":
+			if rc.Requests != 2 || rc.Items != 3 || rc.ItemFailures != 2 {
+				t.Fatalf("reserve_put counters %+v", rc)
+			}
+		case "commit_put":
+			if rc.Requests != 2 || rc.Failures != 1 || rc.Items != 2 || rc.ItemFailures != 1 {
+				t.Fatalf("commit_put counters %+v", rc)
+			}
+		}
+	}
+	checkInvariants(t, e.m)
 }

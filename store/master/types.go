@@ -126,8 +126,10 @@ type Stats struct {
 	SoftPinnedKeys int64
 	HardPinnedKeys int64
 	Segments       int
-	ActiveClients  int   // clients with mounted segments being tracked
-	Quarantined    int64 // replicas of taken-over puts waiting for PutReleaseTimeout
+	ActiveClients  int    // clients with mounted segments being tracked
+	Quarantined    int64  // replicas of taken-over puts waiting for PutReleaseTimeout
+	Reservations   int    // space placed ahead of puts (ReservePut), not yet committed
+	ReservedBytes  uint64 // their size (one replica's worth each)
 
 	EvictionRuns    uint64
 	EvictedKeys     uint64

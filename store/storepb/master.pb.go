@@ -1466,6 +1466,492 @@ func (x *BatchPutRevokeResponse) GetResults() []*ItemResult {
 	return nil
 }
 
+// Reservation is space placed for one future put of exactly size bytes.
+type Reservation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Size          uint64                 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Replicas      []*ReplicaDescriptor   `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"` // status PROCESSING
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Reservation) Reset() {
+	*x = Reservation{}
+	mi := &file_master_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Reservation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Reservation) ProtoMessage() {}
+
+func (x *Reservation) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Reservation.ProtoReflect.Descriptor instead.
+func (*Reservation) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Reservation) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *Reservation) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Reservation) GetReplicas() []*ReplicaDescriptor {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+// ReserveSpec asks for count reservations of size bytes placed by config.
+type ReserveSpec struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Size          uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
+	Config        *ReplicateConfig       `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
+	Count         uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveSpec) Reset() {
+	*x = ReserveSpec{}
+	mi := &file_master_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveSpec) ProtoMessage() {}
+
+func (x *ReserveSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveSpec.ProtoReflect.Descriptor instead.
+func (*ReserveSpec) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReserveSpec) GetSize() uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *ReserveSpec) GetConfig() *ReplicateConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+func (x *ReserveSpec) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// ReserveResult answers one ReserveSpec: the reservations placed (maybe
+// fewer than asked), or an error when none was.
+type ReserveResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ErrorCode     int32                  `protobuf:"varint,1,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Reservations  []*Reservation         `protobuf:"bytes,3,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveResult) Reset() {
+	*x = ReserveResult{}
+	mi := &file_master_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveResult) ProtoMessage() {}
+
+func (x *ReserveResult) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
+func (*ReserveResult) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReserveResult) GetErrorCode() int32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *ReserveResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ReserveResult) GetReservations() []*Reservation {
+	if x != nil {
+		return x.Reservations
+	}
+	return nil
+}
+
+type ReservePutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Specs         []*ReserveSpec         `protobuf:"bytes,2,rep,name=specs,proto3" json:"specs,omitempty"`
+	Release       []uint64               `protobuf:"varint,3,rep,packed,name=release,proto3" json:"release,omitempty"` // reservation ids given back (unknown ones are ignored)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservePutRequest) Reset() {
+	*x = ReservePutRequest{}
+	mi := &file_master_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservePutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservePutRequest) ProtoMessage() {}
+
+func (x *ReservePutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservePutRequest.ProtoReflect.Descriptor instead.
+func (*ReservePutRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ReservePutRequest) GetClientId() *UUID {
+	if x != nil {
+		return x.ClientId
+	}
+	return nil
+}
+
+func (x *ReservePutRequest) GetSpecs() []*ReserveSpec {
+	if x != nil {
+		return x.Specs
+	}
+	return nil
+}
+
+func (x *ReservePutRequest) GetRelease() []uint64 {
+	if x != nil {
+		return x.Release
+	}
+	return nil
+}
+
+type ReservePutResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Results []*ReserveResult       `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"` // one per spec
+	// A reservation may be committed until it is this old; after that
+	// CommitPut answers REPLICA_IS_GONE.
+	TtlMs         uint64 `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservePutResponse) Reset() {
+	*x = ReservePutResponse{}
+	mi := &file_master_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservePutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservePutResponse) ProtoMessage() {}
+
+func (x *ReservePutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservePutResponse.ProtoReflect.Descriptor instead.
+func (*ReservePutResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ReservePutResponse) GetResults() []*ReserveResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *ReservePutResponse) GetTtlMs() uint64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type CommitItem struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	ReservationId uint64                 `protobuf:"varint,2,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	Block         *BlockMetadata         `protobuf:"bytes,3,opt,name=block,proto3" json:"block,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitItem) Reset() {
+	*x = CommitItem{}
+	mi := &file_master_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitItem) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitItem) ProtoMessage() {}
+
+func (x *CommitItem) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitItem.ProtoReflect.Descriptor instead.
+func (*CommitItem) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *CommitItem) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CommitItem) GetReservationId() uint64 {
+	if x != nil {
+		return x.ReservationId
+	}
+	return 0
+}
+
+func (x *CommitItem) GetBlock() *BlockMetadata {
+	if x != nil {
+		return x.Block
+	}
+	return nil
+}
+
+type CommitPutRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Items         []*CommitItem          `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	Reserve       []*ReserveSpec         `protobuf:"bytes,3,rep,name=reserve,proto3" json:"reserve,omitempty"` // served after the items
+	Release       []uint64               `protobuf:"varint,4,rep,packed,name=release,proto3" json:"release,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitPutRequest) Reset() {
+	*x = CommitPutRequest{}
+	mi := &file_master_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitPutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitPutRequest) ProtoMessage() {}
+
+func (x *CommitPutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitPutRequest.ProtoReflect.Descriptor instead.
+func (*CommitPutRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *CommitPutRequest) GetClientId() *UUID {
+	if x != nil {
+		return x.ClientId
+	}
+	return nil
+}
+
+func (x *CommitPutRequest) GetItems() []*CommitItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *CommitPutRequest) GetReserve() []*ReserveSpec {
+	if x != nil {
+		return x.Reserve
+	}
+	return nil
+}
+
+func (x *CommitPutRequest) GetRelease() []uint64 {
+	if x != nil {
+		return x.Release
+	}
+	return nil
+}
+
+type CommitPutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*ItemResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`   // one per item
+	Reserved      []*ReserveResult       `protobuf:"bytes,2,rep,name=reserved,proto3" json:"reserved,omitempty"` // one per reserve spec
+	TtlMs         uint64                 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitPutResponse) Reset() {
+	*x = CommitPutResponse{}
+	mi := &file_master_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitPutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitPutResponse) ProtoMessage() {}
+
+func (x *CommitPutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitPutResponse.ProtoReflect.Descriptor instead.
+func (*CommitPutResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *CommitPutResponse) GetResults() []*ItemResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *CommitPutResponse) GetReserved() []*ReserveResult {
+	if x != nil {
+		return x.Reserved
+	}
+	return nil
+}
+
+func (x *CommitPutResponse) GetTtlMs() uint64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
 type GetReplicaListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -1475,7 +1961,7 @@ type GetReplicaListRequest struct {
 
 func (x *GetReplicaListRequest) Reset() {
 	*x = GetReplicaListRequest{}
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1487,7 +1973,7 @@ func (x *GetReplicaListRequest) String() string {
 func (*GetReplicaListRequest) ProtoMessage() {}
 
 func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1500,7 +1986,7 @@ func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{21}
+	return file_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GetReplicaListRequest) GetKey() string {
@@ -1520,7 +2006,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +2018,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +2031,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{22}
+	return file_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GetReplicaListResponse) GetReplicas() []*ReplicaDescriptor {
@@ -1571,7 +2057,7 @@ type BatchGetReplicaListRequest struct {
 
 func (x *BatchGetReplicaListRequest) Reset() {
 	*x = BatchGetReplicaListRequest{}
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +2069,7 @@ func (x *BatchGetReplicaListRequest) String() string {
 func (*BatchGetReplicaListRequest) ProtoMessage() {}
 
 func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +2082,7 @@ func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{23}
+	return file_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BatchGetReplicaListRequest) GetKeys() []string {
@@ -1618,7 +2104,7 @@ type GetReplicaListResult struct {
 
 func (x *GetReplicaListResult) Reset() {
 	*x = GetReplicaListResult{}
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1630,7 +2116,7 @@ func (x *GetReplicaListResult) String() string {
 func (*GetReplicaListResult) ProtoMessage() {}
 
 func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1643,7 +2129,7 @@ func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResult.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{24}
+	return file_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetReplicaListResult) GetErrorCode() int32 {
@@ -1683,7 +2169,7 @@ type BatchGetReplicaListResponse struct {
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +2181,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +2194,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{25}
+	return file_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BatchGetReplicaListResponse) GetResults() []*GetReplicaListResult {
@@ -1730,7 +2216,7 @@ type ExistKeyRequest struct {
 
 func (x *ExistKeyRequest) Reset() {
 	*x = ExistKeyRequest{}
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1742,7 +2228,7 @@ func (x *ExistKeyRequest) String() string {
 func (*ExistKeyRequest) ProtoMessage() {}
 
 func (x *ExistKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1755,7 +2241,7 @@ func (x *ExistKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistKeyRequest.ProtoReflect.Descriptor instead.
 func (*ExistKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{26}
+	return file_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ExistKeyRequest) GetKey() string {
@@ -1781,7 +2267,7 @@ type ExistKeyResponse struct {
 
 func (x *ExistKeyResponse) Reset() {
 	*x = ExistKeyResponse{}
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +2279,7 @@ func (x *ExistKeyResponse) String() string {
 func (*ExistKeyResponse) ProtoMessage() {}
 
 func (x *ExistKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +2292,7 @@ func (x *ExistKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistKeyResponse.ProtoReflect.Descriptor instead.
 func (*ExistKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{27}
+	return file_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ExistKeyResponse) GetExists() bool {
@@ -1826,7 +2312,7 @@ type BatchExistKeyRequest struct {
 
 func (x *BatchExistKeyRequest) Reset() {
 	*x = BatchExistKeyRequest{}
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +2324,7 @@ func (x *BatchExistKeyRequest) String() string {
 func (*BatchExistKeyRequest) ProtoMessage() {}
 
 func (x *BatchExistKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2337,7 @@ func (x *BatchExistKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistKeyRequest.ProtoReflect.Descriptor instead.
 func (*BatchExistKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{28}
+	return file_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BatchExistKeyRequest) GetKeys() []string {
@@ -1878,7 +2364,7 @@ type ExistResult struct {
 
 func (x *ExistResult) Reset() {
 	*x = ExistResult{}
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1890,7 +2376,7 @@ func (x *ExistResult) String() string {
 func (*ExistResult) ProtoMessage() {}
 
 func (x *ExistResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1903,7 +2389,7 @@ func (x *ExistResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistResult.ProtoReflect.Descriptor instead.
 func (*ExistResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{29}
+	return file_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExistResult) GetErrorCode() int32 {
@@ -1929,7 +2415,7 @@ type BatchExistKeyResponse struct {
 
 func (x *BatchExistKeyResponse) Reset() {
 	*x = BatchExistKeyResponse{}
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2427,7 @@ func (x *BatchExistKeyResponse) String() string {
 func (*BatchExistKeyResponse) ProtoMessage() {}
 
 func (x *BatchExistKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2440,7 @@ func (x *BatchExistKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistKeyResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{30}
+	return file_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BatchExistKeyResponse) GetResults() []*ExistResult {
@@ -1974,7 +2460,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2472,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2485,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{31}
+	return file_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveRequest) GetKey() string {
@@ -2024,7 +2510,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2036,7 +2522,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2049,7 +2535,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{32}
+	return file_master_proto_rawDescGZIP(), []int{40}
 }
 
 type BatchRemoveRequest struct {
@@ -2062,7 +2548,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2560,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2573,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{33}
+	return file_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BatchRemoveRequest) GetKeys() []string {
@@ -2113,7 +2599,7 @@ type BatchRemoveResponse struct {
 
 func (x *BatchRemoveResponse) Reset() {
 	*x = BatchRemoveResponse{}
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2611,7 @@ func (x *BatchRemoveResponse) String() string {
 func (*BatchRemoveResponse) ProtoMessage() {}
 
 func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2624,7 @@ func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveResponse.ProtoReflect.Descriptor instead.
 func (*BatchRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{34}
+	return file_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *BatchRemoveResponse) GetResults() []*ItemResult {
@@ -2158,7 +2644,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2170,7 +2656,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2183,7 +2669,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{35}
+	return file_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RemoveByRegexRequest) GetRegex() string {
@@ -2209,7 +2695,7 @@ type RemoveByRegexResponse struct {
 
 func (x *RemoveByRegexResponse) Reset() {
 	*x = RemoveByRegexResponse{}
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2221,7 +2707,7 @@ func (x *RemoveByRegexResponse) String() string {
 func (*RemoveByRegexResponse) ProtoMessage() {}
 
 func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2234,7 +2720,7 @@ func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{36}
+	return file_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RemoveByRegexResponse) GetRemoved() uint64 {
@@ -2253,7 +2739,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2751,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2764,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{37}
+	return file_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveAllRequest) GetForce() bool {
@@ -2297,7 +2783,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2795,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2808,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{38}
+	return file_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -2350,7 +2836,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2848,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2861,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{39}
+	return file_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *Segment) GetId() *UUID {
@@ -2430,7 +2916,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2442,7 +2928,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2455,7 +2941,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{40}
+	return file_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *MountSegmentRequest) GetClientId() *UUID {
@@ -2480,7 +2966,7 @@ type MountSegmentResponse struct {
 
 func (x *MountSegmentResponse) Reset() {
 	*x = MountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[41]
+	mi := &file_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2492,7 +2978,7 @@ func (x *MountSegmentResponse) String() string {
 func (*MountSegmentResponse) ProtoMessage() {}
 
 func (x *MountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[41]
+	mi := &file_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2505,7 +2991,7 @@ func (x *MountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*MountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{41}
+	return file_master_proto_rawDescGZIP(), []int{49}
 }
 
 type ReMountSegmentRequest struct {
@@ -2518,7 +3004,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[42]
+	mi := &file_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +3016,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[42]
+	mi := &file_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +3029,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{42}
+	return file_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() *UUID {
@@ -2568,7 +3054,7 @@ type ReMountSegmentResponse struct {
 
 func (x *ReMountSegmentResponse) Reset() {
 	*x = ReMountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[43]
+	mi := &file_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2580,7 +3066,7 @@ func (x *ReMountSegmentResponse) String() string {
 func (*ReMountSegmentResponse) ProtoMessage() {}
 
 func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[43]
+	mi := &file_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2593,7 +3079,7 @@ func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{43}
+	return file_master_proto_rawDescGZIP(), []int{51}
 }
 
 type UnmountSegmentRequest struct {
@@ -2606,7 +3092,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[44]
+	mi := &file_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +3104,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[44]
+	mi := &file_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +3117,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{44}
+	return file_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() *UUID {
@@ -2656,7 +3142,7 @@ type UnmountSegmentResponse struct {
 
 func (x *UnmountSegmentResponse) Reset() {
 	*x = UnmountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[45]
+	mi := &file_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +3154,7 @@ func (x *UnmountSegmentResponse) String() string {
 func (*UnmountSegmentResponse) ProtoMessage() {}
 
 func (x *UnmountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[45]
+	mi := &file_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +3167,7 @@ func (x *UnmountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{45}
+	return file_master_proto_rawDescGZIP(), []int{53}
 }
 
 type QuerySegmentStatusRequest struct {
@@ -2693,7 +3179,7 @@ type QuerySegmentStatusRequest struct {
 
 func (x *QuerySegmentStatusRequest) Reset() {
 	*x = QuerySegmentStatusRequest{}
-	mi := &file_master_proto_msgTypes[46]
+	mi := &file_master_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +3191,7 @@ func (x *QuerySegmentStatusRequest) String() string {
 func (*QuerySegmentStatusRequest) ProtoMessage() {}
 
 func (x *QuerySegmentStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[46]
+	mi := &file_master_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +3204,7 @@ func (x *QuerySegmentStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuerySegmentStatusRequest.ProtoReflect.Descriptor instead.
 func (*QuerySegmentStatusRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{46}
+	return file_master_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *QuerySegmentStatusRequest) GetSegmentId() *UUID {
@@ -2740,7 +3226,7 @@ type QuerySegmentStatusResponse struct {
 
 func (x *QuerySegmentStatusResponse) Reset() {
 	*x = QuerySegmentStatusResponse{}
-	mi := &file_master_proto_msgTypes[47]
+	mi := &file_master_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2752,7 +3238,7 @@ func (x *QuerySegmentStatusResponse) String() string {
 func (*QuerySegmentStatusResponse) ProtoMessage() {}
 
 func (x *QuerySegmentStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[47]
+	mi := &file_master_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2765,7 +3251,7 @@ func (x *QuerySegmentStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuerySegmentStatusResponse.ProtoReflect.Descriptor instead.
 func (*QuerySegmentStatusResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{47}
+	return file_master_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *QuerySegmentStatusResponse) GetStatus() SegmentStatus {
@@ -2805,7 +3291,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_master_proto_msgTypes[48]
+	mi := &file_master_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2817,7 +3303,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[48]
+	mi := &file_master_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2830,7 +3316,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{48}
+	return file_master_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *PingRequest) GetClientId() *UUID {
@@ -2850,7 +3336,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_master_proto_msgTypes[49]
+	mi := &file_master_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +3348,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[49]
+	mi := &file_master_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +3361,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{49}
+	return file_master_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *PingResponse) GetViewVersion() uint64 {
@@ -2900,7 +3386,7 @@ type ServiceReadyRequest struct {
 
 func (x *ServiceReadyRequest) Reset() {
 	*x = ServiceReadyRequest{}
-	mi := &file_master_proto_msgTypes[50]
+	mi := &file_master_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +3398,7 @@ func (x *ServiceReadyRequest) String() string {
 func (*ServiceReadyRequest) ProtoMessage() {}
 
 func (x *ServiceReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[50]
+	mi := &file_master_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +3411,7 @@ func (x *ServiceReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReadyRequest.ProtoReflect.Descriptor instead.
 func (*ServiceReadyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{50}
+	return file_master_proto_rawDescGZIP(), []int{58}
 }
 
 type ServiceReadyResponse struct {
@@ -2936,7 +3422,7 @@ type ServiceReadyResponse struct {
 
 func (x *ServiceReadyResponse) Reset() {
 	*x = ServiceReadyResponse{}
-	mi := &file_master_proto_msgTypes[51]
+	mi := &file_master_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2948,7 +3434,7 @@ func (x *ServiceReadyResponse) String() string {
 func (*ServiceReadyResponse) ProtoMessage() {}
 
 func (x *ServiceReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[51]
+	mi := &file_master_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2961,7 +3447,7 @@ func (x *ServiceReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReadyResponse.ProtoReflect.Descriptor instead.
 func (*ServiceReadyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{51}
+	return file_master_proto_rawDescGZIP(), []int{59}
 }
 
 var File_master_proto protoreflect.FileDescriptor
@@ -3056,7 +3542,41 @@ const file_master_proto_rawDesc = "" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
 	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\"Q\n" +
 	"\x16BatchPutRevokeResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\")\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"s\n" +
+	"\vReservation\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x04R\x04size\x12@\n" +
+	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\"s\n" +
+	"\vReserveSpec\x12\x12\n" +
+	"\x04size\x18\x01 \x01(\x04R\x04size\x12:\n" +
+	"\x06config\x18\x02 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\"\x8c\x01\n" +
+	"\rReserveResult\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12B\n" +
+	"\freservations\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReservationR\freservations\"\x99\x01\n" +
+	"\x11ReservePutRequest\x124\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x124\n" +
+	"\x05specs\x18\x02 \x03(\v2\x1e.crescent.store.v1.ReserveSpecR\x05specs\x12\x18\n" +
+	"\arelease\x18\x03 \x03(\x04R\arelease\"g\n" +
+	"\x12ReservePutResponse\x12:\n" +
+	"\aresults\x18\x01 \x03(\v2 .crescent.store.v1.ReserveResultR\aresults\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x04R\x05ttlMs\"}\n" +
+	"\n" +
+	"CommitItem\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
+	"\x0ereservation_id\x18\x02 \x01(\x04R\rreservationId\x126\n" +
+	"\x05block\x18\x03 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\"\xd1\x01\n" +
+	"\x10CommitPutRequest\x124\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x123\n" +
+	"\x05items\x18\x02 \x03(\v2\x1d.crescent.store.v1.CommitItemR\x05items\x128\n" +
+	"\areserve\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReserveSpecR\areserve\x12\x18\n" +
+	"\arelease\x18\x04 \x03(\x04R\arelease\"\xa1\x01\n" +
+	"\x11CommitPutResponse\x127\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\x12<\n" +
+	"\breserved\x18\x02 \x03(\v2 .crescent.store.v1.ReserveResultR\breserved\x12\x15\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x04R\x05ttlMs\")\n" +
 	"\x15GetReplicaListRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"|\n" +
 	"\x16GetReplicaListResponse\x12@\n" +
@@ -3160,14 +3680,17 @@ const file_master_proto_rawDesc = "" +
 	"\fClientStatus\x12\x1b\n" +
 	"\x17CLIENT_STATUS_UNDEFINED\x10\x00\x12\x14\n" +
 	"\x10CLIENT_STATUS_OK\x10\x01\x12\x1e\n" +
-	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xf8\x0e\n" +
+	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xab\x10\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".crescent.store.v1.PutStartRequest\x1a#.crescent.store.v1.PutStartResponse\x12M\n" +
 	"\x06PutEnd\x12 .crescent.store.v1.PutEndRequest\x1a!.crescent.store.v1.PutEndResponse\x12V\n" +
 	"\tPutRevoke\x12#.crescent.store.v1.PutRevokeRequest\x1a$.crescent.store.v1.PutRevokeResponse\x12b\n" +
 	"\rBatchPutStart\x12'.crescent.store.v1.BatchPutStartRequest\x1a(.crescent.store.v1.BatchPutStartResponse\x12\\\n" +
 	"\vBatchPutEnd\x12%.crescent.store.v1.BatchPutEndRequest\x1a&.crescent.store.v1.BatchPutEndResponse\x12e\n" +
-	"\x0eBatchPutRevoke\x12(.crescent.store.v1.BatchPutRevokeRequest\x1a).crescent.store.v1.BatchPutRevokeResponse\x12e\n" +
+	"\x0eBatchPutRevoke\x12(.crescent.store.v1.BatchPutRevokeRequest\x1a).crescent.store.v1.BatchPutRevokeResponse\x12Y\n" +
+	"\n" +
+	"ReservePut\x12$.crescent.store.v1.ReservePutRequest\x1a%.crescent.store.v1.ReservePutResponse\x12V\n" +
+	"\tCommitPut\x12#.crescent.store.v1.CommitPutRequest\x1a$.crescent.store.v1.CommitPutResponse\x12e\n" +
 	"\x0eGetReplicaList\x12(.crescent.store.v1.GetReplicaListRequest\x1a).crescent.store.v1.GetReplicaListResponse\x12t\n" +
 	"\x13BatchGetReplicaList\x12-.crescent.store.v1.BatchGetReplicaListRequest\x1a..crescent.store.v1.BatchGetReplicaListResponse\x12S\n" +
 	"\bExistKey\x12\".crescent.store.v1.ExistKeyRequest\x1a#.crescent.store.v1.ExistKeyResponse\x12b\n" +
@@ -3196,7 +3719,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_master_proto_goTypes = []any{
 	(ReplicaType)(0),                    // 0: crescent.store.v1.ReplicaType
 	(ReplicaStatus)(0),                  // 1: crescent.store.v1.ReplicaStatus
@@ -3223,37 +3746,45 @@ var file_master_proto_goTypes = []any{
 	(*BatchPutEndResponse)(nil),         // 22: crescent.store.v1.BatchPutEndResponse
 	(*BatchPutRevokeRequest)(nil),       // 23: crescent.store.v1.BatchPutRevokeRequest
 	(*BatchPutRevokeResponse)(nil),      // 24: crescent.store.v1.BatchPutRevokeResponse
-	(*GetReplicaListRequest)(nil),       // 25: crescent.store.v1.GetReplicaListRequest
-	(*GetReplicaListResponse)(nil),      // 26: crescent.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListRequest)(nil),  // 27: crescent.store.v1.BatchGetReplicaListRequest
-	(*GetReplicaListResult)(nil),        // 28: crescent.store.v1.GetReplicaListResult
-	(*BatchGetReplicaListResponse)(nil), // 29: crescent.store.v1.BatchGetReplicaListResponse
-	(*ExistKeyRequest)(nil),             // 30: crescent.store.v1.ExistKeyRequest
-	(*ExistKeyResponse)(nil),            // 31: crescent.store.v1.ExistKeyResponse
-	(*BatchExistKeyRequest)(nil),        // 32: crescent.store.v1.BatchExistKeyRequest
-	(*ExistResult)(nil),                 // 33: crescent.store.v1.ExistResult
-	(*BatchExistKeyResponse)(nil),       // 34: crescent.store.v1.BatchExistKeyResponse
-	(*RemoveRequest)(nil),               // 35: crescent.store.v1.RemoveRequest
-	(*RemoveResponse)(nil),              // 36: crescent.store.v1.RemoveResponse
-	(*BatchRemoveRequest)(nil),          // 37: crescent.store.v1.BatchRemoveRequest
-	(*BatchRemoveResponse)(nil),         // 38: crescent.store.v1.BatchRemoveResponse
-	(*RemoveByRegexRequest)(nil),        // 39: crescent.store.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),       // 40: crescent.store.v1.RemoveByRegexResponse
-	(*RemoveAllRequest)(nil),            // 41: crescent.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 42: crescent.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 43: crescent.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 44: crescent.store.v1.MountSegmentRequest
-	(*MountSegmentResponse)(nil),        // 45: crescent.store.v1.MountSegmentResponse
-	(*ReMountSegmentRequest)(nil),       // 46: crescent.store.v1.ReMountSegmentRequest
-	(*ReMountSegmentResponse)(nil),      // 47: crescent.store.v1.ReMountSegmentResponse
-	(*UnmountSegmentRequest)(nil),       // 48: crescent.store.v1.UnmountSegmentRequest
-	(*UnmountSegmentResponse)(nil),      // 49: crescent.store.v1.UnmountSegmentResponse
-	(*QuerySegmentStatusRequest)(nil),   // 50: crescent.store.v1.QuerySegmentStatusRequest
-	(*QuerySegmentStatusResponse)(nil),  // 51: crescent.store.v1.QuerySegmentStatusResponse
-	(*PingRequest)(nil),                 // 52: crescent.store.v1.PingRequest
-	(*PingResponse)(nil),                // 53: crescent.store.v1.PingResponse
-	(*ServiceReadyRequest)(nil),         // 54: crescent.store.v1.ServiceReadyRequest
-	(*ServiceReadyResponse)(nil),        // 55: crescent.store.v1.ServiceReadyResponse
+	(*Reservation)(nil),                 // 25: crescent.store.v1.Reservation
+	(*ReserveSpec)(nil),                 // 26: crescent.store.v1.ReserveSpec
+	(*ReserveResult)(nil),               // 27: crescent.store.v1.ReserveResult
+	(*ReservePutRequest)(nil),           // 28: crescent.store.v1.ReservePutRequest
+	(*ReservePutResponse)(nil),          // 29: crescent.store.v1.ReservePutResponse
+	(*CommitItem)(nil),                  // 30: crescent.store.v1.CommitItem
+	(*CommitPutRequest)(nil),            // 31: crescent.store.v1.CommitPutRequest
+	(*CommitPutResponse)(nil),           // 32: crescent.store.v1.CommitPutResponse
+	(*GetReplicaListRequest)(nil),       // 33: crescent.store.v1.GetReplicaListRequest
+	(*GetReplicaListResponse)(nil),      // 34: crescent.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListRequest)(nil),  // 35: crescent.store.v1.BatchGetReplicaListRequest
+	(*GetReplicaListResult)(nil),        // 36: crescent.store.v1.GetReplicaListResult
+	(*BatchGetReplicaListResponse)(nil), // 37: crescent.store.v1.BatchGetReplicaListResponse
+	(*ExistKeyRequest)(nil),             // 38: crescent.store.v1.ExistKeyRequest
+	(*ExistKeyResponse)(nil),            // 39: crescent.store.v1.ExistKeyResponse
+	(*BatchExistKeyRequest)(nil),        // 40: crescent.store.v1.BatchExistKeyRequest
+	(*ExistResult)(nil),                 // 41: crescent.store.v1.ExistResult
+	(*BatchExistKeyResponse)(nil),       // 42: crescent.store.v1.BatchExistKeyResponse
+	(*RemoveRequest)(nil),               // 43: crescent.store.v1.RemoveRequest
+	(*RemoveResponse)(nil),              // 44: crescent.store.v1.RemoveResponse
+	(*BatchRemoveRequest)(nil),          // 45: crescent.store.v1.BatchRemoveRequest
+	(*BatchRemoveResponse)(nil),         // 46: crescent.store.v1.BatchRemoveResponse
+	(*RemoveByRegexRequest)(nil),        // 47: crescent.store.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),       // 48: crescent.store.v1.RemoveByRegexResponse
+	(*RemoveAllRequest)(nil),            // 49: crescent.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),           // 50: crescent.store.v1.RemoveAllResponse
+	(*Segment)(nil),                     // 51: crescent.store.v1.Segment
+	(*MountSegmentRequest)(nil),         // 52: crescent.store.v1.MountSegmentRequest
+	(*MountSegmentResponse)(nil),        // 53: crescent.store.v1.MountSegmentResponse
+	(*ReMountSegmentRequest)(nil),       // 54: crescent.store.v1.ReMountSegmentRequest
+	(*ReMountSegmentResponse)(nil),      // 55: crescent.store.v1.ReMountSegmentResponse
+	(*UnmountSegmentRequest)(nil),       // 56: crescent.store.v1.UnmountSegmentRequest
+	(*UnmountSegmentResponse)(nil),      // 57: crescent.store.v1.UnmountSegmentResponse
+	(*QuerySegmentStatusRequest)(nil),   // 58: crescent.store.v1.QuerySegmentStatusRequest
+	(*QuerySegmentStatusResponse)(nil),  // 59: crescent.store.v1.QuerySegmentStatusResponse
+	(*PingRequest)(nil),                 // 60: crescent.store.v1.PingRequest
+	(*PingResponse)(nil),                // 61: crescent.store.v1.PingResponse
+	(*ServiceReadyRequest)(nil),         // 62: crescent.store.v1.ServiceReadyRequest
+	(*ServiceReadyResponse)(nil),        // 63: crescent.store.v1.ServiceReadyResponse
 }
 var file_master_proto_depIdxs = []int32{
 	5,  // 0: crescent.store.v1.MemoryDescriptor.segment_id:type_name -> crescent.store.v1.UUID
@@ -3280,67 +3811,83 @@ var file_master_proto_depIdxs = []int32{
 	5,  // 21: crescent.store.v1.BatchPutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
 	0,  // 22: crescent.store.v1.BatchPutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
 	11, // 23: crescent.store.v1.BatchPutRevokeResponse.results:type_name -> crescent.store.v1.ItemResult
-	9,  // 24: crescent.store.v1.GetReplicaListResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	9,  // 25: crescent.store.v1.GetReplicaListResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	28, // 26: crescent.store.v1.BatchGetReplicaListResponse.results:type_name -> crescent.store.v1.GetReplicaListResult
-	33, // 27: crescent.store.v1.BatchExistKeyResponse.results:type_name -> crescent.store.v1.ExistResult
-	11, // 28: crescent.store.v1.BatchRemoveResponse.results:type_name -> crescent.store.v1.ItemResult
-	5,  // 29: crescent.store.v1.Segment.id:type_name -> crescent.store.v1.UUID
-	5,  // 30: crescent.store.v1.MountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	43, // 31: crescent.store.v1.MountSegmentRequest.segment:type_name -> crescent.store.v1.Segment
-	5,  // 32: crescent.store.v1.ReMountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	43, // 33: crescent.store.v1.ReMountSegmentRequest.segments:type_name -> crescent.store.v1.Segment
-	5,  // 34: crescent.store.v1.UnmountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	5,  // 35: crescent.store.v1.UnmountSegmentRequest.segment_id:type_name -> crescent.store.v1.UUID
-	5,  // 36: crescent.store.v1.QuerySegmentStatusRequest.segment_id:type_name -> crescent.store.v1.UUID
-	2,  // 37: crescent.store.v1.QuerySegmentStatusResponse.status:type_name -> crescent.store.v1.SegmentStatus
-	5,  // 38: crescent.store.v1.PingRequest.client_id:type_name -> crescent.store.v1.UUID
-	3,  // 39: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
-	12, // 40: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
-	14, // 41: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
-	16, // 42: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
-	18, // 43: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
-	21, // 44: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
-	23, // 45: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
-	25, // 46: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
-	27, // 47: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
-	30, // 48: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
-	32, // 49: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
-	35, // 50: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
-	37, // 51: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
-	39, // 52: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
-	41, // 53: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
-	44, // 54: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
-	46, // 55: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
-	48, // 56: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
-	50, // 57: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
-	52, // 58: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
-	54, // 59: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
-	13, // 60: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
-	15, // 61: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
-	17, // 62: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
-	20, // 63: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
-	22, // 64: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
-	24, // 65: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
-	26, // 66: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
-	29, // 67: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
-	31, // 68: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
-	34, // 69: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
-	36, // 70: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
-	38, // 71: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
-	40, // 72: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
-	42, // 73: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
-	45, // 74: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
-	47, // 75: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
-	49, // 76: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
-	51, // 77: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
-	53, // 78: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
-	55, // 79: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
-	60, // [60:80] is the sub-list for method output_type
-	40, // [40:60] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	9,  // 24: crescent.store.v1.Reservation.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	6,  // 25: crescent.store.v1.ReserveSpec.config:type_name -> crescent.store.v1.ReplicateConfig
+	25, // 26: crescent.store.v1.ReserveResult.reservations:type_name -> crescent.store.v1.Reservation
+	5,  // 27: crescent.store.v1.ReservePutRequest.client_id:type_name -> crescent.store.v1.UUID
+	26, // 28: crescent.store.v1.ReservePutRequest.specs:type_name -> crescent.store.v1.ReserveSpec
+	27, // 29: crescent.store.v1.ReservePutResponse.results:type_name -> crescent.store.v1.ReserveResult
+	10, // 30: crescent.store.v1.CommitItem.block:type_name -> crescent.store.v1.BlockMetadata
+	5,  // 31: crescent.store.v1.CommitPutRequest.client_id:type_name -> crescent.store.v1.UUID
+	30, // 32: crescent.store.v1.CommitPutRequest.items:type_name -> crescent.store.v1.CommitItem
+	26, // 33: crescent.store.v1.CommitPutRequest.reserve:type_name -> crescent.store.v1.ReserveSpec
+	11, // 34: crescent.store.v1.CommitPutResponse.results:type_name -> crescent.store.v1.ItemResult
+	27, // 35: crescent.store.v1.CommitPutResponse.reserved:type_name -> crescent.store.v1.ReserveResult
+	9,  // 36: crescent.store.v1.GetReplicaListResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	9,  // 37: crescent.store.v1.GetReplicaListResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	36, // 38: crescent.store.v1.BatchGetReplicaListResponse.results:type_name -> crescent.store.v1.GetReplicaListResult
+	41, // 39: crescent.store.v1.BatchExistKeyResponse.results:type_name -> crescent.store.v1.ExistResult
+	11, // 40: crescent.store.v1.BatchRemoveResponse.results:type_name -> crescent.store.v1.ItemResult
+	5,  // 41: crescent.store.v1.Segment.id:type_name -> crescent.store.v1.UUID
+	5,  // 42: crescent.store.v1.MountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	51, // 43: crescent.store.v1.MountSegmentRequest.segment:type_name -> crescent.store.v1.Segment
+	5,  // 44: crescent.store.v1.ReMountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	51, // 45: crescent.store.v1.ReMountSegmentRequest.segments:type_name -> crescent.store.v1.Segment
+	5,  // 46: crescent.store.v1.UnmountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	5,  // 47: crescent.store.v1.UnmountSegmentRequest.segment_id:type_name -> crescent.store.v1.UUID
+	5,  // 48: crescent.store.v1.QuerySegmentStatusRequest.segment_id:type_name -> crescent.store.v1.UUID
+	2,  // 49: crescent.store.v1.QuerySegmentStatusResponse.status:type_name -> crescent.store.v1.SegmentStatus
+	5,  // 50: crescent.store.v1.PingRequest.client_id:type_name -> crescent.store.v1.UUID
+	3,  // 51: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
+	12, // 52: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
+	14, // 53: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
+	16, // 54: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
+	18, // 55: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
+	21, // 56: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
+	23, // 57: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
+	28, // 58: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
+	31, // 59: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
+	33, // 60: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
+	35, // 61: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
+	38, // 62: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
+	40, // 63: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
+	43, // 64: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
+	45, // 65: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
+	47, // 66: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
+	49, // 67: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
+	52, // 68: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
+	54, // 69: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
+	56, // 70: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
+	58, // 71: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
+	60, // 72: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
+	62, // 73: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
+	13, // 74: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
+	15, // 75: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
+	17, // 76: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
+	20, // 77: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
+	22, // 78: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
+	24, // 79: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
+	29, // 80: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
+	32, // 81: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
+	34, // 82: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
+	37, // 83: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
+	39, // 84: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
+	42, // 85: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
+	44, // 86: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
+	46, // 87: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
+	48, // 88: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
+	50, // 89: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
+	53, // 90: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
+	55, // 91: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
+	57, // 92: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
+	59, // 93: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
+	61, // 94: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
+	63, // 95: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
+	74, // [74:96] is the sub-list for method output_type
+	52, // [52:74] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -3355,7 +3902,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   52,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

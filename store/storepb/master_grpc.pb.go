@@ -32,6 +32,8 @@ const (
 	Master_BatchPutStart_FullMethodName       = "/crescent.store.v1.Master/BatchPutStart"
 	Master_BatchPutEnd_FullMethodName         = "/crescent.store.v1.Master/BatchPutEnd"
 	Master_BatchPutRevoke_FullMethodName      = "/crescent.store.v1.Master/BatchPutRevoke"
+	Master_ReservePut_FullMethodName          = "/crescent.store.v1.Master/ReservePut"
+	Master_CommitPut_FullMethodName           = "/crescent.store.v1.Master/CommitPut"
 	Master_GetReplicaList_FullMethodName      = "/crescent.store.v1.Master/GetReplicaList"
 	Master_BatchGetReplicaList_FullMethodName = "/crescent.store.v1.Master/BatchGetReplicaList"
 	Master_ExistKey_FullMethodName            = "/crescent.store.v1.Master/ExistKey"
@@ -59,6 +61,14 @@ type MasterClient interface {
 	BatchPutStart(ctx context.Context, in *BatchPutStartRequest, opts ...grpc.CallOption) (*BatchPutStartResponse, error)
 	BatchPutEnd(ctx context.Context, in *BatchPutEndRequest, opts ...grpc.CallOption) (*BatchPutEndResponse, error)
 	BatchPutRevoke(ctx context.Context, in *BatchPutRevokeRequest, opts ...grpc.CallOption) (*BatchPutRevokeResponse, error)
+	// Crescent's one-round-trip put (not in the reference). ReservePut
+	// places space ahead of puts; the client writes a value into a
+	// reservation, then CommitPut binds it to the key and makes it visible.
+	// CommitPut can ask for more reservations in the same call, so a steady
+	// stream of puts costs one RPC each. Both give back reservations the
+	// client no longer wants (release).
+	ReservePut(ctx context.Context, in *ReservePutRequest, opts ...grpc.CallOption) (*ReservePutResponse, error)
+	CommitPut(ctx context.Context, in *CommitPutRequest, opts ...grpc.CallOption) (*CommitPutResponse, error)
 	// Reads: replica locations, granting a read lease.
 	GetReplicaList(ctx context.Context, in *GetReplicaListRequest, opts ...grpc.CallOption) (*GetReplicaListResponse, error)
 	BatchGetReplicaList(ctx context.Context, in *BatchGetReplicaListRequest, opts ...grpc.CallOption) (*BatchGetReplicaListResponse, error)
@@ -141,6 +151,26 @@ func (c *masterClient) BatchPutRevoke(ctx context.Context, in *BatchPutRevokeReq
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(BatchPutRevokeResponse)
 	err := c.cc.Invoke(ctx, Master_BatchPutRevoke_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) ReservePut(ctx context.Context, in *ReservePutRequest, opts ...grpc.CallOption) (*ReservePutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReservePutResponse)
+	err := c.cc.Invoke(ctx, Master_ReservePut_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *masterClient) CommitPut(ctx context.Context, in *CommitPutRequest, opts ...grpc.CallOption) (*CommitPutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommitPutResponse)
+	err := c.cc.Invoke(ctx, Master_CommitPut_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -298,6 +328,14 @@ type MasterServer interface {
 	BatchPutStart(context.Context, *BatchPutStartRequest) (*BatchPutStartResponse, error)
 	BatchPutEnd(context.Context, *BatchPutEndRequest) (*BatchPutEndResponse, error)
 	BatchPutRevoke(context.Context, *BatchPutRevokeRequest) (*BatchPutRevokeResponse, error)
+	// Crescent's one-round-trip put (not in the reference). ReservePut
+	// places space ahead of puts; the client writes a value into a
+	// reservation, then CommitPut binds it to the key and makes it visible.
+	// CommitPut can ask for more reservations in the same call, so a steady
+	// stream of puts costs one RPC each. Both give back reservations the
+	// client no longer wants (release).
+	ReservePut(context.Context, *ReservePutRequest) (*ReservePutResponse, error)
+	CommitPut(context.Context, *CommitPutRequest) (*CommitPutResponse, error)
 	// Reads: replica locations, granting a read lease.
 	GetReplicaList(context.Context, *GetReplicaListRequest) (*GetReplicaListResponse, error)
 	BatchGetReplicaList(context.Context, *BatchGetReplicaListRequest) (*BatchGetReplicaListResponse, error)
@@ -343,6 +381,12 @@ func (UnimplementedMasterServer) BatchPutEnd(context.Context, *BatchPutEndReques
 }
 func (UnimplementedMasterServer) BatchPutRevoke(context.Context, *BatchPutRevokeRequest) (*BatchPutRevokeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BatchPutRevoke not implemented")
+}
+func (UnimplementedMasterServer) ReservePut(context.Context, *ReservePutRequest) (*ReservePutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReservePut not implemented")
+}
+func (UnimplementedMasterServer) CommitPut(context.Context, *CommitPutRequest) (*CommitPutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CommitPut not implemented")
 }
 func (UnimplementedMasterServer) GetReplicaList(context.Context, *GetReplicaListRequest) (*GetReplicaListResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetReplicaList not implemented")
@@ -511,6 +555,42 @@ func _Master_BatchPutRevoke_Handler(srv interface{}, ctx context.Context, dec fu
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(MasterServer).BatchPutRevoke(ctx, req.(*BatchPutRevokeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_ReservePut_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReservePutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).ReservePut(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_ReservePut_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).ReservePut(ctx, req.(*ReservePutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Master_CommitPut_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommitPutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).CommitPut(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_CommitPut_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).CommitPut(ctx, req.(*CommitPutRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -797,6 +877,14 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BatchPutRevoke",
 			Handler:    _Master_BatchPutRevoke_Handler,
+		},
+		{
+			MethodName: "ReservePut",
+			Handler:    _Master_ReservePut_Handler,
+		},
+		{
+			MethodName: "CommitPut",
+			Handler:    _Master_CommitPut_Handler,
 		},
 		{
 			MethodName: "GetReplicaList",

@@ -1,0 +1,370 @@
+package store
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// Put-ahead: a put costs two master round trips (PutStart, PutEnd) unless
+// the client already holds space for it. The client keeps a few
+// reservations (ReservePut) for each value size it puts repeatedly with
+// one ReplicateConfig, a class; a put of that class writes into one and
+// commits it with CommitPut, which also asks for its replacement. A
+// steady stream of puts of one size, as KV-cache blocks are, then costs
+// one round trip each.
+//
+// A class gets reservations after its second put that found none, so
+// one-off sizes never hold space. Reservations are used only while
+// younger than half the master's TTL and given back when older, when the
+// client closes, and when the pool is full (a put that fails with
+// NO_AVAILABLE_HANDLE gives every reservation back and retries).
+
+// Defaults of Config.PutAhead and Config.PutAheadBytes.
+const (
+	DefaultPutAhead      = 8
+	DefaultPutAheadBytes = 64 << 20
+)
+
+// resvClass is the size and replicate config reservations are placed for.
+type resvClass struct {
+	size uint64
+	rc   string // deterministic encoding of the config
+}
+
+type heldResv struct {
+	id   uint64
+	reps []*storepb.ReplicaDescriptor
+	at   time.Time
+}
+
+type resvQueue struct {
+	rc        *storepb.ReplicateConfig
+	free      []heldResv // oldest first
+	inflight  int        // asked for, not answered yet
+	misses    int        // puts that found none
+	refilling bool
+	noRoom    time.Time // the master had no room: ask again after this
+}
+
+type putAhead struct {
+	perClass int
+	maxBytes uint64
+
+	mu      sync.Mutex
+	classes map[resvClass]*resvQueue
+	bytes   uint64   // held and asked for
+	release []uint64 // ids to give back with the next RPC
+	ttl     time.Duration
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+func newPutAhead(perClass int, maxBytes int64) *putAhead {
+	return &putAhead{perClass: perClass, maxBytes: uint64(maxBytes), classes: map[resvClass]*resvQueue{}}
+}
+
+func classOf(size uint64, rc *storepb.ReplicateConfig) resvClass {
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(rc)
+	return resvClass{size: size, rc: string(b)}
+}
+
+// usable reports whether h may still be written and committed.
+func (a *putAhead) usable(h heldResv, now time.Time) bool {
+	return a.ttl > 0 && now.Sub(h.at) < a.ttl/2
+}
+
+// take returns a reservation of class k, or false; refill is set when the
+// caller should start a background refill of k.
+func (a *putAhead) take(k resvClass, rc *storepb.ReplicateConfig) (h heldResv, ok, refill bool) {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return heldResv{}, false, false
+	}
+	q := a.classes[k]
+	if q == nil {
+		q = &resvQueue{rc: rc}
+		a.classes[k] = q
+	}
+	for len(q.free) > 0 {
+		h = q.free[0]
+		q.free = q.free[1:]
+		if a.usable(h, now) {
+			a.bytes -= k.size
+			return h, true, false
+		}
+		a.dropLocked(k, h)
+	}
+	q.misses++
+	if q.misses >= 2 && !q.refilling && q.inflight == 0 && now.After(q.noRoom) && a.room(k) > 0 {
+		q.refilling = true
+		return heldResv{}, false, true
+	}
+	return heldResv{}, false, false
+}
+
+// room is how many more reservations of k fit the budgets.
+func (a *putAhead) room(k resvClass) int {
+	q := a.classes[k]
+	n := a.perClass - len(q.free) - q.inflight
+	if a.bytes >= a.maxBytes {
+		return 0
+	}
+	return max(0, min(n, int((a.maxBytes-a.bytes)/k.size)))
+}
+
+// ask books the reservations of k to request with the next RPC.
+func (a *putAhead) ask(k resvClass) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	q := a.classes[k]
+	if a.closed || q == nil || time.Now().Before(q.noRoom) {
+		return 0
+	}
+	n := a.room(k)
+	q.inflight += n
+	a.bytes += uint64(n) * k.size
+	return n
+}
+
+// got files the answer to a request for asked reservations of k (res nil
+// when the RPC failed).
+func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl time.Duration) {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ttl > 0 {
+		a.ttl = ttl
+	}
+	q := a.classes[k]
+	q.inflight -= asked
+	a.bytes -= uint64(asked) * k.size
+	if res.GetErrorCode() != 0 {
+		q.noRoom = now.Add(time.Second)
+	}
+	for _, r := range res.GetReservations() {
+		if a.closed || r.Size != k.size {
+			a.release = append(a.release, r.Id)
+			continue
+		}
+		q.free = append(q.free, heldResv{id: r.Id, reps: r.Replicas, at: now})
+		a.bytes += k.size
+	}
+}
+
+// putBack returns an unused reservation (its put found the key stored),
+// or gives it back when its replacement already came.
+func (a *putAhead) putBack(k resvClass, h heldResv) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if q := a.classes[k]; q != nil && !a.closed && a.usable(h, time.Now()) && len(q.free)+q.inflight < a.perClass {
+		q.free = append([]heldResv{h}, q.free...)
+		a.bytes += k.size
+		return
+	}
+	a.release = append(a.release, h.id)
+}
+
+// drop gives a taken reservation back with the next RPC.
+func (a *putAhead) drop(id uint64) {
+	a.mu.Lock()
+	a.release = append(a.release, id)
+	a.mu.Unlock()
+}
+
+func (a *putAhead) dropLocked(k resvClass, h heldResv) {
+	a.release = append(a.release, h.id)
+	a.bytes -= k.size
+}
+
+// takeRelease returns the ids to give back and forgets them.
+func (a *putAhead) takeRelease() []uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.release
+	a.release = nil
+	return r
+}
+
+// age moves reservations past their use-by time, and with all set every
+// one, to the release list. It reports whether anything is to be given
+// back.
+func (a *putAhead) age(all bool) bool {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, q := range a.classes {
+		kept := q.free[:0]
+		for _, h := range q.free {
+			if all || !a.usable(h, now) {
+				a.dropLocked(k, h)
+			} else {
+				kept = append(kept, h)
+			}
+		}
+		clear(q.free[len(kept):])
+		q.free = kept
+		if len(q.free) == 0 && q.inflight == 0 && !q.refilling {
+			delete(a.classes, k) // idle: it must earn reservations again
+		}
+	}
+	return len(a.release) > 0
+}
+
+// held is the number of reservations held now.
+func (a *putAhead) held() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, q := range a.classes {
+		n += len(q.free)
+	}
+	return n
+}
+
+// refill asks the master for reservations of k in the background.
+func (c *Client) refill(k resvClass) {
+	a := c.ahead
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		n := a.ask(k)
+		a.mu.Lock()
+		rc := a.classes[k].rc
+		a.mu.Unlock()
+		var res *storepb.ReserveResult
+		var ttl time.Duration
+		if n > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+			resp, err := c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(),
+				Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n)}},
+				Release: a.takeRelease()})
+			cancel()
+			if err != nil {
+				c.log.Debug("reserving space ahead of puts failed", "err", errcode.FromStatus(err))
+			} else if len(resp.Results) == 1 {
+				res, ttl = resp.Results[0], time.Duration(resp.TtlMs)*time.Millisecond
+			}
+			a.got(k, n, res, ttl)
+		}
+		a.mu.Lock()
+		a.classes[k].refilling = false
+		a.mu.Unlock()
+	}()
+}
+
+// giveBack sends the release list to the master now.
+func (c *Client) giveBack(ctx context.Context) {
+	ids := c.ahead.takeRelease()
+	if len(ids) == 0 {
+		return
+	}
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	if _, err := c.master.ReservePut(rctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Release: ids}); err != nil {
+		// The master frees them at its release timeout.
+		c.log.Debug("giving reservations back failed", "n", len(ids), "err", errcode.FromStatus(err))
+	}
+}
+
+// aheadLoop gives back reservations past their use-by time.
+func (c *Client) aheadLoop(ctx context.Context) {
+	defer c.ahead.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if c.ahead.age(false) {
+			c.giveBack(ctx)
+		}
+	}
+}
+
+// closeAhead stops put-ahead and gives every reservation back.
+func (c *Client) closeAhead() {
+	a := c.ahead
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	a.closed = true
+	a.mu.Unlock()
+	if c.aheadStop != nil {
+		c.aheadStop()
+	}
+	a.wg.Wait()
+	a.age(true)
+	c.giveBack(context.Background())
+}
+
+// commitQ is one put's CommitPut item.
+type commitQ struct {
+	key   string
+	id    uint64
+	block *storepb.BlockMetadata
+	class resvClass
+}
+
+// rpcCommit commits items and, in the same RPC, asks for replacements of
+// their classes and gives back what is to be released.
+func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []error) {
+	a := c.ahead
+	errs := make([]error, len(qs))
+	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease()}
+	var classes []resvClass
+	var asked []int
+	for i, q := range qs {
+		req.Items[i] = &storepb.CommitItem{Key: q.key, ReservationId: q.id, Block: q.block}
+		if !containsClass(classes, q.class) {
+			if n := a.ask(q.class); n > 0 {
+				a.mu.Lock()
+				rc := a.classes[q.class].rc
+				a.mu.Unlock()
+				classes, asked = append(classes, q.class), append(asked, n)
+				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: rc, Count: uint32(n)})
+			}
+		}
+	}
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	resp, err := c.master.CommitPut(rctx, req)
+	if err == nil && (len(resp.Results) != len(qs) || len(resp.Reserved) != len(req.Reserve)) {
+		err = errcode.New(errcode.InternalError, "CommitPut answered %d results for %d items", len(resp.Results), len(qs))
+	}
+	ttl := time.Duration(resp.GetTtlMs()) * time.Millisecond
+	for j, k := range classes {
+		var res *storepb.ReserveResult
+		if err == nil {
+			res = resp.Reserved[j]
+		}
+		a.got(k, asked[j], res, ttl)
+	}
+	if err != nil {
+		fill(errs, errcode.FromStatus(err))
+		return make([]struct{}, len(qs)), errs
+	}
+	for i, r := range resp.Results {
+		errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
+	}
+	return make([]struct{}, len(qs)), errs
+}
+
+func containsClass(ks []resvClass, k resvClass) bool {
+	for _, x := range ks {
+		if x == k {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,179 @@
+package store
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// warmAhead puts values of size until the client holds reservations for
+// the class, and returns how many puts that took.
+func warmAhead(t *testing.T, c *Client, prefix string, size int, rc ReplicateConfig) int {
+	t.Helper()
+	ctx := tctx(t)
+	n := 0
+	eventually(t, "reservations for the class", func() bool {
+		if err := c.Put(ctx, fmt.Sprintf("%s/%d", prefix, n), randBytes(size, uint64(n)), rc); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		return c.ahead.held() > 0
+	})
+	return n
+}
+
+// TestPutAhead: once a size is put repeatedly, each put is one CommitPut
+// (no PutStart/PutEnd), values land where another client reads them, and
+// Close gives every reservation back.
+func TestPutAhead(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 32<<20, func(c *Config) { c.PutAhead = 4 })
+	b := newTestClient(t, tm, 32<<20)
+	ctx := tctx(t)
+	rc := ReplicateConfig{Replicas: 2}
+	warm := warmAhead(t, a, "warm", 64<<10, rc)
+	if st := tm.m.Stats(); st.Reservations != 4 || st.ReservedBytes != 4*64<<10 {
+		t.Fatalf("master holds %d reservations of %d bytes, want 4", st.Reservations, st.ReservedBytes)
+	}
+	before := a.Stats()
+	const n = 20
+	for i := range n {
+		if err := a.Put(ctx, fmt.Sprintf("k/%d", i), randBytes(64<<10, uint64(100+i)), rc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := a.Stats()
+	if d := after.PutsAhead - before.PutsAhead; d != n {
+		t.Fatalf("%d of %d puts went ahead", d, n)
+	}
+	rpc := func(s Stats, name string) uint64 { return s.RPC[name].Calls }
+	if d := rpc(after, "CommitPut") - rpc(before, "CommitPut"); d != n {
+		t.Fatalf("%d CommitPut calls for %d puts", d, n)
+	}
+	if d := rpc(after, "PutStart") + rpc(after, "PutEnd") - rpc(before, "PutStart") - rpc(before, "PutEnd"); d != 0 {
+		t.Fatalf("%d PutStart/PutEnd calls in steady state", d)
+	}
+	if st := tm.m.Stats(); st.Reservations != 4 {
+		t.Fatalf("reservations not replaced: %d", st.Reservations)
+	}
+	for i := range n {
+		got, err := b.Get(ctx, fmt.Sprintf("k/%d", i))
+		if err != nil || !bytes.Equal(got, randBytes(64<<10, uint64(100+i))) {
+			t.Fatalf("get k/%d: %v", i, err)
+		}
+		if segs := segmentsOf(t, tm, fmt.Sprintf("k/%d", i)); len(segs) != 2 {
+			t.Fatalf("k/%d on %v", i, segs)
+		}
+	}
+	// Another size or config is another class: the first put of it takes
+	// two RPCs.
+	if err := a.Put(ctx, "other", randBytes(1000, 1), rc); err != nil {
+		t.Fatal(err)
+	}
+	if a.Stats().PutsAhead != after.PutsAhead {
+		t.Fatal("a put of a new size went ahead")
+	}
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := tm.m.Stats(); st.Reservations != 0 || st.Keys != int64(warm+n+1) {
+		t.Fatalf("after Close: %d reservations, %d keys", st.Reservations, st.Keys)
+	}
+}
+
+// TestPutAheadDuplicateAndFailure: a put-ahead of a stored key fails with
+// OBJECT_ALREADY_EXISTS and keeps its reservation; one whose write fails
+// stores nothing and gives its reservation back.
+func TestPutAheadDuplicateAndFailure(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 32<<20, protocols("tcp"), func(c *Config) { c.PutAhead = 2 })
+	b := newTestClient(t, tm, 32<<20, protocols("tcp"))
+	ctx := tctx(t)
+	rc := ReplicateConfig{Preferred: []string{b.SegmentName()}}
+	warmAhead(t, a, "warm", 4096, rc)
+	eventually(t, "a full class", func() bool { return a.ahead.held() == 2 })
+	if err := a.Put(ctx, "warm/0", randBytes(4096, 9), rc); !errors.Is(err, errcode.ErrObjectAlreadyExists) {
+		t.Fatalf("duplicate put: %v", err)
+	}
+	if a.ahead.held() != 2 || a.Stats().AheadGone != 0 {
+		t.Fatalf("duplicate lost its reservation: held %d", a.ahead.held())
+	}
+	if got, err := b.Get(ctx, "warm/0"); err != nil || !bytes.Equal(got, randBytes(4096, 0)) {
+		t.Fatalf("the first value changed: %v", err)
+	}
+
+	// The write fails: b's segment cannot be reached by a.
+	a.beforeWrite = func() { b.eng.Close() }
+	err := a.Put(ctx, "doomed", randBytes(4096, 1), rc)
+	a.beforeWrite = nil
+	if !errors.Is(err, errcode.ErrTransferFail) {
+		t.Fatalf("put to a dead engine: %v", err)
+	}
+	if _, err := tm.m.QueryKey("doomed"); !errors.Is(err, errcode.ErrObjectNotFound) {
+		t.Fatalf("master knows the failed key: %v", err)
+	}
+	// Given back with the next RPC, or by the background loop.
+	eventually(t, "the reservation given back", func() bool { return tm.m.Stats().Reservations == 1 })
+}
+
+// TestPutAheadGone: a reservation the master no longer has sends the put
+// down the two-RPC path, which stores it.
+func TestPutAheadGone(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 32<<20, func(c *Config) { c.PutAhead = 3 })
+	ctx := tctx(t)
+	warmAhead(t, a, "warm", 8192, ReplicateConfig{})
+	eventually(t, "a full class", func() bool { return tm.m.Stats().Reservations == 3 })
+	var ids []uint64
+	for _, r := range tm.m.Reservations() {
+		ids = append(ids, r.ID)
+	}
+	if n := tm.m.Unreserve(master.UUID{Hi: a.ID().Hi, Lo: a.ID().Lo}, ids); n != 3 {
+		t.Fatalf("freed %d", n)
+	}
+	if err := a.Put(ctx, "k", randBytes(8192, 5), ReplicateConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if st := a.Stats(); st.AheadGone != 1 {
+		t.Fatalf("AheadGone %d", st.AheadGone)
+	}
+	got, err := a.Get(ctx, "k")
+	if err != nil || !bytes.Equal(got, randBytes(8192, 5)) {
+		t.Fatalf("get: %v", err)
+	}
+}
+
+// TestPutAheadFullPool: reservations never stop a put that needs their
+// space: on NO_AVAILABLE_HANDLE the client gives them back and retries.
+func TestPutAheadFullPool(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 8<<20, func(c *Config) { c.PutAhead = 8 })
+	ctx := tctx(t)
+	hard := ReplicateConfig{HardPin: true} // never evicted
+	warmAhead(t, a, "small", 512<<10, hard)
+	eventually(t, "reservations", func() bool { return tm.m.Stats().Reservations >= 4 })
+	free := uint64(8<<20) - tm.m.Stats().Allocated
+	// Needs more than is free, less than free plus the reservations.
+	big := int(free + 1<<20)
+	if err := a.Put(ctx, "big", randBytes(big, 1), hard); err != nil {
+		t.Fatalf("put of %d bytes with %d free: %v", big, free, err)
+	}
+}
+
+func TestPutAheadDisabled(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 16<<20, twoRPCPuts)
+	ctx := tctx(t)
+	for i := range 10 {
+		if err := a.Put(ctx, fmt.Sprint(i), randBytes(4096, uint64(i)), ReplicateConfig{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := a.Stats(); st.PutsAhead != 0 || st.RPC["ReservePut"].Calls != 0 || tm.m.Stats().Reservations != 0 {
+		t.Fatalf("put-ahead ran while disabled: %+v", st.RPC["ReservePut"])
+	}
+}

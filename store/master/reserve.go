@@ -1,0 +1,342 @@
+package master
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+// Reservations make a put one round trip instead of two (PutStart, then
+// PutEnd). Reserve places space for a future put of a given size, as
+// PutStart would but under no key; the client writes a value there and
+// Commit binds the space to a key and completes the object in one step.
+// A client keeps a few reservations per value size it puts often and asks
+// for a replacement in each Commit.
+//
+// A reservation is an unfinished object owned by its client, kept in a
+// table of its own: it counts as used space, is never evicted, loses its
+// replicas with their segment like an unfinished put, may be committed
+// until PutDiscardTimeout after it was placed, and is freed at
+// PutReleaseTimeout if nobody gave it back (Unreserve) by then.
+
+// MaxReserveCount bounds the reservations one spec may ask for.
+const MaxReserveCount = 64
+
+// Reservation is space placed for one put of exactly Size bytes.
+type Reservation struct {
+	ID       uint64
+	Size     uint64
+	Replicas []Replica // status PROCESSING
+}
+
+// ReserveSpec asks for Count reservations of Size bytes placed by Config.
+type ReserveSpec struct {
+	Size   uint64
+	Config ReplicateConfig
+	Count  int
+}
+
+// ReserveResult answers one spec: the reservations placed, or the error
+// that stopped the first one.
+type ReserveResult struct {
+	Reservations []Reservation
+	Err          error
+}
+
+// CommitItem binds reservation ID to Key; Block goes to the Stored event.
+type CommitItem struct {
+	Key   string
+	ID    uint64
+	Block *BlockMeta
+}
+
+// Reserve places up to spec.Count reservations for client. Placement
+// stops at the first failure; when none was placed the error says why
+// (ErrNoAvailableHandle when no segment has room). Unlike PutStart it
+// never evicts: reservations are speculative and must not push out data.
+func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
+	switch {
+	case client.IsZero():
+		return ReserveResult{Err: errcode.New(errcode.InvalidParams, "client id is zero")}
+	case spec.Size == 0:
+		return ReserveResult{Err: errcode.New(errcode.InvalidParams, "size 0")}
+	case spec.Count < 1 || spec.Count > MaxReserveCount:
+		return ReserveResult{Err: errcode.New(errcode.InvalidParams, "count %d outside [1, %d]", spec.Count, MaxReserveCount)}
+	}
+	rc := spec.Config
+	n, err := m.checkConfig(&rc)
+	if err != nil {
+		return ReserveResult{Err: err}
+	}
+	req := alloc.Request{Size: spec.Size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode}
+	var res ReserveResult
+	for range spec.Count {
+		segs, err := m.alloc.Choose(req)
+		if err == nil {
+			op := &Op{Kind: OpReserve, Time: m.now(), Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
+				SoftPinTTL: m.pinTTL(&rc), HardPin: rc.HardPin, Segments: segs}
+			var o object
+			m.resvMu.Lock()
+			err = m.apply(nil, op, &applyArgs{obj: &o})
+			m.resvMu.Unlock()
+			if err == nil {
+				res.Reservations = append(res.Reservations, Reservation{ID: op.ID, Size: spec.Size, Replicas: m.replicas(&o)})
+				continue
+			}
+		}
+		if len(res.Reservations) == 0 {
+			res.Err = err
+		}
+		break
+	}
+	return res
+}
+
+// Commit binds reservations to keys and completes the objects, answering
+// per item: ErrReplicaIsGone for a reservation that does not exist (given
+// back, freed, lost with its segment) or is older than
+// PutDiscardTimeout; ErrIllegalClient for another client's. A key that is
+// stored, or being stored by a put younger than PutDiscardTimeout, is
+// ErrObjectAlreadyExists and the reservation stays the client's to use
+// again; an older unfinished put is taken over as PutStart does.
+func (m *Master) Commit(client UUID, items []CommitItem) []error {
+	out := make([]error, len(items))
+	for i, it := range items {
+		out[i] = m.commit(client, it)
+	}
+	return out
+}
+
+func (m *Master) commit(client UUID, it CommitItem) error {
+	if err := m.checkKey(it.Key); err != nil {
+		return err
+	}
+	sh := m.shardOf(it.Key)
+	sh.mu.Lock()
+	defer sh.unlock()
+	m.resvMu.Lock()
+	defer m.resvMu.Unlock()
+	now := m.now()
+	// Check the reservation before the key: a stale one must not take an
+	// old put's key over.
+	r, ok := m.resv[it.ID]
+	switch {
+	case !ok:
+		return errcode.New(errcode.ReplicaIsGone, "reservation %d does not exist", it.ID)
+	case r.owner() != client:
+		return errcode.New(errcode.IllegalClient, "reservation %d belongs to another client", it.ID)
+	case now-r.lease >= int64(m.cfg.PutDiscardTimeout):
+		return errcode.New(errcode.ReplicaIsGone, "reservation %d expired", it.ID)
+	}
+	if o := sh.get(it.Key); o != nil {
+		if o.complete() || now-o.lease < int64(m.cfg.PutDiscardTimeout) {
+			return errcode.New(errcode.ObjectAlreadyExists, "key %q", it.Key)
+		}
+		m.discardedPuts.Add(1)
+		if err := m.apply(sh, &Op{Kind: OpDiscard, Time: now, Key: it.Key}, &applyArgs{}); err != nil {
+			return err
+		}
+	}
+	return m.apply(sh, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{})
+}
+
+// Unreserve gives reservations back: their space is free at once (the
+// client promises it is not writing there). Unknown ids and other
+// clients' reservations are skipped; the count freed is returned.
+func (m *Master) Unreserve(client UUID, ids []uint64) int {
+	n := 0
+	m.resvMu.Lock()
+	defer m.resvMu.Unlock()
+	for _, id := range ids {
+		if r, ok := m.resv[id]; ok && r.owner() == client {
+			if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: m.now(), Client: client, ID: id}, &applyArgs{}); err != nil {
+				m.cfg.Logger.Error("master: giving a reservation back", "id", id, "err", err)
+				continue
+			}
+			n++
+		}
+	}
+	return n
+}
+
+// pinTTL is the soft-pin TTL to record: zero for the default.
+func (m *Master) pinTTL(rc *ReplicateConfig) time.Duration {
+	if !rc.SoftPin || rc.SoftPinTTL == m.cfg.SoftPinTTL {
+		return 0
+	}
+	return rc.SoftPinTTL
+}
+
+// dropReserved forgets reservation replicas on segment idx (being
+// unmounted); segMu is held.
+func (m *Master) dropReserved(idx uint32) error {
+	m.resvMu.Lock()
+	defer m.resvMu.Unlock()
+	var ids []uint64
+	for id, r := range m.resv {
+		if slices.ContainsFunc(r.placements(), func(p alloc.Placement) bool { return p.Seg == idx }) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids) // a deterministic log
+	for _, id := range ids {
+		if err := m.apply(nil, &Op{Kind: OpDropReserved, Time: m.now(), ID: id, Segments: []uint32{idx}}, &applyArgs{}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// releaseStaleReserved frees reservations older than PutReleaseTimeout.
+func (m *Master) releaseStaleReserved(now int64) {
+	m.resvMu.Lock()
+	defer m.resvMu.Unlock()
+	var ids []uint64
+	for id, r := range m.resv {
+		if now-r.lease >= int64(m.cfg.PutReleaseTimeout) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		m.releasedPuts.Add(1)
+		if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: now, ID: id}, &applyArgs{}); err != nil {
+			m.cfg.Logger.Error("master: releasing a stale reservation", "id", id, "err", err)
+		}
+	}
+}
+
+func (m *Master) reservations() int {
+	m.resvMu.Lock()
+	defer m.resvMu.Unlock()
+	return len(m.resv)
+}
+
+// Reservations lists the reservations in force (for admin and tests).
+func (m *Master) Reservations() []Reservation {
+	m.resvMu.Lock()
+	defer m.resvMu.Unlock()
+	out := make([]Reservation, 0, len(m.resv))
+	for id, r := range m.resv {
+		out = append(out, Reservation{ID: id, Size: r.size, Replicas: m.replicas(&r)})
+	}
+	slices.SortFunc(out, func(a, b Reservation) int { return cmpU64(a.ID, b.ID) })
+	return out
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// The apply functions below run with resvMu held (and, for OpCommit, the
+// key's shard lock).
+
+func (m *Master) applyReserve(op *Op, a *applyArgs) error {
+	if a.replay {
+		if len(op.Segments) != len(op.Addrs) {
+			return diverged(op, "%d segments, %d addresses", len(op.Segments), len(op.Addrs))
+		}
+		if _, ok := m.resv[op.ID]; ok || op.ID == 0 {
+			return diverged(op, "reservation %d exists", op.ID)
+		}
+	}
+	var bad error
+	ps := m.alloc.AllocateSet(op.Segments, op.Size, func(ps []alloc.Placement) {
+		if bad = m.placed(op, ps, a); bad != nil || len(ps) == 0 {
+			return
+		}
+		if a.replay {
+			m.resvNext = max(m.resvNext, op.ID)
+		} else {
+			m.resvNext++
+			op.ID = m.resvNext
+		}
+		o := m.pendingObject(op, ps)
+		m.resv[op.ID] = o
+		m.reservedBytes.Add(int64(op.Size))
+		if a.obj != nil {
+			*a.obj = o
+		}
+		m.append(op, a)
+	})
+	if bad != nil {
+		if err := m.alloc.FreeSet(ps, op.Size, nil); err != nil {
+			return fmt.Errorf("%w (undo: %v)", bad, err)
+		}
+		return bad
+	}
+	if len(ps) == 0 {
+		return errcode.New(errcode.NoAvailableHandle, "no segment could hold %d bytes", op.Size)
+	}
+	return nil
+}
+
+func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
+	r, ok := m.resv[op.ID]
+	switch {
+	case !ok || r.owner() != op.Client:
+		return diverged(op, "no reservation %d of this client", op.ID)
+	case sh.get(op.Key) != nil:
+		return diverged(op, "key exists")
+	}
+	delete(m.resv, op.ID)
+	m.reservedBytes.Add(-int64(r.size))
+	m.keys.Add(1)
+	if r.flags&fSoftPin != 0 {
+		m.softPinned.Add(1)
+	}
+	if r.flags&fHardPin != 0 {
+		m.hardPinned.Add(1)
+	}
+	m.complete(&r, op)
+	sh.insert(op.Key, r)
+	m.append(op, a)
+	if m.ev != nil && !a.replay {
+		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: r.size, Replicas: m.replicas(&r), Block: op.Block})
+	}
+	return nil
+}
+
+func (m *Master) applyUnreserve(op *Op, a *applyArgs) error {
+	r, ok := m.resv[op.ID]
+	if !ok || !op.Client.IsZero() && r.owner() != op.Client {
+		return diverged(op, "no reservation %d of this client", op.ID)
+	}
+	return m.alloc.FreeSet(r.placements(), r.size, func() {
+		delete(m.resv, op.ID)
+		m.reservedBytes.Add(-int64(r.size))
+		m.append(op, a)
+	})
+}
+
+func (m *Master) applyDropReserved(op *Op, a *applyArgs) error {
+	r, ok := m.resv[op.ID]
+	if !ok || len(op.Segments) != 1 {
+		return diverged(op, "no reservation %d", op.ID)
+	}
+	ps := r.placements()
+	i := slices.IndexFunc(ps, func(p alloc.Placement) bool { return p.Seg == op.Segments[0] })
+	if i < 0 {
+		return diverged(op, "no replica on segment %d", op.Segments[0])
+	}
+	m.droppedReplicas.Add(1)
+	if len(ps) == 1 {
+		// Its only space went with the segment.
+		delete(m.resv, op.ID)
+		m.reservedBytes.Add(-int64(r.size))
+	} else {
+		r.setPlacements(slices.Delete(ps, i, i+1))
+		m.resv[op.ID] = r
+	}
+	m.append(op, a)
+	return nil
+}
