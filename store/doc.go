@@ -24,6 +24,18 @@
 //     registered, through a staging buffer when it is not); then PutEnd.
 //     Any failure after PutStart ends in PutRevoke, so a half-written
 //     object is never visible. Batch forms answer per item.
+//   - Put-ahead (Config.PutAhead, default 8 per class; negative turns it
+//     off): after the second put of one value size and ReplicateConfig
+//     that found no reservation, the client reserves space for that class
+//     in the background (ReservePut), up to PutAhead reservations and
+//     Config.PutAheadBytes (64 MiB) in all. A put of a class with one at
+//     hand writes into it and commits it with CommitPut, which asks for
+//     its replacement in the same RPC: one round trip instead of two.
+//     A reservation is used only while younger than half the TTL the
+//     master gives; older ones, those of a failed write, and all of them
+//     at Close are given back. A commit answered REPLICA_IS_GONE retries
+//     the put on the two-RPC path; a put answered NO_AVAILABLE_HANDLE
+//     while reservations are held gives them back and retries once.
 //   - Get: the time is taken, then GetReplicaList (which grants a read
 //     lease of lease_ttl_ms); a complete memory replica is chosen (this
 //     client's own segment first, then segments on the same host, then the
@@ -50,6 +62,6 @@
 //     progress; later calls return ErrClosed.
 //
 // Stats returns the client's counters (bytes moved, put/get latency
-// histograms, per-RPC counts and latencies); cmd/crescent-client exports
+// histograms, per-RPC counts and latencies, puts that went ahead); cmd/crescent-client exports
 // them to Prometheus.
 package store

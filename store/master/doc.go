@@ -30,6 +30,18 @@
 //   - PutRevoke: same checks (a complete object is INVALID_WRITE); frees
 //     the replicas at once.
 //   - An unfinished put older than PutReleaseTimeout (600s) is freed.
+//   - Reservations (Crescent's, not the reference's): Reserve(client,
+//     size, config, count) places up to count unfinished objects under no
+//     key, with ids from a master-wide counter, as PutStart would place
+//     them, but never evicts for them (NO_AVAILABLE_HANDLE when none fits).
+//     Commit(client, key, id) binds one to a key and completes it in one
+//     step (Stored event): an unknown, given-back, lost or older than
+//     PutDiscardTimeout reservation is REPLICA_IS_GONE, another client's
+//     ILLEGAL_CLIENT, and a taken key OBJECT_ALREADY_EXISTS with the
+//     reservation left usable (an old unfinished put is taken over as by
+//     PutStart). Unreserve frees at once; reservations lose replicas with
+//     their segment and are freed at PutReleaseTimeout. They count as
+//     allocated space and are never evicted.
 //   - GetReplicaList: only complete objects (unfinished:
 //     REPLICA_IS_NOT_READY); grants a lease, lease = max(lease, now +
 //     LeaseTTL) and renews a soft pin the same way; the answer carries
@@ -73,7 +85,8 @@
 // Every metadata change goes through one function (apply) as an Op:
 // PutStart (with the segments chosen and the addresses obtained), PutEnd,
 // PutRevoke, Remove, Evict, Discard, DiscardFree, PutRelease, DropReplica,
-// Mount, UnmountStart, Unmount, ClientExpired. When Config.OpLog is set,
+// Mount, UnmountStart, Unmount, ClientExpired, Reserve (with the id
+// given), Commit, Unreserve, DropReserved. When Config.OpLog is set,
 // each Op is appended while the master holds the locks of everything it
 // touches, so the append order is a valid serialisation. Replay applies a
 // logged Op on another master (a standby): placement is not chosen again
@@ -97,7 +110,7 @@
 // shards by hash of the key, each with its own mutex. Lock order:
 // segMu (mount, unmount, expiry) or evictMu (one eviction round at a
 // time) -> shard (one at a time; RemoveAll takes all, in index order) ->
-// allocator table -> discardMu (quarantine) -> segments (in index order);
+// resvMu (reservations) -> allocator table -> discardMu (quarantine) -> segments (in index order);
 // clientMu is a leaf. PutStart releases its shard before running an
 // eviction round. Whole-table
 // work (eviction scans, unmount, regex, release) takes shards one at a
@@ -113,6 +126,9 @@
 // answer every item in request order with its code (0 = OK); a malformed
 // batch (keys and sizes of different lengths, missing client_id) fails as
 // a whole with INVALID_PARAMS. Write, segment and Ping RPCs need client_id.
+// ReservePut and CommitPut answer per spec and per item, give back the
+// release ids first (unknown ones are ignored), carry the reservation TTL
+// (PutDiscardTimeout) and take at most 64 specs of at most 64 each.
 // Service.Counts and WithObserver feed metrics. Serve runs a grpc.Server
 // until its context ends.
 package master

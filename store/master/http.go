@@ -20,6 +20,7 @@ type Metrics struct {
 	lat *prometheus.HistogramVec
 
 	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients *prometheus.Desc
+	reservations, reservedBytes                                                   *prometheus.Desc
 	evictRuns, evictKeys, evictBytes, expired, discarded, released, dropped, lost *prometheus.Desc
 	// Per RPC, named as the reference does: master_<rpc>_requests_total.
 	requests, failures, items, itemFailures map[string]*prometheus.Desc
@@ -38,27 +39,34 @@ func NewMetrics(m *Master, svc *Service) *Metrics {
 			Help:    "Time to serve a master RPC.",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
 		}, []string{"rpc"}),
-		capacity:     d("master_total_capacity_bytes", "Bytes of all mounted segments."),
-		allocated:    d("master_allocated_bytes", "Bytes reserved for replicas."),
-		keys:         d("master_key_count", "Objects, finished or not."),
-		pending:      d("master_pending_key_count", "Objects between PutStart and PutEnd."),
-		softPinned:   d("master_soft_pin_key_count", "Soft-pinned objects."),
-		hardPinned:   d("master_hard_pin_key_count", "Hard-pinned objects."),
-		segments:     d("master_segment_count", "Mounted segments."),
-		clients:      d("master_active_clients", "Clients with mounted segments."),
-		evictRuns:    d("master_eviction_runs_total", "Eviction rounds."),
-		evictKeys:    d("master_evicted_keys_total", "Objects evicted."),
-		evictBytes:   d("master_evicted_bytes_total", "Bytes freed by eviction."),
-		expired:      d("master_expired_clients_total", "Clients dropped for missing heartbeats."),
-		discarded:    d("master_discarded_puts_total", "Unfinished puts taken over after the discard timeout."),
-		released:     d("master_released_puts_total", "Unfinished puts freed at the release timeout."),
-		dropped:      d("master_dropped_replicas_total", "Replicas lost with their segment."),
-		lost:         d("master_lost_keys_total", "Objects erased because no replica was left."),
-		requests:     perRPC("requests_total", "%s RPCs served."),
-		failures:     perRPC("failures_total", "%s RPCs answered with an error."),
-		items:        perRPC("items_total", "Items of %s batch RPCs."),
-		itemFailures: perRPC("item_failures_total", "Failed items of %s batch RPCs."),
+		capacity:      d("master_total_capacity_bytes", "Bytes of all mounted segments."),
+		allocated:     d("master_allocated_bytes", "Bytes reserved for replicas."),
+		keys:          d("master_key_count", "Objects, finished or not."),
+		pending:       d("master_pending_key_count", "Objects between PutStart and PutEnd."),
+		softPinned:    d("master_soft_pin_key_count", "Soft-pinned objects."),
+		hardPinned:    d("master_hard_pin_key_count", "Hard-pinned objects."),
+		segments:      d("master_segment_count", "Mounted segments."),
+		clients:       d("master_active_clients", "Clients with mounted segments."),
+		reservations:  d("master_reservation_count", "Space placed ahead of puts (ReservePut), not yet committed."),
+		reservedBytes: d("master_reserved_bytes", "Bytes of those reservations (one replica each)."),
+		evictRuns:     d("master_eviction_runs_total", "Eviction rounds."),
+		evictKeys:     d("master_evicted_keys_total", "Objects evicted."),
+		evictBytes:    d("master_evicted_bytes_total", "Bytes freed by eviction."),
+		expired:       d("master_expired_clients_total", "Clients dropped for missing heartbeats."),
+		discarded:     d("master_discarded_puts_total", "Unfinished puts taken over after the discard timeout."),
+		released:      d("master_released_puts_total", "Unfinished puts freed at the release timeout."),
+		dropped:       d("master_dropped_replicas_total", "Replicas lost with their segment."),
+		lost:          d("master_lost_keys_total", "Objects erased because no replica was left."),
+		requests:      perRPC("requests_total", "%s RPCs served."),
+		failures:      perRPC("failures_total", "%s RPCs answered with an error."),
+		items:         perRPC("items_total", "Items of %s batch RPCs."),
+		itemFailures:  perRPC("item_failures_total", "Failed items of %s batch RPCs."),
 	}
+}
+
+// itemRPC reports whether the RPC answers per item.
+func itemRPC(name string) bool {
+	return strings.HasPrefix(name, "batch_") || name == "reserve_put" || name == "commit_put"
 }
 
 func perRPC(suffix, help string) map[string]*prometheus.Desc {
@@ -77,7 +85,7 @@ func (x *Metrics) Observe(rpc string, d time.Duration, _ error) {
 // Describe implements prometheus.Collector.
 func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{x.capacity, x.allocated, x.keys, x.pending, x.softPinned, x.hardPinned, x.segments, x.clients,
-		x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost} {
+		x.reservations, x.reservedBytes, x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost} {
 		ch <- d
 	}
 	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures} {
@@ -103,6 +111,8 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 	g(x.hardPinned, float64(s.HardPinnedKeys))
 	g(x.segments, float64(s.Segments))
 	g(x.clients, float64(s.ActiveClients))
+	g(x.reservations, float64(s.Reservations))
+	g(x.reservedBytes, float64(s.ReservedBytes))
 	c(x.evictRuns, s.EvictionRuns)
 	c(x.evictKeys, s.EvictedKeys)
 	c(x.evictBytes, s.EvictedBytes)
@@ -115,7 +125,7 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 		for _, r := range x.svc.Counts() {
 			c(x.requests[r.Name], r.Requests)
 			c(x.failures[r.Name], r.Failures)
-			if strings.HasPrefix(r.Name, "batch_") {
+			if itemRPC(r.Name) {
 				c(x.items[r.Name], r.Items)
 				c(x.itemFailures[r.Name], r.ItemFailures)
 			}
@@ -227,6 +237,7 @@ func writeSummary(w http.ResponseWriter, m *Master, svc *Service) {
 	fmt.Fprintf(&b, "Eviction: %d runs, %d keys, %s freed\n", s.EvictionRuns, s.EvictedKeys, bytesString(s.EvictedBytes))
 	fmt.Fprintf(&b, "Liveness: %d clients expired, %d replicas dropped, %d keys lost\n", s.ExpiredClients, s.DroppedReplicas, s.LostKeys)
 	fmt.Fprintf(&b, "Unfinished puts: %d taken over, %d released\n", s.DiscardedPuts, s.ReleasedPuts)
+	fmt.Fprintf(&b, "Put-ahead reservations: %d (%s)\n", s.Reservations, bytesString(s.ReservedBytes))
 	if svc != nil {
 		b.WriteString("RPCs (requests / failures):\n")
 		for _, r := range svc.Counts() {

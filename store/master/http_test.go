@@ -21,6 +21,7 @@ func TestAdminHandler(t *testing.T) {
 	if _, _, err := e.m.GetReplicaList("k1"); err != nil {
 		t.Fatal(err)
 	}
+	e.reserve(a, 4096, ReplicateConfig{}, 2)
 	var metrics *Metrics
 	svc := NewService(e.m, WithObserver(func(rpc string, d time.Duration, err error) { metrics.Observe(rpc, d, err) }))
 	metrics = NewMetrics(e.m, svc)
@@ -50,13 +51,14 @@ func TestAdminHandler(t *testing.T) {
 	for _, want := range []string{
 		"master_total_capacity_bytes 1.048576e+06", "master_key_count 2", "master_hard_pin_key_count 1",
 		"master_active_clients 1", "master_segment_count 1", "master_put_start_requests_total 0", "master_get_replica_list_requests_total 0", "master_batch_put_start_items_total 0",
+		"master_reservation_count 2", "master_reserved_bytes 8192", "master_commit_put_items_total 0",
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
 	if _, body := get("/metrics/summary"); !strings.Contains(body, "Keys: 2 (0 unfinished, 0 soft-pinned, 1 hard-pinned)") ||
-		!strings.Contains(body, "1 segments, 1 active clients") {
+		!strings.Contains(body, "1 segments, 1 active clients") || !strings.Contains(body, "Put-ahead reservations: 2 (8.0 KiB)") {
 		t.Fatalf("summary:\n%s", body)
 	}
 	code, body = get("/query_key?key=k1")
