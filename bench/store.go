@@ -105,6 +105,10 @@ type StoreConfig struct {
 	// value size for one-round-trip puts (0 = the client's default,
 	// negative = off: every put is PutStart+PutEnd).
 	PutAhead int `json:"put_ahead,omitempty"`
+	// MasterProtocol is the clients' Config.MasterProtocol: auto
+	// (default: crpc, the master's light framing, when it answers), crpc
+	// or grpc.
+	MasterProtocol string `json:"master_protocol,omitempty"`
 	// Objects is the number of objects meta stores (default 1,000,000).
 	Objects int `json:"objects,omitempty"`
 	// Progress, when set, receives a line per round.
@@ -219,6 +223,8 @@ type StoreResult struct {
 	Replicas        int    `json:"replicas"`
 	// PutAhead as configured (0 = the client's default, negative = off).
 	PutAhead int `json:"put_ahead"`
+	// MasterProtocol the clients used: crpc or grpc.
+	MasterProtocol string `json:"master_protocol"`
 	// ZeroCopy: every call moved values with no copy in user space.
 	ZeroCopy       bool    `json:"zero_copy"`
 	Protocol       string  `json:"protocol"`
@@ -388,6 +394,7 @@ func drive(ctx context.Context, d time.Duration, steps []stepFunc) (*roundStats,
 // child process.
 type benchClient interface {
 	segment() string
+	masterProtocol() string
 	prepare(ctx context.Context, p *storePlan) error
 	run(ctx context.Context, d time.Duration) (*roundStats, error)
 	close() error
@@ -408,7 +415,7 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 	sc := store.Config{
 		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
 		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
-		PutAhead: cfg.PutAhead,
+		PutAhead: cfg.PutAhead, MasterProtocol: cfg.MasterProtocol,
 	}
 	if cfg.Protocol != "" {
 		sc.Protocols = []string{cfg.Protocol}
@@ -437,6 +444,8 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 }
 
 func (lc *localClient) segment() string { return lc.c.SegmentName() }
+
+func (lc *localClient) masterProtocol() string { return lc.c.MasterProtocol() }
 
 func (lc *localClient) close() error {
 	var err error
@@ -904,7 +913,8 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		Operation: c.Operation, ValueSize: c.ValueSize, Clients: c.Clients, ClientProcesses: c.ClientProcesses,
 		Threads: c.Threads, Batch: c.Batch, Replicas: c.Replicas, ZeroCopy: c.zeroCopy(), Protocol: c.Protocol,
 		GetKeys: gets, RingKeys: ring, Baseline: c.Baseline, Master: where, PutAhead: c.PutAhead,
-		DurationS: tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
+		MasterProtocol: clients[0].masterProtocol(),
+		DurationS:      tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
 	}
 	if res.Protocol == "" {
 		res.Protocol = "default"

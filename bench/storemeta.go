@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -32,19 +34,22 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 	size := max(uint64(1)<<40, 2*uint64(c.Objects)*uint64(reserved(c.ValueSize)))
 	seg := &storepb.Segment{Id: segID, Name: "crescent-bench-meta-" + run + ":1", Base: 1 << 48, Size: size, Protocol: "tcp"}
 
-	var conns []*grpc.ClientConn
+	var conns []grpc.ClientConnInterface
 	defer func() {
 		for _, cc := range conns {
-			cc.Close()
+			cc.(io.Closer).Close()
 		}
 	}()
 	for range c.Clients {
-		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)))
+		cc, err := dialMaster(ctx, addr, c.MasterProtocol)
 		if err != nil {
-			return nil, fmt.Errorf("bench: master %s: %w", addr, err)
+			return nil, err
 		}
 		conns = append(conns, cc)
+	}
+	c.MasterProtocol = "grpc"
+	if _, ok := conns[0].(*crpc.Conn); ok {
+		c.MasterProtocol = "crpc"
 	}
 	mc := storepb.NewMasterClient(conns[0])
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -134,12 +139,31 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 	}
 	res := &StoreResult{
 		Operation: "meta", ValueSize: c.ValueSize, Clients: c.Clients, Threads: c.Threads, Batch: c.Batch,
-		Replicas: 1, Protocol: "grpc", Baseline: "none",
+		Replicas: 1, MasterProtocol: c.MasterProtocol, Baseline: "none",
 		DurationS: s.Elapsed.Seconds(), Ops: s.Ops, Puts: s.Puts,
 		OpsPerSec: float64(s.Ops) / s.Elapsed.Seconds(),
 	}
 	res.P50us, res.P99us, res.P999us = percentiles(&s.Hist)
 	return res, nil
+}
+
+// dialMaster connects as store clients do (Config.MasterProtocol).
+func dialMaster(ctx context.Context, addr, proto string) (grpc.ClientConnInterface, error) {
+	if proto != "grpc" {
+		cc, err := crpc.Dial(ctx, addr)
+		if err == nil {
+			return cc, nil
+		}
+		if proto == "crpc" {
+			return nil, fmt.Errorf("bench: master %s: %w", addr, err)
+		}
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("bench: master %s: %w", addr, err)
+	}
+	return cc, nil
 }
 
 // errMetaDone ends a meta worker once every object is handed out.

@@ -26,6 +26,7 @@ type clientMsg struct {
 	Plan    *storePlan    `json:"plan,omitempty"`
 	Dur     time.Duration `json:"dur,omitempty"`
 	Segment string        `json:"segment,omitempty"`
+	Proto   string        `json:"proto,omitempty"`
 	Stats   *statsWire    `json:"stats,omitempty"`
 	Error   string        `json:"error,omitempty"`
 }
@@ -120,7 +121,7 @@ func ServeStoreClient(ctx context.Context, in io.Reader, out io.Writer) error {
 				lc, err = newLocalClient(ctx, &cfg, m.Index, m.Master)
 			}
 			if err == nil {
-				reply.Segment = lc.segment()
+				reply.Segment, reply.Proto = lc.segment(), lc.masterProtocol()
 			}
 		case m.Cmd == "prepare" && lc != nil && m.Plan != nil:
 			err = lc.prepare(ctx, m.Plan)
@@ -150,6 +151,7 @@ type remoteClient struct {
 	stderr  *lockedBuffer
 	exited  chan struct{}
 	seg     string
+	proto   string
 	once    sync.Once
 }
 
@@ -185,7 +187,7 @@ func startRemoteClient(ctx context.Context, cfg *StoreConfig, index int, masterA
 		rc.close()
 		return nil, err
 	}
-	rc.seg = reply.Segment
+	rc.seg, rc.proto = reply.Segment, reply.Proto
 	return rc, nil
 }
 
@@ -225,6 +227,8 @@ func (rc *remoteClient) stderrTail() string {
 }
 
 func (rc *remoteClient) segment() string { return rc.seg }
+
+func (rc *remoteClient) masterProtocol() string { return rc.proto }
 
 func (rc *remoteClient) prepare(ctx context.Context, p *storePlan) error {
 	_, err := rc.call(ctx, &clientMsg{Cmd: "prepare", Plan: p})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -33,6 +35,11 @@ const (
 type Config struct {
 	// MasterAddr is the master's gRPC address (default 127.0.0.1:50051).
 	MasterAddr string
+	// MasterProtocol is how to talk to the master: "crpc" (the master
+	// service over internal/crpc's light framing, on the same port),
+	// "grpc", or "auto" (default): crpc when the master answers it, else
+	// gRPC.
+	MasterProtocol string
 	// LocalHostname is the engine's LocalServerName ("host" or
 	// "host:port"; default: the engine's choice).
 	LocalHostname string
@@ -74,6 +81,13 @@ type Config struct {
 func (c *Config) setDefaults() error {
 	if c.MasterAddr == "" {
 		c.MasterAddr = DefaultMasterAddr
+	}
+	switch c.MasterProtocol {
+	case "":
+		c.MasterProtocol = "auto"
+	case "auto", "crpc", "grpc":
+	default:
+		return fmt.Errorf("%w: master protocol %q (want auto, crpc or grpc)", ErrInvalidConfig, c.MasterProtocol)
 	}
 	if _, _, err := net.SplitHostPort(c.MasterAddr); err != nil {
 		return fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, c.MasterAddr, err)
@@ -119,7 +133,8 @@ type Client struct {
 	cfg      Config
 	id       UUID
 	log      *slog.Logger
-	conn     *grpc.ClientConn
+	conn     io.Closer // the master connection: *crpc.Conn or *grpc.ClientConn
+	rpcProto string
 	master   storepb.MasterClient
 	eng      *engine.Engine
 	ownEng   bool
@@ -175,15 +190,9 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		}
 	}()
 
-	conn, err := grpc.NewClient(cfg.MasterAddr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		// Batch answers for many keys exceed gRPC's 4 MiB default.
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
-		grpc.WithUnaryInterceptor(c.stats.interceptor))
-	if err != nil {
-		return nil, fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, cfg.MasterAddr, err)
+	if err := c.connect(ctx); err != nil {
+		return nil, err
 	}
-	c.conn, c.master = conn, storepb.NewMasterClient(conn)
 	c.startCoalescers()
 	if cfg.PutAhead > 0 {
 		c.ahead = newPutAhead(cfg.PutAhead, cfg.PutAheadBytes)
@@ -219,6 +228,35 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	ok = true
 	return c, nil
 }
+
+// connect opens the master connection: crpc or gRPC (Config.MasterProtocol).
+func (c *Client) connect(ctx context.Context) error {
+	if c.cfg.MasterProtocol != "grpc" {
+		cc, err := crpc.Dial(ctx, c.cfg.MasterAddr, crpc.WithUnaryInterceptor(c.stats.interceptor))
+		if err == nil {
+			c.conn, c.master, c.rpcProto = cc, storepb.NewMasterClient(cc), "crpc"
+			return nil
+		}
+		if c.cfg.MasterProtocol == "crpc" {
+			return fmt.Errorf("store: master %s: %w", c.cfg.MasterAddr, errcode.FromStatus(err))
+		}
+		c.log.Debug("master does not answer crpc; using gRPC", "err", err)
+	}
+	conn, err := grpc.NewClient(c.cfg.MasterAddr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		// Batch answers for many keys exceed gRPC's 4 MiB default.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
+		grpc.WithUnaryInterceptor(c.stats.interceptor))
+	if err != nil {
+		return fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, c.cfg.MasterAddr, err)
+	}
+	c.conn, c.master, c.rpcProto = conn, storepb.NewMasterClient(conn), "grpc"
+	return nil
+}
+
+// MasterProtocol is the protocol the client talks to the master with:
+// "crpc" or "grpc".
+func (c *Client) MasterProtocol() string { return c.rpcProto }
 
 func newClient(cfg Config) *Client {
 	if cfg.Logger == nil {

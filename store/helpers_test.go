@@ -35,21 +35,39 @@ func startMaster(t testing.TB, cfg master.Config) *testMaster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	master.NewService(m).Register(g)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		g.Serve(lis)
-	}()
 	tm := &testMaster{m: m, addr: lis.Addr().String()}
-	tm.stop = sync.OnceFunc(func() {
-		g.Stop()
-		<-served
-		m.Close()
-	})
+	tm.stop = serveMaster(t, m, lis, false)
 	t.Cleanup(tm.stop)
 	return tm
+}
+
+// serveMaster serves m on lis, gRPC only or (as crescent-master does)
+// gRPC and crpc on the one port; the func returned stops it, once.
+func serveMaster(t testing.TB, m *master.Master, lis net.Listener, grpcOnly bool) func() {
+	if grpcOnly {
+		g := grpc.NewServer()
+		master.NewService(m).Register(g)
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			g.Serve(lis)
+		}()
+		return sync.OnceFunc(func() {
+			g.Stop()
+			<-served
+			m.Close()
+		})
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- master.NewService(m, master.WithGracePeriod(100*time.Millisecond)).Serve(ctx, lis) }()
+	return sync.OnceFunc(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("master Serve: %v", err)
+		}
+		m.Close()
+	})
 }
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -40,6 +40,7 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&c.RedisServer, "redis_server", "", "redis-server binary (default: $PATH)")
 	fs.StringVar(&c.LocalHostname, "local_server_name", "127.0.0.1", "clients' engine host")
 	fs.IntVar(&c.PutAhead, "put_ahead", 0, "reservations each client keeps per value size for one-round-trip puts (0: the client's default, -1: off)")
+	fs.StringVar(&c.MasterProtocol, "master_protocol", "", "clients' protocol to the master: auto (crpc when the master answers it), crpc or grpc")
 	fs.IntVar(&c.Objects, "objects", bench.DefaultMetaObjects, "meta: objects to store")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file (client processes: to FILE.PID each)")
@@ -113,8 +114,8 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 
 func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.Operation == "meta" {
-		fmt.Fprintf(out, "master metadata: %d objects of %d bytes, BatchPutStart+BatchPutEnd of %d keys, %d connections x %d workers, master %s\n",
-			r.Ops, r.ValueSize, r.Batch, r.Clients, r.Threads, r.Master)
+		fmt.Fprintf(out, "master metadata: %d objects of %d bytes, BatchPutStart+BatchPutEnd of %d keys, %d connections x %d workers, master %s over %s\n",
+			r.Ops, r.ValueSize, r.Batch, r.Clients, r.Threads, r.Master, r.MasterProtocol)
 		fmt.Fprintf(out, "%.0f objects/s in %.2f s; latency per RPC pair: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 			r.OpsPerSec, r.DurationS, r.P50us, r.P99us, r.P999us)
 		return
@@ -131,8 +132,8 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.PutAhead < 0 {
 		ahead = "put-ahead off"
 	}
-	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %d replica(s), %s, %s, protocol %s, master %s\n",
-		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, r.Replicas, path, ahead, r.Protocol, r.Master)
+	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %d replica(s), %s, %s, protocol %s, master %s over %s\n",
+		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, r.Replicas, path, ahead, r.Protocol, r.Master, r.MasterProtocol)
 	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)
 	if r.Baseline != "none" {

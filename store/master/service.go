@@ -5,11 +5,13 @@ import (
 	"errors"
 	"math"
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -111,34 +113,56 @@ func (s *Service) Counts() []RPCCount {
 	return out
 }
 
-// Register adds the service to a gRPC server.
+// Register adds the service to a gRPC server (or a crpc one).
 func (s *Service) Register(g grpc.ServiceRegistrar) { storepb.RegisterMasterServer(g, s) }
 
 // Serve serves the service on lis until ctx ends, then stops gracefully
-// (bounded by the grace period). It returns nil after ctx ends, else the
-// server's error. It does not Start or Close the Master.
+// (bounded by the grace period). Each connection is served as gRPC or, when
+// it opens with crpc's preface, as crpc (internal/crpc: the same service
+// over a lighter framing, which store clients prefer). opts configure the
+// gRPC server. It returns nil after ctx ends, else the first server error.
+// It does not Start or Close the Master.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
+	cl, gl := crpc.Split(lis)
 	g := grpc.NewServer(opts...)
 	s.Register(g)
-	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(lis) }()
+	c := crpc.NewServer()
+	s.Register(c)
+	errc := make(chan error, 2)
+	go func() { errc <- g.Serve(gl) }()
+	go func() { errc <- c.Serve(cl) }()
+	var first error
 	select {
-	case err := <-errc:
-		return err
+	case first = <-errc:
 	case <-ctx.Done():
 	}
 	stopped := make(chan struct{})
-	go func() { g.GracefulStop(); close(stopped) }()
+	go func() {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); g.GracefulStop() }()
+		go func() { defer wg.Done(); c.GracefulStop() }()
+		wg.Wait()
+		close(stopped)
+	}()
 	t := time.NewTimer(s.grace)
 	defer t.Stop()
 	select {
 	case <-stopped:
 	case <-t.C:
 		g.Stop()
+		c.Stop()
 		<-stopped
 	}
-	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-		return err
+	errs := []error{first}
+	if first == nil {
+		errs[0] = <-errc
+	}
+	errs = append(errs, <-errc)
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, crpc.ErrServerStopped) {
+			return err
+		}
 	}
 	return nil
 }
