@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -175,5 +176,86 @@ func TestPutAheadDisabled(t *testing.T) {
 	}
 	if st := a.Stats(); st.PutsAhead != 0 || st.RPC["ReservePut"].Calls != 0 || tm.m.Stats().Reservations != 0 {
 		t.Fatalf("put-ahead ran while disabled: %+v", st.RPC["ReservePut"])
+	}
+}
+
+type storedSink struct {
+	mu     sync.Mutex
+	hashes map[string][]uint64
+}
+
+func (s *storedSink) Emit(e *master.Event) {
+	if e.Kind != master.EventStored {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var h []uint64
+	if e.Block != nil {
+		h = e.Block.BlockHashes
+	}
+	s.hashes[e.Key] = h
+}
+
+// TestBatchPutAheadAndBlocks: a BatchPut of a class with reservations at
+// hand is one CommitPut; a mixed batch commits some and starts the rest;
+// rc.Blocks reach the master's Stored events either way.
+func TestBatchPutAheadAndBlocks(t *testing.T) {
+	sink := &storedSink{hashes: map[string][]uint64{}}
+	tm := startMaster(t, master.Config{Events: sink})
+	a := newTestClient(t, tm, 32<<20, func(c *Config) { c.PutAhead = 4 })
+	ctx := tctx(t)
+	warmAhead(t, a, "warm", 32<<10, ReplicateConfig{})
+	eventually(t, "a full class", func() bool { return a.ahead.held() == 4 })
+	before := a.Stats()
+	keys := []string{"b0", "b1", "b2"}
+	vals := [][]byte{randBytes(32<<10, 10), randBytes(32<<10, 11), randBytes(32<<10, 12)}
+	rc := ReplicateConfig{Blocks: []*BlockMeta{{BlockHashes: []uint64{100}}, nil, {BlockHashes: []uint64{102}}}}
+	for i, err := range a.BatchPut(ctx, keys, vals, rc) {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	after := a.Stats()
+	if d := after.PutsAhead - before.PutsAhead; d != 3 {
+		t.Fatalf("%d of 3 items went ahead", d)
+	}
+	if d := after.RPC["CommitPut"].Calls - before.RPC["CommitPut"].Calls; d != 1 {
+		t.Fatalf("%d CommitPut calls", d)
+	}
+	if d := after.RPC["BatchPutStart"].Calls - before.RPC["BatchPutStart"].Calls; d != 0 {
+		t.Fatalf("%d BatchPutStart calls", d)
+	}
+	// Six items with at most four reservations: both paths in one call.
+	keys2 := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
+	var vals2 [][]byte
+	var blocks2 []*BlockMeta
+	for i := range keys2 {
+		vals2 = append(vals2, randBytes(32<<10, uint64(20+i)))
+		blocks2 = append(blocks2, &BlockMeta{BlockHashes: []uint64{uint64(200 + i)}})
+	}
+	for i, err := range a.BatchPut(ctx, keys2, vals2, ReplicateConfig{Blocks: blocks2}) {
+		if err != nil {
+			t.Fatalf("item %d: %v", i, err)
+		}
+	}
+	for i, k := range append(keys, keys2...) {
+		want := append(vals, vals2...)[i]
+		if got, err := a.Get(ctx, k); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("get %s: %v", k, err)
+		}
+	}
+	sink.mu.Lock()
+	for k, want := range map[string][]uint64{"b0": {100}, "b1": nil, "b2": {102}, "m0": {200}, "m5": {205}} {
+		if got := sink.hashes[k]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s stored with hashes %v, want %v", k, got, want)
+		}
+	}
+	sink.mu.Unlock()
+	errs := a.BatchPut(ctx, []string{"x", "y"}, [][]byte{{1}, {2}}, ReplicateConfig{Blocks: []*BlockMeta{{}}})
+	for _, err := range errs {
+		if !errors.Is(err, errcode.ErrInvalidParams) {
+			t.Fatalf("blocks of the wrong length: %v", errs)
+		}
 	}
 }

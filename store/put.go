@@ -67,6 +67,12 @@ func (c *Client) put(ctx context.Context, key string, value []byte, rc Replicate
 			return err
 		}
 	}
+	return c.putTwoRPC(ctx, key, value, rcpb, rc.Block.pb())
+}
+
+// putTwoRPC is a put in two round trips: PutStart, the writes, PutEnd
+// (PutRevoke on failure).
+func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *storepb.ReplicateConfig, block *storepb.BlockMetadata) error {
 	replicas, err := c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
 	if err != nil && errors.Is(err, errcode.ErrNoAvailableHandle) && c.ahead != nil && c.ahead.held() > 0 {
 		// Our own reservations may be what fills the pool.
@@ -86,7 +92,7 @@ func (c *Client) put(ctx context.Context, key string, value []byte, rc Replicate
 		err = firstErr(xs)
 	}
 	if err == nil {
-		if _, err = c.putEnds.do(ctx, putEndQ{key: key, block: rc.Block.pb()}); err == nil {
+		if _, err = c.putEnds.do(ctx, putEndQ{key: key, block: block}); err == nil {
 			return nil
 		}
 	}
@@ -119,20 +125,28 @@ func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc Repl
 		return true, err
 	}
 	_, err = c.commits.do(ctx, commitQ{key: key, id: h.id, block: rc.Block.pb(), class: k})
+	gone, err := c.settleAhead(k, h, err)
+	return !gone, err
+}
+
+// settleAhead files the outcome of committing reservation h of class k:
+// the put's error, or gone when the master no longer had the reservation
+// (the put must take the two-RPC path).
+func (c *Client) settleAhead(k resvClass, h heldResv, err error) (gone bool, _ error) {
 	switch {
 	case err == nil:
 		c.stats.putsAhead.Add(1)
-		return true, nil
+		return false, nil
 	case errors.Is(err, errcode.ErrObjectAlreadyExists):
-		c.ahead.putBack(k, h)
-		return true, err
+		c.ahead.putBack(k, h) // nothing was committed: still ours
+		return false, err
 	case errors.Is(err, errcode.ErrReplicaIsGone):
 		c.stats.aheadGone.Add(1)
-		return false, nil
+		return true, nil
 	}
 	// Unknown outcome (the RPC failed): never use this reservation again.
 	c.ahead.drop(h.id)
-	return true, err
+	return false, err
 }
 
 // writeXfers turns the replicas PutStart reserved into writes of value.
@@ -191,8 +205,10 @@ func (c *Client) revoke(ctx context.Context, keys []string) {
 }
 
 // BatchPut stores values[i] under keys[i], answering per item (nil = stored).
-// All items share rc; the bytes of every item move in shared engine
-// batches.
+// All items share rc (rc.Blocks, when set, gives each its block); the
+// bytes of every item move in shared engine batches. Items of a class
+// with reservations at hand (put-ahead) are committed in one CommitPut,
+// the rest take BatchPutStart and BatchPutEnd.
 func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, rc ReplicateConfig) []error {
 	errs := make([]error, len(keys))
 	if err := c.enter(); err != nil {
@@ -209,27 +225,63 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		fill(errs, errcode.New(errcode.InvalidParams, "%d keys, %d values", len(keys), len(values)))
 		return errs
 	}
+	if len(rc.Blocks) != 0 && len(rc.Blocks) != len(keys) {
+		fill(errs, errcode.New(errcode.InvalidParams, "%d keys, %d blocks", len(keys), len(rc.Blocks)))
+		return errs
+	}
 	if err := rc.check(); err != nil {
 		fill(errs, err)
 		return errs
 	}
-	var items []int // request position -> item
+	block := func(i int) *storepb.BlockMetadata {
+		switch {
+		case len(rc.Blocks) == 0:
+			return nil
+		case rc.Blocks[i] == nil:
+			return &storepb.BlockMetadata{} // a repeated field holds no nil
+		}
+		return rc.Blocks[i].pb()
+	}
+	rcpb := rc.pb()
+	type aheadItem struct {
+		i int
+		k resvClass
+		h heldResv
+	}
+	var ahead []aheadItem
+	var items []int // request position -> item, for BatchPutStart
 	var okKeys []string
 	var sizes []uint64
 	for i, k := range keys {
 		if errs[i] = c.checkKey(k); errs[i] == nil {
 			errs[i] = checkValue(values[i])
 		}
-		if errs[i] == nil {
-			items = append(items, i)
-			okKeys = append(okKeys, k)
-			sizes = append(sizes, uint64(len(values[i])))
+		if errs[i] != nil {
+			continue
 		}
+		if c.ahead != nil {
+			cls := classOf(uint64(len(values[i])), rcpb)
+			h, ok, refill := c.ahead.take(cls, rcpb)
+			if refill {
+				c.refill(cls)
+			}
+			if ok {
+				ahead = append(ahead, aheadItem{i, cls, h})
+				continue
+			}
+		}
+		items = append(items, i)
+		okKeys = append(okKeys, k)
+		sizes = append(sizes, uint64(len(values[i])))
 	}
-	if len(items) == 0 {
+	if len(items) == 0 && len(ahead) == 0 {
 		return errs
 	}
-	replicas, startErrs := c.rpcPutStart(ctx, okKeys, sizes, rc.pb())
+	var replicas [][]*storepb.ReplicaDescriptor
+	var startErrs []error
+	if len(items) > 0 {
+		replicas, startErrs = c.rpcPutStart(ctx, okKeys, sizes, rcpb)
+	}
 	if c.beforeWrite != nil {
 		c.beforeWrite()
 	}
@@ -247,24 +299,57 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		}
 		xs = append(xs, ix...)
 	}
+	for _, a := range ahead {
+		ix, err := writeXfers(keys[a.i], values[a.i], a.h.reps, a.i)
+		if err != nil {
+			errs[a.i] = err
+			continue
+		}
+		xs = append(xs, ix...)
+	}
 	c.transfer(ctx, xs)
 	for _, x := range xs {
 		if x.err != nil && errs[x.item] == nil {
 			errs[x.item] = x.err
 		}
 	}
+	// Written reservations are committed; the others go back.
+	var qs []commitQ
+	var committing []aheadItem
+	for _, a := range ahead {
+		if errs[a.i] != nil {
+			c.ahead.drop(a.h.id)
+			continue
+		}
+		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: block(a.i), class: a.k})
+		committing = append(committing, a)
+	}
+	var gone []int
+	if len(qs) > 0 {
+		_, cerrs := c.rpcCommit(ctx, qs)
+		for j, a := range committing {
+			var g bool
+			if g, errs[a.i] = c.settleAhead(a.k, a.h, cerrs[j]); g {
+				gone = append(gone, a.i)
+			}
+		}
+	}
 	var done, failed []string
 	var doneItems []int
+	var blocks []*storepb.BlockMetadata
 	for _, i := range started {
 		if errs[i] == nil {
 			done = append(done, keys[i])
 			doneItems = append(doneItems, i)
+			if len(rc.Blocks) > 0 {
+				blocks = append(blocks, block(i))
+			}
 		} else {
 			failed = append(failed, keys[i])
 		}
 	}
 	if len(done) > 0 {
-		for j, err := range c.rpcPutEnd(ctx, done, nil) {
+		for j, err := range c.rpcPutEnd(ctx, done, blocks) {
 			if i := doneItems[j]; err != nil {
 				errs[i] = err
 				failed = append(failed, keys[i])
@@ -272,6 +357,11 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		}
 	}
 	c.revoke(ctx, failed)
+	// A reservation the master no longer had: put the item again, the
+	// two-RPC way (rare: given back, lost with its segment, expired).
+	for _, i := range gone {
+		errs[i] = c.putTwoRPC(ctx, keys[i], values[i], rcpb, block(i))
+	}
 	return errs
 }
 

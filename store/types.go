@@ -56,9 +56,11 @@ type ReplicateConfig struct {
 	// SameNode prefers this client's own segment
 	// (prefer_alloc_in_same_node).
 	SameNode bool
-	// Block is passed on to the master for KV events (Put only; batch
-	// puts send none).
+	// Block is passed on to the master for KV events (Put).
 	Block *BlockMeta
+	// Blocks is Block for BatchPut: empty, or one per key (another
+	// length is INVALID_PARAMS).
+	Blocks []*BlockMeta
 }
 
 // BlockMeta is the inference engine's view of a stored KV block.
