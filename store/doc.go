@@ -1,7 +1,9 @@
 // Package store is the client library of Crescent's distributed KV-cache
-// store: it talks to the master over gRPC (store/storepb) for metadata and
-// moves the bytes itself, between its own memory and the memory other
-// clients contribute, through the transfer engine (package engine).
+// store: it talks to the master (the service of store/storepb, over crpc
+// when the master answers it, else gRPC: Config.MasterProtocol) for
+// metadata and moves the bytes itself, between its own memory and the
+// memory other clients contribute, through the transfer engine (package
+// engine).
 //
 // # Contract
 //

@@ -2,6 +2,7 @@ package crpc
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -76,13 +77,26 @@ func (rd *reader) next() (frame, error) {
 	if f.kind < kindRequest || f.kind > kindError {
 		return frame{}, fmt.Errorf("%w: kind %d", errBadFrame, f.kind)
 	}
-	f.body = make([]byte, n)
-	if _, err := io.ReadFull(rd.r, f.body); err != nil {
+	if n <= 1<<20 {
+		f.body = make([]byte, n)
+		if _, err := io.ReadFull(rd.r, f.body); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return frame{}, err
+		}
+		return f, nil
+	}
+	// A large body grows as its bytes arrive: a header alone must not
+	// make the reader allocate MaxFrame.
+	var b bytes.Buffer
+	if _, err := io.CopyN(&b, rd.r, int64(n)); err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return frame{}, err
 	}
+	f.body = b.Bytes()
 	return f, nil
 }
 
