@@ -180,15 +180,7 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 	if sh.get(op.Key) != nil {
 		return diverged(op, "key exists")
 	}
-	if a.replay && len(op.Segments) != len(op.Addrs) {
-		return diverged(op, "%d segments, %d addresses", len(op.Segments), len(op.Addrs))
-	}
-	var bad error
-	ps := m.alloc.AllocateSet(op.Segments, op.Size, func(ps []alloc.Placement) {
-		if bad = m.placed(op, ps, a); bad != nil || len(ps) == 0 {
-			return
-		}
-		o := m.pendingObject(op, ps)
+	return m.place(op, a, func(o object) {
 		sh.insert(op.Key, o)
 		sh.pending++
 		m.keys.Add(1)
@@ -199,6 +191,23 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 		if o.flags&fHardPin != 0 {
 			m.hardPinned.Add(1)
 		}
+	})
+}
+
+// place allocates the replicas of a PutStart or Reserve (reproducing the
+// logged ones on replay) and, under the allocator's locks, hands the new
+// unfinished object to insert, then logs op.
+func (m *Master) place(op *Op, a *applyArgs, insert func(object)) error {
+	if a.replay && len(op.Segments) != len(op.Addrs) {
+		return diverged(op, "%d segments, %d addresses", len(op.Segments), len(op.Addrs))
+	}
+	var bad error
+	ps := m.alloc.AllocateSet(op.Segments, op.Size, func(ps []alloc.Placement) {
+		if bad = m.placed(op, ps, a); bad != nil || len(ps) == 0 {
+			return
+		}
+		o := m.pendingObject(op, ps)
+		insert(o)
 		if a.obj != nil {
 			*a.obj = o
 		}

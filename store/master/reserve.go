@@ -1,7 +1,6 @@
 package master
 
 import (
-	"fmt"
 	"slices"
 	"time"
 
@@ -242,42 +241,20 @@ func cmpU64(a, b uint64) int {
 
 func (m *Master) applyReserve(op *Op, a *applyArgs) error {
 	if a.replay {
-		if len(op.Segments) != len(op.Addrs) {
-			return diverged(op, "%d segments, %d addresses", len(op.Segments), len(op.Addrs))
-		}
 		if _, ok := m.resv[op.ID]; ok || op.ID == 0 {
 			return diverged(op, "reservation %d exists", op.ID)
 		}
 	}
-	var bad error
-	ps := m.alloc.AllocateSet(op.Segments, op.Size, func(ps []alloc.Placement) {
-		if bad = m.placed(op, ps, a); bad != nil || len(ps) == 0 {
-			return
-		}
+	return m.place(op, a, func(o object) {
 		if a.replay {
 			m.resvNext = max(m.resvNext, op.ID)
 		} else {
 			m.resvNext++
 			op.ID = m.resvNext
 		}
-		o := m.pendingObject(op, ps)
 		m.resv[op.ID] = o
 		m.reservedBytes.Add(int64(op.Size))
-		if a.obj != nil {
-			*a.obj = o
-		}
-		m.append(op, a)
 	})
-	if bad != nil {
-		if err := m.alloc.FreeSet(ps, op.Size, nil); err != nil {
-			return fmt.Errorf("%w (undo: %v)", bad, err)
-		}
-		return bad
-	}
-	if len(ps) == 0 {
-		return errcode.New(errcode.NoAvailableHandle, "no segment could hold %d bytes", op.Size)
-	}
-	return nil
 }
 
 func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
