@@ -154,14 +154,25 @@ func TestPutAheadFullPool(t *testing.T) {
 	tm := startMaster(t, master.Config{})
 	a := newTestClient(t, tm, 8<<20, func(c *Config) { c.PutAhead = 8 })
 	ctx := tctx(t)
-	hard := ReplicateConfig{HardPin: true} // never evicted
-	warmAhead(t, a, "small", 512<<10, hard)
-	eventually(t, "reservations", func() bool { return tm.m.Stats().Reservations >= 4 })
-	free := uint64(8<<20) - tm.m.Stats().Allocated
-	// Needs more than is free, less than free plus the reservations.
-	big := int(free + 1<<20)
-	if err := a.Put(ctx, "big", randBytes(big, 1), hard); err != nil {
-		t.Fatalf("put of %d bytes with %d free: %v", big, free, err)
+	warmAhead(t, a, "small", 512<<10, ReplicateConfig{})
+	eventually(t, "a full class", func() bool { return a.ahead.held() == 8 })
+	if _, err := a.RemoveAll(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	// Only the reservations are left: 4 MiB spread over the 8 MiB segment,
+	// so 6 MiB fit only once they are given back.
+	if st := tm.m.Stats(); st.Keys != 0 || st.Reservations != 8 {
+		t.Fatalf("before: %+v", st)
+	}
+	v := randBytes(6<<20, 1)
+	if err := a.Put(ctx, "big", v, ReplicateConfig{}); err != nil {
+		t.Fatalf("put of 6 MiB: %v", err)
+	}
+	if got, err := a.Get(ctx, "big"); err != nil || !bytes.Equal(got, v) {
+		t.Fatalf("get: %v", err)
+	}
+	if st := tm.m.Stats(); st.Reservations != 0 {
+		t.Fatalf("reservations kept: %d", st.Reservations)
 	}
 }
 
