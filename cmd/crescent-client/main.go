@@ -42,6 +42,7 @@ func main() {
 
 type options struct {
 	master, hostname, protocol, metadata string
+	masterProtocol                       string
 	segment, buffer                      int64
 	metricsAddr                          string
 	metricsPort                          int
@@ -54,6 +55,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("crescent-client", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.master, "master_server_address", store.DefaultMasterAddr, "master gRPC address host:port")
+	fs.StringVar(&o.masterProtocol, "master_protocol", "auto", "protocol to the master: auto (crpc when it answers, else gRPC), crpc or grpc")
 	fs.StringVar(&o.hostname, "local_hostname", "", `transfer engine host or host:port (default: this host's first IPv4 address, port chosen in 15000-17000)`)
 	seg := fs.String("global_segment_size", "4 GB", `memory contributed to the pool ("4 GB", "512MiB", bytes; units are powers of 1024; 0 = none)`)
 	buf := fs.String("local_buffer_size", "64 MB", "staging buffer pool for transfers")
@@ -96,7 +98,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg := store.Config{
-		MasterAddr: o.master, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
+		MasterAddr: o.master, MasterProtocol: o.masterProtocol, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,
 	}
 	if o.protocol != "" {

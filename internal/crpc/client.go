@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
@@ -119,6 +120,7 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		cc.remove(id)
 		return status.Error(codes.ResourceExhausted, err.Error())
 	}
+	sent := time.Now().UnixNano()
 	if err := cc.write(buf); err != nil {
 		cc.remove(id)
 		return err
@@ -143,6 +145,12 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		return cc.err
 	case <-ctx.Done():
 		cc.remove(id)
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) && cc.lastRead.Load() < sent {
+			// Not a byte from the server since this call went out: it may
+			// be gone without a FIN (host down, partition). The next call
+			// dials again rather than wait for TCP to notice.
+			cc.fail(status.Error(codes.Unavailable, "crpc: no reply from the server"))
+		}
 		return status.FromContextError(ctx.Err()).Err()
 	}
 }
@@ -212,10 +220,11 @@ type clientConn struct {
 	wmu  sync.Mutex
 	done chan struct{} // closed when broken; err says why
 
-	mu      sync.Mutex
-	pending map[uint32]chan frame
-	next    uint32
-	err     error
+	mu       sync.Mutex
+	pending  map[uint32]chan frame
+	next     uint32
+	err      error
+	lastRead atomic.Int64 // unix ns of the last frame received
 }
 
 func (cc *clientConn) broken() bool {
@@ -270,6 +279,7 @@ func (cc *clientConn) read() {
 			cc.fail(status.Errorf(codes.Unavailable, "crpc: connection lost: %v", err))
 			return
 		}
+		cc.lastRead.Store(time.Now().UnixNano())
 		cc.mu.Lock()
 		ch := cc.pending[f.id]
 		delete(cc.pending, f.id)

@@ -450,3 +450,40 @@ func BenchmarkUnary(b *testing.B) {
 		})
 	}
 }
+
+// TestSilentServer: a server that stops answering without closing the
+// connection is dialled again after a call times out.
+func TestSilentServer(t *testing.T) {
+	lis := listen(t)
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			p := make([]byte, prefaceLen)
+			io.ReadFull(c, p)
+			c.Write(preface()) // then silence
+			accepted <- c
+		}
+	}()
+	defer func() {
+		lis.Close()
+		for len(accepted) > 0 {
+			(<-accepted).Close()
+		}
+	}()
+	c := dial(t, lis.Addr().String())
+	for i := range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		_, err := call(ctx, c, "Echo", "")
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if n := len(accepted); n != 2 {
+		t.Fatalf("%d connections, want a new one after the silent timeout", n)
+	}
+}

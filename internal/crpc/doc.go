@@ -33,5 +33,8 @@
 // method is answered with UNIMPLEMENTED. A connection that breaks fails
 // its calls in flight with UNAVAILABLE, and the next call dials again.
 // Deadlines are not sent: the caller's context bounds the wait, the
-// server's handler context ends when the connection closes.
+// server's handler context ends when the connection closes. A call that
+// times out with nothing at all received since it was sent breaks the
+// connection, so a server gone without a FIN is dialled again at the next
+// call instead of after TCP's timeouts.
 package crpc
