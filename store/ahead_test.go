@@ -270,3 +270,58 @@ func TestBatchPutAheadAndBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestPutAheadConcurrent: many writers of two classes on two clients,
+// every value read back intact from the other client; reservations stay
+// within their budget and all go back at Close.
+func TestPutAheadConcurrent(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	mk := func() *Client {
+		return newTestClient(t, tm, 64<<20, func(c *Config) { c.PutAhead = 3; c.LocalBufferSize = 4 << 20 })
+	}
+	a, b := mk(), mk()
+	ctx := tctx(t)
+	var wg sync.WaitGroup
+	errc := make(chan error, 16)
+	for g := range 8 {
+		wg.Go(func() {
+			w, r := a, b
+			if g%2 == 1 {
+				w, r = b, a
+			}
+			rc := ReplicateConfig{Replicas: 1 + g%2}
+			for i := range 40 {
+				key := fmt.Sprintf("c-%d-%d", g, i)
+				val := randBytes(64<<10, uint64(g*1000+i))
+				if err := w.Put(ctx, key, val, rc); err != nil {
+					errc <- fmt.Errorf("put %s: %w", key, err)
+					return
+				}
+				if got, err := r.Get(ctx, key); err != nil || !bytes.Equal(got, val) {
+					errc <- fmt.Errorf("get %s: %v", key, err)
+					return
+				}
+				if st := tm.m.Stats(); st.Reservations > 2*2*3 {
+					errc <- fmt.Errorf("%d reservations held, budget 12", st.Reservations)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if a.Stats().PutsAhead+b.Stats().PutsAhead == 0 {
+		t.Fatal("no put went ahead")
+	}
+	if n := len(tm.m.AllKeys()); n != 8*40 {
+		t.Fatalf("%d keys", n)
+	}
+	a.Close()
+	b.Close()
+	if st := tm.m.Stats(); st.Reservations != 0 {
+		t.Fatalf("%d reservations after Close", st.Reservations)
+	}
+}
