@@ -78,7 +78,7 @@ func defaults() config {
 
 // flags binds every setting to a flag of the same name.
 func (c *config) flags(fs *flag.FlagSet) {
-	fs.IntVar(&c.RPCPort, "rpc_port", c.RPCPort, "gRPC port")
+	fs.IntVar(&c.RPCPort, "rpc_port", c.RPCPort, "RPC port: the master service over gRPC and, on the same port, crpc")
 	fs.StringVar(&c.RPCAddress, "rpc_address", c.RPCAddress, "address the gRPC and admin ports listen on")
 	fs.IntVar(&c.MetricsPort, "metrics_port", c.MetricsPort, "HTTP admin port: /metrics, /metrics/summary, /health, /query_key, /get_all_keys, /get_all_segments")
 	fs.Int64Var(&c.DefaultKVLeaseTTL, "default_kv_lease_ttl", c.DefaultKVLeaseTTL, "read lease TTL, ms")
