@@ -98,50 +98,41 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 // ErrObjectNotFound; ending a complete object again succeeds (a retried
 // RPC). block, when not nil, is passed to the Stored event.
 func (m *Master) PutEnd(client UUID, key string, rt ReplicaType, block *BlockMeta) error {
-	if err := m.checkKey(key); err != nil {
-		return err
-	}
-	if rt != Memory {
-		return errcode.New(errcode.InvalidParams, "replica type %d: the master places memory replicas only", rt)
-	}
-	sh := m.shardOf(key)
-	sh.mu.Lock()
-	defer sh.unlock()
-	o := sh.get(key)
-	switch {
-	case o == nil:
-		return errcode.New(errcode.ObjectNotFound, "key %q", key)
-	case o.complete():
-		return nil // a retried PutEnd; the writer is no longer recorded
-	case o.owner() != client:
-		return errcode.New(errcode.IllegalClient, "key %q is being written by another client", key)
-	}
-	return m.apply(sh, &Op{Kind: OpPutEnd, Time: m.now(), Key: key, Client: client, Block: block}, &applyArgs{})
+	return m.finishPut(&Op{Kind: OpPutEnd, Key: key, Client: client, Block: block}, rt)
 }
 
 // PutRevoke abandons an unfinished put and frees its space at once. A
 // missing key is ErrObjectNotFound, a complete one ErrInvalidWrite,
 // another client's ErrIllegalClient.
 func (m *Master) PutRevoke(client UUID, key string, rt ReplicaType) error {
-	if err := m.checkKey(key); err != nil {
+	return m.finishPut(&Op{Kind: OpPutRevoke, Key: key, Client: client}, rt)
+}
+
+// finishPut applies op (PutEnd or PutRevoke) to op.Client's unfinished
+// put of op.Key.
+func (m *Master) finishPut(op *Op, rt ReplicaType) error {
+	if err := m.checkKey(op.Key); err != nil {
 		return err
 	}
 	if rt != Memory {
 		return errcode.New(errcode.InvalidParams, "replica type %d: the master places memory replicas only", rt)
 	}
-	sh := m.shardOf(key)
+	sh := m.shardOf(op.Key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(key)
+	o := sh.get(op.Key)
 	switch {
 	case o == nil:
-		return errcode.New(errcode.ObjectNotFound, "key %q", key)
+		return errcode.New(errcode.ObjectNotFound, "key %q", op.Key)
+	case o.complete() && op.Kind == OpPutEnd:
+		return nil // a retried PutEnd; the writer is no longer recorded
 	case o.complete():
-		return errcode.New(errcode.InvalidWrite, "key %q is already complete", key)
-	case o.owner() != client:
-		return errcode.New(errcode.IllegalClient, "key %q is being written by another client", key)
+		return errcode.New(errcode.InvalidWrite, "key %q is already complete", op.Key)
+	case o.owner() != op.Client:
+		return errcode.New(errcode.IllegalClient, "key %q is being written by another client", op.Key)
 	}
-	return m.apply(sh, &Op{Kind: OpPutRevoke, Time: m.now(), Key: key, Client: client}, &applyArgs{})
+	op.Time = m.now()
+	return m.apply(sh, op, &applyArgs{})
 }
 
 // PutStartResult is one item of BatchPutStart.

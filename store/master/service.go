@@ -262,6 +262,15 @@ func item(err error) *storepb.ItemResult {
 	return &storepb.ItemResult{ErrorCode: int32(errcode.CodeOf(err)), Message: err.Error()}
 }
 
+// items answers a batch per item.
+func items(errs []error) []*storepb.ItemResult {
+	out := make([]*storepb.ItemResult, len(errs))
+	for i, e := range errs {
+		out[i] = item(e)
+	}
+	return out
+}
+
 func countBad(errs []error) int {
 	n := 0
 	for _, e := range errs {
@@ -364,10 +373,7 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 		return nil, errcode.ToStatus(err)
 	}
 	bad = countBad(errs)
-	out := &storepb.BatchPutEndResponse{Results: make([]*storepb.ItemResult, len(errs))}
-	for i, e := range errs {
-		out.Results[i] = item(e)
-	}
+	out := &storepb.BatchPutEndResponse{Results: items(errs)}
 	return out, nil
 }
 
@@ -381,10 +387,7 @@ func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeReq
 	}
 	errs := s.m.BatchPutRevoke(c, r.Keys, ReplicaType(r.ReplicaType))
 	bad = countBad(errs)
-	out := &storepb.BatchPutRevokeResponse{Results: make([]*storepb.ItemResult, len(errs))}
-	for i, e := range errs {
-		out.Results[i] = item(e)
-	}
+	out := &storepb.BatchPutRevokeResponse{Results: items(errs)}
 	return out, nil
 }
 
@@ -453,16 +456,13 @@ func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *
 	if len(r.Reserve) > maxReserveSpecs {
 		return nil, errcode.ToStatus(errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(r.Reserve), maxReserveSpecs))
 	}
-	items := make([]CommitItem, len(r.Items))
+	commits := make([]CommitItem, len(r.Items))
 	for i, it := range r.Items {
-		items[i] = CommitItem{Key: it.GetKey(), ID: it.GetReservationId(), Block: blockFromPB(it.GetBlock())}
+		commits[i] = CommitItem{Key: it.GetKey(), ID: it.GetReservationId(), Block: blockFromPB(it.GetBlock())}
 	}
-	errs := s.m.Commit(c, items)
+	errs := s.m.Commit(c, commits)
 	bad = countBad(errs)
-	out := &storepb.CommitPutResponse{Results: make([]*storepb.ItemResult, len(errs)), TtlMs: s.reserveTTL()}
-	for i, e := range errs {
-		out.Results[i] = item(e)
-	}
+	out := &storepb.CommitPutResponse{Results: items(errs), TtlMs: s.reserveTTL()}
 	// Items are committed whatever happens to the reservations asked for.
 	out.Reserved, _, _ = s.reserve(c, r.Release, r.Reserve)
 	return out, nil
@@ -535,10 +535,7 @@ func (s *Service) BatchRemove(_ context.Context, r *storepb.BatchRemoveRequest) 
 	defer func(t time.Time) { s.done(rpcBatchRemove, t, err, len(r.Keys), bad) }(time.Now())
 	errs := s.m.BatchRemove(r.Keys, r.Force)
 	bad = countBad(errs)
-	out := &storepb.BatchRemoveResponse{Results: make([]*storepb.ItemResult, len(errs))}
-	for i, e := range errs {
-		out.Results[i] = item(e)
-	}
+	out := &storepb.BatchRemoveResponse{Results: items(errs)}
 	return out, nil
 }
 
