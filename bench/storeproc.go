@@ -2,7 +2,6 @@ package bench
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/syncbuf"
 )
 
 // Client processes speak JSON lines: the parent sends a clientMsg per
@@ -148,7 +149,7 @@ type remoteClient struct {
 	cmd     *exec.Cmd
 	stdin   io.WriteCloser
 	replies chan []byte
-	stderr  *lockedBuffer
+	stderr  *syncbuf.Buffer
 	exited  chan struct{}
 	seg     string
 	proto   string
@@ -156,7 +157,7 @@ type remoteClient struct {
 }
 
 func startRemoteClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr string) (*remoteClient, error) {
-	rc := &remoteClient{index: index, replies: make(chan []byte, 1), stderr: &lockedBuffer{}, exited: make(chan struct{})}
+	rc := &remoteClient{index: index, replies: make(chan []byte, 1), stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	rc.cmd = exec.Command(cfg.ClientCommand[0], cfg.ClientCommand[1:]...)
 	rc.cmd.Env = append(os.Environ(), cfg.ClientEnv...)
 	rc.cmd.Stderr = rc.stderr
@@ -274,22 +275,4 @@ func (rc *remoteClient) close() error {
 		}
 	})
 	return err
-}
-
-// lockedBuffer collects a child's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

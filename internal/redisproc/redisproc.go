@@ -5,7 +5,6 @@ package redisproc
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/syncbuf"
 )
 
 // ErrNotInstalled means redis-server is not on the machine (make deps
@@ -27,7 +28,7 @@ type Server struct {
 	Addr string // 127.0.0.1:port
 	cmd  *exec.Cmd
 	dir  string
-	out  *lockedBuffer
+	out  *syncbuf.Buffer
 	done chan struct{}
 	once sync.Once
 }
@@ -83,7 +84,7 @@ func freePort() (int, error) {
 }
 
 func start(path, dir string, port int, args []string) (*Server, error) {
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, out: &lockedBuffer{}, done: make(chan struct{})}
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, out: &syncbuf.Buffer{}, done: make(chan struct{})}
 	argv := append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir,
@@ -158,20 +159,3 @@ func (s *Server) Close() error {
 
 // Output is what the server printed so far.
 func (s *Server) Output() string { return s.out.String() }
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}

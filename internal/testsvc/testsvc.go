@@ -1,7 +1,6 @@
 package testsvc
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/redisproc"
+	"github.com/crescent-kv/crescent/internal/syncbuf"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -44,24 +44,6 @@ func FreePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// syncBuffer collects a child's output for failure messages.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // Redis is a redis-server process on a free 127.0.0.1 port with
@@ -113,7 +95,7 @@ func StartEtcd(t testing.TB) *Etcd {
 	t.Helper()
 	// The server's log goes to a buffer shown only when the test fails:
 	// a clean shutdown logs "errors" about closed listeners.
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("embedded etcd log:\n%s", logs.String())
@@ -132,7 +114,7 @@ func StartEtcd(t testing.TB) *Etcd {
 	return nil
 }
 
-func startEtcd(dir string, clientPort, peerPort int, logs *syncBuffer) (*Etcd, error) {
+func startEtcd(dir string, clientPort, peerPort int, logs *syncbuf.Buffer) (*Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Name = "testsvc"
 	cfg.Dir = dir

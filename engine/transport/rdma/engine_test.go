@@ -1,13 +1,11 @@
 package rdma_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/rdma"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
+	"github.com/crescent-kv/crescent/internal/syncbuf"
 )
 
 // enode is an engine on software NICs with one registered buffer.
@@ -198,7 +197,7 @@ func TestEngineTimeoutReleasesAfterReset(t *testing.T) {
 // host (no RDMA NIC), the rdma transport is skipped with one Info line
 // and the engine runs on tcp.
 func TestEngineFallsBackWithoutDevices(t *testing.T) {
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e, err := engine.New(engine.Config{LocalServerName: "127.0.0.1", Protocols: []string{"rdma", "tcp"}, Logger: log})
 	if err != nil {
@@ -221,21 +220,4 @@ func TestEngineFallsBackWithoutDevices(t *testing.T) {
 		t.Fatalf("rdma log lines: %q", lines)
 	}
 	t.Log(lines[0])
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
