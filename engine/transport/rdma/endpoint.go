@@ -78,17 +78,7 @@ func (ep *endpoint) kick() {
 		ep.mu.Unlock()
 		return
 	}
-	now := time.Now()
-	keep := ep.pending[:0]
-	for _, s := range ep.pending {
-		if s.j.expired(now) {
-			expired = append(expired, s)
-		} else {
-			keep = append(keep, s)
-		}
-	}
-	clear(ep.pending[len(keep):])
-	ep.pending = keep
+	expired = ep.takeExpiredLocked(time.Now())
 	maxWR := t.cfg.MaxWR
 	nq := len(ep.qps)
 	for len(ep.pending) > 0 && postErr == nil {
@@ -256,6 +246,16 @@ func (ep *endpoint) destroy() {
 // for a handshake or for room).
 func (ep *endpoint) dropExpired(now time.Time) {
 	ep.mu.Lock()
+	expired := ep.takeExpiredLocked(now)
+	ep.mu.Unlock()
+	for _, s := range expired {
+		s.j.done(s, s.j.timeoutErr())
+	}
+}
+
+// takeExpiredLocked removes and returns the queued slices whose job
+// expired by now; ep.mu is held.
+func (ep *endpoint) takeExpiredLocked(now time.Time) []*slice {
 	var expired []*slice
 	keep := ep.pending[:0]
 	for _, s := range ep.pending {
@@ -267,10 +267,7 @@ func (ep *endpoint) dropExpired(now time.Time) {
 	}
 	clear(ep.pending[len(keep):])
 	ep.pending = keep
-	ep.mu.Unlock()
-	for _, s := range expired {
-		s.j.done(s, s.j.timeoutErr())
-	}
+	return expired
 }
 
 func closeQPs(qps []rdmadev.QP) {
