@@ -135,7 +135,7 @@ func (b *batch) resolveOne() {
 	if nr != nil && b.allCompletedLocked() {
 		// Deliver before waking waiters, so a completed Wait means the
 		// target has the notification.
-		started := b.e.goSafe(func() {
+		started := b.e.bg.Go(func() {
 			err := b.e.sendNotify(nr.seg, nr.msg)
 			b.mu.Lock()
 			b.notifyErr = err

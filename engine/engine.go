@@ -146,9 +146,7 @@ type Engine struct {
 	watchCtx  context.Context
 	stopWatch context.CancelFunc
 
-	lifeMu      sync.Mutex // orders goSafe against Close
-	closing     bool
-	wg          sync.WaitGroup
+	bg          transport.Goroutines // background loops Close waits for
 	stopRefresh chan struct{}
 }
 
@@ -248,7 +246,7 @@ func New(cfg Config) (*Engine, error) {
 	e.ready.Store(true)
 	if cfg.SegmentRefresh > 0 {
 		e.stopRefresh = make(chan struct{})
-		e.goSafe(e.refreshLoop)
+		e.bg.Go(e.refreshLoop)
 	}
 	return e, nil
 }
@@ -541,22 +539,6 @@ func (h handshake) Exchange(ctx context.Context, peer string, req []byte) ([]byt
 	return metadata.Exchange(ctx, addr, metadata.Connection, req)
 }
 
-// goSafe runs f on a goroutine that Close waits for; it refuses once
-// Close has begun.
-func (e *Engine) goSafe(f func()) bool {
-	e.lifeMu.Lock()
-	defer e.lifeMu.Unlock()
-	if e.closing {
-		return false
-	}
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		f()
-	}()
-	return true
-}
-
 // Close stops the engine. Pending requests end FAILED with ErrClosed (via
 // their transports); handles become invalid.
 func (e *Engine) Close() error {
@@ -576,10 +558,7 @@ func (e *Engine) Close() error {
 		close(e.stopRefresh)
 	}
 	e.stopWatch()
-	e.lifeMu.Lock()
-	e.closing = true
-	e.lifeMu.Unlock()
-	e.wg.Wait()
+	e.bg.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.MetadataTimeout)
 	if err := e.backend.Remove(ctx, e.name); err != nil {
 		errs = append(errs, err)

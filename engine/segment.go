@@ -108,7 +108,7 @@ func (e *Engine) watchSegment(s *segment) {
 	}
 	ctx, cancel := context.WithCancel(e.watchCtx)
 	s.stopWatch = cancel
-	if !e.goSafe(func() {
+	if !e.bg.Go(func() {
 		if err := w.Watch(ctx, s.name, s.watched); err != nil && ctx.Err() == nil {
 			e.log.Warn("segment watch ended", "segment", s.name, "err", err)
 		}

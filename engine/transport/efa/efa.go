@@ -120,9 +120,7 @@ type Transport struct {
 	peers  map[string]*peer
 	closed bool
 
-	lifeMu  sync.Mutex // orders goSafe against Close; a leaf lock
-	closing bool
-	wg      sync.WaitGroup
+	bg transport.Goroutines // handshakes and drains Close waits for
 
 	regMu   sync.RWMutex
 	regs    map[uint64]*localReg // by region address
@@ -408,10 +406,7 @@ func (t *Transport) Close() error {
 	// Endpoints first: every posted operation ends, which lets deferred
 	// deregistrations finish; handshakes still running find them closed.
 	err := t.closeWorkers()
-	t.lifeMu.Lock()
-	t.closing = true
-	t.lifeMu.Unlock()
-	t.wg.Wait()
+	t.bg.Stop()
 	return err
 }
 
@@ -547,7 +542,7 @@ func (t *Transport) BeforeUnregister(ctx context.Context, addr, length uint64) e
 	}
 	// Every request ends, at the latest when Close ends them (and closes
 	// the MRs with the endpoints).
-	t.goSafe(func() {
+	t.bg.Go(func() {
 		<-l.idle
 		l.closeMRs()
 	})

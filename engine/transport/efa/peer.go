@@ -225,7 +225,7 @@ func (pr *peer) warmup(ctx context.Context, p transport.Peer) error {
 // startConnect runs the handshake on its own goroutine; pr.mu is held.
 func (pr *peer) startConnect(p transport.Peer) {
 	at := &attempt{done: make(chan struct{})}
-	if !pr.t.goSafe(func() { pr.connect(p, at) }) {
+	if !pr.t.bg.Go(func() { pr.connect(p, at) }) {
 		failAll(pr.waiting, transport.ErrClosed)
 		pr.waiting = nil
 		return
@@ -429,19 +429,4 @@ func (pr *peer) close(err error) {
 			c.remove()
 		}
 	}
-}
-
-// goSafe runs f on a goroutine Close waits for; false once Close began.
-func (t *Transport) goSafe(f func()) bool {
-	t.lifeMu.Lock()
-	defer t.lifeMu.Unlock()
-	if t.closing {
-		return false
-	}
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		f()
-	}()
-	return true
 }

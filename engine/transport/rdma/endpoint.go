@@ -417,7 +417,7 @@ func (t *Transport) endpointFor(ps *peerState, l, r int, ss []*slice) *endpoint 
 	_, victims := c.insertLocked(ep)
 	c.mu.Unlock()
 	t.evict(victims)
-	if !t.goSafe(func() { t.connect(ep) }) {
+	if !t.bg.Go(func() { t.connect(ep) }) {
 		// Closing: Close completes what ep holds.
 		return ep
 	}

@@ -45,9 +45,7 @@ type Transport struct {
 	peersMu sync.Mutex
 	peers   map[string]*peerState
 
-	lifeMu  sync.Mutex // orders goroutine starts against Close
-	stopped bool
-	wg      sync.WaitGroup
+	bg transport.Goroutines // pollers, sweeps and handshakes Close waits for
 
 	ctr atomic.Uint64 // spreads first attempts over NICs
 	st  counters
@@ -109,9 +107,9 @@ func (t *Transport) Start(env transport.Env) error {
 	t.mu.Unlock()
 	env.Handshake.Handle(protocolName, t.handleConnect)
 	for _, n := range t.nics {
-		t.goSafe(n.poll)
+		t.bg.Go(n.poll)
 	}
-	t.goSafe(t.sweepLoop)
+	t.bg.Go(t.sweepLoop)
 	t.log.Debug("rdma transport started", "nics", t.names, "slice", t.cfg.SliceSize, "qps_per_endpoint", t.cfg.QPsPerEndpoint)
 	return nil
 }
@@ -171,21 +169,6 @@ func pickPort(info rdmadev.DeviceInfo, want uint8) (rdmadev.PortInfo, bool) {
 		}
 	}
 	return rdmadev.PortInfo{}, false
-}
-
-// goSafe runs f on a goroutine Close waits for; false once Close began.
-func (t *Transport) goSafe(f func()) bool {
-	t.lifeMu.Lock()
-	defer t.lifeMu.Unlock()
-	if t.stopped {
-		return false
-	}
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		f()
-	}()
-	return true
 }
 
 func (t *Transport) stopping() bool { return t.ctx.Err() != nil }
@@ -402,11 +385,8 @@ func (t *Transport) Close() error {
 	if started {
 		t.env.Handshake.Handle(protocolName, nil)
 	}
-	t.lifeMu.Lock()
-	t.stopped = true
-	t.lifeMu.Unlock()
 	t.cancel()
-	t.wg.Wait()
+	t.bg.Stop()
 	// Nothing of ours runs now and no Submit is inside.
 	live, limbo := t.cache.snapshot()
 	eps := append(live, limbo...)
