@@ -3,8 +3,6 @@ package etcdmeta_test
 import (
 	"context"
 	"errors"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -86,7 +84,7 @@ func TestDeadOwnerExpires(t *testing.T) {
 // A bare host:port is etcd, and a list works while one member is down.
 func TestConnectionForms(t *testing.T) {
 	cfg, e, _ := config(t)
-	dead := deadAddr(t)
+	dead := metatest.DeadAddr(t)
 	for _, conn := range []string{e.Endpoint, "etcd://" + e.Endpoint + "," + dead, "etcd://" + dead + ";" + e.Endpoint + "/"} {
 		cfg.Conn = conn
 		b := cfg.Open(t, metadata.Options{RPCAddr: "127.0.0.1:15020"})
@@ -144,66 +142,8 @@ func TestBadConnStrings(t *testing.T) {
 	}
 }
 
-// deadAddr is a loopback address where nothing listens.
-func deadAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-// blackHole accepts connections and never answers.
-func blackHole(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return ln.Addr().String()
-}
-
 func TestUnreachable(t *testing.T) {
-	const timeout = time.Second
-	for name, addr := range map[string]string{"refused": deadAddr(t), "silent": blackHole(t)} {
-		t.Run(name, func(t *testing.T) {
-			start := time.Now()
-			_, err := metadata.Open("etcd://"+addr, metadata.Options{Timeout: timeout})
-			if !errors.Is(err, metadata.ErrUnavailable) {
-				t.Fatalf("Open: %v, want ErrUnavailable", err)
-			}
-			// Bounded by the timeout (plus slack for a loaded machine).
-			if d := time.Since(start); d > timeout+10*time.Second {
-				t.Fatalf("Open took %v with a %v timeout", d, timeout)
-			}
-			t.Logf("%s: %v after %v", name, err, time.Since(start).Round(time.Millisecond))
-		})
-	}
+	metatest.RunUnreachable(t, func(addr string) string { return "etcd://" + addr })
 }
 
 // When the lease is lost (here revoked behind the backend's back, as

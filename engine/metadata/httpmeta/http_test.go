@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -314,54 +313,7 @@ func TestNotAMetadataServer(t *testing.T) {
 }
 
 func TestUnreachable(t *testing.T) {
-	const timeout = time.Second
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
-	// A server that accepts and never answers.
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	defer func() {
-		silent.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	}()
-	for name, addr := range map[string]string{"refused": dead, "silent": silent.Addr().String()} {
-		t.Run(name, func(t *testing.T) {
-			start := time.Now()
-			_, err := metadata.Open("http://"+addr+"/metadata", metadata.Options{Timeout: timeout})
-			if !errors.Is(err, metadata.ErrUnavailable) {
-				t.Fatalf("Open: %v, want ErrUnavailable", err)
-			}
-			if d := time.Since(start); d > timeout+10*time.Second {
-				t.Fatalf("Open took %v with a %v timeout", d, timeout)
-			}
-		})
-	}
+	metatest.RunUnreachable(t, func(addr string) string { return "http://" + addr + "/metadata" })
 }
 
 // Operations against a server that went away fail with a clear error.

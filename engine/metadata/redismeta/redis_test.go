@@ -3,7 +3,6 @@ package redismeta_test
 import (
 	"context"
 	"errors"
-	"net"
 	"net/url"
 	"strings"
 	"sync"
@@ -256,63 +255,8 @@ func TestAuthAndDatabase(t *testing.T) {
 	})
 }
 
-func deadAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
-func blackHole(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return ln.Addr().String()
-}
-
 func TestUnreachable(t *testing.T) {
-	const timeout = time.Second
-	for name, addr := range map[string]string{"refused": deadAddr(t), "silent": blackHole(t)} {
-		t.Run(name, func(t *testing.T) {
-			start := time.Now()
-			_, err := metadata.Open("redis://"+addr, metadata.Options{Timeout: timeout})
-			if !errors.Is(err, metadata.ErrUnavailable) {
-				t.Fatalf("Open: %v, want ErrUnavailable", err)
-			}
-			if d := time.Since(start); d > timeout+10*time.Second {
-				t.Fatalf("Open took %v with a %v timeout", d, timeout)
-			}
-			t.Logf("%s: %v after %v", name, err, time.Since(start).Round(time.Millisecond))
-		})
-	}
+	metatest.RunUnreachable(t, func(addr string) string { return "redis://" + addr })
 }
 
 // After the server stops, operations fail within the timeout, and a
