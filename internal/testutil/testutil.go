@@ -1,14 +1,19 @@
 // Package testutil holds small helpers shared by the transports' tests:
 // deterministic fill patterns, byte comparison with a useful message,
-// waiting for a condition, and counting open file descriptors.
+// waiting for a condition, counting open file descriptors, and a
+// handshake over a real handshake server.
 package testutil
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/crescent-kv/crescent/engine/metadata"
 )
 
 // Fill writes a pseudo-random pattern determined by seed.
@@ -52,4 +57,19 @@ func CountFDs(tb testing.TB) int {
 		tb.Fatal(err)
 	}
 	return len(ents)
+}
+
+// Handshake is the engine's handshake as transports see it, over a real
+// handshake server whose address is the segment name (P2P mode):
+// Connection frames go straight to the peer's server.
+type Handshake struct{ S *metadata.Server }
+
+// Handle implements transport.Handshake.
+func (h Handshake) Handle(p string, f func(json.RawMessage) (json.RawMessage, error)) {
+	h.S.HandleProtocol(p, f)
+}
+
+// Exchange implements transport.Handshake.
+func (h Handshake) Exchange(ctx context.Context, peer string, req []byte) ([]byte, error) {
+	return metadata.Exchange(ctx, peer, metadata.Connection, req)
 }

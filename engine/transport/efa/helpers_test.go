@@ -2,7 +2,6 @@ package efa_test
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -19,6 +18,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/efa"
 	"github.com/crescent-kv/crescent/internal/fabric"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -71,18 +71,6 @@ func needProvider(t testing.TB, prov string) {
 	}
 }
 
-// hs is the engine's handshake as transports see it, over a real
-// metadata server.
-type hs struct{ s *metadata.Server }
-
-func (h hs) Handle(p string, f func(json.RawMessage) (json.RawMessage, error)) {
-	h.s.HandleProtocol(p, f)
-}
-
-func (h hs) Exchange(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	return metadata.Exchange(ctx, peer, metadata.Connection, req)
-}
-
 // node is one efa transport serving one registered buffer from a memfd
 // pool, named (as in P2P mode) after its handshake server's address.
 type node struct {
@@ -129,7 +117,7 @@ func startNode(t testing.TB, prov string, size int, cfg efa.Config) *node {
 	cfg.Provider = prov
 	tr := efa.New(cfg)
 	name := srv.Addr()
-	if err := tr.Start(transport.Env{LocalName: name, Host: "127.0.0.1", HostID: "h", Registry: reg, Logger: quiet, Handshake: hs{srv}}); err != nil {
+	if err := tr.Start(transport.Env{LocalName: name, Host: "127.0.0.1", HostID: "h", Registry: reg, Logger: quiet, Handshake: testutil.Handshake{S: srv}}); err != nil {
 		srv.Close()
 		reg.Close()
 		pool.Close()

@@ -17,20 +17,10 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport/rdma"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/rdmadev"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// hs is the engine's handshake as transports see it, over a real
-// handshake server: Connection frames to a peer's server by name.
-type hs struct{ s *metadata.Server }
-
-func (h hs) Handle(p string, f func(json.RawMessage) (json.RawMessage, error)) {
-	h.s.HandleProtocol(p, f)
-}
-func (h hs) Exchange(ctx context.Context, peer string, req []byte) ([]byte, error) {
-	return metadata.Exchange(ctx, peer, metadata.Connection, req)
-}
 
 // node is one RDMA transport as an engine runs it: a handshake server
 // naming the segment, a registry with one buffer from a memfd pool, and
@@ -86,7 +76,7 @@ func newNode(tb testing.TB, f *soft.Fabric, o nodeOpts) *node {
 	n.reg = transport.NewRegistry()
 	n.tr = rdma.New(o.cfg)
 	tb.Cleanup(n.close)
-	if err := n.tr.Start(transport.Env{LocalName: n.name, Host: "127.0.0.1", HostID: "h-" + n.name, Registry: n.reg, Logger: quiet, Handshake: hs{srv}}); err != nil {
+	if err := n.tr.Start(transport.Env{LocalName: n.name, Host: "127.0.0.1", HostID: "h-" + n.name, Registry: n.reg, Logger: quiet, Handshake: testutil.Handshake{S: srv}}); err != nil {
 		tb.Fatal(err)
 	}
 	r, err := n.reg.Add(n.buf, "cpu:0", -1, 0, 0)

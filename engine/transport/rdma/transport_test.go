@@ -14,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport/rdma"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/rdmadev"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 func TestWriteReadRoundTrip(t *testing.T) {
@@ -670,7 +671,7 @@ func TestStartWithoutDevices(t *testing.T) {
 	defer srv.Close()
 	for _, lib := range []string{"", "libibverbs-does-not-exist.so.7"} {
 		tr := rdma.New(rdma.Config{Library: lib})
-		err := tr.Start(transport.Env{LocalName: srv.Addr(), Registry: transport.NewRegistry(), Logger: quiet, Handshake: hs{srv}})
+		err := tr.Start(transport.Env{LocalName: srv.Addr(), Registry: transport.NewRegistry(), Logger: quiet, Handshake: testutil.Handshake{S: srv}})
 		if err == nil {
 			tr.Close()
 			t.Skip("this host has RDMA devices")
@@ -683,7 +684,7 @@ func TestStartWithoutDevices(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := rdma.New(rdma.Config{QPsPerEndpoint: 1000}).Start(transport.Env{Handshake: hs{srv}}); !errors.Is(err, rdma.ErrConfig) {
+	if err := rdma.New(rdma.Config{QPsPerEndpoint: 1000}).Start(transport.Env{Handshake: testutil.Handshake{S: srv}}); !errors.Is(err, rdma.ErrConfig) {
 		t.Fatalf("bad config: %v", err)
 	}
 }
