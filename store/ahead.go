@@ -44,12 +44,10 @@ type heldResv struct {
 }
 
 type resvQueue struct {
-	rc        *storepb.ReplicateConfig
-	free      []heldResv // oldest first
-	inflight  int        // asked for, not answered yet
-	misses    int        // puts that found none
-	refilling bool
-	noRoom    time.Time // the master had no room: ask again after this
+	free     []heldResv // oldest first
+	inflight int        // asked for, not answered yet
+	misses   int        // puts that found none
+	noRoom   time.Time  // the master had no room: ask again after this
 }
 
 type putAhead struct {
@@ -79,18 +77,19 @@ func (a *putAhead) usable(h heldResv, now time.Time) bool {
 	return a.ttl > 0 && now.Sub(h.at) < a.ttl/2
 }
 
-// take returns a reservation of class k, or false; refill is set when the
-// caller should start a background refill of k.
-func (a *putAhead) take(k resvClass, rc *storepb.ReplicateConfig) (h heldResv, ok, refill bool) {
+// take returns a reservation of class k, or false; refill > 0 is the
+// number of reservations booked for the caller to ask for in the
+// background (Client.refill).
+func (a *putAhead) take(k resvClass) (h heldResv, ok bool, refill int) {
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
-		return heldResv{}, false, false
+		return heldResv{}, false, 0
 	}
 	q := a.classes[k]
 	if q == nil {
-		q = &resvQueue{rc: rc}
+		q = &resvQueue{}
 		a.classes[k] = q
 	}
 	for len(q.free) > 0 {
@@ -98,16 +97,15 @@ func (a *putAhead) take(k resvClass, rc *storepb.ReplicateConfig) (h heldResv, o
 		q.free = q.free[1:]
 		if a.usable(h, now) {
 			a.bytes -= k.size
-			return h, true, false
+			return h, true, 0
 		}
 		a.dropLocked(k, h)
 	}
 	q.misses++
-	if q.misses >= 2 && !q.refilling && q.inflight == 0 && now.After(q.noRoom) && a.room(k) > 0 {
-		q.refilling = true
-		return heldResv{}, false, true
+	if q.misses < 2 || q.inflight > 0 {
+		return heldResv{}, false, 0
 	}
-	return heldResv{}, false, false
+	return heldResv{}, false, a.askLocked(k, now)
 }
 
 // room is how many more reservations of k fit the budgets.
@@ -124,8 +122,15 @@ func (a *putAhead) room(k resvClass) int {
 func (a *putAhead) ask(k resvClass) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.closed || a.classes[k] == nil {
+		return 0
+	}
+	return a.askLocked(k, time.Now())
+}
+
+func (a *putAhead) askLocked(k resvClass, now time.Time) int {
 	q := a.classes[k]
-	if a.closed || q == nil || time.Now().Before(q.noRoom) {
+	if now.Before(q.noRoom) {
 		return 0
 	}
 	n := a.room(k)
@@ -211,7 +216,7 @@ func (a *putAhead) age(all bool) bool {
 		}
 		clear(q.free[len(kept):])
 		q.free = kept
-		if len(q.free) == 0 && q.inflight == 0 && !q.refilling {
+		if len(q.free) == 0 && q.inflight == 0 {
 			delete(a.classes, k) // idle: it must earn reservations again
 		}
 	}
@@ -229,34 +234,26 @@ func (a *putAhead) held() int {
 	return n
 }
 
-// refill asks the master for reservations of k in the background.
-func (c *Client) refill(k resvClass) {
+// refill asks the master in the background for the n reservations of k
+// that take booked.
+func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int) {
 	a := c.ahead
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		n := a.ask(k)
-		a.mu.Lock()
-		rc := a.classes[k].rc
-		a.mu.Unlock()
 		var res *storepb.ReserveResult
 		var ttl time.Duration
-		if n > 0 {
-			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
-			resp, err := c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(),
-				Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n)}},
-				Release: a.takeRelease()})
-			cancel()
-			if err != nil {
-				c.log.Debug("reserving space ahead of puts failed", "err", errcode.FromStatus(err))
-			} else if len(resp.Results) == 1 {
-				res, ttl = resp.Results[0], time.Duration(resp.TtlMs)*time.Millisecond
-			}
-			a.got(k, n, res, ttl)
+		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
+		resp, err := c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(),
+			Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n)}},
+			Release: a.takeRelease()})
+		cancel()
+		if err != nil {
+			c.log.Debug("reserving space ahead of puts failed", "err", errcode.FromStatus(err))
+		} else if len(resp.Results) == 1 {
+			res, ttl = resp.Results[0], time.Duration(resp.TtlMs)*time.Millisecond
 		}
-		a.mu.Lock()
-		a.classes[k].refilling = false
-		a.mu.Unlock()
+		a.got(k, n, res, ttl)
 	}()
 }
 
@@ -314,6 +311,7 @@ type commitQ struct {
 	id    uint64
 	block *storepb.BlockMetadata
 	class resvClass
+	rc    *storepb.ReplicateConfig // the class's config, to ask for more
 }
 
 // rpcCommit commits items and, in the same RPC, asks for replacements of
@@ -328,11 +326,8 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 		req.Items[i] = &storepb.CommitItem{Key: q.key, ReservationId: q.id, Block: q.block}
 		if !containsClass(classes, q.class) {
 			if n := a.ask(q.class); n > 0 {
-				a.mu.Lock()
-				rc := a.classes[q.class].rc
-				a.mu.Unlock()
 				classes, asked = append(classes, q.class), append(asked, n)
-				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: rc, Count: uint32(n)})
+				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: q.rc, Count: uint32(n)})
 			}
 		}
 	}

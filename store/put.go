@@ -105,9 +105,9 @@ func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *
 // two-RPC path: no reservation, or one the master no longer has.
 func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc ReplicateConfig, rcpb *storepb.ReplicateConfig) (done bool, err error) {
 	k := classOf(uint64(len(value)), rcpb)
-	h, ok, refill := c.ahead.take(k, rcpb)
-	if refill {
-		c.refill(k)
+	h, ok, refill := c.ahead.take(k)
+	if refill > 0 {
+		c.refill(k, rcpb, refill)
 	}
 	if !ok {
 		return false, nil
@@ -124,7 +124,7 @@ func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc Repl
 		c.ahead.drop(h.id)
 		return true, err
 	}
-	_, err = c.commits.do(ctx, commitQ{key: key, id: h.id, block: rc.Block.pb(), class: k})
+	_, err = c.commits.do(ctx, commitQ{key: key, id: h.id, block: rc.Block.pb(), class: k, rc: rcpb})
 	gone, err := c.settleAhead(k, h, err)
 	return !gone, err
 }
@@ -261,9 +261,9 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		}
 		if c.ahead != nil {
 			cls := classOf(uint64(len(values[i])), rcpb)
-			h, ok, refill := c.ahead.take(cls, rcpb)
-			if refill {
-				c.refill(cls)
+			h, ok, refill := c.ahead.take(cls)
+			if refill > 0 {
+				c.refill(cls, rcpb, refill)
 			}
 			if ok {
 				ahead = append(ahead, aheadItem{i, cls, h})
@@ -321,7 +321,7 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 			c.ahead.drop(a.h.id)
 			continue
 		}
-		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: block(a.i), class: a.k})
+		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: block(a.i), class: a.k, rc: rcpb})
 		committing = append(committing, a)
 	}
 	var gone []int
