@@ -234,6 +234,17 @@ func (a *putAhead) held() int {
 	return n
 }
 
+// takeAhead takes a reservation for a value of size bytes placed by rc,
+// starting a refill of its class when take booked one.
+func (c *Client) takeAhead(size uint64, rc *storepb.ReplicateConfig) (resvClass, heldResv, bool) {
+	k := classOf(size, rc)
+	h, ok, refill := c.ahead.take(k)
+	if refill > 0 {
+		c.refill(k, rc, refill)
+	}
+	return k, h, ok
+}
+
 // refill asks the master in the background for the n reservations of k
 // that take booked.
 func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int) {

@@ -104,11 +104,7 @@ func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *
 // is at hand (ahead.go). done is false when the put must take the
 // two-RPC path: no reservation, or one the master no longer has.
 func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc ReplicateConfig, rcpb *storepb.ReplicateConfig) (done bool, err error) {
-	k := classOf(uint64(len(value)), rcpb)
-	h, ok, refill := c.ahead.take(k)
-	if refill > 0 {
-		c.refill(k, rcpb, refill)
-	}
+	k, h, ok := c.takeAhead(uint64(len(value)), rcpb)
 	if !ok {
 		return false, nil
 	}
@@ -260,12 +256,7 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 			continue
 		}
 		if c.ahead != nil {
-			cls := classOf(uint64(len(values[i])), rcpb)
-			h, ok, refill := c.ahead.take(cls)
-			if refill > 0 {
-				c.refill(cls, rcpb, refill)
-			}
-			if ok {
+			if cls, h, ok := c.takeAhead(uint64(len(values[i])), rcpb); ok {
 				ahead = append(ahead, aheadItem{i, cls, h})
 				continue
 			}
