@@ -212,27 +212,12 @@ func (sc *serverConn) call(id uint32, name string, msg []byte) {
 	sc.reply(id, resp, err)
 }
 
-// reply sends a handler's outcome.
+// reply sends a handler's outcome: the response, or a status when the
+// handler failed or the response cannot be sent.
 func (sc *serverConn) reply(id uint32, resp any, err error) {
-	buf := make([]byte, headerLen, 256)
-	kind := byte(kindReply)
+	buf, err := encodeReply(id, resp, err)
 	if err != nil {
-		kind = kindError
-		buf, _ = proto.MarshalOptions{}.MarshalAppend(buf, status.Convert(err).Proto())
-	} else if pm, ok := resp.(proto.Message); ok {
-		buf, err = proto.MarshalOptions{}.MarshalAppend(buf, pm)
-		if err != nil {
-			kind = kindError
-			buf, _ = proto.MarshalOptions{}.MarshalAppend(buf[:headerLen], status.Newf(codes.Internal, "crpc: encoding the reply: %v", err).Proto())
-		}
-	} else {
-		kind = kindError
-		buf, _ = proto.MarshalOptions{}.MarshalAppend(buf, status.Newf(codes.Internal, "crpc: reply %T is not a protobuf message", resp).Proto())
-	}
-	if err := putHeader(buf, id, kind); err != nil {
-		buf = buf[:headerLen]
-		buf, _ = proto.MarshalOptions{}.MarshalAppend(buf, status.New(codes.ResourceExhausted, err.Error()).Proto())
-		putHeader(buf, id, kindError)
+		buf, _ = encodeReply(id, nil, err)
 	}
 	sc.wmu.Lock()
 	_, werr := sc.c.Write(buf)
@@ -240,4 +225,27 @@ func (sc *serverConn) reply(id uint32, resp any, err error) {
 	if werr != nil {
 		sc.close()
 	}
+}
+
+// encodeReply frames resp (kind reply), or herr's status when herr is not
+// nil (kind error); it fails when resp is not a protobuf message, does not
+// encode or exceeds MaxFrame.
+func encodeReply(id uint32, resp any, herr error) ([]byte, error) {
+	var msg proto.Message
+	kind := byte(kindReply)
+	if herr != nil {
+		msg, kind = status.Convert(herr).Proto(), kindError
+	} else if pm, ok := resp.(proto.Message); ok {
+		msg = pm
+	} else {
+		return nil, status.Errorf(codes.Internal, "crpc: reply %T is not a protobuf message", resp)
+	}
+	buf, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, headerLen, headerLen+proto.Size(msg)), msg)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "crpc: encoding the reply: %v", err)
+	}
+	if err := putHeader(buf, id, kind); err != nil {
+		return nil, status.Error(codes.ResourceExhausted, err.Error())
+	}
+	return buf, nil
 }
