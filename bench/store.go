@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -122,53 +123,29 @@ var ErrStoreConfig = errors.New("bench: invalid store configuration")
 
 func (c *StoreConfig) setDefaults() error {
 	bad := func(f string, a ...any) error { return fmt.Errorf("%w: %s", ErrStoreConfig, fmt.Sprintf(f, a...)) }
-	if c.Operation == "" {
-		c.Operation = "get"
-	}
+	c.Operation = cmp.Or(c.Operation, "get")
 	switch c.Operation {
 	case "put", "get", "mixed", "meta":
 	default:
 		return bad("--operation must be put, get, mixed or meta, not %q", c.Operation)
 	}
-	if c.Clients == 0 {
-		c.Clients = DefaultStoreClients
-	}
-	if c.Threads == 0 {
-		c.Threads = DefaultStoreThreads
-	}
-	if c.SegmentSize == 0 {
-		c.SegmentSize = DefaultStoreSegmentSize
-	}
-	if c.LocalBufferSize == 0 {
-		c.LocalBufferSize = DefaultStoreStaging
-	}
-	if c.ValueSize == 0 {
-		c.ValueSize = DefaultStoreValueSize
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
-	}
+	c.Clients = cmp.Or(c.Clients, DefaultStoreClients)
+	c.Threads = cmp.Or(c.Threads, DefaultStoreThreads)
+	c.SegmentSize = cmp.Or(c.SegmentSize, DefaultStoreSegmentSize)
+	c.LocalBufferSize = cmp.Or(c.LocalBufferSize, DefaultStoreStaging)
+	c.ValueSize = cmp.Or(c.ValueSize, DefaultStoreValueSize)
+	c.Replicas = cmp.Or(c.Replicas, 1)
 	if c.Batch == 0 {
 		c.Batch = 1
 		if c.Operation == "meta" {
 			c.Batch = DefaultMetaBatch
 		}
 	}
-	if c.GetRatio == 0 {
-		c.GetRatio = 0.5
-	}
-	if c.Duration == 0 {
-		c.Duration = 10 * time.Second
-	}
-	if c.Warmup == 0 {
-		c.Warmup = time.Second
-	}
-	if c.LocalHostname == "" {
-		c.LocalHostname = "127.0.0.1"
-	}
-	if c.Objects == 0 {
-		c.Objects = DefaultMetaObjects
-	}
+	c.GetRatio = cmp.Or(c.GetRatio, 0.5)
+	c.Duration = cmp.Or(c.Duration, 10*time.Second)
+	c.Warmup = cmp.Or(c.Warmup, time.Second)
+	c.LocalHostname = cmp.Or(c.LocalHostname, "127.0.0.1")
+	c.Objects = cmp.Or(c.Objects, DefaultMetaObjects)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
@@ -916,9 +893,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		MasterProtocol: clients[0].masterProtocol(),
 		DurationS:      tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
 	}
-	if res.Protocol == "" {
-		res.Protocol = "default"
-	}
+	res.Protocol = cmp.Or(res.Protocol, "default")
 	if im != nil {
 		ev := im.m.Stats().EvictedKeys - evicted0
 		res.EvictedKeys = &ev

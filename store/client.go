@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,9 +80,7 @@ type Config struct {
 }
 
 func (c *Config) setDefaults() error {
-	if c.MasterAddr == "" {
-		c.MasterAddr = DefaultMasterAddr
-	}
+	c.MasterAddr = cmp.Or(c.MasterAddr, DefaultMasterAddr)
 	switch c.MasterProtocol {
 	case "":
 		c.MasterProtocol = "auto"
@@ -98,30 +97,18 @@ func (c *Config) setDefaults() error {
 	if c.LocalBufferSize < 0 {
 		return fmt.Errorf("%w: local buffer size %d", ErrInvalidConfig, c.LocalBufferSize)
 	}
-	if c.LocalBufferSize == 0 {
-		c.LocalBufferSize = DefaultLocalBufferSize
-	}
+	c.LocalBufferSize = cmp.Or(c.LocalBufferSize, DefaultLocalBufferSize)
 	if c.HeartbeatInterval < 0 || c.RPCTimeout < 0 {
 		return fmt.Errorf("%w: negative interval", ErrInvalidConfig)
 	}
-	if c.HeartbeatInterval == 0 {
-		c.HeartbeatInterval = DefaultHeartbeatInterval
-	}
-	if c.RPCTimeout == 0 {
-		c.RPCTimeout = DefaultRPCTimeout
-	}
-	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = DefaultMaxKeyLen
-	}
-	if c.PutAhead == 0 {
-		c.PutAhead = DefaultPutAhead
-	}
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
+	c.RPCTimeout = cmp.Or(c.RPCTimeout, DefaultRPCTimeout)
+	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen)
+	c.PutAhead = cmp.Or(c.PutAhead, DefaultPutAhead)
 	if c.PutAheadBytes < 0 {
 		return fmt.Errorf("%w: put-ahead bytes %d", ErrInvalidConfig, c.PutAheadBytes)
 	}
-	if c.PutAheadBytes == 0 {
-		c.PutAheadBytes = DefaultPutAheadBytes
-	}
+	c.PutAheadBytes = cmp.Or(c.PutAheadBytes, DefaultPutAheadBytes)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

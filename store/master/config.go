@@ -1,6 +1,7 @@
 package master
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,34 +68,19 @@ type Config struct {
 }
 
 func (c *Config) fill() error {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	if c.Shards == 0 {
-		c.Shards = DefaultShards
-	}
-	def(&c.LeaseTTL, DefaultLeaseTTL)
-	def(&c.SoftPinTTL, DefaultSoftPinTTL)
-	def(&c.MaxSoftPinTTL, DefaultMaxSoftPinTTL)
-	def(&c.ClientTTL, DefaultClientTTL)
-	def(&c.PutDiscardTimeout, DefaultPutDiscardTimeout)
-	def(&c.PutReleaseTimeout, DefaultPutReleaseTimeout)
-	def(&c.EvictInterval, DefaultEvictInterval)
-	def(&c.LivenessInterval, DefaultLivenessInterval)
-	if c.EvictionHighWatermark == 0 {
-		c.EvictionHighWatermark = DefaultEvictionHighWatermark
-	}
-	if c.EvictionRatio == 0 {
-		c.EvictionRatio = DefaultEvictionRatio
-	}
-	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = DefaultMaxKeyLen
-	}
-	if c.MaxReplicas == 0 {
-		c.MaxReplicas = DefaultMaxReplicas
-	}
+	c.Shards = cmp.Or(c.Shards, DefaultShards)
+	c.LeaseTTL = cmp.Or(c.LeaseTTL, DefaultLeaseTTL)
+	c.SoftPinTTL = cmp.Or(c.SoftPinTTL, DefaultSoftPinTTL)
+	c.MaxSoftPinTTL = cmp.Or(c.MaxSoftPinTTL, DefaultMaxSoftPinTTL)
+	c.ClientTTL = cmp.Or(c.ClientTTL, DefaultClientTTL)
+	c.PutDiscardTimeout = cmp.Or(c.PutDiscardTimeout, DefaultPutDiscardTimeout)
+	c.PutReleaseTimeout = cmp.Or(c.PutReleaseTimeout, DefaultPutReleaseTimeout)
+	c.EvictInterval = cmp.Or(c.EvictInterval, DefaultEvictInterval)
+	c.LivenessInterval = cmp.Or(c.LivenessInterval, DefaultLivenessInterval)
+	c.EvictionHighWatermark = cmp.Or(c.EvictionHighWatermark, DefaultEvictionHighWatermark)
+	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)
+	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen)
+	c.MaxReplicas = cmp.Or(c.MaxReplicas, DefaultMaxReplicas)
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
 	}
