@@ -6,21 +6,17 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
-// runMeta measures the master's metadata throughput: Clients gRPC
+// runMeta measures the master's metadata throughput: Clients master
 // connections with Threads workers each store Objects objects of
 // ValueSize bytes with BatchPutStart + BatchPutEnd of Batch keys, on a
 // segment mounted for the run (the master never touches memory, so the
@@ -34,23 +30,21 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 	size := max(uint64(1)<<40, 2*uint64(c.Objects)*uint64(reserved(c.ValueSize)))
 	seg := &storepb.Segment{Id: segID, Name: "crescent-bench-meta-" + run + ":1", Base: 1 << 48, Size: size, Protocol: "tcp"}
 
-	var conns []grpc.ClientConnInterface
+	var conns []store.MasterConn
 	defer func() {
 		for _, cc := range conns {
-			cc.(io.Closer).Close()
+			cc.Close()
 		}
 	}()
+	var proto string
 	for range c.Clients {
-		cc, err := dialMaster(ctx, addr, c.MasterProtocol)
+		cc, p, err := store.DialMaster(ctx, addr, c.MasterProtocol, nil)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("bench: %w", err)
 		}
-		conns = append(conns, cc)
+		conns, proto = append(conns, cc), p
 	}
-	c.MasterProtocol = "grpc"
-	if _, ok := conns[0].(*crpc.Conn); ok {
-		c.MasterProtocol = "crpc"
-	}
+	c.MasterProtocol = proto
 	mc := storepb.NewMasterClient(conns[0])
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	_, err := mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: client, Segment: seg})
@@ -145,25 +139,6 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 	}
 	res.P50us, res.P99us, res.P999us = percentiles(&s.Hist)
 	return res, nil
-}
-
-// dialMaster connects as store clients do (Config.MasterProtocol).
-func dialMaster(ctx context.Context, addr, proto string) (grpc.ClientConnInterface, error) {
-	if proto != "grpc" {
-		cc, err := crpc.Dial(ctx, addr)
-		if err == nil {
-			return cc, nil
-		}
-		if proto == "crpc" {
-			return nil, fmt.Errorf("bench: master %s: %w", addr, err)
-		}
-	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)))
-	if err != nil {
-		return nil, fmt.Errorf("bench: master %s: %w", addr, err)
-	}
-	return cc, nil
 }
 
 // errMetaDone ends a meta worker once every object is handed out.

@@ -5,19 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/internal/clock"
-	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -81,13 +76,7 @@ type Config struct {
 
 func (c *Config) setDefaults() error {
 	c.MasterAddr = cmp.Or(c.MasterAddr, DefaultMasterAddr)
-	switch c.MasterProtocol {
-	case "":
-		c.MasterProtocol = "auto"
-	case "auto", "crpc", "grpc":
-	default:
-		return fmt.Errorf("%w: master protocol %q (want auto, crpc or grpc)", ErrInvalidConfig, c.MasterProtocol)
-	}
+	c.MasterProtocol = cmp.Or(c.MasterProtocol, "auto") // DialMaster checks it
 	if _, _, err := net.SplitHostPort(c.MasterAddr); err != nil {
 		return fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, c.MasterAddr, err)
 	}
@@ -120,7 +109,7 @@ type Client struct {
 	cfg      Config
 	id       UUID
 	log      *slog.Logger
-	conn     io.Closer // the master connection: *crpc.Conn or *grpc.ClientConn
+	conn     MasterConn
 	rpcProto string
 	master   storepb.MasterClient
 	eng      *engine.Engine
@@ -218,26 +207,12 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 
 // connect opens the master connection: crpc or gRPC (Config.MasterProtocol).
 func (c *Client) connect(ctx context.Context) error {
-	if c.cfg.MasterProtocol != "grpc" {
-		cc, err := crpc.Dial(ctx, c.cfg.MasterAddr, crpc.WithUnaryInterceptor(c.stats.interceptor))
-		if err == nil {
-			c.conn, c.master, c.rpcProto = cc, storepb.NewMasterClient(cc), "crpc"
-			return nil
-		}
-		if c.cfg.MasterProtocol == "crpc" {
-			return fmt.Errorf("store: master %s: %w", c.cfg.MasterAddr, errcode.FromStatus(err))
-		}
-		c.log.Debug("master does not answer crpc; using gRPC", "err", err)
-	}
-	conn, err := grpc.NewClient(c.cfg.MasterAddr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		// Batch answers for many keys exceed gRPC's 4 MiB default.
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
-		grpc.WithUnaryInterceptor(c.stats.interceptor))
+	conn, proto, err := DialMaster(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor)
 	if err != nil {
-		return fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, c.cfg.MasterAddr, err)
+		return err
 	}
-	c.conn, c.master, c.rpcProto = conn, storepb.NewMasterClient(conn), "grpc"
+	c.log.Debug("master connection", "addr", c.cfg.MasterAddr, "protocol", proto)
+	c.conn, c.master, c.rpcProto = conn, storepb.NewMasterClient(conn), proto
 	return nil
 }
 
