@@ -57,16 +57,9 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 	for attempt := 0; ; attempt++ {
 		sh.mu.Lock()
 		now := m.now()
-		if o := sh.get(key); o != nil {
-			if o.complete() || now-o.lease < int64(m.cfg.PutDiscardTimeout) {
-				sh.unlock()
-				return nil, errcode.New(errcode.ObjectAlreadyExists, "key %q", key)
-			}
-			m.discardedPuts.Add(1)
-			if err := m.apply(sh, &Op{Kind: OpDiscard, Time: now, Key: key}, &applyArgs{}); err != nil {
-				sh.unlock()
-				return nil, err
-			}
+		if err := m.claimKey(sh, key, now); err != nil {
+			sh.unlock()
+			return nil, err
 		}
 		segs, err := m.alloc.Choose(req)
 		var reps []Replica
@@ -91,6 +84,21 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 			return nil, err
 		}
 	}
+}
+
+// claimKey readies key for a new object: a complete object, or an
+// unfinished one younger than PutDiscardTimeout, is ErrObjectAlreadyExists;
+// an older unfinished one is taken over (OpDiscard). The shard is locked.
+func (m *Master) claimKey(sh *shard, key string, now int64) error {
+	o := sh.get(key)
+	switch {
+	case o == nil:
+		return nil
+	case o.complete() || now-o.lease < int64(m.cfg.PutDiscardTimeout):
+		return errcode.New(errcode.ObjectAlreadyExists, "key %q", key)
+	}
+	m.discardedPuts.Add(1)
+	return m.apply(sh, &Op{Kind: OpDiscard, Time: now, Key: key}, &applyArgs{})
 }
 
 // PutEnd makes the object visible (COMPLETE). Only the client that

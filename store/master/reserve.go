@@ -130,14 +130,8 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 	case now-r.lease >= int64(m.cfg.PutDiscardTimeout):
 		return errcode.New(errcode.ReplicaIsGone, "reservation %d expired", it.ID)
 	}
-	if o := sh.get(it.Key); o != nil {
-		if o.complete() || now-o.lease < int64(m.cfg.PutDiscardTimeout) {
-			return errcode.New(errcode.ObjectAlreadyExists, "key %q", it.Key)
-		}
-		m.discardedPuts.Add(1)
-		if err := m.apply(sh, &Op{Kind: OpDiscard, Time: now, Key: it.Key}, &applyArgs{}); err != nil {
-			return err
-		}
+	if err := m.claimKey(sh, it.Key, now); err != nil {
+		return err
 	}
 	return m.apply(sh, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{})
 }
