@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime/pprof"
 	"time"
 
 	"github.com/crescent-kv/crescent/bench"
@@ -90,17 +89,11 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	if !*asJSON {
 		c.Progress = os.Stderr
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	res, err := bench.RunStore(ctx, c)
 	if err != nil {
 		return err
@@ -153,16 +146,14 @@ func storeClientMain(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(fmt.Sprintf("%s.%d", *cpuProfile, os.Getpid()))
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	path := *cpuProfile
+	if path != "" {
+		path = fmt.Sprintf("%s.%d", path, os.Getpid())
 	}
+	stop, err := startCPUProfile(path)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	return bench.ServeStoreClient(ctx, os.Stdin, os.Stdout)
 }
