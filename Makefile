@@ -8,7 +8,7 @@ export GOFLAGS ?= -buildvcs=false
 TAGS ?= $(shell scripts/native-tags)
 # Debian packages the build, tests and benchmarks use.
 DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack \
-	redis-server libibverbs-dev rdma-core ibverbs-providers libfabric-dev protobuf-compiler
+	redis-server file libibverbs-dev rdma-core ibverbs-providers libfabric-dev protobuf-compiler
 BENCH_FLAGS ?= --table --duration 5 --threads 2 --buffer_size 256MiB
 TEST_TIMEOUT ?= 14m
 
@@ -59,6 +59,9 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet -tags "$(TAGS)" ./...
+	@$(GO) mod tidy -diff >/dev/null || { echo "go mod tidy would change go.mod/go.sum: run it and commit"; exit 1; }
+	@elf=$$(git ls-files -z 2>/dev/null | xargs -0 -r file 2>/dev/null | grep -E ': +ELF' | cut -d: -f1); \
+	if [ -n "$$elf" ]; then echo "built binaries are tracked: $$elf"; exit 1; fi
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')

@@ -1,0 +1,20 @@
+// Package netx is the project's one accept loop. Every listener (the
+// master's RPC port, the engine's TCP data port and handshake server, the
+// shm server, the ZMQ publisher) serves through Serve so that they share
+// one behaviour:
+//
+//   - transient accept errors (EMFILE, ENFILE, ENOBUFS, ENOMEM,
+//     ECONNABORTED, timeouts) back off (5 ms doubling to 1 s) and the loop
+//     keeps serving, so running out of fds never ends a server;
+//   - a cap on live connections per listener (MaxConns) and per remote IP
+//     (MaxConnsPerHost). At a cap the loop first closes the connection that
+//     has been idle longest in that scope (a connection is idle until its
+//     handler calls Conn.Busy, and again after Conn.Idle), so idle sockets
+//     cannot starve peers that have work. If none is idle, the global cap
+//     stops accepting until a slot frees (the kernel backlog queues new
+//     peers) and the per-host cap refuses the new connection;
+//   - Close stops accepting, closes the listener and every live
+//     connection, and waits for the handlers to return.
+//
+// netx owns no wire format.
+package netx

@@ -1,0 +1,53 @@
+package netx
+
+import (
+	"syscall"
+	"testing"
+)
+
+// ExhaustFDs lowers RLIMIT_NOFILE to the fds open now plus headroom and
+// opens fds until the process is out of them (EMFILE), for tests of
+// listeners under fd exhaustion. It returns the filler fds; undo with
+// RestoreFDs. Tests that use it must not run in parallel.
+func ExhaustFDs(t testing.TB, headroom int) []int {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	highest := 0
+	for fd := 0; fd < int(min(old.Cur, 1<<16)); fd++ {
+		var st syscall.Stat_t
+		if syscall.Fstat(fd, &st) == nil {
+			highest = fd
+		}
+	}
+	lim := old
+	lim.Cur = uint64(highest + 1 + headroom)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	var fds []int
+	for {
+		fd, err := syscall.Dup(0)
+		if err != nil {
+			if err != syscall.EMFILE {
+				RestoreFDs(t, fds, old)
+				t.Fatalf("dup: %v", err)
+			}
+			return fds
+		}
+		fds = append(fds, fd)
+	}
+}
+
+// RestoreFDs closes the filler fds and restores the limit.
+func RestoreFDs(t testing.TB, fds []int, old syscall.Rlimit) {
+	t.Helper()
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+}

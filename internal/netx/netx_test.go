@@ -1,0 +1,215 @@
+package netx
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// echo answers each line; Busy while answering.
+func echo(c *Conn) {
+	r := bufio.NewReader(c)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		c.Busy()
+		_, err = io.WriteString(c, line)
+		c.Idle()
+		if err != nil {
+			return
+		}
+	}
+}
+
+func listen(t *testing.T) net.Listener {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	return ln
+}
+
+func roundTrip(t *testing.T, addr string) error {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "ping\n"); err != nil {
+		return err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line != "ping\n" {
+		return io.ErrUnexpectedEOF
+	}
+	return nil
+}
+
+func TestTransient(t *testing.T) {
+	for _, e := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED} {
+		err := &net.OpError{Op: "accept", Err: os.NewSyscallError("accept4", e)}
+		assert.True(t, Transient(err), "%v", e)
+	}
+	assert.False(t, Transient(net.ErrClosed))
+	assert.False(t, Transient(&net.OpError{Op: "accept", Err: os.NewSyscallError("accept4", syscall.EBADF)}))
+	assert.Equal(t, minBackoff, Backoff(0))
+	assert.Equal(t, maxBackoff, Backoff(100))
+}
+
+// Out of fds, accept fails with EMFILE; the loop must back off and serve
+// the waiting peer once fds are back.
+func TestSurvivesFDExhaustion(t *testing.T) {
+	l := Serve(listen(t), Config{Name: "test"}, echo)
+	defer l.Close()
+	require.NoError(t, roundTrip(t, l.Addr().String()))
+
+	var old syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
+	fds := ExhaustFDs(t, 64)
+	// One fd for the client: its connection waits in the backlog while
+	// accept fails.
+	syscall.Close(fds[len(fds)-1])
+	fds = fds[:len(fds)-1]
+	c, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	time.Sleep(50 * time.Millisecond) // several failed accepts
+	select {
+	case <-l.Done():
+		t.Fatal("accept loop ended on EMFILE")
+	default:
+	}
+	RestoreFDs(t, fds, old)
+
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.WriteString(c, "hello\n")
+	require.NoError(t, err)
+	line, err := bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "hello\n", line)
+	require.NoError(t, roundTrip(t, l.Addr().String()))
+}
+
+func TestIdleEvictedAtCap(t *testing.T) {
+	l := Serve(listen(t), Config{MaxConns: 4}, echo)
+	defer l.Close()
+	var idle []net.Conn
+	for range 20 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		require.NoError(t, err)
+		idle = append(idle, c)
+	}
+	// Every idle one is evicted in turn; a peer with work still gets in.
+	require.NoError(t, roundTrip(t, l.Addr().String()))
+	assert.LessOrEqual(t, l.Len(), 4)
+	for _, c := range idle {
+		c.Close()
+	}
+}
+
+func TestBusyNotEvicted(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	l := Serve(listen(t), Config{MaxConns: 2}, func(c *Conn) {
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			return
+		}
+		c.Busy()
+		started <- struct{}{}
+		<-release
+	})
+	defer l.Close()
+	var once bool
+	defer func() {
+		if !once {
+			close(release)
+		}
+	}()
+	var cs []net.Conn
+	for i := range 3 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.Write([]byte{1})
+		require.NoError(t, err)
+		cs = append(cs, c)
+		if i < 2 {
+			<-started
+		}
+	}
+	select {
+	case <-started:
+		t.Fatal("a third connection was served past the cap")
+	case <-time.After(100 * time.Millisecond):
+	}
+	assert.Equal(t, 2, l.Len())
+	once = true
+	close(release)
+	<-started // the third, once a slot freed
+}
+
+func TestPerHostCapRefusesWhenAllBusy(t *testing.T) {
+	release := make(chan struct{})
+	l := Serve(listen(t), Config{MaxConnsPerHost: 1}, func(c *Conn) {
+		c.Busy()
+		<-release
+	})
+	defer l.Close()
+	defer close(release)
+	c1, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c1.Close()
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 2*time.Second, time.Millisecond)
+	c2, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c2.Close()
+	c2.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c2.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the over-limit connection is closed")
+}
+
+func TestCloseClosesConnsAndWaits(t *testing.T) {
+	l := Serve(listen(t), Config{}, echo)
+	c, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 2*time.Second, time.Millisecond)
+	require.NoError(t, l.Close())
+	assert.Equal(t, 0, l.Len())
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	assert.Error(t, err)
+	require.NoError(t, l.Close(), "Close twice")
+}
+
+func TestGracefulShutdownKeepsConns(t *testing.T) {
+	l := Serve(listen(t), Config{}, echo)
+	c, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 2*time.Second, time.Millisecond)
+	done := make(chan error, 1)
+	go func() { done <- l.Shutdown(true) }()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	_, err = io.WriteString(c, "still\n")
+	require.NoError(t, err)
+	line, err := bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "still\n", line)
+	c.Close()
+	require.NoError(t, <-done)
+}
