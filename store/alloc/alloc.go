@@ -92,6 +92,10 @@ type Request struct {
 	// LocalFirst, or with SameNode under any strategy.
 	Local    UUID
 	SameNode bool
+	// MinReplicas is the fewest placements acceptable (< 1 means 1):
+	// suspect segments are chosen only to reach it, and fewer is
+	// ErrNoAvailableHandle.
+	MinReplicas int
 }
 
 // Placement is one replica's reservation. It is small and comparable; keep
@@ -111,6 +115,7 @@ type SegmentStats struct {
 	Allocs      int
 	LargestFree uint64
 	Unmounting  bool
+	Suspect     bool
 }
 
 type segState struct {
@@ -124,6 +129,7 @@ type segState struct {
 	released   bool // under mu: out of the table, frees refused
 
 	gone     atomic.Bool
+	suspect  atomic.Bool // written under mu (MarkSuspect)
 	used     atomic.Uint64
 	maxAlloc atomic.Uint64 // oa.MaxAlloc() after the last change
 }
@@ -156,6 +162,7 @@ type Allocator struct {
 
 	capacity atomic.Uint64
 	used     atomic.Uint64
+	suspects atomic.Int64 // segments with suspect set
 
 	rmu sync.Mutex
 	rnd *rand.Rand // nil = the global source
@@ -333,6 +340,9 @@ func (a *Allocator) Release(idx uint32, commit func()) error {
 		return errcode.New(errcode.UnavailableInCurrentStatus, "segment %v is not unmounting", s.ID)
 	}
 	s.released = true // from here on its counters do not move
+	if s.suspect.Swap(false) {
+		a.suspects.Add(-1)
+	}
 	used := s.used.Load()
 	s.mu.Unlock()
 	if commit != nil {
@@ -402,7 +412,7 @@ func (s *segState) stats() SegmentStats {
 	un := s.unmounting
 	s.mu.Unlock()
 	return SegmentStats{Index: s.idx, Segment: s.Segment, Capacity: st.Size, Used: st.Size - st.Free,
-		Allocs: st.Allocs, LargestFree: st.LargestFree, Unmounting: un}
+		Allocs: st.Allocs, LargestFree: st.LargestFree, Unmounting: un, Suspect: s.suspect.Load()}
 }
 
 // Segments returns every mounted segment (unmounting ones included) in
@@ -428,11 +438,14 @@ func (a *Allocator) Totals() (capacity, used uint64) {
 
 // Choose picks up to r.Replicas distinct segments that can hold r.Size
 // now: preferred names first, then (LocalFirst or SameNode) the caller's
-// own segments, then by strategy. It returns ErrNoAvailableHandle when no
-// segment can hold the size. The answer is a hint: AllocateOn may still
-// fail when others allocate meanwhile.
+// own segments, then by strategy; suspect segments only when the others
+// give fewer than r.MinReplicas. It returns ErrNoAvailableHandle when
+// fewer than r.MinReplicas (at least one) segments can hold the size. The
+// answer is a hint: AllocateOn may still fail when others allocate
+// meanwhile.
 func (a *Allocator) Choose(r Request) ([]uint32, error) {
 	want := max(r.Replicas, 1)
+	least := min(max(r.MinReplicas, 1), want)
 	if r.Size == 0 {
 		return nil, errcode.New(errcode.InvalidParams, "size 0")
 	}
@@ -442,10 +455,29 @@ func (a *Allocator) Choose(r Request) ([]uint32, error) {
 	need := Reserved(r.Size)
 	t := a.tab.Load()
 	out := make([]uint32, 0, want)
-	fits := func(i uint32, out []uint32) bool {
+	fitsAny := func(i uint32, out []uint32) bool {
 		s := t.segs[i]
 		return s != nil && !s.gone.Load() && s.maxAlloc.Load() >= need && !slices.Contains(out, i)
 	}
+	fits := func(i uint32, out []uint32) bool { return fitsAny(i, out) && !t.segs[i].suspect.Load() }
+	out = a.choose(t, r, out, want, fits)
+	if len(out) < least && a.suspects.Load() > 0 {
+		// Writes to a suspect segment failed lately; use one only to
+		// reach the minimum (a false report must not stop every put).
+		out = a.choose(t, r, out, least, fitsAny)
+	}
+	switch {
+	case len(out) == 0:
+		return nil, errcode.New(errcode.NoAvailableHandle, "no segment can hold %d bytes", r.Size)
+	case len(out) < least:
+		return nil, errcode.New(errcode.NoAvailableHandle, "%d replicas required, only %d segments can hold %d bytes", least, len(out), r.Size)
+	}
+	return out, nil
+}
+
+// choose appends to out, up to want, the segments fits accepts, in the
+// order of Choose.
+func (a *Allocator) choose(t *table, r Request, out []uint32, want int, fits func(uint32, []uint32) bool) []uint32 {
 	for _, name := range r.Preferred {
 		for _, i := range t.byName[name] {
 			if len(out) < want && fits(i, out) {
@@ -467,10 +499,69 @@ func (a *Allocator) Choose(r Request) ([]uint32, error) {
 			out = a.pickRandom(t, out, want, fits)
 		}
 	}
-	if len(out) == 0 {
-		return nil, errcode.New(errcode.NoAvailableHandle, "no segment can hold %d bytes", r.Size)
+	return out
+}
+
+// MarkSuspect makes segment id suspect: Choose avoids it while other
+// segments can take the request. It returns the segment's client, whether
+// the flag changed, and false for an unknown, unmounting or released
+// segment (nothing changes then).
+func (a *Allocator) MarkSuspect(id UUID) (client UUID, changed, ok bool) {
+	i, found := a.tab.Load().byID[id]
+	if !found {
+		return UUID{}, false, false
 	}
-	return out, nil
+	s := a.seg(i)
+	if s == nil || s.ID != id {
+		return UUID{}, false, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unmounting || s.released {
+		return s.Client, false, false
+	}
+	if !s.suspect.Swap(true) {
+		a.suspects.Add(1)
+		return s.Client, true, true
+	}
+	return s.Client, false, true
+}
+
+// ClearSuspect clears the suspect flag of client's segments and returns
+// how many had it.
+func (a *Allocator) ClearSuspect(client UUID) int {
+	if a.suspects.Load() == 0 {
+		return 0
+	}
+	t := a.tab.Load()
+	n := 0
+	for _, i := range t.byClient[client] {
+		s := t.segs[i]
+		s.mu.Lock()
+		if !s.released && s.suspect.Swap(false) {
+			a.suspects.Add(-1)
+			n++
+		}
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Suspects returns the number of suspect segments.
+func (a *Allocator) Suspects() int { return int(a.suspects.Load()) }
+
+// Placeable returns the number of mounted segments not being unmounted:
+// a request for more replicas than that cannot be met however much room
+// is made.
+func (a *Allocator) Placeable() int {
+	t := a.tab.Load()
+	n := 0
+	for _, i := range t.live {
+		if !t.segs[i].gone.Load() {
+			n++
+		}
+	}
+	return n
 }
 
 func (a *Allocator) pickRandom(t *table, out []uint32, want int, fits func(uint32, []uint32) bool) []uint32 {

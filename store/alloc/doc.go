@@ -21,8 +21,13 @@
 //     caller's own segments (strategy LocalFirst, or Request.SameNode),
 //     then by strategy: Random picks uniformly among the segments that can
 //     hold the size, FreeRatioFirst the highest free ratio. Fewer segments
-//     than replicas gives fewer replicas (best effort); none gives
+//     than replicas gives fewer replicas (best effort), down to
+//     Request.MinReplicas (at least one); fewer gives
 //     errcode.ErrNoAvailableHandle. Choose may use randomness.
+//   - A suspect segment (MarkSuspect: writes to it failed) is chosen only
+//     when the others cannot give MinReplicas; ClearSuspect clears the
+//     flag of a client's segments (the master does on its heartbeat).
+//     The flag is soft state: it changes no placement already made.
 //   - AllocateOn / AllocateSet are deterministic: the same sequence of
 //     allocations and frees on a segment since its Mount yields the same
 //     addresses, so a replayed operation log reproduces them.

@@ -101,5 +101,7 @@ func (m *Master) Stats() Stats {
 		ReleasedPuts:    m.releasedPuts.Load(),
 		DroppedReplicas: m.droppedReplicas.Load(),
 		LostKeys:        m.lostKeys.Load(),
+		SuspectSegments: m.alloc.Suspects(),
+		SegmentReports:  m.segmentReports.Load(),
 	}
 }

@@ -20,7 +20,7 @@ type Metrics struct {
 	lat *prometheus.HistogramVec
 
 	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients *prometheus.Desc
-	reservations, reservedBytes                                                   *prometheus.Desc
+	reservations, reservedBytes, suspects, reports                                *prometheus.Desc
 	evictRuns, evictKeys, evictBytes, expired, discarded, released, dropped, lost *prometheus.Desc
 	// Per RPC, named as the reference does: master_<rpc>_requests_total.
 	requests, failures, items, itemFailures map[string]*prometheus.Desc
@@ -49,6 +49,8 @@ func NewMetrics(m *Master, svc *Service) *Metrics {
 		clients:       d("master_active_clients", "Clients with mounted segments."),
 		reservations:  d("master_reservation_count", "Space placed ahead of puts (ReservePut), not yet committed."),
 		reservedBytes: d("master_reserved_bytes", "Bytes of those reservations (one replica each)."),
+		suspects:      d("master_suspect_segment_count", "Segments placement avoids: writes to them failed, their client has not pinged since."),
+		reports:       d("master_segment_reports_total", "Segments reported by clients whose writes to them failed."),
 		evictRuns:     d("master_eviction_runs_total", "Eviction rounds."),
 		evictKeys:     d("master_evicted_keys_total", "Objects evicted."),
 		evictBytes:    d("master_evicted_bytes_total", "Bytes freed by eviction."),
@@ -85,7 +87,7 @@ func (x *Metrics) Observe(rpc string, d time.Duration, _ error) {
 // Describe implements prometheus.Collector.
 func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{x.capacity, x.allocated, x.keys, x.pending, x.softPinned, x.hardPinned, x.segments, x.clients,
-		x.reservations, x.reservedBytes, x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost} {
+		x.reservations, x.reservedBytes, x.suspects, x.reports, x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost} {
 		ch <- d
 	}
 	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures} {
@@ -113,6 +115,8 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 	g(x.clients, float64(s.ActiveClients))
 	g(x.reservations, float64(s.Reservations))
 	g(x.reservedBytes, float64(s.ReservedBytes))
+	g(x.suspects, float64(s.SuspectSegments))
+	c(x.reports, s.SegmentReports)
 	c(x.evictRuns, s.EvictionRuns)
 	c(x.evictKeys, s.EvictedKeys)
 	c(x.evictBytes, s.EvictedBytes)
@@ -177,7 +181,7 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 			out = append(out, map[string]any{
 				"name": s.Name, "id": uuidString(s.ID), "client": uuidString(s.Client), "base": s.Base,
 				"capacity": s.Capacity, "used": s.Used, "allocations": s.Allocs, "largest_free": s.LargestFree,
-				"protocol": s.Protocol, "status": s.Status.String(),
+				"protocol": s.Protocol, "status": s.Status.String(), "suspect": s.Suspect,
 			})
 		}
 		writeJSON(w, out)
@@ -238,6 +242,7 @@ func writeSummary(w http.ResponseWriter, m *Master, svc *Service) {
 	fmt.Fprintf(&b, "Liveness: %d clients expired, %d replicas dropped, %d keys lost\n", s.ExpiredClients, s.DroppedReplicas, s.LostKeys)
 	fmt.Fprintf(&b, "Unfinished puts: %d taken over, %d released\n", s.DiscardedPuts, s.ReleasedPuts)
 	fmt.Fprintf(&b, "Put-ahead reservations: %d (%s)\n", s.Reservations, bytesString(s.ReservedBytes))
+	fmt.Fprintf(&b, "Suspect segments: %d (%d failed-write reports)\n", s.SuspectSegments, s.SegmentReports)
 	if svc != nil {
 		b.WriteString("RPCs (requests / failures):\n")
 		for _, r := range svc.Counts() {

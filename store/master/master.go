@@ -58,6 +58,7 @@ type Master struct {
 
 	evictRuns, evictedKeys, evictedBytes, expiredClients   atomic.Uint64
 	discardedPuts, releasedPuts, droppedReplicas, lostKeys atomic.Uint64
+	segmentReports                                         atomic.Uint64
 
 	runMu   sync.Mutex
 	started bool

@@ -121,6 +121,9 @@ type applyArgs struct {
 	replay bool
 	quiet  bool    // no per-key events (RemoveAll emits one Cleared)
 	obj    *object // out: the object PutStart created
+	// minReps: a live PutStart or Reserve placing fewer replicas (at
+	// least one) fails and places none.
+	minReps int
 }
 
 func (m *Master) append(op *Op, a *applyArgs) {
@@ -204,6 +207,10 @@ func (m *Master) place(op *Op, a *applyArgs, insert func(object)) error {
 	var bad error
 	ps := m.alloc.AllocateSet(op.Segments, op.Size, func(ps []alloc.Placement) {
 		if bad = m.placed(op, ps, a); bad != nil || len(ps) == 0 {
+			return
+		}
+		if least := max(a.minReps, 1); !a.replay && len(ps) < least {
+			bad = errcode.New(errcode.NoAvailableHandle, "%d replicas required, only %d placed for %d bytes", least, len(ps), op.Size)
 			return
 		}
 		o := m.pendingObject(op, ps)

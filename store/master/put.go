@@ -19,6 +19,8 @@ func (m *Master) checkConfig(rc *ReplicateConfig) (int, error) {
 		return 0, errcode.New(errcode.InvalidParams, "soft pin TTL %v above the maximum %v", rc.SoftPinTTL, m.cfg.MaxSoftPinTTL)
 	case rc.SoftPin && rc.HardPin:
 		return 0, errcode.New(errcode.InvalidParams, "soft and hard pin are exclusive")
+	case rc.MinReplicas < 0 || rc.MinReplicas > max(n, 1):
+		return 0, errcode.New(errcode.InvalidParams, "min replicas %d outside [0, %d] (the replica count)", rc.MinReplicas, max(n, 1))
 	}
 	for _, p := range rc.Preferred {
 		if p == "" {
@@ -51,7 +53,8 @@ func (m *Master) PutStart(client UUID, key string, size uint64, rc ReplicateConf
 }
 
 func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateConfig, n int) ([]Replica, error) {
-	req := alloc.Request{Size: size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode}
+	req := alloc.Request{Size: size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
+		MinReplicas: rc.MinReplicas}
 	ttl := m.pinTTL(rc) // kept per object only when it is not the default
 	sh := m.shardOf(key)
 	for attempt := 0; ; attempt++ {
@@ -67,7 +70,7 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 			var o object
 			op := &Op{Kind: OpPutStart, Time: now, Key: key, Client: client, Size: size, SoftPin: rc.SoftPin,
 				SoftPinTTL: ttl, HardPin: rc.HardPin, Segments: segs}
-			if err = m.apply(sh, op, &applyArgs{obj: &o}); err == nil {
+			if err = m.apply(sh, op, &applyArgs{obj: &o, minReps: rc.MinReplicas}); err == nil {
 				reps = m.replicas(&o)
 			}
 		}
@@ -75,7 +78,8 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 		if err == nil {
 			return reps, nil
 		}
-		if attempt > 0 || !errors.Is(err, errcode.ErrNoAvailableHandle) || alloc.Reserved(size) > m.alloc.LargestSegment() {
+		if attempt > 0 || !errors.Is(err, errcode.ErrNoAvailableHandle) || alloc.Reserved(size) > m.alloc.LargestSegment() ||
+			m.alloc.Placeable() < max(rc.MinReplicas, 1) { // eviction cannot add segments
 			return nil, err
 		}
 		// Make room and try once more (outside the shard lock: eviction

@@ -70,7 +70,8 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 	if err != nil {
 		return ReserveResult{Err: err}
 	}
-	req := alloc.Request{Size: spec.Size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode}
+	req := alloc.Request{Size: spec.Size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
+		MinReplicas: rc.MinReplicas}
 	var res ReserveResult
 	for range spec.Count {
 		segs, err := m.alloc.Choose(req)
@@ -79,7 +80,7 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 				SoftPinTTL: m.pinTTL(&rc), HardPin: rc.HardPin, Segments: segs}
 			var o object
 			m.resvMu.Lock()
-			err = m.apply(nil, op, &applyArgs{obj: &o})
+			err = m.apply(nil, op, &applyArgs{obj: &o, minReps: rc.MinReplicas})
 			m.resvMu.Unlock()
 			if err == nil {
 				res.Reservations = append(res.Reservations, Reservation{ID: op.ID, Size: spec.Size, Replicas: m.replicas(&o)})

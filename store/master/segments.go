@@ -131,7 +131,7 @@ func segInfo(st alloc.SegmentStats) SegmentInfo {
 		status = SegmentUnmounting
 	}
 	return SegmentInfo{Segment: st.Segment, Index: st.Index, Status: status, Capacity: st.Capacity,
-		Used: st.Used, Allocs: st.Allocs, LargestFree: st.LargestFree}
+		Used: st.Used, Allocs: st.Allocs, LargestFree: st.LargestFree, Suspect: st.Suspect}
 }
 
 // Ping records a heartbeat. A client the master does not track (never
@@ -145,6 +145,7 @@ func (m *Master) Ping(client UUID) (uint64, ClientStatus) {
 		return m.view, ClientNeedRemount
 	}
 	c.lastSeen.Store(m.now())
+	m.clearSuspect(client)
 	return m.view, ClientOK
 }
 

@@ -41,6 +41,7 @@ const (
 	rpcServiceReady
 	rpcReservePut
 	rpcCommitPut
+	rpcReportFailedSegments
 	numRPC
 )
 
@@ -49,7 +50,7 @@ var rpcNames = [numRPC]string{
 	"get_replica_list", "batch_get_replica_list", "exist_key", "batch_exist_key",
 	"remove", "batch_remove", "remove_by_regex", "remove_all",
 	"mount_segment", "remount_segment", "unmount_segment", "query_segment_status",
-	"ping", "service_ready", "reserve_put", "commit_put",
+	"ping", "service_ready", "reserve_put", "commit_put", "report_failed_segments",
 }
 
 // RPCNames lists the names RPCCount and observers use, in a fixed order.
@@ -208,11 +209,11 @@ func configFromPB(c *storepb.ReplicateConfig) (ReplicateConfig, error) {
 	if c == nil {
 		return ReplicateConfig{}, nil
 	}
-	if c.ReplicaNum > math.MaxInt32 {
-		return ReplicateConfig{}, errcode.New(errcode.InvalidParams, "replica_num %d", c.ReplicaNum)
+	if c.ReplicaNum > math.MaxInt32 || c.MinReplicas > math.MaxInt32 {
+		return ReplicateConfig{}, errcode.New(errcode.InvalidParams, "replica_num %d, min_replicas %d", c.ReplicaNum, c.MinReplicas)
 	}
 	rc := ReplicateConfig{Replicas: int(c.ReplicaNum), SoftPin: c.WithSoftPin, HardPin: c.WithHardPin,
-		Preferred: c.PreferredSegments, SameNode: c.PreferAllocInSameNode}
+		Preferred: c.PreferredSegments, SameNode: c.PreferAllocInSameNode, MinReplicas: int(c.MinReplicas)}
 	if c.WithSoftPin && c.SoftPinTtlMs > 0 {
 		// Saturate: anything this large is above any maximum anyway.
 		rc.SoftPinTTL = time.Duration(min(c.SoftPinTtlMs, math.MaxInt64/uint64(time.Millisecond))) * time.Millisecond
@@ -641,4 +642,25 @@ func (s *Service) Ping(_ context.Context, r *storepb.PingRequest) (_ *storepb.Pi
 func (s *Service) ServiceReady(context.Context, *storepb.ServiceReadyRequest) (_ *storepb.ServiceReadyResponse, err error) {
 	defer func(t time.Time) { s.done(rpcServiceReady, t, nil, 0, 0) }(time.Now())
 	return &storepb.ServiceReadyResponse{}, nil
+}
+
+// ReportFailedSegments implements storepb.MasterServer.
+func (s *Service) ReportFailedSegments(_ context.Context, r *storepb.ReportFailedSegmentsRequest) (_ *storepb.ReportFailedSegmentsResponse, err error) {
+	defer func(t time.Time) { s.done(rpcReportFailedSegments, t, err, 0, 0) }(time.Now())
+	c, err := clientID(r.ClientId)
+	if err == nil && len(r.SegmentIds) > MaxReportSegments {
+		err = errcode.New(errcode.InvalidParams, "%d segments reported > %d", len(r.SegmentIds), MaxReportSegments)
+	}
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	ids := make([]UUID, len(r.SegmentIds))
+	for i, id := range r.SegmentIds {
+		ids[i] = fromPB(id)
+	}
+	n, err := s.m.ReportFailedSegments(c, ids)
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
+	return &storepb.ReportFailedSegmentsResponse{Marked: uint32(n)}, nil
 }

@@ -64,6 +64,9 @@ type ReplicateConfig struct {
 	HardPin    bool          // never evicted
 	Preferred  []string      // segment names tried first
 	SameNode   bool          // the calling client's own segments first
+	// MinReplicas is the fewest replicas a put may store (0 means 1;
+	// above Replicas is invalid): placing fewer is ErrNoAvailableHandle.
+	MinReplicas int
 }
 
 // Replica locates one copy of an object: bytes [Addr, Addr+Size) of the
@@ -115,6 +118,9 @@ type SegmentInfo struct {
 	Used        uint64
 	Allocs      int
 	LargestFree uint64
+	// Suspect: a client reported failed writes to it (ReportFailedSegments);
+	// new replicas avoid it until its owner pings again.
+	Suspect bool
 }
 
 // Stats is a snapshot of the master's counters, for metrics.
@@ -130,6 +136,9 @@ type Stats struct {
 	Quarantined    int64  // replicas of taken-over puts waiting for PutReleaseTimeout
 	Reservations   int    // space placed ahead of puts (ReservePut), not yet committed
 	ReservedBytes  uint64 // their size (one replica's worth each)
+	// SuspectSegments are avoided by placement (failed writes reported)
+	// until their owners ping again.
+	SuspectSegments int
 
 	EvictionRuns    uint64
 	EvictedKeys     uint64
@@ -139,6 +148,7 @@ type Stats struct {
 	ReleasedPuts    uint64 // unfinished puts freed at PutReleaseTimeout
 	DroppedReplicas uint64 // replicas lost with their segment
 	LostKeys        uint64 // objects erased because no replica was left
+	SegmentReports  uint64 // segments reported by clients whose writes to them failed
 }
 
 // EvictResult reports one eviction round.

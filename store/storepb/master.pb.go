@@ -353,8 +353,12 @@ type ReplicateConfig struct {
 	// Segments (by name) to place replicas on first.
 	PreferredSegments     []string `protobuf:"bytes,5,rep,name=preferred_segments,json=preferredSegments,proto3" json:"preferred_segments,omitempty"`
 	PreferAllocInSameNode bool     `protobuf:"varint,6,opt,name=prefer_alloc_in_same_node,json=preferAllocInSameNode,proto3" json:"prefer_alloc_in_same_node,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// The fewest replicas a put may store (0 = 1); a put that cannot place
+	// that many fails with NO_AVAILABLE_HANDLE. More than replica_num is
+	// INVALID_PARAMS.
+	MinReplicas   uint32 `protobuf:"varint,7,opt,name=min_replicas,json=minReplicas,proto3" json:"min_replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicateConfig) Reset() {
@@ -427,6 +431,13 @@ func (x *ReplicateConfig) GetPreferAllocInSameNode() bool {
 		return x.PreferAllocInSameNode
 	}
 	return false
+}
+
+func (x *ReplicateConfig) GetMinReplicas() uint32 {
+	if x != nil {
+		return x.MinReplicas
+	}
+	return 0
 }
 
 // MemoryDescriptor locates a memory replica: bytes [buffer_address,
@@ -3450,6 +3461,107 @@ func (*ServiceReadyResponse) Descriptor() ([]byte, []int) {
 	return file_master_proto_rawDescGZIP(), []int{59}
 }
 
+// ReportFailedSegmentsRequest: writes from client_id to these segments
+// failed (at most 64 ids). Each becomes suspect: no new replica is placed
+// on it while other segments can take the put, until its owner's next
+// Ping. Nothing stored is touched; unknown ids and the reporter's own
+// segments are ignored.
+type ReportFailedSegmentsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	SegmentIds    []*UUID                `protobuf:"bytes,2,rep,name=segment_ids,json=segmentIds,proto3" json:"segment_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportFailedSegmentsRequest) Reset() {
+	*x = ReportFailedSegmentsRequest{}
+	mi := &file_master_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportFailedSegmentsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportFailedSegmentsRequest) ProtoMessage() {}
+
+func (x *ReportFailedSegmentsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportFailedSegmentsRequest.ProtoReflect.Descriptor instead.
+func (*ReportFailedSegmentsRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *ReportFailedSegmentsRequest) GetClientId() *UUID {
+	if x != nil {
+		return x.ClientId
+	}
+	return nil
+}
+
+func (x *ReportFailedSegmentsRequest) GetSegmentIds() []*UUID {
+	if x != nil {
+		return x.SegmentIds
+	}
+	return nil
+}
+
+type ReportFailedSegmentsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Marked        uint32                 `protobuf:"varint,1,opt,name=marked,proto3" json:"marked,omitempty"` // segments that were not suspect before
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportFailedSegmentsResponse) Reset() {
+	*x = ReportFailedSegmentsResponse{}
+	mi := &file_master_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportFailedSegmentsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportFailedSegmentsResponse) ProtoMessage() {}
+
+func (x *ReportFailedSegmentsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportFailedSegmentsResponse.ProtoReflect.Descriptor instead.
+func (*ReportFailedSegmentsResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ReportFailedSegmentsResponse) GetMarked() uint32 {
+	if x != nil {
+		return x.Marked
+	}
+	return 0
+}
+
 var File_master_proto protoreflect.FileDescriptor
 
 const file_master_proto_rawDesc = "" +
@@ -3460,7 +3572,7 @@ const file_master_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\",\n" +
 	"\x04UUID\x12\x12\n" +
 	"\x04high\x18\x01 \x01(\x04R\x04high\x12\x10\n" +
-	"\x03low\x18\x02 \x01(\x04R\x03low\"\x8a\x02\n" +
+	"\x03low\x18\x02 \x01(\x04R\x03low\"\xad\x02\n" +
 	"\x0fReplicateConfig\x12\x1f\n" +
 	"\vreplica_num\x18\x01 \x01(\rR\n" +
 	"replicaNum\x12\"\n" +
@@ -3468,7 +3580,8 @@ const file_master_proto_rawDesc = "" +
 	"\x0fsoft_pin_ttl_ms\x18\x03 \x01(\x04R\fsoftPinTtlMs\x12\"\n" +
 	"\rwith_hard_pin\x18\x04 \x01(\bR\vwithHardPin\x12-\n" +
 	"\x12preferred_segments\x18\x05 \x03(\tR\x11preferredSegments\x128\n" +
-	"\x19prefer_alloc_in_same_node\x18\x06 \x01(\bR\x15preferAllocInSameNode\"\xc4\x01\n" +
+	"\x19prefer_alloc_in_same_node\x18\x06 \x01(\bR\x15preferAllocInSameNode\x12!\n" +
+	"\fmin_replicas\x18\a \x01(\rR\vminReplicas\"\xc4\x01\n" +
 	"\x10MemoryDescriptor\x12!\n" +
 	"\fsegment_name\x18\x01 \x01(\tR\vsegmentName\x12%\n" +
 	"\x0ebuffer_address\x18\x02 \x01(\x04R\rbufferAddress\x12\x12\n" +
@@ -3661,7 +3774,13 @@ const file_master_proto_rawDesc = "" +
 	"\fview_version\x18\x01 \x01(\x04R\vviewVersion\x12D\n" +
 	"\rclient_status\x18\x02 \x01(\x0e2\x1f.crescent.store.v1.ClientStatusR\fclientStatus\"\x15\n" +
 	"\x13ServiceReadyRequest\"\x16\n" +
-	"\x14ServiceReadyResponse*Z\n" +
+	"\x14ServiceReadyResponse\"\x8d\x01\n" +
+	"\x1bReportFailedSegmentsRequest\x124\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x128\n" +
+	"\vsegment_ids\x18\x02 \x03(\v2\x17.crescent.store.v1.UUIDR\n" +
+	"segmentIds\"6\n" +
+	"\x1cReportFailedSegmentsResponse\x12\x16\n" +
+	"\x06marked\x18\x01 \x01(\rR\x06marked*Z\n" +
 	"\vReplicaType\x12\x17\n" +
 	"\x13REPLICA_TYPE_MEMORY\x10\x00\x12\x15\n" +
 	"\x11REPLICA_TYPE_DISK\x10\x01\x12\x1b\n" +
@@ -3680,7 +3799,7 @@ const file_master_proto_rawDesc = "" +
 	"\fClientStatus\x12\x1b\n" +
 	"\x17CLIENT_STATUS_UNDEFINED\x10\x00\x12\x14\n" +
 	"\x10CLIENT_STATUS_OK\x10\x01\x12\x1e\n" +
-	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xab\x10\n" +
+	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xa4\x11\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".crescent.store.v1.PutStartRequest\x1a#.crescent.store.v1.PutStartResponse\x12M\n" +
 	"\x06PutEnd\x12 .crescent.store.v1.PutEndRequest\x1a!.crescent.store.v1.PutEndResponse\x12V\n" +
@@ -3704,7 +3823,8 @@ const file_master_proto_rawDesc = "" +
 	"\x0eUnmountSegment\x12(.crescent.store.v1.UnmountSegmentRequest\x1a).crescent.store.v1.UnmountSegmentResponse\x12q\n" +
 	"\x12QuerySegmentStatus\x12,.crescent.store.v1.QuerySegmentStatusRequest\x1a-.crescent.store.v1.QuerySegmentStatusResponse\x12G\n" +
 	"\x04Ping\x12\x1e.crescent.store.v1.PingRequest\x1a\x1f.crescent.store.v1.PingResponse\x12_\n" +
-	"\fServiceReady\x12&.crescent.store.v1.ServiceReadyRequest\x1a'.crescent.store.v1.ServiceReadyResponseB/Z-github.com/crescent-kv/crescent/store/storepbb\x06proto3"
+	"\fServiceReady\x12&.crescent.store.v1.ServiceReadyRequest\x1a'.crescent.store.v1.ServiceReadyResponse\x12w\n" +
+	"\x14ReportFailedSegments\x12..crescent.store.v1.ReportFailedSegmentsRequest\x1a/.crescent.store.v1.ReportFailedSegmentsResponseB/Z-github.com/crescent-kv/crescent/store/storepbb\x06proto3"
 
 var (
 	file_master_proto_rawDescOnce sync.Once
@@ -3719,72 +3839,74 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
 var file_master_proto_goTypes = []any{
-	(ReplicaType)(0),                    // 0: crescent.store.v1.ReplicaType
-	(ReplicaStatus)(0),                  // 1: crescent.store.v1.ReplicaStatus
-	(SegmentStatus)(0),                  // 2: crescent.store.v1.SegmentStatus
-	(ClientStatus)(0),                   // 3: crescent.store.v1.ClientStatus
-	(*ErrorDetail)(nil),                 // 4: crescent.store.v1.ErrorDetail
-	(*UUID)(nil),                        // 5: crescent.store.v1.UUID
-	(*ReplicateConfig)(nil),             // 6: crescent.store.v1.ReplicateConfig
-	(*MemoryDescriptor)(nil),            // 7: crescent.store.v1.MemoryDescriptor
-	(*DiskDescriptor)(nil),              // 8: crescent.store.v1.DiskDescriptor
-	(*ReplicaDescriptor)(nil),           // 9: crescent.store.v1.ReplicaDescriptor
-	(*BlockMetadata)(nil),               // 10: crescent.store.v1.BlockMetadata
-	(*ItemResult)(nil),                  // 11: crescent.store.v1.ItemResult
-	(*PutStartRequest)(nil),             // 12: crescent.store.v1.PutStartRequest
-	(*PutStartResponse)(nil),            // 13: crescent.store.v1.PutStartResponse
-	(*PutEndRequest)(nil),               // 14: crescent.store.v1.PutEndRequest
-	(*PutEndResponse)(nil),              // 15: crescent.store.v1.PutEndResponse
-	(*PutRevokeRequest)(nil),            // 16: crescent.store.v1.PutRevokeRequest
-	(*PutRevokeResponse)(nil),           // 17: crescent.store.v1.PutRevokeResponse
-	(*BatchPutStartRequest)(nil),        // 18: crescent.store.v1.BatchPutStartRequest
-	(*PutStartResult)(nil),              // 19: crescent.store.v1.PutStartResult
-	(*BatchPutStartResponse)(nil),       // 20: crescent.store.v1.BatchPutStartResponse
-	(*BatchPutEndRequest)(nil),          // 21: crescent.store.v1.BatchPutEndRequest
-	(*BatchPutEndResponse)(nil),         // 22: crescent.store.v1.BatchPutEndResponse
-	(*BatchPutRevokeRequest)(nil),       // 23: crescent.store.v1.BatchPutRevokeRequest
-	(*BatchPutRevokeResponse)(nil),      // 24: crescent.store.v1.BatchPutRevokeResponse
-	(*Reservation)(nil),                 // 25: crescent.store.v1.Reservation
-	(*ReserveSpec)(nil),                 // 26: crescent.store.v1.ReserveSpec
-	(*ReserveResult)(nil),               // 27: crescent.store.v1.ReserveResult
-	(*ReservePutRequest)(nil),           // 28: crescent.store.v1.ReservePutRequest
-	(*ReservePutResponse)(nil),          // 29: crescent.store.v1.ReservePutResponse
-	(*CommitItem)(nil),                  // 30: crescent.store.v1.CommitItem
-	(*CommitPutRequest)(nil),            // 31: crescent.store.v1.CommitPutRequest
-	(*CommitPutResponse)(nil),           // 32: crescent.store.v1.CommitPutResponse
-	(*GetReplicaListRequest)(nil),       // 33: crescent.store.v1.GetReplicaListRequest
-	(*GetReplicaListResponse)(nil),      // 34: crescent.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListRequest)(nil),  // 35: crescent.store.v1.BatchGetReplicaListRequest
-	(*GetReplicaListResult)(nil),        // 36: crescent.store.v1.GetReplicaListResult
-	(*BatchGetReplicaListResponse)(nil), // 37: crescent.store.v1.BatchGetReplicaListResponse
-	(*ExistKeyRequest)(nil),             // 38: crescent.store.v1.ExistKeyRequest
-	(*ExistKeyResponse)(nil),            // 39: crescent.store.v1.ExistKeyResponse
-	(*BatchExistKeyRequest)(nil),        // 40: crescent.store.v1.BatchExistKeyRequest
-	(*ExistResult)(nil),                 // 41: crescent.store.v1.ExistResult
-	(*BatchExistKeyResponse)(nil),       // 42: crescent.store.v1.BatchExistKeyResponse
-	(*RemoveRequest)(nil),               // 43: crescent.store.v1.RemoveRequest
-	(*RemoveResponse)(nil),              // 44: crescent.store.v1.RemoveResponse
-	(*BatchRemoveRequest)(nil),          // 45: crescent.store.v1.BatchRemoveRequest
-	(*BatchRemoveResponse)(nil),         // 46: crescent.store.v1.BatchRemoveResponse
-	(*RemoveByRegexRequest)(nil),        // 47: crescent.store.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),       // 48: crescent.store.v1.RemoveByRegexResponse
-	(*RemoveAllRequest)(nil),            // 49: crescent.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),           // 50: crescent.store.v1.RemoveAllResponse
-	(*Segment)(nil),                     // 51: crescent.store.v1.Segment
-	(*MountSegmentRequest)(nil),         // 52: crescent.store.v1.MountSegmentRequest
-	(*MountSegmentResponse)(nil),        // 53: crescent.store.v1.MountSegmentResponse
-	(*ReMountSegmentRequest)(nil),       // 54: crescent.store.v1.ReMountSegmentRequest
-	(*ReMountSegmentResponse)(nil),      // 55: crescent.store.v1.ReMountSegmentResponse
-	(*UnmountSegmentRequest)(nil),       // 56: crescent.store.v1.UnmountSegmentRequest
-	(*UnmountSegmentResponse)(nil),      // 57: crescent.store.v1.UnmountSegmentResponse
-	(*QuerySegmentStatusRequest)(nil),   // 58: crescent.store.v1.QuerySegmentStatusRequest
-	(*QuerySegmentStatusResponse)(nil),  // 59: crescent.store.v1.QuerySegmentStatusResponse
-	(*PingRequest)(nil),                 // 60: crescent.store.v1.PingRequest
-	(*PingResponse)(nil),                // 61: crescent.store.v1.PingResponse
-	(*ServiceReadyRequest)(nil),         // 62: crescent.store.v1.ServiceReadyRequest
-	(*ServiceReadyResponse)(nil),        // 63: crescent.store.v1.ServiceReadyResponse
+	(ReplicaType)(0),                     // 0: crescent.store.v1.ReplicaType
+	(ReplicaStatus)(0),                   // 1: crescent.store.v1.ReplicaStatus
+	(SegmentStatus)(0),                   // 2: crescent.store.v1.SegmentStatus
+	(ClientStatus)(0),                    // 3: crescent.store.v1.ClientStatus
+	(*ErrorDetail)(nil),                  // 4: crescent.store.v1.ErrorDetail
+	(*UUID)(nil),                         // 5: crescent.store.v1.UUID
+	(*ReplicateConfig)(nil),              // 6: crescent.store.v1.ReplicateConfig
+	(*MemoryDescriptor)(nil),             // 7: crescent.store.v1.MemoryDescriptor
+	(*DiskDescriptor)(nil),               // 8: crescent.store.v1.DiskDescriptor
+	(*ReplicaDescriptor)(nil),            // 9: crescent.store.v1.ReplicaDescriptor
+	(*BlockMetadata)(nil),                // 10: crescent.store.v1.BlockMetadata
+	(*ItemResult)(nil),                   // 11: crescent.store.v1.ItemResult
+	(*PutStartRequest)(nil),              // 12: crescent.store.v1.PutStartRequest
+	(*PutStartResponse)(nil),             // 13: crescent.store.v1.PutStartResponse
+	(*PutEndRequest)(nil),                // 14: crescent.store.v1.PutEndRequest
+	(*PutEndResponse)(nil),               // 15: crescent.store.v1.PutEndResponse
+	(*PutRevokeRequest)(nil),             // 16: crescent.store.v1.PutRevokeRequest
+	(*PutRevokeResponse)(nil),            // 17: crescent.store.v1.PutRevokeResponse
+	(*BatchPutStartRequest)(nil),         // 18: crescent.store.v1.BatchPutStartRequest
+	(*PutStartResult)(nil),               // 19: crescent.store.v1.PutStartResult
+	(*BatchPutStartResponse)(nil),        // 20: crescent.store.v1.BatchPutStartResponse
+	(*BatchPutEndRequest)(nil),           // 21: crescent.store.v1.BatchPutEndRequest
+	(*BatchPutEndResponse)(nil),          // 22: crescent.store.v1.BatchPutEndResponse
+	(*BatchPutRevokeRequest)(nil),        // 23: crescent.store.v1.BatchPutRevokeRequest
+	(*BatchPutRevokeResponse)(nil),       // 24: crescent.store.v1.BatchPutRevokeResponse
+	(*Reservation)(nil),                  // 25: crescent.store.v1.Reservation
+	(*ReserveSpec)(nil),                  // 26: crescent.store.v1.ReserveSpec
+	(*ReserveResult)(nil),                // 27: crescent.store.v1.ReserveResult
+	(*ReservePutRequest)(nil),            // 28: crescent.store.v1.ReservePutRequest
+	(*ReservePutResponse)(nil),           // 29: crescent.store.v1.ReservePutResponse
+	(*CommitItem)(nil),                   // 30: crescent.store.v1.CommitItem
+	(*CommitPutRequest)(nil),             // 31: crescent.store.v1.CommitPutRequest
+	(*CommitPutResponse)(nil),            // 32: crescent.store.v1.CommitPutResponse
+	(*GetReplicaListRequest)(nil),        // 33: crescent.store.v1.GetReplicaListRequest
+	(*GetReplicaListResponse)(nil),       // 34: crescent.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListRequest)(nil),   // 35: crescent.store.v1.BatchGetReplicaListRequest
+	(*GetReplicaListResult)(nil),         // 36: crescent.store.v1.GetReplicaListResult
+	(*BatchGetReplicaListResponse)(nil),  // 37: crescent.store.v1.BatchGetReplicaListResponse
+	(*ExistKeyRequest)(nil),              // 38: crescent.store.v1.ExistKeyRequest
+	(*ExistKeyResponse)(nil),             // 39: crescent.store.v1.ExistKeyResponse
+	(*BatchExistKeyRequest)(nil),         // 40: crescent.store.v1.BatchExistKeyRequest
+	(*ExistResult)(nil),                  // 41: crescent.store.v1.ExistResult
+	(*BatchExistKeyResponse)(nil),        // 42: crescent.store.v1.BatchExistKeyResponse
+	(*RemoveRequest)(nil),                // 43: crescent.store.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 44: crescent.store.v1.RemoveResponse
+	(*BatchRemoveRequest)(nil),           // 45: crescent.store.v1.BatchRemoveRequest
+	(*BatchRemoveResponse)(nil),          // 46: crescent.store.v1.BatchRemoveResponse
+	(*RemoveByRegexRequest)(nil),         // 47: crescent.store.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),        // 48: crescent.store.v1.RemoveByRegexResponse
+	(*RemoveAllRequest)(nil),             // 49: crescent.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),            // 50: crescent.store.v1.RemoveAllResponse
+	(*Segment)(nil),                      // 51: crescent.store.v1.Segment
+	(*MountSegmentRequest)(nil),          // 52: crescent.store.v1.MountSegmentRequest
+	(*MountSegmentResponse)(nil),         // 53: crescent.store.v1.MountSegmentResponse
+	(*ReMountSegmentRequest)(nil),        // 54: crescent.store.v1.ReMountSegmentRequest
+	(*ReMountSegmentResponse)(nil),       // 55: crescent.store.v1.ReMountSegmentResponse
+	(*UnmountSegmentRequest)(nil),        // 56: crescent.store.v1.UnmountSegmentRequest
+	(*UnmountSegmentResponse)(nil),       // 57: crescent.store.v1.UnmountSegmentResponse
+	(*QuerySegmentStatusRequest)(nil),    // 58: crescent.store.v1.QuerySegmentStatusRequest
+	(*QuerySegmentStatusResponse)(nil),   // 59: crescent.store.v1.QuerySegmentStatusResponse
+	(*PingRequest)(nil),                  // 60: crescent.store.v1.PingRequest
+	(*PingResponse)(nil),                 // 61: crescent.store.v1.PingResponse
+	(*ServiceReadyRequest)(nil),          // 62: crescent.store.v1.ServiceReadyRequest
+	(*ServiceReadyResponse)(nil),         // 63: crescent.store.v1.ServiceReadyResponse
+	(*ReportFailedSegmentsRequest)(nil),  // 64: crescent.store.v1.ReportFailedSegmentsRequest
+	(*ReportFailedSegmentsResponse)(nil), // 65: crescent.store.v1.ReportFailedSegmentsResponse
 }
 var file_master_proto_depIdxs = []int32{
 	5,  // 0: crescent.store.v1.MemoryDescriptor.segment_id:type_name -> crescent.store.v1.UUID
@@ -3839,55 +3961,59 @@ var file_master_proto_depIdxs = []int32{
 	2,  // 49: crescent.store.v1.QuerySegmentStatusResponse.status:type_name -> crescent.store.v1.SegmentStatus
 	5,  // 50: crescent.store.v1.PingRequest.client_id:type_name -> crescent.store.v1.UUID
 	3,  // 51: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
-	12, // 52: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
-	14, // 53: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
-	16, // 54: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
-	18, // 55: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
-	21, // 56: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
-	23, // 57: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
-	28, // 58: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
-	31, // 59: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
-	33, // 60: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
-	35, // 61: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
-	38, // 62: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
-	40, // 63: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
-	43, // 64: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
-	45, // 65: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
-	47, // 66: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
-	49, // 67: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
-	52, // 68: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
-	54, // 69: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
-	56, // 70: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
-	58, // 71: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
-	60, // 72: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
-	62, // 73: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
-	13, // 74: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
-	15, // 75: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
-	17, // 76: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
-	20, // 77: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
-	22, // 78: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
-	24, // 79: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
-	29, // 80: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
-	32, // 81: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
-	34, // 82: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
-	37, // 83: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
-	39, // 84: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
-	42, // 85: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
-	44, // 86: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
-	46, // 87: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
-	48, // 88: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
-	50, // 89: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
-	53, // 90: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
-	55, // 91: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
-	57, // 92: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
-	59, // 93: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
-	61, // 94: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
-	63, // 95: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
-	74, // [74:96] is the sub-list for method output_type
-	52, // [52:74] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	5,  // 52: crescent.store.v1.ReportFailedSegmentsRequest.client_id:type_name -> crescent.store.v1.UUID
+	5,  // 53: crescent.store.v1.ReportFailedSegmentsRequest.segment_ids:type_name -> crescent.store.v1.UUID
+	12, // 54: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
+	14, // 55: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
+	16, // 56: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
+	18, // 57: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
+	21, // 58: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
+	23, // 59: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
+	28, // 60: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
+	31, // 61: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
+	33, // 62: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
+	35, // 63: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
+	38, // 64: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
+	40, // 65: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
+	43, // 66: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
+	45, // 67: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
+	47, // 68: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
+	49, // 69: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
+	52, // 70: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
+	54, // 71: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
+	56, // 72: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
+	58, // 73: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
+	60, // 74: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
+	62, // 75: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
+	64, // 76: crescent.store.v1.Master.ReportFailedSegments:input_type -> crescent.store.v1.ReportFailedSegmentsRequest
+	13, // 77: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
+	15, // 78: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
+	17, // 79: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
+	20, // 80: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
+	22, // 81: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
+	24, // 82: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
+	29, // 83: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
+	32, // 84: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
+	34, // 85: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
+	37, // 86: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
+	39, // 87: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
+	42, // 88: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
+	44, // 89: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
+	46, // 90: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
+	48, // 91: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
+	50, // 92: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
+	53, // 93: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
+	55, // 94: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
+	57, // 95: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
+	59, // 96: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
+	61, // 97: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
+	63, // 98: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
+	65, // 99: crescent.store.v1.Master.ReportFailedSegments:output_type -> crescent.store.v1.ReportFailedSegmentsResponse
+	77, // [77:100] is the sub-list for method output_type
+	54, // [54:77] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -3902,7 +4028,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   60,
+			NumMessages:   62,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

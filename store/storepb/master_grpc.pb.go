@@ -26,28 +26,29 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Master_PutStart_FullMethodName            = "/crescent.store.v1.Master/PutStart"
-	Master_PutEnd_FullMethodName              = "/crescent.store.v1.Master/PutEnd"
-	Master_PutRevoke_FullMethodName           = "/crescent.store.v1.Master/PutRevoke"
-	Master_BatchPutStart_FullMethodName       = "/crescent.store.v1.Master/BatchPutStart"
-	Master_BatchPutEnd_FullMethodName         = "/crescent.store.v1.Master/BatchPutEnd"
-	Master_BatchPutRevoke_FullMethodName      = "/crescent.store.v1.Master/BatchPutRevoke"
-	Master_ReservePut_FullMethodName          = "/crescent.store.v1.Master/ReservePut"
-	Master_CommitPut_FullMethodName           = "/crescent.store.v1.Master/CommitPut"
-	Master_GetReplicaList_FullMethodName      = "/crescent.store.v1.Master/GetReplicaList"
-	Master_BatchGetReplicaList_FullMethodName = "/crescent.store.v1.Master/BatchGetReplicaList"
-	Master_ExistKey_FullMethodName            = "/crescent.store.v1.Master/ExistKey"
-	Master_BatchExistKey_FullMethodName       = "/crescent.store.v1.Master/BatchExistKey"
-	Master_Remove_FullMethodName              = "/crescent.store.v1.Master/Remove"
-	Master_BatchRemove_FullMethodName         = "/crescent.store.v1.Master/BatchRemove"
-	Master_RemoveByRegex_FullMethodName       = "/crescent.store.v1.Master/RemoveByRegex"
-	Master_RemoveAll_FullMethodName           = "/crescent.store.v1.Master/RemoveAll"
-	Master_MountSegment_FullMethodName        = "/crescent.store.v1.Master/MountSegment"
-	Master_ReMountSegment_FullMethodName      = "/crescent.store.v1.Master/ReMountSegment"
-	Master_UnmountSegment_FullMethodName      = "/crescent.store.v1.Master/UnmountSegment"
-	Master_QuerySegmentStatus_FullMethodName  = "/crescent.store.v1.Master/QuerySegmentStatus"
-	Master_Ping_FullMethodName                = "/crescent.store.v1.Master/Ping"
-	Master_ServiceReady_FullMethodName        = "/crescent.store.v1.Master/ServiceReady"
+	Master_PutStart_FullMethodName             = "/crescent.store.v1.Master/PutStart"
+	Master_PutEnd_FullMethodName               = "/crescent.store.v1.Master/PutEnd"
+	Master_PutRevoke_FullMethodName            = "/crescent.store.v1.Master/PutRevoke"
+	Master_BatchPutStart_FullMethodName        = "/crescent.store.v1.Master/BatchPutStart"
+	Master_BatchPutEnd_FullMethodName          = "/crescent.store.v1.Master/BatchPutEnd"
+	Master_BatchPutRevoke_FullMethodName       = "/crescent.store.v1.Master/BatchPutRevoke"
+	Master_ReservePut_FullMethodName           = "/crescent.store.v1.Master/ReservePut"
+	Master_CommitPut_FullMethodName            = "/crescent.store.v1.Master/CommitPut"
+	Master_GetReplicaList_FullMethodName       = "/crescent.store.v1.Master/GetReplicaList"
+	Master_BatchGetReplicaList_FullMethodName  = "/crescent.store.v1.Master/BatchGetReplicaList"
+	Master_ExistKey_FullMethodName             = "/crescent.store.v1.Master/ExistKey"
+	Master_BatchExistKey_FullMethodName        = "/crescent.store.v1.Master/BatchExistKey"
+	Master_Remove_FullMethodName               = "/crescent.store.v1.Master/Remove"
+	Master_BatchRemove_FullMethodName          = "/crescent.store.v1.Master/BatchRemove"
+	Master_RemoveByRegex_FullMethodName        = "/crescent.store.v1.Master/RemoveByRegex"
+	Master_RemoveAll_FullMethodName            = "/crescent.store.v1.Master/RemoveAll"
+	Master_MountSegment_FullMethodName         = "/crescent.store.v1.Master/MountSegment"
+	Master_ReMountSegment_FullMethodName       = "/crescent.store.v1.Master/ReMountSegment"
+	Master_UnmountSegment_FullMethodName       = "/crescent.store.v1.Master/UnmountSegment"
+	Master_QuerySegmentStatus_FullMethodName   = "/crescent.store.v1.Master/QuerySegmentStatus"
+	Master_Ping_FullMethodName                 = "/crescent.store.v1.Master/Ping"
+	Master_ServiceReady_FullMethodName         = "/crescent.store.v1.Master/ServiceReady"
+	Master_ReportFailedSegments_FullMethodName = "/crescent.store.v1.Master/ReportFailedSegments"
 )
 
 // MasterClient is the client API for Master service.
@@ -87,6 +88,10 @@ type MasterClient interface {
 	// Liveness and readiness.
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
 	ServiceReady(ctx context.Context, in *ServiceReadyRequest, opts ...grpc.CallOption) (*ServiceReadyResponse, error)
+	// Crescent's (not in the reference): a client whose write to segments
+	// failed reports them, so the master stops placing new replicas there
+	// until their owner pings again.
+	ReportFailedSegments(ctx context.Context, in *ReportFailedSegmentsRequest, opts ...grpc.CallOption) (*ReportFailedSegmentsResponse, error)
 }
 
 type masterClient struct {
@@ -317,6 +322,16 @@ func (c *masterClient) ServiceReady(ctx context.Context, in *ServiceReadyRequest
 	return out, nil
 }
 
+func (c *masterClient) ReportFailedSegments(ctx context.Context, in *ReportFailedSegmentsRequest, opts ...grpc.CallOption) (*ReportFailedSegmentsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportFailedSegmentsResponse)
+	err := c.cc.Invoke(ctx, Master_ReportFailedSegments_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MasterServer is the server API for Master service.
 // All implementations must embed UnimplementedMasterServer
 // for forward compatibility.
@@ -354,6 +369,10 @@ type MasterServer interface {
 	// Liveness and readiness.
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
 	ServiceReady(context.Context, *ServiceReadyRequest) (*ServiceReadyResponse, error)
+	// Crescent's (not in the reference): a client whose write to segments
+	// failed reports them, so the master stops placing new replicas there
+	// until their owner pings again.
+	ReportFailedSegments(context.Context, *ReportFailedSegmentsRequest) (*ReportFailedSegmentsResponse, error)
 	mustEmbedUnimplementedMasterServer()
 }
 
@@ -429,6 +448,9 @@ func (UnimplementedMasterServer) Ping(context.Context, *PingRequest) (*PingRespo
 }
 func (UnimplementedMasterServer) ServiceReady(context.Context, *ServiceReadyRequest) (*ServiceReadyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ServiceReady not implemented")
+}
+func (UnimplementedMasterServer) ReportFailedSegments(context.Context, *ReportFailedSegmentsRequest) (*ReportFailedSegmentsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportFailedSegments not implemented")
 }
 func (UnimplementedMasterServer) mustEmbedUnimplementedMasterServer() {}
 func (UnimplementedMasterServer) testEmbeddedByValue()                {}
@@ -847,6 +869,24 @@ func _Master_ServiceReady_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_ReportFailedSegments_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportFailedSegmentsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).ReportFailedSegments(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_ReportFailedSegments_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).ReportFailedSegments(ctx, req.(*ReportFailedSegmentsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Master_ServiceDesc is the grpc.ServiceDesc for Master service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -941,6 +981,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ServiceReady",
 			Handler:    _Master_ServiceReady_Handler,
+		},
+		{
+			MethodName: "ReportFailedSegments",
+			Handler:    _Master_ReportFailedSegments_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
