@@ -223,6 +223,37 @@ func (a *putAhead) age(all bool) bool {
 	return len(a.release) > 0
 }
 
+// dropOn gives back the reservations held with a replica on one of the
+// segments ids (writes there failed).
+func (a *putAhead) dropOn(ids []*storepb.UUID) {
+	on := func(h heldResv) bool {
+		for _, r := range h.reps {
+			if s := r.GetMemory().GetSegmentId(); s != nil {
+				for _, id := range ids {
+					if s.High == id.High && s.Low == id.Low {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, q := range a.classes {
+		kept := q.free[:0]
+		for _, h := range q.free {
+			if on(h) {
+				a.dropLocked(k, h)
+			} else {
+				kept = append(kept, h)
+			}
+		}
+		clear(q.free[len(kept):])
+		q.free = kept
+	}
+}
+
 // held is the number of reservations held now.
 func (a *putAhead) held() int {
 	a.mu.Lock()

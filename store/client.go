@@ -24,6 +24,7 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultRPCTimeout        = 10 * time.Second
 	DefaultMaxKeyLen         = 4096
+	DefaultPutRetries        = 2
 )
 
 // Config configures a Client. Only MasterAddr matters for a pure client on
@@ -66,6 +67,12 @@ type Config struct {
 	// PutAheadBytes bounds the pool memory those reservations hold
 	// (default 64 MiB).
 	PutAheadBytes int64
+	// PutRetries is how many times a put whose write to a segment failed
+	// (its client died, say) is placed again: the client reports the
+	// segment to the master, which places new replicas elsewhere until
+	// that segment's client pings again (default 2; negative: never).
+	// Retries stay within the caller's context.
+	PutRetries int
 	// Engine, when set, is used instead of starting one; the client
 	// neither configures nor closes it (LocalHostname, Protocols and
 	// MetadataServer are then ignored).
@@ -98,6 +105,7 @@ func (c *Config) setDefaults() error {
 		return fmt.Errorf("%w: put-ahead bytes %d", ErrInvalidConfig, c.PutAheadBytes)
 	}
 	c.PutAheadBytes = cmp.Or(c.PutAheadBytes, DefaultPutAheadBytes)
+	c.PutRetries = cmp.Or(c.PutRetries, DefaultPutRetries)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}

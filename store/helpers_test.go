@@ -103,6 +103,10 @@ func protocols(p ...string) func(*Config) { return func(c *Config) { c.Protocols
 // and of exact space accounting (reservations hold space).
 func twoRPCPuts(c *Config) { c.PutAhead = -1 }
 
+// noRetries turns off placing a put again after a failed write, for
+// tests of what a failed put leaves behind.
+func noRetries(c *Config) { c.PutRetries = -1 }
+
 // eventually polls cond until it holds or the (generous) deadline passes.
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()

@@ -414,7 +414,7 @@ func TestReplicaPlacement(t *testing.T) {
 // comes back.
 func TestPutRevokedWhenTransferFails(t *testing.T) {
 	tm := startMaster(t, master.Config{})
-	a := newTestClient(t, tm, 16<<20, protocols("tcp"), twoRPCPuts)
+	a := newTestClient(t, tm, 16<<20, protocols("tcp"), twoRPCPuts, noRetries)
 	eng, err := engine.New(engine.Config{LocalServerName: "127.0.0.1", Protocols: []string{"tcp"}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
@@ -454,9 +454,11 @@ func TestPutRevokedWhenTransferFails(t *testing.T) {
 	if used(a) != usedA || used(b) != usedB {
 		t.Fatalf("space not returned: a %d->%d b %d->%d", usedA, used(a), usedB, used(b))
 	}
-	// The same in a batch: every item revoked, per-item errors.
+	// The same in a batch: every item revoked, per-item errors. (The
+	// failed put reported b's segment, so only a minimum of two replicas
+	// still places there.)
 	a.beforeWrite = func() {}
-	errs := a.BatchPut(ctx, []string{"d1", "d2"}, [][]byte{randBytes(5000, 1), randBytes(5000, 2)}, ReplicateConfig{Replicas: 2})
+	errs := a.BatchPut(ctx, []string{"d1", "d2"}, [][]byte{randBytes(5000, 1), randBytes(5000, 2)}, ReplicateConfig{Replicas: 2, MinReplicas: 2})
 	for i, err := range errs {
 		if !errors.Is(err, errcode.ErrTransferFail) {
 			t.Fatalf("batch item %d: %v", i, err)

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"github.com/crescent-kv/crescent/engine"
@@ -61,18 +62,36 @@ func (c *Client) put(ctx context.Context, key string, value []byte, rc Replicate
 		return err
 	}
 	rcpb := rc.pb()
+	attempt := 0
 	if c.ahead != nil {
-		done, err := c.putAhead(ctx, key, value, rc, rcpb)
+		done, fault, err := c.putAhead(ctx, key, value, rc, rcpb)
 		if done {
 			return err
 		}
+		if fault.any {
+			// The reservation's write failed: place the put anew.
+			if !c.retryAfter(ctx, fault, 0) {
+				return err
+			}
+			attempt = 1
+		}
 	}
-	return c.putTwoRPC(ctx, key, value, rcpb, rc.Block.pb())
+	return c.putTwoRPC(ctx, key, value, rcpb, rc.Block.pb(), attempt)
 }
 
 // putTwoRPC is a put in two round trips: PutStart, the writes, PutEnd
-// (PutRevoke on failure).
-func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *storepb.ReplicateConfig, block *storepb.BlockMetadata) error {
+// (PutRevoke on failure). A put whose write to a segment failed is placed
+// again (retryAfter); attempt counts the tries made before.
+func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *storepb.ReplicateConfig, block *storepb.BlockMetadata, attempt int) error {
+	for ; ; attempt++ {
+		fault, err := c.putOnce(ctx, key, value, rcpb, block)
+		if !fault.any || !c.retryAfter(ctx, fault, attempt) {
+			return err
+		}
+	}
+}
+
+func (c *Client) putOnce(ctx context.Context, key string, value []byte, rcpb *storepb.ReplicateConfig, block *storepb.BlockMetadata) (segFault, error) {
 	replicas, err := c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
 	if err != nil && errors.Is(err, errcode.ErrNoAvailableHandle) && c.ahead != nil && c.ahead.held() > 0 {
 		// Our own reservations may be what fills the pool.
@@ -81,7 +100,7 @@ func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *
 		replicas, err = c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
 	}
 	if err != nil {
-		return err
+		return segFault{}, err
 	}
 	if c.beforeWrite != nil {
 		c.beforeWrite()
@@ -93,20 +112,22 @@ func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *
 	}
 	if err == nil {
 		if _, err = c.putEnds.do(ctx, putEndQ{key: key, block: block}); err == nil {
-			return nil
+			c.stats.stored(len(replicas), rcpb.ReplicaNum)
+			return segFault{}, nil
 		}
 	}
 	c.revoke(ctx, []string{key})
-	return err
+	return faultOf(xs), err
 }
 
 // putAhead runs a put in one round trip when a reservation of its class
 // is at hand (ahead.go). done is false when the put must take the
-// two-RPC path: no reservation, or one the master no longer has.
-func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc ReplicateConfig, rcpb *storepb.ReplicateConfig) (done bool, err error) {
+// two-RPC path: no reservation, one the master no longer has, or one
+// whose write failed at a segment (fault).
+func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc ReplicateConfig, rcpb *storepb.ReplicateConfig) (done bool, fault segFault, err error) {
 	k, h, ok := c.takeAhead(uint64(len(value)), rcpb)
 	if !ok {
-		return false, nil
+		return false, segFault{}, nil
 	}
 	if c.beforeWrite != nil {
 		c.beforeWrite()
@@ -118,11 +139,66 @@ func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc Repl
 	}
 	if err != nil {
 		c.ahead.drop(h.id)
-		return true, err
+		fault = faultOf(xs)
+		return !fault.any, fault, err
 	}
 	_, err = c.commits.do(ctx, commitQ{key: key, id: h.id, block: rc.Block.pb(), class: k, rc: rcpb})
 	gone, err := c.settleAhead(k, h, err)
-	return !gone, err
+	if err == nil && !gone {
+		c.stats.stored(len(h.reps), rcpb.ReplicaNum)
+	}
+	return !gone, segFault{}, err
+}
+
+// segFault says whether writes failed because of their segments, and
+// which segments (those the master named).
+type segFault struct {
+	any bool
+	ids []*storepb.UUID
+}
+
+// faultOf collects the segment faults of xs.
+func faultOf(xs []*xfer) segFault {
+	var f segFault
+	for _, x := range xs {
+		if !x.segFault {
+			continue
+		}
+		f.any = true
+		if x.segID != nil && !slices.ContainsFunc(f.ids, func(u *storepb.UUID) bool { return u.High == x.segID.High && u.Low == x.segID.Low }) {
+			f.ids = append(f.ids, x.segID)
+		}
+	}
+	return f
+}
+
+// maxReportSegments is the master's bound on one report.
+const maxReportSegments = 64
+
+// retryAfter handles puts whose writes failed at segments: it reports the
+// segments to the master, which stops placing replicas there until their
+// clients ping again, and drops the reservations held on them. It
+// reports whether the puts may be placed again: attempt (counted from 0)
+// was not the last of Config.PutRetries and ctx has not ended.
+func (c *Client) retryAfter(ctx context.Context, f segFault, attempt int) bool {
+	if ids := f.ids[:min(len(f.ids), maxReportSegments)]; len(ids) > 0 {
+		if c.ahead != nil {
+			c.ahead.dropOn(ids)
+		}
+		rctx, cancel := c.rpcCtx(ctx)
+		_, err := c.master.ReportFailedSegments(rctx, &storepb.ReportFailedSegmentsRequest{ClientId: c.id.pb(), SegmentIds: ids})
+		cancel()
+		if err != nil {
+			c.log.Debug("reporting segments that failed writes", "segments", len(ids), "err", errcode.FromStatus(err))
+		} else {
+			c.stats.segReports.Add(uint64(len(ids)))
+		}
+	}
+	if attempt >= c.cfg.PutRetries || ctx.Err() != nil {
+		return false
+	}
+	c.stats.putRetries.Add(1)
+	return true
 }
 
 // settleAhead files the outcome of committing reservation h of class k:
@@ -159,7 +235,7 @@ func writeXfers(key string, value []byte, reps []*storepb.ReplicaDescriptor, ite
 		if m.Size < uint64(len(value)) {
 			return nil, errcode.New(errcode.InvalidReplica, "%q: replica of %d bytes for a %d-byte value", key, m.Size, len(value))
 		}
-		xs = append(xs, &xfer{op: engine.Write, buf: value, seg: m.SegmentName, addr: m.BufferAddress, item: item})
+		xs = append(xs, &xfer{op: engine.Write, buf: value, seg: m.SegmentName, addr: m.BufferAddress, item: item, segID: m.SegmentId})
 	}
 	return xs, nil
 }
@@ -204,7 +280,8 @@ func (c *Client) revoke(ctx context.Context, keys []string) {
 // All items share rc (rc.Blocks, when set, gives each its block); the
 // bytes of every item move in shared engine batches. Items of a class
 // with reservations at hand (put-ahead) are committed in one CommitPut,
-// the rest take BatchPutStart and BatchPutEnd.
+// the rest take BatchPutStart and BatchPutEnd. Items whose write to a
+// segment failed are placed again together, as Put does.
 func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, rc ReplicateConfig) []error {
 	errs := make([]error, len(keys))
 	if err := c.enter(); err != nil {
@@ -229,44 +306,70 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		fill(errs, err)
 		return errs
 	}
-	block := func(i int) *storepb.BlockMetadata {
-		switch {
-		case len(rc.Blocks) == 0:
-			return nil
-		case rc.Blocks[i] == nil:
-			return &storepb.BlockMetadata{} // a repeated field holds no nil
+	var todo []int
+	for i, k := range keys {
+		if errs[i] = c.checkKey(k); errs[i] == nil {
+			errs[i] = checkValue(values[i])
 		}
-		return rc.Blocks[i].pb()
+		if errs[i] == nil {
+			todo = append(todo, i)
+		}
 	}
-	rcpb := rc.pb()
+	b := &batchPut{keys: keys, values: values, rc: &rc, rcpb: rc.pb(), errs: errs}
+	for attempt := 0; len(todo) > 0; attempt++ {
+		retry, fault := c.batchPutRound(ctx, b, todo, attempt == 0)
+		if len(retry) == 0 || !c.retryAfter(ctx, fault, attempt) {
+			break
+		}
+		todo = retry
+	}
+	return errs
+}
+
+// batchPut is one BatchPut call.
+type batchPut struct {
+	keys   []string
+	values [][]byte
+	rc     *ReplicateConfig
+	rcpb   *storepb.ReplicateConfig
+	errs   []error
+}
+
+func (b *batchPut) block(i int) *storepb.BlockMetadata {
+	switch {
+	case len(b.rc.Blocks) == 0:
+		return nil
+	case b.rc.Blocks[i] == nil:
+		return &storepb.BlockMetadata{} // a repeated field holds no nil
+	}
+	return b.rc.Blocks[i].pb()
+}
+
+// batchPutRound puts the items todo once (with put-ahead when ahead),
+// filing each outcome in b.errs. It returns the items whose write failed
+// at a segment, given back and ready to be placed again, and the fault.
+func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahead bool) ([]int, segFault) {
+	keys, values, errs, rcpb := b.keys, b.values, b.errs, b.rcpb
 	type aheadItem struct {
 		i int
 		k resvClass
 		h heldResv
 	}
-	var ahead []aheadItem
+	var held []aheadItem
 	var items []int // request position -> item, for BatchPutStart
 	var okKeys []string
 	var sizes []uint64
-	for i, k := range keys {
-		if errs[i] = c.checkKey(k); errs[i] == nil {
-			errs[i] = checkValue(values[i])
-		}
-		if errs[i] != nil {
-			continue
-		}
-		if c.ahead != nil {
+	for _, i := range todo {
+		errs[i] = nil
+		if ahead && c.ahead != nil {
 			if cls, h, ok := c.takeAhead(uint64(len(values[i])), rcpb); ok {
-				ahead = append(ahead, aheadItem{i, cls, h})
+				held = append(held, aheadItem{i, cls, h})
 				continue
 			}
 		}
 		items = append(items, i)
-		okKeys = append(okKeys, k)
+		okKeys = append(okKeys, keys[i])
 		sizes = append(sizes, uint64(len(values[i])))
-	}
-	if len(items) == 0 && len(ahead) == 0 {
-		return errs
 	}
 	var replicas [][]*storepb.ReplicaDescriptor
 	var startErrs []error
@@ -278,11 +381,13 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 	}
 	var xs []*xfer
 	var started []int
+	nreps := make(map[int]int) // item -> replicas written
 	for j, i := range items {
 		if errs[i] = startErrs[j]; errs[i] != nil {
 			continue
 		}
 		started = append(started, i)
+		nreps[i] = len(replicas[j])
 		ix, err := writeXfers(keys[i], values[i], replicas[j], i)
 		if err != nil {
 			errs[i] = err
@@ -290,7 +395,8 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		}
 		xs = append(xs, ix...)
 	}
-	for _, a := range ahead {
+	for _, a := range held {
+		nreps[a.i] = len(a.h.reps)
 		ix, err := writeXfers(keys[a.i], values[a.i], a.h.reps, a.i)
 		if err != nil {
 			errs[a.i] = err
@@ -299,20 +405,29 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		xs = append(xs, ix...)
 	}
 	c.transfer(ctx, xs)
+	var retry []int
+	faulty := make(map[int]bool)
 	for _, x := range xs {
-		if x.err != nil && errs[x.item] == nil {
+		if x.err == nil {
+			continue
+		}
+		if errs[x.item] == nil {
 			errs[x.item] = x.err
+		}
+		if x.segFault && !faulty[x.item] {
+			faulty[x.item] = true
+			retry = append(retry, x.item)
 		}
 	}
 	// Written reservations are committed; the others go back.
 	var qs []commitQ
 	var committing []aheadItem
-	for _, a := range ahead {
+	for _, a := range held {
 		if errs[a.i] != nil {
 			c.ahead.drop(a.h.id)
 			continue
 		}
-		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: block(a.i), class: a.k, rc: rcpb})
+		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: b.block(a.i), class: a.k, rc: rcpb})
 		committing = append(committing, a)
 	}
 	var gone []int
@@ -322,6 +437,8 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 			var g bool
 			if g, errs[a.i] = c.settleAhead(a.k, a.h, cerrs[j]); g {
 				gone = append(gone, a.i)
+			} else if errs[a.i] == nil {
+				c.stats.stored(nreps[a.i], rcpb.ReplicaNum)
 			}
 		}
 	}
@@ -332,8 +449,8 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 		if errs[i] == nil {
 			done = append(done, keys[i])
 			doneItems = append(doneItems, i)
-			if len(rc.Blocks) > 0 {
-				blocks = append(blocks, block(i))
+			if len(b.rc.Blocks) > 0 {
+				blocks = append(blocks, b.block(i))
 			}
 		} else {
 			failed = append(failed, keys[i])
@@ -344,6 +461,8 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 			if i := doneItems[j]; err != nil {
 				errs[i] = err
 				failed = append(failed, keys[i])
+			} else {
+				c.stats.stored(nreps[i], rcpb.ReplicaNum)
 			}
 		}
 	}
@@ -351,9 +470,9 @@ func (c *Client) BatchPut(ctx context.Context, keys []string, values [][]byte, r
 	// A reservation the master no longer had: put the item again, the
 	// two-RPC way (rare: given back, lost with its segment, expired).
 	for _, i := range gone {
-		errs[i] = c.putTwoRPC(ctx, keys[i], values[i], rcpb, block(i))
+		errs[i] = c.putTwoRPC(ctx, keys[i], values[i], rcpb, b.block(i), 0)
 	}
-	return errs
+	return retry, faultOf(xs)
 }
 
 func fill(errs []error, err error) {

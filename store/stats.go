@@ -120,6 +120,15 @@ type Stats struct {
 	// reservation); AheadGone those that found their reservation gone and
 	// took the two-RPC path.
 	PutsAhead, AheadGone uint64
+	// StoredReplicas[n] counts the puts stored with n replicas (the last
+	// entry: MaxCountedReplicas or more); UnderReplicatedPuts those
+	// stored with fewer than ReplicateConfig.Replicas asked.
+	StoredReplicas      [MaxCountedReplicas + 1]uint64
+	UnderReplicatedPuts uint64
+	// PutRetries counts puts placed again after a write to a segment
+	// failed; FailedSegmentReports the segments reported to the master
+	// for it.
+	PutRetries, FailedSegmentReports uint64
 	// Heartbeats sent, failed, and re-mounts after NEED_REMOUNT.
 	Heartbeats, HeartbeatFailures, Remounts uint64
 	// SegmentBytes is the memory mounted on the master; StagingBytes the
@@ -133,6 +142,8 @@ type stats struct {
 	putLat, getLat, batchPutLat, batchGetLat *histogram
 	heartbeats, heartbeatFail, remounts      atomic.Uint64
 	putsAhead, aheadGone                     atomic.Uint64
+	storedReps                               [MaxCountedReplicas + 1]atomic.Uint64
+	underReplicated, putRetries, segReports  atomic.Uint64
 	rpc                                      map[string]*rpcCounter // fixed at creation: read without locks
 }
 
@@ -173,8 +184,12 @@ func (s *stats) snapshot() Stats {
 		PutLatency: s.putLat.snapshot(), GetLatency: s.getLat.snapshot(),
 		BatchPutLatency: s.batchPutLat.snapshot(), BatchGetLatency: s.batchGetLat.snapshot(),
 		PutsAhead: s.putsAhead.Load(), AheadGone: s.aheadGone.Load(),
+		UnderReplicatedPuts: s.underReplicated.Load(), PutRetries: s.putRetries.Load(), FailedSegmentReports: s.segReports.Load(),
 		Heartbeats: s.heartbeats.Load(), HeartbeatFailures: s.heartbeatFail.Load(), Remounts: s.remounts.Load(),
 		RPC: make(map[string]RPCStats, len(s.rpc)),
+	}
+	for i := range s.storedReps {
+		st.StoredReplicas[i] = s.storedReps[i].Load()
 	}
 	for name, rc := range s.rpc {
 		st.RPC[name] = RPCStats{Calls: rc.calls.Load(), Failures: rc.failures.Load(), Latency: rc.lat.snapshot()}
@@ -186,4 +201,16 @@ func (s *stats) snapshot() Stats {
 func countOps(total, fail *atomic.Uint64, n, failed int) {
 	total.Add(uint64(n))
 	fail.Add(uint64(failed))
+}
+
+// MaxCountedReplicas is the last replica count Stats.StoredReplicas tells
+// apart.
+const MaxCountedReplicas = 16
+
+// stored counts a put stored with n replicas of the asked ones.
+func (s *stats) stored(n int, asked uint32) {
+	s.storedReps[min(n, MaxCountedReplicas)].Add(1)
+	if n < int(max(asked, 1)) {
+		s.underReplicated.Add(1)
+	}
 }

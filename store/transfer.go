@@ -8,6 +8,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // xfer moves len(buf) bytes between the caller's buf and [addr,
@@ -19,12 +20,25 @@ type xfer struct {
 	addr uint64
 	err  error
 	item int // the batch item it belongs to
+	// segID is the pool segment of a replica write; segFault that the
+	// write failed because of the segment (not of this client or ctx).
+	segID    *storepb.UUID
+	segFault bool
 }
 
 func (x *xfer) fail(err error) {
 	if x.err == nil {
 		x.err = fmt.Errorf("%w: segment %s: %w", errcode.ErrTransferFail, x.seg, err)
 	}
+}
+
+// failSeg is fail for an error of the target segment, unless ctx ended
+// (then the segment is not to blame).
+func (x *xfer) failSeg(ctx context.Context, err error) {
+	if x.err == nil && ctx.Err() == nil {
+		x.segFault = true
+	}
+	x.fail(err)
 }
 
 // piece is the part of an xfer one engine request carries.
@@ -85,7 +99,7 @@ func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
 			// Every xfer to it fails; mark now, skip below.
 			for _, y := range xs {
 				if y.seg == x.seg {
-					y.fail(err)
+					y.failSeg(ctx, err)
 				}
 			}
 			continue
@@ -179,7 +193,7 @@ func (c *Client) runRound(ctx context.Context, round []piece, ids map[string]eng
 			}
 			return
 		}
-		round[active[re.Index]].x.fail(re.Err)
+		round[active[re.Index]].x.failSeg(ctx, re.Err)
 		active = append(active[:re.Index], active[re.Index+1:]...)
 		reqs = append(reqs[:re.Index], reqs[re.Index+1:]...)
 	}
@@ -211,7 +225,7 @@ func (c *Client) runRound(ctx context.Context, round []piece, ids map[string]eng
 		default:
 			err = fmt.Errorf("request ended %s", ts.Status)
 		}
-		p.x.fail(err)
+		p.x.failSeg(ctx, err)
 	}
 }
 

@@ -40,9 +40,14 @@ func (u UUID) pb() *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
 // the reference's default: one replica, no pins, no preference.
 type ReplicateConfig struct {
 	// Replicas wanted (0 means 1). Placement is best effort: the master
-	// may place fewer (at least one) when fewer segments can hold the
-	// value; more than its maximum is INVALID_PARAMS.
+	// may place fewer, down to MinReplicas, when fewer segments can hold
+	// the value; more than its maximum is INVALID_PARAMS. Stats counts
+	// the puts stored with fewer (UnderReplicatedPuts).
 	Replicas int
+	// MinReplicas is the fewest replicas a put may store (0 means 1; more
+	// than Replicas is INVALID_PARAMS): a put that cannot place that many
+	// fails with NO_AVAILABLE_HANDLE and stores nothing.
+	MinReplicas int
 	// SoftPin keeps the object out of the first eviction pass for
 	// SoftPinTTL (0 = the master's default; more than the master's maximum
 	// is refused with INVALID_PARAMS).
@@ -88,6 +93,8 @@ func (rc *ReplicateConfig) check() error {
 	switch {
 	case rc.Replicas < 0 || rc.Replicas > math.MaxUint32:
 		return errcode.New(errcode.InvalidParams, "replica count %d", rc.Replicas)
+	case rc.MinReplicas < 0 || rc.MinReplicas > max(rc.Replicas, 1):
+		return errcode.New(errcode.InvalidParams, "min replicas %d outside [0, %d] (the replica count)", rc.MinReplicas, max(rc.Replicas, 1))
 	case rc.SoftPinTTL < 0:
 		return errcode.New(errcode.InvalidParams, "soft pin TTL %v", rc.SoftPinTTL)
 	case rc.SoftPinTTL > 0 && !rc.SoftPin:
@@ -114,6 +121,7 @@ func (rc *ReplicateConfig) pb() *storepb.ReplicateConfig {
 		WithHardPin:           rc.HardPin,
 		PreferredSegments:     rc.Preferred,
 		PreferAllocInSameNode: rc.SameNode,
+		MinReplicas:           uint32(rc.MinReplicas),
 	}
 }
 

@@ -96,6 +96,8 @@ type Request struct {
 	// suspect segments are chosen only to reach it, and fewer is
 	// ErrNoAvailableHandle.
 	MinReplicas int
+	// NoSuspect: never choose suspect segments, even to reach MinReplicas.
+	NoSuspect bool
 }
 
 // Placement is one replica's reservation. It is small and comparable; keep
@@ -461,7 +463,7 @@ func (a *Allocator) Choose(r Request) ([]uint32, error) {
 	}
 	fits := func(i uint32, out []uint32) bool { return fitsAny(i, out) && !t.segs[i].suspect.Load() }
 	out = a.choose(t, r, out, want, fits)
-	if len(out) < least && a.suspects.Load() > 0 {
+	if len(out) < least && !r.NoSuspect && a.suspects.Load() > 0 {
 		// Writes to a suspect segment failed lately; use one only to
 		// reach the minimum (a false report must not stop every put).
 		out = a.choose(t, r, out, least, fitsAny)
@@ -550,14 +552,14 @@ func (a *Allocator) ClearSuspect(client UUID) int {
 // Suspects returns the number of suspect segments.
 func (a *Allocator) Suspects() int { return int(a.suspects.Load()) }
 
-// Placeable returns the number of mounted segments not being unmounted:
-// a request for more replicas than that cannot be met however much room
-// is made.
-func (a *Allocator) Placeable() int {
+// Placeable returns the number of mounted segments not being unmounted
+// (suspect ones only with suspect set): a request for more replicas than
+// that cannot be met however much room is made.
+func (a *Allocator) Placeable(suspect bool) int {
 	t := a.tab.Load()
 	n := 0
 	for _, i := range t.live {
-		if !t.segs[i].gone.Load() {
+		if s := t.segs[i]; !s.gone.Load() && (suspect || !s.suspect.Load()) {
 			n++
 		}
 	}

@@ -58,6 +58,9 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 	ttl := m.pinTTL(rc) // kept per object only when it is not the default
 	sh := m.shardOf(key)
 	for attempt := 0; ; attempt++ {
+		// Suspect segments only on the second try: making room elsewhere
+		// beats a write that will likely fail.
+		req.NoSuspect = attempt == 0 && m.alloc.Suspects() > 0
 		sh.mu.Lock()
 		now := m.now()
 		if err := m.claimKey(sh, key, now); err != nil {
@@ -78,13 +81,22 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 		if err == nil {
 			return reps, nil
 		}
-		if attempt > 0 || !errors.Is(err, errcode.ErrNoAvailableHandle) || alloc.Reserved(size) > m.alloc.LargestSegment() ||
-			m.alloc.Placeable() < max(rc.MinReplicas, 1) { // eviction cannot add segments
+		if attempt > 0 || !errors.Is(err, errcode.ErrNoAvailableHandle) {
 			return nil, err
 		}
-		// Make room and try once more (outside the shard lock: eviction
-		// takes shard locks itself).
-		if r := m.evict(now); r.Keys == 0 {
+		// Eviction cannot make room for more than a segment holds, nor
+		// add segments; when only suspect segments could take the put,
+		// the second try uses them without evicting.
+		least := max(rc.MinReplicas, 1)
+		canEvict := alloc.Reserved(size) <= m.alloc.LargestSegment() && m.alloc.Placeable(!req.NoSuspect) >= least
+		switch {
+		case canEvict:
+			// Make room and try once more (outside the shard lock:
+			// eviction takes shard locks itself).
+			if r := m.evict(now); r.Keys == 0 && !req.NoSuspect {
+				return nil, err
+			}
+		case !req.NoSuspect:
 			return nil, err
 		}
 	}

@@ -71,7 +71,7 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 		return ReserveResult{Err: err}
 	}
 	req := alloc.Request{Size: spec.Size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
-		MinReplicas: rc.MinReplicas}
+		MinReplicas: rc.MinReplicas, NoSuspect: true} // speculative: never on a segment that failed writes
 	var res ReserveResult
 	for range spec.Count {
 		segs, err := m.alloc.Choose(req)

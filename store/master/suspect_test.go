@@ -174,3 +174,24 @@ func TestMinReplicas(t *testing.T) {
 	e.mount(cl(2), "b:1", 64<<20)
 	assert.Len(t, e.put(c, "two", 4096, ReplicateConfig{Replicas: 2, MinReplicas: 2}), 2)
 }
+
+// TestSuspectEvictsFirst: when the healthy segments are full, a put makes
+// room there before it falls back on a suspect segment.
+func TestSuspectEvictsFirst(t *testing.T) {
+	e := newEnv(t, nil)
+	w, d := cl(1), cl(2)
+	e.mount(w, "w:1", 1<<20)
+	for i := 0; e.m.Stats().Allocated < 1<<20; i++ {
+		require.Less(t, i, 16)
+		e.put(w, fmt.Sprintf("fill-%d", i), 64<<10, ReplicateConfig{})
+	}
+	require.Zero(t, e.m.Stats().EvictedKeys)
+	evicted := e.m.Stats().EvictedKeys
+	sd := e.mount(d, "d:1", 1<<20)
+	_, err := e.m.ReportFailedSegments(w, []UUID{sd.ID})
+	require.NoError(t, err)
+	reps := e.put(w, "k", 64<<10, ReplicateConfig{})
+	require.Len(t, reps, 1)
+	assert.Equal(t, "w:1", reps[0].SegmentName)
+	assert.Greater(t, e.m.Stats().EvictedKeys, evicted)
+}
