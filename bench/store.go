@@ -198,6 +198,12 @@ type StoreResult struct {
 	Threads         int    `json:"threads"`
 	Batch           int    `json:"batch"`
 	Replicas        int    `json:"replicas"`
+	// ReplicasStoredMin and Max are the fewest and most replicas a put
+	// of the run stored (prepare included); UnderReplicatedPuts the puts
+	// that stored fewer than Replicas.
+	ReplicasStoredMin   int   `json:"replicas_stored_min"`
+	ReplicasStoredMax   int   `json:"replicas_stored_max"`
+	UnderReplicatedPuts int64 `json:"under_replicated_puts"`
 	// PutAhead as configured (0 = the client's default, negative = off).
 	PutAhead int `json:"put_ahead"`
 	// MasterProtocol the clients used: crpc or grpc.
@@ -304,6 +310,9 @@ type roundStats struct {
 	Ops, Gets, Puts, Bytes int64
 	Elapsed                time.Duration
 	Hist                   Histogram
+	// Stored[n] is the puts that stored n replicas since the clients
+	// started (store.Stats.StoredReplicas; add leaves it alone).
+	Stored []uint64
 }
 
 func (r *roundStats) add(o *roundStats) {
@@ -507,7 +516,12 @@ func (lc *localClient) prepare(ctx context.Context, p *storePlan) error {
 }
 
 func (lc *localClient) run(ctx context.Context, d time.Duration) (*roundStats, error) {
-	return drive(ctx, d, lc.steps)
+	s, err := drive(ctx, d, lc.steps)
+	if s != nil {
+		st := lc.c.Stats()
+		s.Stored = st.StoredReplicas[:]
+	}
+	return s, err
 }
 
 // storeWorker is one --threads worker of a client.
@@ -844,6 +858,12 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		for _, p := range parts {
 			out.add(p)
 			out.Elapsed = max(out.Elapsed, p.Elapsed)
+			for n, k := range p.Stored {
+				if n >= len(out.Stored) {
+					out.Stored = append(out.Stored, make([]uint64, n+1-len(out.Stored))...)
+				}
+				out.Stored[n] += k
+			}
 		}
 		return out, nil
 	}
@@ -864,6 +884,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	rounds := max(1, int((c.Duration+time.Second/2)/time.Second))
 	d := c.Duration / time.Duration(rounds)
 	var tot, base roundStats
+	var stored []uint64 // as of the last round
 	for r := 0; r < rounds; r++ {
 		var bg float64
 		if rs != nil {
@@ -881,6 +902,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		}
 		tot.add(s)
 		tot.Elapsed += s.Elapsed
+		stored = s.Stored
 		if c.Progress != nil {
 			fmt.Fprintf(c.Progress, "round %d/%d: crescent %.2f GB/s, %s %.2f GB/s\n", r+1, rounds,
 				float64(s.Bytes)/s.Elapsed.Seconds()/1e9, c.Baseline, bg)
@@ -894,6 +916,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		DurationS:      tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
 	}
 	res.Protocol = cmp.Or(res.Protocol, "default")
+	res.ReplicasStoredMin, res.ReplicasStoredMax, res.UnderReplicatedPuts = replicaRange(stored, c.Replicas)
 	if im != nil {
 		ev := im.m.Stats().EvictedKeys - evicted0
 		res.EvictedKeys = &ev
@@ -910,6 +933,25 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		}
 	}
 	return res, nil
+}
+
+// replicaRange summarises puts by replicas stored: the fewest and most
+// replicas a put stored, and how many puts stored fewer than asked.
+func replicaRange(stored []uint64, asked int) (lo, hi int, under int64) {
+	lo = -1
+	for n, k := range stored {
+		if k == 0 {
+			continue
+		}
+		if lo < 0 {
+			lo = n
+		}
+		hi = n
+		if n < asked {
+			under += int64(k)
+		}
+	}
+	return max(lo, 0), hi, under
 }
 
 // zeroCopy reports whether every call moves values with no copy in user

@@ -80,6 +80,14 @@ func checkResult(t *testing.T, c StoreConfig, res *StoreResult) {
 	if !(res.P50us > 0 && res.P50us <= res.P99us && res.P99us <= res.P999us) {
 		t.Fatalf("latency percentiles %v %v %v", res.P50us, res.P99us, res.P999us)
 	}
+	// What was stored: every put got its replicas, but where the clients
+	// are fewer than the replicas asked.
+	if want := min(max(c.Replicas, 1), c.Clients); res.ReplicasStoredMin != want || res.ReplicasStoredMax != want {
+		t.Fatalf("replicas stored %d..%d, want %d", res.ReplicasStoredMin, res.ReplicasStoredMax, want)
+	}
+	if (res.UnderReplicatedPuts > 0) != (c.Replicas > c.Clients) {
+		t.Fatalf("%d puts under-replicated, %d replicas asked of %d clients", res.UnderReplicatedPuts, c.Replicas, c.Clients)
+	}
 	if res.EvictedKeys == nil || *res.EvictedKeys != 0 {
 		t.Fatalf("evicted keys %v", res.EvictedKeys)
 	}
@@ -147,6 +155,7 @@ func TestRunStoreVariants(t *testing.T) {
 		{"staged-batch-mixed", func(c *StoreConfig) { c.Operation, c.Staged, c.Batch = "mixed", true, 3 }},
 		{"replicas", func(c *StoreConfig) { c.Clients, c.Replicas, c.Operation = 3, 2, "mixed" }},
 		{"one-client", func(c *StoreConfig) { c.Clients, c.Operation = 1, "mixed" }},
+		{"under-replicated", func(c *StoreConfig) { c.Clients, c.Replicas, c.Operation = 1, 2, "put" }},
 		{"tcp", func(c *StoreConfig) { c.Protocol, c.Operation = "tcp", "get" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/syncbuf"
+	"github.com/crescent-kv/crescent/store"
 )
 
 // Client processes speak JSON lines: the parent sends a clientMsg per
@@ -36,6 +37,7 @@ type statsWire struct {
 	Ops, Gets, Puts, Bytes int64
 	Elapsed                time.Duration
 	Hist                   histWire
+	Stored                 []uint64 `json:"stored,omitempty"` // roundStats.Stored
 }
 
 // histWire is a Histogram's non-empty buckets as [index, count] pairs.
@@ -129,7 +131,7 @@ func ServeStoreClient(ctx context.Context, in io.Reader, out io.Writer) error {
 		case m.Cmd == "run" && lc != nil:
 			var s *roundStats
 			if s, err = lc.run(ctx, m.Dur); err == nil {
-				reply.Stats = &statsWire{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: s.Hist.wire()}
+				reply.Stats = &statsWire{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: s.Hist.wire(), Stored: s.Stored}
 			}
 		default:
 			err = fmt.Errorf("bench: unexpected client command %q", m.Cmd)
@@ -249,7 +251,10 @@ func (rc *remoteClient) run(ctx context.Context, d time.Duration) (*roundStats, 
 		return nil, err
 	}
 	s := reply.Stats
-	return &roundStats{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: h}, nil
+	if len(s.Stored) > store.MaxCountedReplicas+1 {
+		return nil, fmt.Errorf("bench: client process %d sent %d replica counts", rc.index, len(s.Stored))
+	}
+	return &roundStats{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: h, Stored: s.Stored}, nil
 }
 
 // close ends the child: stdin closes (it closes its client and exits);

@@ -125,8 +125,12 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.PutAhead < 0 {
 		ahead = "put-ahead off"
 	}
-	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %d replica(s), %s, %s, protocol %s, master %s over %s\n",
-		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, r.Replicas, path, ahead, r.Protocol, r.Master, r.MasterProtocol)
+	replicas := fmt.Sprintf("replicas: asked %d, stored %d/%d min/max", r.Replicas, r.ReplicasStoredMin, r.ReplicasStoredMax)
+	if r.UnderReplicatedPuts > 0 {
+		replicas += fmt.Sprintf(" (%d puts under-replicated)", r.UnderReplicatedPuts)
+	}
+	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %s, %s, %s, protocol %s, master %s over %s\n",
+		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, replicas, path, ahead, r.Protocol, r.Master, r.MasterProtocol)
 	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)
 	if r.Baseline != "none" {
