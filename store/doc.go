@@ -25,7 +25,16 @@
 //     engine WRITE otherwise (straight from the caller's memory when it is
 //     registered, through a staging buffer when it is not); then PutEnd.
 //     Any failure after PutStart ends in PutRevoke, so a half-written
-//     object is never visible. Batch forms answer per item.
+//     object is never visible. Batch forms answer per item. A put whose
+//     write to a segment failed (its client died, say) reports the
+//     segment to the master (ReportFailedSegments), which places new
+//     replicas elsewhere until that segment's client pings again, and is
+//     placed again, up to Config.PutRetries (2) more times within the
+//     caller's context; reservations held on the segment are given back.
+//   - ReplicateConfig.Replicas is best effort down to MinReplicas (0 = 1):
+//     a put that cannot place MinReplicas fails with NO_AVAILABLE_HANDLE.
+//     Stats counts puts by the replicas they stored (StoredReplicas) and
+//     those stored with fewer than asked (UnderReplicatedPuts).
 //   - Put-ahead (Config.PutAhead, default 8 per class; negative turns it
 //     off): after the second put of one value size and ReplicateConfig
 //     that found no reservation, the client reserves space for that class
@@ -35,7 +44,8 @@
 //     its replacement in the same RPC: one round trip instead of two.
 //     A reservation is used only while younger than half the TTL the
 //     master gives; older ones, those of a failed write, and all of them
-//     at Close are given back. A commit answered REPLICA_IS_GONE retries
+//     at Close are given back (and, when a write fails at a segment,
+//     every one held there). A commit answered REPLICA_IS_GONE retries
 //     the put on the two-RPC path; a put answered NO_AVAILABLE_HANDLE
 //     while reservations are held gives them back and retries once.
 //   - Get: the time is taken, then GetReplicaList (which grants a read

@@ -49,6 +49,7 @@ type collector struct {
 	rpcCount, rpcFail, rpcLat                *prometheus.Desc
 	heartbeats, heartbeatFail, remounts      *prometheus.Desc
 	segmentBytes, stagingBytes               *prometheus.Desc
+	underReplicated, putRetries              *prometheus.Desc
 }
 
 func newCollector(c *store.Client) *collector {
@@ -76,6 +77,9 @@ func newCollector(c *store.Client) *collector {
 		remounts:      d("crescent_client_remounts_total", "Re-mounts after NEED_REMOUNT."),
 		segmentBytes:  d("crescent_client_segment_bytes", "Memory mounted on the master."),
 		stagingBytes:  d("crescent_client_staging_bytes", "Size of the staging buffer pool."),
+		underReplicated: d("crescent_client_under_replicated_puts_total",
+			"Puts stored with fewer replicas than asked (at least ReplicateConfig.MinReplicas)."),
+		putRetries: d("crescent_client_put_retries_total", "Puts placed again after a write to a segment failed."),
 	}
 }
 
@@ -84,6 +88,7 @@ func (col *collector) Describe(ch chan<- *prometheus.Desc) {
 		col.readBytes, col.writeBytes, col.stagedBytes, col.puts, col.putFail, col.gets, col.getFail,
 		col.putLat, col.getLat, col.batchPutLat, col.batchGetLat, col.rpcCount, col.rpcFail, col.rpcLat,
 		col.heartbeats, col.heartbeatFail, col.remounts, col.segmentBytes, col.stagingBytes,
+		col.underReplicated, col.putRetries,
 	} {
 		ch <- d
 	}
@@ -104,6 +109,8 @@ func (col *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(col.heartbeats, s.Heartbeats)
 	counter(col.heartbeatFail, s.HeartbeatFailures)
 	counter(col.remounts, s.Remounts)
+	counter(col.underReplicated, s.UnderReplicatedPuts)
+	counter(col.putRetries, s.PutRetries)
 	ch <- prometheus.MustNewConstMetric(col.segmentBytes, prometheus.GaugeValue, float64(s.SegmentBytes))
 	ch <- prometheus.MustNewConstMetric(col.stagingBytes, prometheus.GaugeValue, float64(s.StagingBytes))
 	ch <- histogram(col.putLat, s.PutLatency)
@@ -141,6 +148,7 @@ func summary(c *store.Client, uptime time.Duration) string {
 	fmt.Fprintf(&b, "Total Read: %s\nTotal Write: %s\nStaged: %s\n", bytesStr(float64(s.BytesRead)), bytesStr(float64(s.BytesWritten)), bytesStr(float64(s.StagedBytes)))
 	fmt.Fprintf(&b, "Average Read Throughput: %s/s\nAverage Write Throughput: %s/s\n", bytesStr(float64(s.BytesRead)/secs), bytesStr(float64(s.BytesWritten)/secs))
 	fmt.Fprintf(&b, "Puts: %d (failed %d)   Gets: %d (failed %d)\n", s.Puts, s.PutFailures, s.Gets, s.GetFailures)
+	fmt.Fprintf(&b, "Puts under-replicated: %d   placed again after a failed write: %d\n", s.UnderReplicatedPuts, s.PutRetries)
 	b.WriteString("\n=== Latency Summary ===\n")
 	for _, l := range []struct {
 		name string

@@ -11,9 +11,11 @@
 // INVALID_KEY. An object is size bytes (> 0, else INVALID_PARAMS) with up
 // to MaxReplicas (16) replicas, each a contiguous allocation on a distinct
 // segment (package store/alloc); fewer segments than asked give fewer
-// replicas, none gives NO_AVAILABLE_HANDLE. A ReplicateConfig with more
-// replicas than the maximum, a soft-pin TTL above MaxSoftPinTTL (or
-// negative), both pins, or an empty preferred name is INVALID_PARAMS.
+// replicas, down to the config's MinReplicas (0 = 1): fewer is
+// NO_AVAILABLE_HANDLE and places nothing. A ReplicateConfig with more
+// replicas than the maximum, MinReplicas above the replica count, a
+// soft-pin TTL above MaxSoftPinTTL (or negative), both pins, or an empty
+// preferred name is INVALID_PARAMS.
 //
 //   - PutStart(client, key, size, config) places the replicas (status
 //     PROCESSING) and records client as the writer. A complete key is
@@ -80,6 +82,16 @@
 // does the same dropping for one segment. The view version Ping reports
 // is constant for a master's lifetime (random unless configured).
 //
+// A client whose writes to segments failed reports them
+// (ReportFailedSegments, at most 64; the reporter's own and unknown ids
+// are ignored): each becomes suspect until its owner's next Ping. New
+// replicas avoid suspect segments: PutStart first places without them
+// (evicting to make room on the others when they are full) and uses them
+// only when the others cannot give MinReplicas; Reserve never uses them.
+// A report removes nothing and is soft state (not logged); Stats,
+// /metrics (master_suspect_segment_count) and /get_all_segments show
+// suspect segments.
+//
 // # Operation log
 //
 // Every metadata change goes through one function (apply) as an Op:
@@ -129,6 +141,7 @@
 // ReservePut and CommitPut answer per spec and per item, give back the
 // release ids first (unknown ones are ignored), carry the reservation TTL
 // (PutDiscardTimeout) and take at most 64 specs of at most 64 each.
+// ReportFailedSegments (Crescent's) takes at most 64 segment ids.
 // Service.Counts and WithObserver feed metrics. Serve runs a grpc.Server
 // until its context ends.
 package master
