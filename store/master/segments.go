@@ -9,8 +9,10 @@ import (
 
 // MountSegment adds memory a client contributes to the pool and starts
 // tracking the client's liveness (it must Ping within ClientTTL from
-// now on). s.Client is set to client. A known segment ID is
-// ErrSegmentAlreadyExists; bad geometry ErrInvalidParams.
+// now on). s.Client is set to client. A known segment ID, or a range
+// that overlaps a mounted segment of the same engine segment name
+// (whichever client mounted it), is ErrSegmentAlreadyExists; bad geometry
+// ErrInvalidParams.
 func (m *Master) MountSegment(client UUID, s alloc.Segment) error {
 	if client.IsZero() {
 		return errcode.New(errcode.InvalidParams, "client id is zero")
@@ -26,8 +28,10 @@ func (m *Master) mountLocked(s alloc.Segment) error {
 }
 
 // ReMountSegment mounts a client's segments again after NEED_REMOUNT.
-// Segments the master still has for this client are kept as they are;
-// a segment ID mounted by another client is ErrSegmentAlreadyExists.
+// Segments the master still has for this client are kept as they are
+// (a remount is idempotent); a segment ID mounted by another client, or a
+// new segment overlapping a mounted one as in MountSegment, is
+// ErrSegmentAlreadyExists.
 // The client is tracked again (a pure client with no segments is not).
 func (m *Master) ReMountSegment(client UUID, segs []alloc.Segment) error {
 	if client.IsZero() {

@@ -1,0 +1,45 @@
+package store
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// TestMountOverlapRefusedEndToEnd: a second client mounting the first
+// one's engine segment range (same name, base, size) would make the master
+// place two objects on the same bytes, and Gets would return another key's
+// value with no error. The master refuses the mount; every put then reads
+// back its own bytes.
+func TestMountOverlapRefusedEndToEnd(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 4<<20, twoRPCPuts)
+	b := newTestClient(t, tm, 0, twoRPCPuts)
+	ctx := tctx(t)
+	sa := a.segments[0].info
+	dup := &storepb.Segment{Id: newUUID().pb(), Name: sa.Name, Base: sa.Base, Size: sa.Size, Protocol: sa.Protocol}
+	_, err := b.master.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: b.id.pb(), Segment: dup})
+	assert.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+
+	const n = 40
+	val := func(i int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, 16<<10) }
+	for i := range n {
+		c := a
+		if i%2 == 1 {
+			c = b
+		}
+		require.NoError(t, c.Put(ctx, fmt.Sprintf("key-%02d", i), val(i), ReplicateConfig{}))
+	}
+	for i := range n {
+		got, err := b.Get(ctx, fmt.Sprintf("key-%02d", i))
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(got, val(i)), "key-%02d read back another key's bytes", i)
+	}
+}
