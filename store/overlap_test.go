@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -41,5 +43,39 @@ func TestMountOverlapRefusedEndToEnd(t *testing.T) {
 		got, err := b.Get(ctx, fmt.Sprintf("key-%02d", i))
 		require.NoError(t, err)
 		assert.True(t, bytes.Equal(got, val(i)), "key-%02d read back another key's bytes", i)
+	}
+}
+
+// TestLatePutEndAfterTakeOver: a put stalls between PutStart and its
+// writes long enough (PutDiscardTimeout) for another PutStart of the key
+// to take it over. Its PutEnd must fail (REPLICA_IS_GONE), not complete
+// the successor's put, whose replicas nobody wrote.
+func TestLatePutEndAfterTakeOver(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprint("batch=", batch), func(t *testing.T) {
+			clk := clock.NewFake(time.Now())
+			tm := startMaster(t, master.Config{Clock: clk, ClientTTL: time.Hour}) // no expiry when the clock jumps
+			a := newTestClient(t, tm, 4<<20, twoRPCPuts)
+			ctx := tctx(t)
+			a.beforeWrite = func() {
+				a.beforeWrite = nil
+				clk.Advance(time.Minute)
+				// The successor: the same client id (a restarted writer, a
+				// retry from another goroutine).
+				_, err := a.master.PutStart(ctx, &storepb.PutStartRequest{ClientId: a.id.pb(), Key: "k", Size: 16 << 10})
+				require.NoError(t, err)
+			}
+			v := bytes.Repeat([]byte{7}, 16<<10)
+			var err error
+			if batch {
+				err = a.BatchPut(ctx, []string{"k"}, [][]byte{v}, ReplicateConfig{})[0]
+			} else {
+				err = a.Put(ctx, "k", v, ReplicateConfig{})
+			}
+			require.ErrorIs(t, err, errcode.ErrReplicaIsGone)
+			info, err := tm.m.QueryKey("k")
+			require.NoError(t, err)
+			require.False(t, info.Complete, "the successor's unwritten put was completed")
+		})
 	}
 }

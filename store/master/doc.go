@@ -29,6 +29,15 @@
 //     Ending a complete object again succeeds (a retried RPC).
 //   - PutRevoke: same checks (a complete object is INVALID_WRITE); frees
 //     the replicas at once.
+//   - Generations (Crescent's): PutStart numbers each put (PutStartGen, the
+//     generation field of PutStartResponse; never 0) and the writer sends
+//     it back with PutEnd/PutRevoke. When the key holds another put (this
+//     one was taken over, or removed and the key put again), finished or
+//     not, the answer is REPLICA_IS_GONE and nothing changes: the late
+//     writer's bytes were not stored, and it cannot complete or free its
+//     successor's put. Generation 0 (the reference's clients) is not
+//     checked. A record keeps the low 32 bits; OpPutStart logs the
+//     generation and a replaying standby continues after the highest.
 //   - An unfinished put older than PutReleaseTimeout (600s) is freed.
 //   - Reservations (Crescent's, not the reference's): Reserve(client,
 //     size, config, count) places up to count unfinished objects under no

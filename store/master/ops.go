@@ -26,12 +26,15 @@ type OpKind uint8
 const (
 	// OpPutStart creates an unfinished object of Size bytes owned by
 	// Client with replicas on Segments at Addrs (in replica order), with
-	// the pins of SoftPin/SoftPinTTL/HardPin; Time is its start time.
+	// the pins of SoftPin/SoftPinTTL/HardPin and put generation Gen; Time
+	// is its start time.
 	OpPutStart OpKind = iota + 1
-	// OpPutEnd completes the object (Client must own it) at Time. Block
-	// is what the client gave, for events.
+	// OpPutEnd completes the object (Client must own it, and Gen, when
+	// not 0, match its generation) at Time. Block is what the client
+	// gave, for events.
 	OpPutEnd
-	// OpPutRevoke frees an unfinished object (Client must own it).
+	// OpPutRevoke frees an unfinished object (Client must own it; Gen as
+	// OpPutEnd).
 	OpPutRevoke
 	// OpRemove deletes an object (Remove, BatchRemove, RemoveByRegex,
 	// RemoveAll: one op per key). A complete object's space is freed; an
@@ -103,6 +106,9 @@ type Op struct {
 	Segment    *alloc.Segment
 	Block      *BlockMeta
 	ID         uint64 // reservation id
+	// Gen is OpPutStart's put generation; on OpPutEnd and OpPutRevoke the
+	// one the writer gave (0: not checked).
+	Gen uint64
 }
 
 // OpSink receives every metadata change. Append is called while the
@@ -180,6 +186,11 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 	if sh.get(op.Key) != nil {
 		return diverged(op, "key exists")
 	}
+	if a.replay {
+		// A promoted standby goes on from the last generation logged.
+		for g := m.putGen.Load(); g < op.Gen && !m.putGen.CompareAndSwap(g, op.Gen); g = m.putGen.Load() {
+		}
+	}
 	return m.place(op, a, func(o object) {
 		sh.insert(op.Key, o)
 		sh.pending++
@@ -253,7 +264,7 @@ func (m *Master) placed(op *Op, ps []alloc.Placement, a *applyArgs) error {
 
 // pendingObject is the unfinished object a PutStart or Reserve creates.
 func (m *Master) pendingObject(op *Op, ps []alloc.Placement) object {
-	o := object{size: op.Size, lease: op.Time, r0: ps[0]}
+	o := object{size: op.Size, lease: op.Time, r0: ps[0], gen: uint32(op.Gen)}
 	o.ext = &objExt{owner: op.Client, pinTTL: int64(op.SoftPinTTL)}
 	if len(ps) > 1 {
 		o.ext.more = slices.Clone(ps[1:])
@@ -284,8 +295,8 @@ func (m *Master) complete(o *object, op *Op) {
 
 func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
 	o := sh.get(op.Key)
-	if o == nil || o.complete() || o.owner() != op.Client {
-		return diverged(op, "no unfinished put of this client")
+	if o == nil || o.complete() || o.owner() != op.Client || !o.isGen(op.Gen) {
+		return diverged(op, "no unfinished put of this client and generation")
 	}
 	m.complete(o, op)
 	sh.pending--
@@ -307,8 +318,8 @@ func (m *Master) applyDelete(sh *shard, op *Op, a *applyArgs) error {
 	o := *p // the slot is cleared below
 	switch op.Kind {
 	case OpPutRevoke:
-		if o.complete() || o.owner() != op.Client {
-			return diverged(op, "no unfinished put of this client")
+		if o.complete() || o.owner() != op.Client || !o.isGen(op.Gen) {
+			return diverged(op, "no unfinished put of this client and generation")
 		}
 	case OpEvict:
 		if !o.complete() {
