@@ -86,8 +86,16 @@
 // is forgotten; its next Ping answers NEED_REMOUNT, and ReMountSegment
 // restores it. A client the master never tracked (a pure client, or one
 // that talked to another master) also gets NEED_REMOUNT. UnmountSegment
-// does the same dropping for one segment. The view version Ping reports
-// is constant for a master's lifetime (random unless configured).
+// does the same dropping for one segment; when it takes the client's last
+// segment (a clean Close) the client is forgotten at once (OpClientLeft):
+// it is neither active nor, later, expired, and what went with the
+// segment is counted as unmounted (UnmountedReplicas, UnmountedKeys,
+// DepartedClients), not lost (DroppedReplicas, LostKeys, ExpiredClients
+// count expiries only). A segment whose range overlaps a mounted one of
+// the same engine segment name is SEGMENT_ALREADY_EXISTS, whoever mounts
+// it: two pool segments on the same bytes would place two objects there.
+// The view version Ping reports is constant for a master's lifetime
+// (random unless configured).
 //
 // # Operation log
 //
@@ -95,7 +103,7 @@
 // PutStart (with the segments chosen and the addresses obtained), PutEnd,
 // PutRevoke, Remove, Evict, Discard, DiscardFree, PutRelease, DropReplica,
 // Mount, UnmountStart, Unmount, ClientExpired, Reserve (with the id
-// given), Commit, Unreserve, DropReserved. When Config.OpLog is set,
+// given), Commit, Unreserve, DropReserved, ClientLeft. When Config.OpLog is set,
 // each Op is appended while the master holds the locks of everything it
 // touches, so the append order is a valid serialisation. Replay applies a
 // logged Op on another master (a standby): placement is not chosen again

@@ -62,6 +62,8 @@ type Master struct {
 
 	evictRuns, evictedKeys, evictedBytes, expiredClients   atomic.Uint64
 	discardedPuts, releasedPuts, droppedReplicas, lostKeys atomic.Uint64
+	// A clean UnmountSegment is not a loss: counted apart.
+	departedClients, unmountedReplicas, unmountedKeys atomic.Uint64
 
 	runMu   sync.Mutex
 	started bool

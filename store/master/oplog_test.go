@@ -200,7 +200,7 @@ func TestOpLogReplay(t *testing.T) {
 			for _, op := range ops {
 				kinds[op.Kind]++
 			}
-			for k := OpPutStart; k <= OpDropReserved; k++ {
+			for k := OpPutStart; k <= OpClientLeft; k++ {
 				if kinds[k] == 0 {
 					t.Errorf("the mix never produced %v (%v)", k, kinds)
 				}

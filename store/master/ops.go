@@ -77,11 +77,14 @@ const (
 	// OpDropReserved forgets reservation ID's replica on segment
 	// Segments[0] (being unmounted); one left with none is forgotten.
 	OpDropReserved
+	// OpClientLeft forgets Client after UnmountSegment took its last
+	// segment: a clean departure, not an expiry.
+	OpClientLeft
 )
 
 var opNames = [...]string{"", "PutStart", "PutEnd", "PutRevoke", "Remove", "Evict", "Discard", "DiscardFree",
 	"PutRelease", "DropReplica", "Mount", "UnmountStart", "Unmount", "ClientExpired",
-	"Reserve", "Commit", "Unreserve", "DropReserved"}
+	"Reserve", "Commit", "Unreserve", "DropReserved", "ClientLeft"}
 
 func (k OpKind) String() string {
 	if int(k) < len(opNames) && k != 0 {
@@ -124,9 +127,10 @@ type OpSink interface {
 
 // applyArgs carries what apply needs beyond the op.
 type applyArgs struct {
-	replay bool
-	quiet  bool    // no per-key events (RemoveAll emits one Cleared)
-	obj    *object // out: the object PutStart created
+	replay  bool
+	quiet   bool    // no per-key events (RemoveAll emits one Cleared)
+	obj     *object // out: the object PutStart created
+	unmount bool    // replicas dropped by a clean UnmountSegment, not an expiry (counters)
 }
 
 func (m *Master) append(op *Op, a *applyArgs) {
@@ -168,7 +172,7 @@ func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 		return m.applyUnmountStart(op, a)
 	case OpUnmount:
 		return m.applyUnmount(op, a)
-	case OpClientExpired:
+	case OpClientExpired, OpClientLeft:
 		return m.applyClientExpired(op, a)
 	case OpReserve:
 		return m.applyReserve(op, a)
@@ -395,12 +399,11 @@ func (m *Master) applyDropReplica(sh *shard, op *Op, a *applyArgs) error {
 	if i < 0 {
 		return diverged(op, "no replica on segment %d", seg)
 	}
-	m.droppedReplicas.Add(1)
+	m.countDropped(a, len(ps) == 1)
 	if len(ps) == 1 {
 		// The last replica: the object is lost. Its space went with the
 		// segment, so nothing is freed.
 		m.forget(sh, op.Key, &o)
-		m.lostKeys.Add(1)
 		m.append(op, a)
 		if o.complete() && m.ev != nil && !a.replay {
 			m.emit(a, m.removedEvent(op.Key, &o, ReasonLost))
@@ -411,6 +414,20 @@ func (m *Master) applyDropReplica(sh *shard, op *Op, a *applyArgs) error {
 	*p = o
 	m.append(op, a)
 	return nil
+}
+
+// countDropped counts a replica dropped with its segment, and the object
+// when it was the last one: as lost on expiry (or replay), as unmounted
+// on a clean UnmountSegment.
+func (m *Master) countDropped(a *applyArgs, last bool) {
+	rep, obj := &m.droppedReplicas, &m.lostKeys
+	if a.unmount {
+		rep, obj = &m.unmountedReplicas, &m.unmountedKeys
+	}
+	rep.Add(1)
+	if last {
+		obj.Add(1)
+	}
 }
 
 func (m *Master) applyDiscardFree(op *Op, a *applyArgs) error {
@@ -541,7 +558,7 @@ func (m *Master) Replay(op *Op) error {
 		sh.mu.Lock()
 		defer sh.unlock()
 		return m.apply(sh, op, a)
-	case OpMount, OpUnmountStart, OpUnmount, OpClientExpired:
+	case OpMount, OpUnmountStart, OpUnmount, OpClientExpired, OpClientLeft:
 		m.segMu.Lock()
 		defer m.segMu.Unlock()
 		return m.apply(nil, op, a)

@@ -82,11 +82,27 @@ func (m *Master) UnmountSegment(client UUID, id UUID) error {
 	if s.Client != client {
 		return errcode.New(errcode.IllegalClient, "segment %v belongs to another client", id)
 	}
-	return m.unmountLocked(s)
+	if err := m.unmountLocked(s, true); err != nil {
+		return err
+	}
+	if len(m.alloc.ByClient(client)) > 0 {
+		return nil
+	}
+	// Its last segment: the client left (it is not an expiry, nor active).
+	m.clientMu.RLock()
+	_, tracked := m.clients[client]
+	m.clientMu.RUnlock()
+	if !tracked {
+		return nil
+	}
+	m.departedClients.Add(1)
+	m.cfg.Logger.Info("master: client unmounted its last segment; forgetting it", "client", client.String())
+	return m.apply(nil, &Op{Kind: OpClientLeft, Time: m.now(), Client: client}, &applyArgs{})
 }
 
-// unmountLocked runs the unmount sequence; segMu is held.
-func (m *Master) unmountLocked(s alloc.Segment) error {
+// unmountLocked runs the unmount sequence; segMu is held. clean says it
+// is the client's own UnmountSegment, not an expiry.
+func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 	start := &Op{Kind: OpUnmountStart, Time: m.now(), Client: s.Client, Segment: &s}
 	if err := m.apply(nil, start, &applyArgs{}); err != nil {
 		return err
@@ -100,7 +116,7 @@ func (m *Master) unmountLocked(s alloc.Segment) error {
 			now := m.now()
 			for k, j := range sh.index {
 				if o := &sh.objs[j]; o.r0.Seg == idx || o.ext != nil && slices.ContainsFunc(o.ext.more, func(p alloc.Placement) bool { return p.Seg == idx }) {
-					if err := m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: k, Segments: []uint32{idx}}, &applyArgs{}); err != nil {
+					if err := m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: k, Segments: []uint32{idx}}, &applyArgs{unmount: clean}); err != nil {
 						sh.unlock()
 						return err
 					}
@@ -109,7 +125,7 @@ func (m *Master) unmountLocked(s alloc.Segment) error {
 			sh.unlock()
 		}
 	}
-	if err := m.dropReserved(idx); err != nil {
+	if err := m.dropReserved(idx, clean); err != nil {
 		return err
 	}
 	return m.apply(nil, &Op{Kind: OpUnmount, Time: m.now(), Client: s.Client, Segments: []uint32{idx}}, &applyArgs{})
@@ -173,7 +189,7 @@ func (m *Master) expireClients(now int64) {
 			if !ok {
 				continue
 			}
-			if err := m.unmountLocked(s); err != nil {
+			if err := m.unmountLocked(s, false); err != nil {
 				m.cfg.Logger.Error("master: unmounting an expired client's segment", "segment", s.ID.String(), "err", err)
 			}
 		}
