@@ -62,7 +62,13 @@
 //     Remove. A forced Remove of an unfinished put quarantines its space
 //     like a takeover. RemoveByRegex (RE2, whole key) and RemoveAll(force)
 //     remove complete objects only, skipping leased ones unless force;
-//     RemoveAll removes hard-pinned objects too.
+//     RemoveAll removes hard-pinned objects too. RemoveByRegex refuses
+//     (INVALID_PARAMS, quoting at most 64 bytes of it) an expression longer
+//     than MaxRegexLen (1 KiB) or compiling to more than MaxRegexInsts
+//     (2048) instructions; it matches keys outside the shard locks, on a
+//     snapshot of each shard, re-checking matches under the lock, and stops
+//     with RPC_TIMEOUT (the message says how many it removed) past
+//     RegexBudget (5s).
 //
 // # Pins and eviction
 //
@@ -118,8 +124,10 @@
 // With Config.Events set, the sink gets Stored at PutEnd (with the
 // BlockMeta the writer gave), Removed at Remove, eviction and loss (with
 // the block hashes kept from PutEnd), and RemoveAll's Cleared (one event
-// when no complete object survives, else Removed per key). Emit runs under
-// the key's shard lock and must not block.
+// when no complete object survives, else Removed per key). Events are
+// queued under the key's shard lock and handed to the sink after the
+// locks are let go (evqueue.go), in order; a sink that blocks holds back
+// the emitting calls only, never a shard.
 //
 // # Concurrency and memory
 //
@@ -128,7 +136,8 @@
 // segMu (mount, unmount, expiry) or evictMu (one eviction round at a
 // time) -> shard (one at a time; RemoveAll takes all, in index order) ->
 // resvMu (reservations) -> allocator table -> discardMu (quarantine) -> segments (in index order);
-// clientMu is a leaf. PutStart releases its shard before running an
+// clientMu and the event queue's mutex are leaves; the sink is called
+// with none of these held but segMu or evictMu. PutStart releases its shard before running an
 // eviction round. Whole-table
 // work (eviction scans, unmount, regex, release) takes shards one at a
 // time. A record is 64 bytes in a per-shard slab, indexed by a

@@ -28,6 +28,7 @@ type Master struct {
 	clk   clock.Clock
 	oplog OpSink
 	ev    EventSink
+	evq   evQueue // events on their way to ev (evqueue.go)
 	alloc *alloc.Allocator
 	seed  maphash.Seed
 	view  uint64

@@ -139,12 +139,6 @@ func (m *Master) append(op *Op, a *applyArgs) {
 	}
 }
 
-func (m *Master) emit(a *applyArgs, e *Event) {
-	if m.ev != nil && !a.replay && !a.quiet {
-		m.ev.Emit(e)
-	}
-}
-
 func diverged(op *Op, format string, args ...any) error {
 	return fmt.Errorf("%w: %v %q: %s", ErrReplayDiverged, op.Kind, op.Key, fmt.Sprintf(format, args...))
 }

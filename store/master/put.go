@@ -160,6 +160,7 @@ func (m *Master) finishPut(op *Op, rt ReplicaType) error {
 	if rt != Memory {
 		return errcode.New(errcode.InvalidParams, "replica type %d: the master places memory replicas only", rt)
 	}
+	defer m.flushEvents() // after the unlock
 	sh := m.shardOf(op.Key)
 	sh.mu.Lock()
 	defer sh.unlock()

@@ -113,6 +113,7 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 	if err := m.checkKey(it.Key); err != nil {
 		return err
 	}
+	defer m.flushEvents() // after the unlocks
 	sh := m.shardOf(it.Key)
 	sh.mu.Lock()
 	defer sh.unlock()

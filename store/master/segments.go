@@ -118,11 +118,13 @@ func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 				if o := &sh.objs[j]; o.r0.Seg == idx || o.ext != nil && slices.ContainsFunc(o.ext.more, func(p alloc.Placement) bool { return p.Seg == idx }) {
 					if err := m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: k, Segments: []uint32{idx}}, &applyArgs{unmount: clean}); err != nil {
 						sh.unlock()
+						m.flushEvents()
 						return err
 					}
 				}
 			}
 			sh.unlock()
+			m.flushEvents()
 		}
 	}
 	if err := m.dropReserved(idx, clean); err != nil {
