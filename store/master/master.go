@@ -54,7 +54,8 @@ type Master struct {
 	resvNext      uint64 // the last id given
 	reservedBytes atomic.Int64
 
-	putGen atomic.Uint64 // the last put generation given (put.go)
+	putGen    atomic.Uint64 // the last put generation given (put.go)
+	regexFrom atomic.Uint32 // the shard where a RemoveByRegex past its budget stopped
 
 	evictMu       sync.Mutex
 	lastFruitless atomic.Int64 // last watermark round that freed nothing

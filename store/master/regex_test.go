@@ -63,7 +63,7 @@ func (c *stepClock) Now() time.Time { return c.base.Add(time.Duration(c.n.Add(1)
 // reports what it removed, and a second call goes on.
 func TestRemoveByRegexBudget(t *testing.T) {
 	clk := &stepClock{base: t0, step: time.Millisecond}
-	e := newEnv(t, func(c *Config) { c.Clock = clk; c.Shards = 16; c.RegexBudget = 100 * time.Millisecond })
+	e := newEnv(t, func(c *Config) { c.Clock = clk; c.Shards = 16; c.RegexBudget = 20 * time.Millisecond })
 	a := cl(1)
 	e.mount(a, "host:1", 8<<20)
 	const n = 4000

@@ -61,7 +61,9 @@ const (
 // first 64 bytes of it). Keys are matched outside the shard locks (a
 // snapshot per shard; matches are re-checked under the lock before they
 // go), and when the work exceeds Config.RegexBudget it stops with
-// ErrRPCTimeout and the count removed so far.
+// ErrRPCTimeout and the count removed so far. The next call starts at the
+// shard where it stopped (wrapping around), so calling it again goes on
+// instead of matching the same shards again.
 func (m *Master) RemoveByRegex(re string, force bool) (uint64, error) {
 	rx, err := compileKeyRegex(re)
 	if err != nil {
@@ -117,16 +119,22 @@ func clip(s string) string {
 // match accepts (not leased unless force). match runs outside the shard
 // lock, on a snapshot of the shard's keys; a key it accepts is re-checked
 // under the lock. over, when not nil, is asked every few keys whether to
-// stop (ErrRPCTimeout).
+// stop (ErrRPCTimeout); such a walk starts where the last one stopped.
 func (m *Master) removeMatching(match func(string) bool, force bool, over func() bool) (uint64, error) {
 	var n uint64
 	var keys, hit []string
-	stop := func() error {
+	from := 0
+	if over != nil {
+		from = int(m.regexFrom.Load()) % len(m.shards)
+	}
+	stop := func(i int) error {
+		m.regexFrom.Store(uint32(i))
 		return errcode.New(errcode.RPCTimeout, "stopped after removing %d keys: over the time budget of %v; run it again to go on", n, m.cfg.RegexBudget)
 	}
-	for i := range m.shards {
+	for x := range m.shards {
+		i := (from + x) % len(m.shards)
 		if over != nil && over() {
-			return n, stop()
+			return n, stop(i)
 		}
 		sh := &m.shards[i]
 		keys = keys[:0]
@@ -141,7 +149,7 @@ func (m *Master) removeMatching(match func(string) bool, force bool, over func()
 		hit = hit[:0]
 		for j, k := range keys {
 			if over != nil && j%64 == 63 && over() {
-				return n, stop()
+				return n, stop(i)
 			}
 			if match(k) {
 				hit = append(hit, k)
