@@ -79,3 +79,35 @@ func TestLatePutEndAfterTakeOver(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseIsNotAnExpiry: a client's Close leaves the master at once: it
+// is no longer an active client, and neither its departure nor the
+// objects that went with its segment count as an expiry or a loss. A
+// client that falls silent does.
+func TestCloseIsNotAnExpiry(t *testing.T) {
+	clk := clock.NewFake(time.Now())
+	tm := startMaster(t, master.Config{Clock: clk})
+	a := newTestClient(t, tm, 4<<20, twoRPCPuts)
+	b := newTestClient(t, tm, 4<<20, twoRPCPuts)
+	ctx := tctx(t)
+	for i, c := range []*Client{a, a, a, b, b} {
+		require.NoError(t, c.Put(ctx, fmt.Sprint("k", i), []byte("value"), ReplicateConfig{Preferred: []string{c.SegmentName()}}))
+	}
+	require.Equal(t, 2, tm.m.Stats().ActiveClients)
+	require.NoError(t, a.Close())
+	st := tm.m.Stats()
+	require.Equal(t, 1, st.ActiveClients)
+	require.Equal(t, uint64(1), st.DepartedClients)
+	require.Equal(t, uint64(3), st.UnmountedKeys)
+	require.Zero(t, st.LostKeys)
+	require.Zero(t, st.ExpiredClients)
+
+	b.hbPaused.Store(true)
+	clk.Advance(time.Minute)
+	eventually(t, "b's expiry", func() bool { return tm.m.Stats().ExpiredClients == 1 })
+	st = tm.m.Stats()
+	require.Zero(t, st.ActiveClients)
+	require.Equal(t, uint64(2), st.LostKeys)
+	require.Equal(t, uint64(1), st.DepartedClients)
+	require.Equal(t, uint64(3), st.UnmountedKeys)
+}
