@@ -36,11 +36,12 @@ type Master struct {
 	shards []shard
 
 	// segMu serialises the control plane: mount, remount, unmount and
-	// client expiry. Lock order (as the code takes them): segMu or evictMu,
-	// then shard (one, or all in index order), resvMu, allocator table
-	// (taken only under segMu, with no shard held), discardMu, segments
-	// (index order); clientMu is a leaf (applyMount takes it inside the
-	// allocator table's lock), and so is the event queue's mutex.
+	// client expiry. Lock order (as the code takes them): segMu or evictMu
+	// (never both), then shard (one, or all in index order), resvMu,
+	// allocator table (only under segMu, with no shard held), discardMu,
+	// segments (index order). clientMu is a leaf (applyMount takes it
+	// inside the allocator table's lock), and so is evq.mu; the event sink
+	// is called (evq.deliver) with at most segMu or evictMu held.
 	segMu    sync.Mutex
 	clientMu sync.RWMutex
 	clients  map[UUID]*client
