@@ -186,7 +186,10 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 	}
 	if a.replay {
 		// A promoted standby goes on from the last generation logged.
-		for g := m.putGen.Load(); g < op.Gen && !m.putGen.CompareAndSwap(g, op.Gen); g = m.putGen.Load() {
+		for g := m.putGen.Load(); g < op.Gen; g = m.putGen.Load() {
+			if m.putGen.CompareAndSwap(g, op.Gen) {
+				break
+			}
 		}
 	}
 	return m.place(op, a, func(o object) {

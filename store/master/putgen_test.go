@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -139,4 +140,10 @@ func TestServiceStalePutEnd(t *testing.T) {
 	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: g2})
 	require.NoError(t, err)
 	require.True(t, e.exists("k"))
+}
+
+// TestRecordSize: the generation fits the record's padding; a record
+// stays 64 bytes (doc.go, BenchmarkBytesPerKey).
+func TestRecordSize(t *testing.T) {
+	require.Equal(t, uintptr(64), unsafe.Sizeof(object{}))
 }
