@@ -126,7 +126,7 @@ type Client struct {
 	segIDs map[string]engine.SegmentID
 
 	// Concurrent single-key calls share batch RPCs (coalesce.go).
-	putStarts *coalescer[putStartQ, []*storepb.ReplicaDescriptor]
+	putStarts *coalescer[putStartQ, putStarted]
 	putEnds   *coalescer[putEndQ, struct{}]
 	gets      *coalescer[string, getResult]
 	commits   *coalescer[commitQ, struct{}]

@@ -25,7 +25,10 @@
 //     engine WRITE otherwise (straight from the caller's memory when it is
 //     registered, through a staging buffer when it is not); then PutEnd.
 //     Any failure after PutStart ends in PutRevoke, so a half-written
-//     object is never visible. Batch forms answer per item.
+//     object is never visible. PutEnd and PutRevoke carry the generation
+//     PutStart gave: a put taken over meanwhile (it stalled past the
+//     master's discard timeout) fails with REPLICA_IS_GONE instead of
+//     completing its successor. Batch forms answer per item.
 //   - Put-ahead (Config.PutAhead, default 8 per class; negative turns it
 //     off): after the second put of one value size and ReplicateConfig
 //     that found no reservation, the client reserves space for that class

@@ -101,5 +101,9 @@ func (m *Master) Stats() Stats {
 		ReleasedPuts:    m.releasedPuts.Load(),
 		DroppedReplicas: m.droppedReplicas.Load(),
 		LostKeys:        m.lostKeys.Load(),
+
+		DepartedClients:   m.departedClients.Load(),
+		UnmountedReplicas: m.unmountedReplicas.Load(),
+		UnmountedKeys:     m.unmountedKeys.Load(),
 	}
 }
