@@ -3,7 +3,6 @@ package engine_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -13,8 +12,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
@@ -151,16 +153,16 @@ func TestTwoProcesses(t *testing.T) {
 	}
 }
 
-// TestPeerKilledMidBatch kills the target while a large batch runs: every
+// TestPeerKilledMidBatch kills the target while a batch runs: every
 // request must end (none stays PENDING), well before the transfer
-// timeout, and later submissions must fail cleanly.
+// timeout, and later submissions must fail cleanly. The first half of
+// the batch completes; the target is then stopped (SIGSTOP), so the
+// second half cannot finish before the SIGKILL lands.
 func TestPeerKilledMidBatch(t *testing.T) {
 	c := startChild(t, "tcp")
 	a := newNode(t, 64<<20, engine.Config{Protocols: []string{"tcp"}, TransferTimeout: 60 * time.Second})
 	seg, err := a.e.OpenSegment(context.Background(), c.name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.e.CloseSegment(seg)
 	const n, block = 2048, 32 << 10
 	id, _ := a.e.AllocateBatch(n)
@@ -169,31 +171,20 @@ func TestPeerKilledMidBatch(t *testing.T) {
 		off := (i * block) % (64<<20 - block)
 		reqs[i] = engine.Request{Op: engine.Write, Local: a.buf[off : off+block], Target: seg, TargetAddr: c.base + uint64(off)}
 	}
-	start := time.Now()
-	if err := a.e.Submit(id, reqs); err != nil {
-		t.Fatal(err)
-	}
-	// Kill as soon as something has landed, so the batch is mid-way.
-	eventually(t, 20*time.Second, func() bool {
-		st, _ := a.e.BatchStatus(id)
-		return st.Completed > 0 || st.Pending == 0
-	})
-	c.cmd.Process.Kill()
+	require.NoError(t, a.e.Submit(id, reqs[:n/2]))
+	wait(t, a.e, id)
+	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
+	require.NoError(t, a.e.Submit(id, reqs[n/2:]))
+	require.NoError(t, c.cmd.Process.Kill())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := a.e.Wait(ctx, id)
-	if ctx.Err() != nil {
-		t.Fatalf("batch still pending 30s after the peer died: %+v", st)
-	}
-	if st.Pending != 0 || st.Completed+st.Failed+st.TimedOut != n {
-		t.Fatalf("unfinished requests: %+v", st)
-	}
-	if st.Failed == 0 {
-		t.Skipf("the whole batch finished before the kill landed (%v)", time.Since(start))
-	}
-	if err == nil || !errors.Is(st.Err, transport.ErrPeerGone) {
-		t.Fatalf("want a peer-gone error, got %v / %v", err, st.Err)
-	}
+	require.NoError(t, ctx.Err(), "batch still pending 30s after the peer died: %+v", st)
+	require.Zero(t, st.Pending, "unfinished requests: %+v", st)
+	require.Equal(t, n/2, st.Completed, "%+v", st)
+	require.Equal(t, n/2, st.Failed, "%+v", st)
+	require.Error(t, err)
+	require.ErrorIs(t, st.Err, transport.ErrPeerGone)
 	eventually(t, 10*time.Second, func() bool { return a.e.FreeBatch(id) == nil })
 
 	// Later requests fail fast rather than hang.
