@@ -544,7 +544,7 @@ func (e *Engine) UnregisterMemory(ctx context.Context, mem []byte) error {
 			switch {
 			case errors.As(err, &ue):
 				unconfirmed = append(unconfirmed, ue.Released...)
-				causes = append(causes, fmt.Errorf("%s: %w", t.Name(), err))
+				causes = append(causes, err)
 			case err != nil:
 				// The transport withdrew the memory anyway (rdma
 				// deregisters its MRs): nothing can reach it through it.

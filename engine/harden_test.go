@@ -2,14 +2,21 @@ package engine_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
 )
 
 // blockingNotifyTarget is a handshake server whose Notify handler holds
@@ -78,4 +85,141 @@ func TestNotifyErrorStaysInItsRound(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.NotifyErr, "round 1's notification error reported by round 2")
 	require.NoError(t, a.e.FreeBatch(id))
+}
+
+func sendNotify(t *testing.T, to, from, msg string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return metadata.SendNotify(ctx, to, from, msg)
+}
+
+// TestNotificationBudget floods an engine that never drains: what it
+// holds stays within the byte budget, the oldest go first, and oversized
+// messages are dropped.
+func TestNotificationBudget(t *testing.T) {
+	const budget, max = 64 << 10, 8 << 10
+	b := newNode(t, 1<<20, engine.Config{Protocols: []string{"tcp"}, NotifyBudget: budget, NotifyMaxMessage: max})
+	const n, size = 200, 4 << 10
+	for i := 0; i < n; i++ {
+		msg := fmt.Sprintf("%06d", i) + strings.Repeat("x", size-6)
+		require.NoError(t, sendNotify(t, b.e.Name(), "flooder", msg))
+		require.LessOrEqual(t, b.e.Stats().NotificationBytes, uint64(budget), "after %d", i)
+	}
+	// One too big for a notification (yet within the frame bound).
+	require.NoError(t, sendNotify(t, b.e.Name(), "flooder", strings.Repeat("y", max+1)))
+	st := b.e.Stats()
+	got := b.e.Notifications()
+	require.NotEmpty(t, got)
+	require.Less(t, len(got), n)
+	require.Equal(t, uint64(n+1-len(got)), st.NotificationsDropped)
+	for i, x := range got { // the newest, in order
+		require.Equal(t, fmt.Sprintf("%06d", n-len(got)+i), x.Msg[:6])
+		require.Equal(t, "flooder", x.From)
+	}
+	require.Zero(t, b.e.Stats().NotificationBytes, "drained")
+}
+
+// TestNotificationRingOrder: beyond the count bound the oldest is
+// dropped, one per new message, and the ring keeps working after wraps
+// and drains.
+func TestNotificationRingOrder(t *testing.T) {
+	b := newNode(t, 1<<20, engine.Config{Protocols: []string{"tcp"}, NotifyQueue: 5})
+	for round := 0; round < 3; round++ {
+		for i := 0; i < 12; i++ {
+			require.NoError(t, sendNotify(t, b.e.Name(), "s", fmt.Sprint(round*100+i)))
+		}
+		var msgs []string
+		for _, x := range b.e.Notifications() {
+			msgs = append(msgs, x.Msg)
+		}
+		want := []string{}
+		for i := 7; i < 12; i++ {
+			want = append(want, fmt.Sprint(round*100+i))
+		}
+		require.Equal(t, want, msgs)
+	}
+	require.Equal(t, uint64(3*7), b.e.Stats().NotificationsDropped)
+}
+
+// TestNotificationsOff: an engine with notifications off refuses them and
+// stores nothing.
+func TestNotificationsOff(t *testing.T) {
+	b := newNode(t, 1<<20, engine.Config{Protocols: []string{"tcp"}, Notifications: engine.NotifyOff})
+	for i := 0; i < 10; i++ {
+		require.ErrorIs(t, sendNotify(t, b.e.Name(), "s", "hello"), metadata.ErrRejected)
+	}
+	require.Empty(t, b.e.Notifications())
+	require.Zero(t, b.e.Stats().NotificationBytes)
+
+	_, err := engine.New(engine.Config{LocalServerName: "127.0.0.1", Protocols: []string{"tcp"}, Notifications: "maybe"})
+	require.ErrorIs(t, err, engine.ErrInvalidConfig)
+}
+
+// failingRegister wraps a real transport and fails AfterRegister while
+// fail is set.
+type failingRegister struct {
+	transport.Transport
+	fail *atomic.Bool
+}
+
+var errInjected = errors.New("injected registration failure")
+
+func (f failingRegister) AfterRegister(r *transport.Region) error {
+	if f.fail.Load() {
+		return errInjected
+	}
+	return nil
+}
+
+// TestRegisterUndoneWhenATransportFails: rdma registers the buffer
+// (MRs, keys), the next transport refuses it; rdma's MRs must be gone,
+// the buffer not registered nor published, and registering again works.
+func TestRegisterUndoneWhenATransportFails(t *testing.T) {
+	var fail atomic.Bool
+	restore := engine.SetTransportWrapper(func(tr transport.Transport) transport.Transport {
+		if tr.Name() == "tcp" {
+			return failingRegister{Transport: tr, fail: &fail}
+		}
+		return tr
+	})
+	f := soft.NewFabric()
+	cfg := engine.Config{Protocols: []string{"rdma", "tcp"}}
+	var devs []*soft.Device
+	for i := 0; i < 2; i++ {
+		d := f.NewDevice(fmt.Sprintf("undo_mlx5_%d", i), soft.Options{})
+		t.Cleanup(func() { d.Close() })
+		devs = append(devs, d)
+		cfg.RDMA.Devices = append(cfg.RDMA.Devices, d)
+	}
+	a := newNode(t, 1<<20, cfg)
+	restore()
+	require.Equal(t, []string{"rdma", "tcp"}, a.e.Transports())
+	mrs := func() (n int) {
+		for _, d := range devs {
+			n += d.Live().MRs
+		}
+		return n
+	}
+	before := mrs()
+	require.Positive(t, before, "the node's own buffer is registered")
+
+	p, err := mempool.New(mempool.Options{Size: 1 << 20, SlabSize: 1 << 20})
+	require.NoError(t, err)
+	defer p.Close()
+	extra, err := p.Alloc(1 << 20)
+	require.NoError(t, err)
+	fail.Store(true)
+	require.ErrorIs(t, a.e.RegisterMemory(extra, "cpu:0"), errInjected)
+	require.Equal(t, before, mrs(), "rdma MRs left behind for memory whose registration failed")
+	for _, b := range a.e.LocalDesc().Buffers {
+		require.NotEqual(t, transport.AddrOf(extra), b.Addr, "failed buffer published")
+	}
+	require.ErrorIs(t, a.e.UnregisterMemory(context.Background(), extra), engine.ErrNotRegistered)
+
+	fail.Store(false)
+	require.NoError(t, a.e.RegisterMemory(extra, "cpu:0"))
+	require.Greater(t, mrs(), before)
+	require.NoError(t, a.e.UnregisterMemory(context.Background(), extra))
+	require.Equal(t, before, mrs())
 }

@@ -50,13 +50,37 @@ func runChild() {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		var off, n int
+		var seg string
+		var addr uint64
 		if _, err := fmt.Sscanf(sc.Text(), "sum %d %d", &off, &n); err == nil {
 			fmt.Printf("%d\n", crc32.ChecksumIEEE(buf[off:off+n]))
+		} else if _, err := fmt.Sscanf(sc.Text(), "write %s %d %d", &seg, &addr, &n); err == nil {
+			fmt.Println(childWrite(e, buf[:n], seg, addr))
 		}
 	}
 	e.Close()
 	p.Close()
 	os.Exit(0)
+}
+
+// childWrite writes local to addr of segment seg; over shm this maps
+// the segment's buffer into the child.
+func childWrite(e *engine.Engine, local []byte, seg string, addr uint64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id, err := e.OpenSegment(ctx, seg)
+	if err != nil {
+		return "ERR " + err.Error()
+	}
+	b, _ := e.AllocateBatch(1)
+	defer e.FreeBatch(b)
+	if err := e.Submit(b, []engine.Request{{Op: engine.Write, Local: local, Target: id, TargetAddr: addr}}); err != nil {
+		return "ERR " + err.Error()
+	}
+	if _, err := e.Wait(ctx, b); err != nil {
+		return "ERR " + err.Error()
+	}
+	return "ok"
 }
 
 type child struct {
@@ -248,4 +272,46 @@ func newStallingTarget(t *testing.T) *stallingTarget {
 		s.mu.Unlock()
 	})
 	return s
+}
+
+// TestQuarantineStoppedPeer: a same-host peer maps our buffer and is
+// stopped (SIGSTOP), so it cannot confirm the revoke. Unregistering must
+// not report the memory free: it stays quarantined (hidden, not
+// registrable again) until the peer is killed, then it is released.
+func TestQuarantineStoppedPeer(t *testing.T) {
+	c := startChild(t, "shm")
+	cfg := engine.Config{Protocols: []string{"shm"}}
+	cfg.Shm.RevokeTimeout = 300 * time.Millisecond
+	a := newNode(t, 4<<20, cfg)
+	fmt.Fprintf(c.in, "write %s %d %d\n", a.e.Name(), a.addr(0), 4096)
+	line, err := c.out.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ok", strings.TrimSpace(line), "the child mapped and wrote our buffer")
+	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
+
+	err = a.e.UnregisterMemory(context.Background(), a.buf)
+	require.ErrorIs(t, err, engine.ErrQuarantined, "an unconfirmed revoke reported as success")
+	var q *engine.QuarantineError
+	require.ErrorAs(t, err, &q)
+	select {
+	case <-q.Released:
+		t.Fatal("released while the stopped peer still maps the buffer")
+	default:
+	}
+	require.Len(t, a.e.Quarantined(), 1)
+	require.ErrorIs(t, a.e.UnregisterMemory(context.Background(), a.buf), engine.ErrQuarantined, "a retry while quarantined")
+	require.ErrorIs(t, a.e.RegisterMemory(a.buf, "cpu:0"), engine.ErrAlreadyRegistered, "quarantined memory registered again")
+	for _, b := range a.e.LocalDesc().Buffers {
+		require.NotEqual(t, a.addr(0), b.Addr, "quarantined buffer still published")
+	}
+
+	require.NoError(t, c.cmd.Process.Kill())
+	select {
+	case <-q.Released:
+	case <-time.After(20 * time.Second):
+		t.Fatal("not released after the peer died")
+	}
+	require.NoError(t, a.e.UnregisterMemory(context.Background(), a.buf))
+	require.Empty(t, a.e.Quarantined())
+	require.NoError(t, a.e.RegisterMemory(a.buf, "cpu:0"), "released memory can be registered again")
 }
