@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/metadata/httpmeta"
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
 )
@@ -222,4 +224,54 @@ func TestRegisterUndoneWhenATransportFails(t *testing.T) {
 	require.Greater(t, mrs(), before)
 	require.NoError(t, a.e.UnregisterMemory(context.Background(), extra))
 	require.Equal(t, before, mrs())
+}
+
+// TestUnregisterBusyRetry: a transfer holds the buffer past the
+// unregister's ctx. The buffer leaves the published descriptor at once;
+// a retry finds it (busy again, not ErrNotRegistered) and succeeds once
+// the transfer ended.
+func TestUnregisterBusyRetry(t *testing.T) {
+	hs, err := httpmeta.Serve("127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { hs.Close() })
+	stall := newStallingTarget(t)
+	ctx := context.Background()
+	// The stalling target's descriptor, in the store.
+	pub, err := metadata.Open(hs.URL(), metadata.Options{RPCAddr: stall.name})
+	require.NoError(t, err)
+	defer pub.Close()
+	require.NoError(t, pub.Publish(ctx, &metadata.SegmentDesc{Name: stall.name, Protocol: "tcp",
+		TCPDataPort: stall.ln.Addr().(*net.TCPAddr).Port, TCPProtoVersion: 2,
+		Buffers: []metadata.Buffer{{Name: "cpu:0", Addr: stall.base, Length: 1 << 20}}}))
+
+	a := newNode(t, 1<<20, engine.Config{Protocols: []string{"tcp"}, MetadataServer: hs.URL(), TransferTimeout: time.Second})
+	published := func() bool {
+		d, err := pub.Get(ctx, a.e.Name())
+		require.NoError(t, err)
+		for _, b := range d.Buffers {
+			if b.Addr == a.addr(0) {
+				return true
+			}
+		}
+		return false
+	}
+	require.True(t, published())
+	seg, err := a.e.OpenSegment(ctx, stall.name)
+	require.NoError(t, err)
+	id, _ := a.e.AllocateBatch(1)
+	require.NoError(t, a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:4096], Target: seg, TargetAddr: stall.base}}))
+
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	require.ErrorIs(t, a.e.UnregisterMemory(ended, a.buf), engine.ErrUnregisterBusy)
+	require.False(t, published(), "a busy unregister left the buffer in the published descriptor")
+	require.ErrorIs(t, a.e.UnregisterMemory(ended, a.buf), engine.ErrUnregisterBusy, "retry")
+	require.ErrorIs(t, a.e.RegisterMemory(a.buf, "cpu:0"), engine.ErrAlreadyRegistered, "memory still in use registered again")
+
+	st, _ := a.e.Wait(ctx, id) // ends TIMEOUT at TransferTimeout
+	require.Equal(t, engine.Timeout, st.Status)
+	eventually(t, 10*time.Second, func() bool { return a.e.FreeBatch(id) == nil })
+	require.NoError(t, a.e.UnregisterMemory(ctx, a.buf))
+	require.ErrorIs(t, a.e.UnregisterMemory(ctx, a.buf), engine.ErrNotRegistered)
+	require.NoError(t, a.e.RegisterMemory(a.buf, "cpu:0"))
 }
