@@ -660,7 +660,7 @@ func (e *Engine) receiveNotify(from, msg string) {
 	size := len(from) + len(msg) + notifyOverhead
 	e.notifyMu.Lock()
 	defer e.notifyMu.Unlock()
-	if len(from)+len(msg) > e.cfg.NotifyMaxMessage {
+	if len(from)+len(msg) > e.cfg.NotifyMaxMessage || size > e.cfg.NotifyBudget {
 		e.notifies.dropped++
 		return
 	}

@@ -83,6 +83,21 @@ func childWrite(e *engine.Engine, local []byte, seg string, addr uint64) string 
 	return "ok"
 }
 
+// stop sends SIGSTOP and waits until the kernel reports the child
+// stopped (signals are delivered asynchronously).
+func (c *child) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
+	path := fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid)
+	eventually(t, 10*time.Second, func() bool {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		// "pid (comm) S ...": the state follows the last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		return i > 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
+}
+
 type child struct {
 	cmd  *exec.Cmd
 	in   io.WriteCloser
@@ -197,7 +212,7 @@ func TestPeerKilledMidBatch(t *testing.T) {
 	}
 	require.NoError(t, a.e.Submit(id, reqs[:n/2]))
 	wait(t, a.e, id)
-	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
+	c.stop(t)
 	require.NoError(t, a.e.Submit(id, reqs[n/2:]))
 	require.NoError(t, c.cmd.Process.Kill())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -287,7 +302,7 @@ func TestQuarantineStoppedPeer(t *testing.T) {
 	line, err := c.out.ReadString('\n')
 	require.NoError(t, err)
 	require.Equal(t, "ok", strings.TrimSpace(line), "the child mapped and wrote our buffer")
-	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
+	c.stop(t)
 
 	err = a.e.UnregisterMemory(context.Background(), a.buf)
 	require.ErrorIs(t, err, engine.ErrQuarantined, "an unconfirmed revoke reported as success")
