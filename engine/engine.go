@@ -68,7 +68,8 @@ type Config struct {
 	// the oldest are dropped (Stats.NotificationsDropped).
 	NotifyBudget int
 	// NotifyMaxMessage bounds one notification (name + message; default
-	// 64 KiB, at most NotifyBudget): bigger ones are dropped. The
+	// 64 KiB or NotifyBudget if smaller; more than NotifyBudget is an
+	// error): bigger ones are dropped. The
 	// handshake frame bound (metadata.DefaultMaxFrame, 1 MiB) is checked
 	// before a frame is allocated.
 	NotifyMaxMessage int
@@ -125,7 +126,7 @@ func (c *Config) setDefaults() error {
 		c.NotifyBudget = 16 << 20
 	}
 	if c.NotifyMaxMessage <= 0 {
-		c.NotifyMaxMessage = 64 << 10
+		c.NotifyMaxMessage = min(64<<10, c.NotifyBudget)
 	}
 	if c.NotifyMaxMessage > c.NotifyBudget {
 		return fmt.Errorf("%w: notify max message %d > notify budget %d", ErrInvalidConfig, c.NotifyMaxMessage, c.NotifyBudget)
