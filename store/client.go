@@ -238,7 +238,7 @@ func (c *Client) startMemory() error {
 	} else {
 		c.eng, err = engine.New(engine.Config{
 			LocalServerName: c.cfg.LocalHostname, MetadataServer: c.cfg.MetadataServer,
-			Protocols: c.cfg.Protocols, Logger: c.cfg.Logger,
+			Protocols: c.cfg.Protocols, Logger: c.cfg.Logger, Notifications: engine.NotifyOff,
 		})
 		if err != nil {
 			return fmt.Errorf("store: start engine: %w", err)

@@ -10,5 +10,12 @@
 // The Registry is the only way a transport's server side may turn a remote
 // address into memory: Acquire checks [addr, addr+n) against the
 // registered buffers and pins the buffer until Release, so unregistering
-// waits for transfers in progress and refuses new ones.
+// waits for transfers in progress and refuses new ones. A Remove whose
+// ctx ends first leaves the buffer draining: out of the table, its memfd
+// descriptor closed when the last user leaves (Close closes it too), and
+// found again by a retried Remove, which succeeds once it is idle.
+//
+// An Unregisterer whose peers may still write into a buffer returns an
+// *UnconfirmedError carrying one channel per such peer, closed once it
+// cannot any more; the engine keeps the buffer quarantined until then.
 package transport

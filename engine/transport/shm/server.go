@@ -169,26 +169,29 @@ func (sc *serverConn) write(m *message, fds []int) error {
 }
 
 // revoke asks the peer to unmap [addr, addr+length) and waits for its
-// confirmation.
-func (sc *serverConn) revoke(ctx context.Context, id, addr, length uint64) error {
+// confirmation. When ctx ends first it returns, with the error, a channel
+// closed once the peer confirms late or its connection is gone; our
+// writing half is shut so the peer learns, and drops its mappings.
+func (sc *serverConn) revoke(ctx context.Context, id, addr, length uint64) (<-chan struct{}, error) {
 	ch := make(chan struct{})
 	sc.mu.Lock()
 	if sc.waiting == nil {
 		sc.mu.Unlock()
-		return nil // connection already gone
+		return nil, nil // connection already gone
 	}
 	sc.waiting[id] = ch
 	sc.mu.Unlock()
 	if err := sc.write(&message{Op: "revoke", ID: id, Addr: addr, Len: length}, nil); err != nil {
-		return nil // the peer is gone, and with it its mapping
+		return nil, nil // the peer is gone, and with it its mapping
 	}
 	select {
 	case <-ch:
-		return nil
+		return nil, nil
 	case <-ctx.Done():
-		// A peer that does not answer cannot be trusted to stop using the
-		// buffer: cut it off so it at least learns.
-		sc.c.Close()
-		return fmt.Errorf("shm: peer did not confirm unmapping %#x: %w", addr, ctx.Err())
+		// A silent peer (stopped, say) may still write into the buffer:
+		// closing our end would lose the one sign that it cannot any
+		// more, its end closing.
+		sc.c.CloseWrite()
+		return ch, fmt.Errorf("shm: peer did not confirm unmapping %#x: %w", addr, ctx.Err())
 	}
 }

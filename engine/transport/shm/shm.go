@@ -250,16 +250,26 @@ func (t *Transport) BeforeUnregister(ctx context.Context, addr, length uint64) e
 	defer cancel()
 	// All peers at once: a silent one must not use up the others' time.
 	errs := make([]error, len(conns))
+	gone := make([]<-chan struct{}, len(conns))
 	var wg sync.WaitGroup
 	for i, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.revoke(ctx, t.nextID.Add(1), addr, length)
+			gone[i], errs[i] = c.revoke(ctx, t.nextID.Add(1), addr, length)
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		ue := &transport.UnconfirmedError{Err: err}
+		for _, ch := range gone {
+			if ch != nil {
+				ue.Released = append(ue.Released, ch)
+			}
+		}
+		return ue
+	}
+	return nil
 }
 
 // listable returns the registered regions peers may map now.
