@@ -2,6 +2,9 @@ package tcp_test
 
 import (
 	"bytes"
+	"net"
+	"strconv"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -9,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/tcp"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -59,4 +63,53 @@ func TestDataPortSurvivesFDExhaustion(t *testing.T) {
 	r = c.wait(t, 1)[0]
 	require.NoError(t, r.err)
 	assert.True(t, bytes.Equal(a.buf[:64<<10], a2.buf[:64<<10]), "read bytes differ")
+}
+
+// hangingPort is a loopback port whose accept queue is full: dials to it
+// hang until their timeout.
+func hangingPort(t *testing.T) int {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	require.NoError(t, syscall.Listen(fd, 0))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	port := sa.(*syscall.SockaddrInet4).Port
+	filler, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	require.NoError(t, err)
+	t.Cleanup(func() { filler.Close() })
+	return port
+}
+
+// TestCloseWaitsForReplacedPeer: a peer whose descriptor names a new port
+// has its old lanes drained in the background; Close waits for that
+// drain, so no task completes after Close returned.
+func TestCloseWaitsForReplacedPeer(t *testing.T) {
+	stall := newStallServer(t, true)
+	a := startNode(t, "a", 1<<20, tcp.Config{Lanes: 1, DialTimeout: 300 * time.Millisecond})
+	defer a.close()
+	var port atomic.Int64
+	port.Store(int64(hangingPort(t)))
+	p := &testPeer{name: "x", desc: func() *metadata.SegmentDesc { return rawPeer("x", int(port.Load()), 2).Desc() }}
+
+	// The lane is still dialing, so the task waits in its queue and the
+	// drain completes it; the completion is slow.
+	closed := make(chan struct{})
+	var done atomic.Bool
+	slow := transport.NewTask(transport.Write, a.buf[:10], rawBase, time.Now().Add(time.Minute), func(*transport.Task, int, error) {
+		select {
+		case <-closed:
+		case <-time.After(2 * time.Second):
+		}
+		done.Store(true)
+	})
+	a.tr.Submit(p, []*transport.Task{slow})
+	port.Store(int64(stall.port()))
+	c := newCollector()
+	a.tr.Submit(p, []*transport.Task{c.task(transport.Write, a.buf[:10], rawBase, time.Now().Add(time.Minute))})
+	require.NoError(t, a.tr.Close())
+	assert.True(t, done.Load(), "Close returned while the replaced peer's drain was completing tasks")
+	close(closed)
+	assert.Error(t, c.wait(t, 1)[0].err, "a task still in flight at Close")
 }

@@ -206,10 +206,11 @@ func (t *Transport) peer(p transport.Peer) (*peer, error) {
 		if pr != nil {
 			// The peer restarted on another port or protocol version:
 			// drain the old connections in the background (Close waits).
+			old := pr
 			t.wg.Add(1)
 			go func() {
 				defer t.wg.Done()
-				pr.close(transport.ErrPeerGone)
+				old.close(transport.ErrPeerGone)
 			}()
 		}
 		pr = newPeer(t, addr, v2)
