@@ -59,3 +59,19 @@ func TestServerSurvivesFDExhaustion(t *testing.T) {
 	require.NoError(t, r.err)
 	assert.True(t, bytes.Equal(a.buf[:64<<10], a2.buf[:64<<10]), "read bytes differ")
 }
+
+// TestServerCap: at MaxConns a connection that sent nothing makes room
+// for a real peer; a peer that has listed keeps its slot (it may hold
+// mappings only its connection can revoke), so the next peer waits.
+func TestServerCap(t *testing.T) {
+	b := newNode(t, "b", 1<<20, nodeOpts{cfg: shm.Config{MaxConns: 1}})
+	rawDial(t, b) // sends nothing
+	a := newNode(t, "a", 1<<20, nodeOpts{cfg: shm.Config{RevokeTimeout: 20 * time.Second}})
+	require.True(t, a.tr.Accepts(b.peer(), b.addr(0), 4096), "a silent connection kept a peer out")
+
+	a2 := newNode(t, "a2", 1<<20, nodeOpts{cfg: shm.Config{RevokeTimeout: 200 * time.Millisecond, RetryAfter: time.Millisecond}})
+	require.False(t, a2.tr.Accepts(b.peer(), b.addr(0), 4096), "a second peer was served past MaxConns")
+	a.close()
+	require.Eventually(t, func() bool { return a2.tr.Accepts(b.peer(), b.addr(0), 4096) }, 20*time.Second, 10*time.Millisecond,
+		"the next peer once the slot freed")
+}

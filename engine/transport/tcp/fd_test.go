@@ -113,3 +113,38 @@ func TestCloseWaitsForReplacedPeer(t *testing.T) {
 	close(closed)
 	assert.Error(t, c.wait(t, 1)[0].err, "a task still in flight at Close")
 }
+
+// TestDataPortCap: with MaxConns 1, a connection in the middle of a
+// request keeps the slot; the next one is served once it closes.
+func TestDataPortCap(t *testing.T) {
+	b := newNode(t, "b", 1<<20, tcp.Config{MaxConns: 1})
+	c1 := dialRaw(t, b)
+	payload := make([]byte, 4096)
+	send(t, c1, header(uint64(len(payload)), b.addr(0), tcp.OpWrite|tcp.V2Flag), payload[:10])
+	c2 := dialRaw(t, b)
+	send(t, c2, header(8, b.addr(8192), tcp.OpWrite|tcp.V2Flag), payload[:8])
+	c2.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	_, err := c2.Read(make([]byte, 1))
+	var ne net.Error
+	require.ErrorAs(t, err, &ne, "a second connection was served past MaxConns")
+	require.True(t, ne.Timeout(), "a second connection was served past MaxConns: %v", err)
+
+	send(t, c1, payload[10:])
+	assert.Equal(t, uint64(tcp.StatusOK), readStatus(t, c1))
+	c1.Close()
+	c2.SetReadDeadline(time.Now().Add(20 * time.Second))
+	assert.Equal(t, uint64(tcp.StatusOK), readStatus(t, c2))
+}
+
+// TestDataPortEvictsIdle: connections that send nothing do not keep an
+// initiator out at the cap.
+func TestDataPortEvictsIdle(t *testing.T) {
+	b := newNode(t, "b", 1<<20, tcp.Config{MaxConns: 2})
+	for range 8 {
+		dialRaw(t, b)
+	}
+	a := newNode(t, "a", 1<<20, tcp.Config{Lanes: 1})
+	c := newCollector()
+	a.tr.Submit(b.peer(), []*transport.Task{c.task(transport.Write, a.buf[:4096], b.addr(0), soon())})
+	require.NoError(t, c.wait(t, 1)[0].err)
+}
