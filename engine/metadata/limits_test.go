@@ -165,3 +165,37 @@ func TestServerIdleFlood(t *testing.T) {
 		require.NoError(t, err, "a legitimate peer behind %d idle connections", hosts*perHost)
 	}
 }
+
+// TestExchangeErrors: a failed exchange says what happened — nothing
+// listens, or the server took the connection and never answered —
+// instead of a bare "context deadline exceeded".
+func TestExchangeErrors(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	err = SendProbe(ctx, dead)
+	require.ErrorIs(t, err, ErrUnreachable)
+	assert.Contains(t, err.Error(), dead)
+
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	silent := netx.Serve(ln, netx.Config{}, func(c *netx.Conn) { io.Copy(io.Discard, c) })
+	defer silent.Close()
+	short, cancel2 := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel2()
+	_, err = FetchDesc(short, silent.Addr().String(), nil)
+	require.ErrorIs(t, err, ErrNoReply)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), "connected, but no Metadata reply before the deadline")
+
+	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	hangup := netx.Serve(ln, netx.Config{}, func(c *netx.Conn) {})
+	defer hangup.Close()
+	err = SendProbe(ctx, hangup.Addr().String())
+	require.ErrorIs(t, err, ErrNoReply)
+	assert.Contains(t, err.Error(), "closed the connection before its Probe reply")
+}
