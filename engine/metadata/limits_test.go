@@ -1,10 +1,13 @@
 package metadata
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -198,4 +201,32 @@ func TestExchangeErrors(t *testing.T) {
 	err = SendProbe(ctx, hangup.Addr().String())
 	require.ErrorIs(t, err, ErrNoReply)
 	assert.Contains(t, err.Error(), "closed the connection before its Probe reply")
+}
+
+// TestReadFrameGrowsAsBytesArrive: a length field claiming MaxFrame bytes
+// and then a trickle does not cost MaxFrame of memory per connection.
+func TestReadFrameGrowsAsBytesArrive(t *testing.T) {
+	in := append(binary.LittleEndian.AppendUint64(nil, DefaultMaxFrame), byte(Probe), '{')
+	const rounds = 100
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range rounds {
+		_, _, err := ReadFrame(bytes.NewReader(in), DefaultMaxFrame)
+		require.ErrorIs(t, err, io.ErrUnexpectedEOF)
+	}
+	runtime.ReadMemStats(&after)
+	per := (after.TotalAlloc - before.TotalAlloc) / rounds
+	assert.Less(t, per, uint64(DefaultMaxFrame/4), "bytes allocated per truncated frame")
+
+	// Whole frames of every size still read back.
+	for _, n := range []int{0, 1, frameChunk - 2, frameChunk - 1, frameChunk, 3*frameChunk + 5, DefaultMaxFrame - 1} {
+		body := bytes.Repeat([]byte{'x'}, n)
+		var w bytes.Buffer
+		require.NoError(t, WriteFrame(&w, Notify, body))
+		typ, got, err := ReadFrame(&w, DefaultMaxFrame)
+		require.NoError(t, err, "%d bytes", n)
+		assert.Equal(t, Notify, typ)
+		assert.Equal(t, body, got, "%d bytes", n)
+	}
 }
