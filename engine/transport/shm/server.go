@@ -49,7 +49,7 @@ func (t *Transport) serve(nc *netx.Conn) {
 	t.conns[sc] = struct{}{}
 	t.mu.Unlock()
 	sc.serve()
-	c.Close()
+	nc.Close()
 	t.mu.Lock()
 	delete(t.conns, sc)
 	t.mu.Unlock()
@@ -188,7 +188,7 @@ func (sc *serverConn) revoke(ctx context.Context, id, addr, length uint64) error
 	case <-ctx.Done():
 		// A peer that does not answer cannot be trusted to stop using the
 		// buffer: cut it off so it at least learns.
-		sc.c.Close()
+		sc.nc.Close()
 		return fmt.Errorf("shm: peer did not confirm unmapping %#x: %w", addr, ctx.Err())
 	}
 }
