@@ -82,6 +82,11 @@ type Config struct {
 	// fetched again when a request names a range the cached copy lacks.
 	SegmentRefresh time.Duration
 
+	// Handshake bounds the P2P handshake server: Timeout,
+	// FirstByteTimeout, MaxConns, MaxConnsPerHost, MaxFrame (zero values
+	// take metadata's defaults). Addr, Handlers and Logger are ignored.
+	Handshake metadata.ServerConfig
+
 	TCP tcp.Config
 	Shm shm.Config
 	CXL cxl.Config
@@ -247,7 +252,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Notifications == NotifyOn {
 		handlers.Notify = e.receiveNotify // off: the server refuses them
 	}
-	e.hs, err = listenHandshake(host, port, cfg.PortRange, handlers, cfg.Logger)
+	hs := cfg.Handshake
+	hs.Handlers, hs.Logger = handlers, cfg.Logger
+	e.hs, err = listenHandshake(host, port, cfg.PortRange, hs)
 	if err != nil {
 		return nil, err
 	}
@@ -377,9 +384,10 @@ func hostID() string {
 	return strings.TrimSpace(string(b))
 }
 
-func listenHandshake(host string, port int, rng [2]int, h metadata.Handlers, log *slog.Logger) (*metadata.Server, error) {
+func listenHandshake(host string, port int, rng [2]int, cfg metadata.ServerConfig) (*metadata.Server, error) {
 	if port != 0 {
-		return metadata.NewServer(metadata.ServerConfig{Addr: net.JoinHostPort(host, strconv.Itoa(port)), Handlers: h, Logger: log})
+		cfg.Addr = net.JoinHostPort(host, strconv.Itoa(port))
+		return metadata.NewServer(cfg)
 	}
 	// Random probing spreads engines started together over the range.
 	n := rng[1] - rng[0] + 1
@@ -387,7 +395,8 @@ func listenHandshake(host string, port int, rng [2]int, h metadata.Handlers, log
 	var lastErr error
 	for i := 0; i < n && i < 512; i++ {
 		p := rng[0] + (first+i*7919)%n
-		s, err := metadata.NewServer(metadata.ServerConfig{Addr: net.JoinHostPort(host, strconv.Itoa(p)), Handlers: h, Logger: log})
+		cfg.Addr = net.JoinHostPort(host, strconv.Itoa(p))
+		s, err := metadata.NewServer(cfg)
 		if err == nil {
 			return s, nil
 		}

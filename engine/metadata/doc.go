@@ -17,9 +17,20 @@
 // reply carries no type byte. Request frames are bounded by MaxFrame
 // (1 MiB by default); a zero, oversize or truncated frame, invalid JSON or
 // an unknown type gets {"status":"error","reply_msg":"..."} and the
-// connection closes. Each exchange is bounded by a timeout (5 s) and the
-// number of concurrent exchanges is capped, so a slow or hostile client
-// cannot block the server.
+// connection closes.
+//
+// The server is bounded so that a slow or hostile client cannot block
+// it: a connection that sends nothing within FirstByteTimeout (1 s) is
+// closed without a reply; each exchange is bounded by Timeout (5 s); live
+// connections are capped per listener (MaxConns, 1024) and per remote IP
+// (MaxConnsPerHost, 256). At a cap the connection idle longest (nothing
+// sent yet, or its reply already sent) is closed first, so idle sockets
+// never make a peer with a request wait; only when every connection is
+// mid-exchange do new peers wait in the accept queue (global cap) or get
+// closed (per-host cap). Accept errors such as EMFILE back off and
+// retry (internal/netx). The client reports ErrUnreachable when it cannot
+// connect and ErrNoReply when the server took the connection but sent no
+// reply (timed out, or closed at its limits).
 //
 // Bodies:
 //

@@ -32,6 +32,12 @@
 // it can no longer write into the buffer. When the control connection
 // drops, the peer unmaps everything of that target.
 //
+// The control socket serves through internal/netx: accept errors such
+// as EMFILE back off and retry; live connections are capped (MaxConns,
+// 1024). Only a connection that has sent nothing yet is closed to make
+// room at the cap: once a peer has spoken it may hold mappings that only
+// its connection can revoke.
+//
 // Trust: a process of the same uid could read the target's memory anyway
 // (ptrace, /proc/pid/mem); the uid check keeps other users out.
 package shm

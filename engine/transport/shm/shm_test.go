@@ -32,6 +32,7 @@ type nodeOpts struct {
 	hostID      string
 	cfg         shm.Config
 	beforeStart func(*shm.Transport)
+	log         *slog.Logger // default: discard
 }
 
 // node is one shm transport with the memory it registered.
@@ -69,7 +70,10 @@ func startNode(tb testing.TB, name string, size int, o nodeOpts) *node {
 	if o.beforeStart != nil {
 		o.beforeStart(n.tr)
 	}
-	if err := n.tr.Start(transport.Env{LocalName: name, Host: "127.0.0.1", HostID: o.hostID, Registry: n.reg, Logger: quiet}); err != nil {
+	if o.log == nil {
+		o.log = quiet
+	}
+	if err := n.tr.Start(transport.Env{LocalName: name, Host: "127.0.0.1", HostID: o.hostID, Registry: n.reg, Logger: o.log}); err != nil {
 		tb.Fatal(err)
 	}
 	if size > 0 {
