@@ -331,7 +331,10 @@ func TestValidate(t *testing.T) {
 		{"overflow by a lot", func(d *SegmentDesc) { d.Buffers[0].Addr = 1 << 63; d.Buffers[0].Length = 1 << 63 }, true},
 		{"ends at the last byte", func(d *SegmentDesc) { d.Buffers[0].Addr = math.MaxUint64 - 10; d.Buffers[0].Length = 10 }, false},
 		{"second buffer bad", func(d *SegmentDesc) { d.Buffers = append(d.Buffers, Buffer{Name: "x", Addr: 1}) }, true},
-		{"rkeys only", func(d *SegmentDesc) { d.Buffers[0].RKey = []uint64{1, 2} }, false},
+		{"rkeys only", func(d *SegmentDesc) {
+			d.Devices = []Device{{Name: "a", GID: "fe80::1"}, {Name: "b", GID: "fe80::2"}}
+			d.Buffers[0].RKey = []uint64{1, 2}
+		}, false},
 		{"rkey/lkey counts differ", func(d *SegmentDesc) { d.Buffers[0].RKey = []uint64{1, 2}; d.Buffers[0].LKey = []uint64{1} }, true},
 	}
 	for _, tc := range cases {

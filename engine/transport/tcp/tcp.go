@@ -122,7 +122,7 @@ func (t *Transport) Describe(d *metadata.SegmentDesc) {
 // Accepts implements transport.Transport: any peer with a data port.
 func (t *Transport) Accepts(p transport.Peer, addr, length uint64) bool {
 	d := p.Desc()
-	return d != nil && d.TCPDataPort > 0
+	return d != nil && d.TCPDataPort > 0 && d.TCPDataPort <= 65535
 }
 
 func (t *Transport) accept() {
