@@ -27,6 +27,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
 	"github.com/crescent-kv/crescent/engine/transport/shm"
 	"github.com/crescent-kv/crescent/engine/transport/tcp"
+	"github.com/crescent-kv/crescent/internal/testsvc/metatest"
 	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
@@ -464,4 +465,34 @@ func TestHostileDescriptorSeeds(t *testing.T) {
 	require.NoError(t, r.opener.e.Submit(id, []engine.Request{{Op: engine.Write, Local: r.opener.buf[:4096], Target: seg, TargetAddr: r.target.addr(8192)}}))
 	require.Equal(t, engine.Completed, wait(t, r.opener.e, id).Status)
 	require.Equal(t, r.opener.buf[:4096], r.target.buf[8192:8192+4096])
+}
+
+// TestHostileDescriptorP2P: a handshake server answers Metadata with a
+// hostile descriptor; opening it fails with the validation error naming
+// the field, and the engine then opens a real peer and moves bytes.
+func TestHostileDescriptorP2P(t *testing.T) {
+	a := newNode(t, 4<<20, engine.Config{Protocols: []string{"tcp"}})
+	b := newNode(t, 4<<20, engine.Config{Protocols: []string{"tcp"}})
+	for _, h := range metatest.HostileDescs("") {
+		t.Run(h.Name, func(t *testing.T) {
+			var srv *metadata.Server
+			srv, err := metadata.NewServer(metadata.ServerConfig{Addr: "127.0.0.1:0", Logger: quietLog, Handlers: metadata.Handlers{
+				Metadata: func() *metadata.SegmentDesc { d := *h.Desc; d.Name = srv.Addr(); return &d },
+			}})
+			require.NoError(t, err)
+			defer srv.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, err = a.e.OpenSegment(ctx, srv.Addr())
+			metatest.CheckRefused(t, err, h.Field)
+		})
+	}
+	seg, err := a.e.OpenSegment(context.Background(), b.e.Name())
+	require.NoError(t, err)
+	fill(a.buf[:1<<20], 9)
+	id, _ := a.e.AllocateBatch(1)
+	defer a.e.FreeBatch(id)
+	require.NoError(t, a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:1<<20], Target: seg, TargetAddr: b.addr(4096)}}))
+	require.Equal(t, engine.Completed, wait(t, a.e, id).Status)
+	require.Equal(t, a.buf[:1<<20], b.buf[4096:4096+1<<20])
 }
