@@ -375,7 +375,9 @@ func TestDescRoundTrip(t *testing.T) {
 
 func FuzzUnmarshalDesc(f *testing.F) {
 	for _, s := range []string{refTCPv2, refTCPv1, refRDMA, refMulti, refCXL, `{"name":"h:1"}`, `null`, `{}`,
-		`{"name":"h:1","protocol":[],"buffers":[{"name":"x","addr":1,"length":1}]}`} {
+		`{"name":"h:1","protocol":[],"buffers":[{"name":"x","addr":1,"length":1}]}`,
+		// first_device+devices overflowed efa's bounds check.
+		`{"name":"h:1","protocol":"tcp","devices":[{"name":"d","gid":"00"}],"crescent":{"version":1,"efa":{"provider":"efa","first_device":9223372036854775807,"devices":1}}}`} {
 		f.Add([]byte(s))
 	}
 	if b, err := goldenDesc().Marshal(); err == nil {

@@ -116,3 +116,20 @@ func TestValidateKeepsReferenceDescriptors(t *testing.T) {
 		require.NoError(t, err, s)
 	}
 }
+
+// TestDecodeBoundsTypes: fields whose JSON type bounds them (lid is a
+// u16, keys and addresses u64) refuse out-of-range numbers at decode.
+func TestDecodeBoundsTypes(t *testing.T) {
+	for _, s := range []string{
+		`{"name":"h:1","protocol":"rdma","devices":[{"name":"m","lid":70000,"gid":"fe80::1"}]}`,
+		`{"name":"h:1","protocol":"rdma","devices":[{"name":"m","lid":-1,"gid":"fe80::1"}]}`,
+		`{"name":"h:1","protocol":"rdma","devices":[{"name":"m","gid":"fe80::1"}],"buffers":[{"name":"x","addr":1,"length":1,"rkey":[-1]}]}`,
+		`{"name":"h:1","crescent":{"version":1,"efa":{"provider":"efa","first_device":9223372036854775808,"devices":1}}}`,
+		`{"name":"h:1","crescent":{"version":1,"efa":{"provider":"efa","first_device":9223372036854775807,"devices":1}}}`,
+		`{"name":"h:1","crescent":{"version":1,"rdma":{"first_device":"0","devices":1}}}`,
+	} {
+		d, err := UnmarshalDesc([]byte(s))
+		require.Nil(t, d, s)
+		require.ErrorIs(t, err, ErrBadDescriptor, s)
+	}
+}
