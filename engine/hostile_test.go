@@ -522,3 +522,60 @@ func TestHostileDescriptorP2P(t *testing.T) {
 	require.Equal(t, engine.Completed, wait(t, a.e, id).Status)
 	require.Equal(t, a.buf[:1<<20], b.buf[4096:4096+1<<20])
 }
+
+// watchScheme is hostileScheme plus a watch that delivers what the test
+// sends on watchFeed.
+const watchScheme = "hostile-watch-test"
+
+var watchFeed = make(chan *metadata.SegmentDesc)
+
+func init() {
+	metadata.Register(watchScheme, func(string, metadata.Options) (metadata.Backend, error) { return watchBackend{}, nil })
+}
+
+type watchBackend struct{ hostileBackend }
+
+func (watchBackend) Watch(ctx context.Context, name string, fn func(*metadata.SegmentDesc)) error {
+	for {
+		select {
+		case d := <-watchFeed:
+			fn(d)
+			watchFeed <- nil // tell the test fn returned
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// TestHostileRefreshAndWatch: once a segment is open, a hostile
+// descriptor from a refresh or a watch is refused and the good one
+// stays in use.
+func TestHostileRefreshAndWatch(t *testing.T) {
+	b := newNode(t, 4<<20, engine.Config{Protocols: []string{"tcp"}})
+	a := newNode(t, 4<<20, engine.Config{Protocols: []string{"tcp"}, MetadataServer: watchScheme + "://"})
+	name := b.e.Name()
+	good := b.e.LocalDesc()
+	hostileDescs.Store(name, good)
+	defer hostileDescs.Delete(name)
+	seg, err := a.e.OpenSegment(context.Background(), name)
+	require.NoError(t, err)
+	defer a.e.CloseSegment(seg)
+
+	h := metatest.HostileDescs(name)[0]
+	hostileDescs.Store(name, h.Desc)
+	var de *metadata.DescError
+	require.ErrorAs(t, a.e.RefreshSegment(context.Background(), seg), &de)
+	require.Equal(t, h.Field, de.Field)
+	watchFeed <- h.Desc
+	<-watchFeed
+	d, err := a.e.SegmentDesc(seg)
+	require.NoError(t, err)
+	require.Same(t, good, d, "a hostile descriptor replaced the good one")
+
+	fill(a.buf[:4096], 11)
+	id, _ := a.e.AllocateBatch(1)
+	defer a.e.FreeBatch(id)
+	require.NoError(t, a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:4096], Target: seg, TargetAddr: b.addr(0)}}))
+	require.Equal(t, engine.Completed, wait(t, a.e, id).Status)
+	require.Equal(t, a.buf[:4096], b.buf[:4096])
+}
