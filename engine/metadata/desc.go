@@ -119,6 +119,12 @@ func bad(field, format string, args ...any) error {
 	return &DescError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
+// badAt is bad for field sub of element i of list ("buffers[3].rkey"),
+// so the name is built only on failure.
+func badAt(list string, i int, sub, format string, args ...any) error {
+	return bad(fmt.Sprintf("%s[%d]%s", list, i, sub), format, args...)
+}
+
 // Bounds of a valid descriptor. Descriptors come from the network (a
 // peer's handshake reply, a store anyone with access can write), and
 // transports index, allocate and dial by their fields.
@@ -194,17 +200,16 @@ func (d *SegmentDesc) validateDevices() error {
 		return bad("devices", "%d devices (max %d)", len(d.Devices), MaxDevices)
 	}
 	for i, dev := range d.Devices {
-		f := fmt.Sprintf("devices[%d]", i)
 		switch {
 		case dev.Name == "":
-			return bad(f+".name", "empty")
+			return badAt("devices", i, ".name", "empty")
 		case len(dev.Name) > MaxFieldLen:
-			return bad(f+".name", "%d bytes", len(dev.Name))
+			return badAt("devices", i, ".name", "%d bytes", len(dev.Name))
 		case strings.ContainsAny(dev.Name, "@\x00"):
 			// "segment@device" is a NIC path in handshakes.
-			return bad(f+".name", "%q holds '@' or NUL", dev.Name)
+			return badAt("devices", i, ".name", "%q holds '@' or NUL", dev.Name)
 		case len(dev.GID) > MaxGIDLen:
-			return bad(f+".gid", "%d bytes", len(dev.GID))
+			return badAt("devices", i, ".gid", "%d bytes", len(dev.GID))
 		}
 	}
 	return nil
@@ -220,25 +225,24 @@ func (d *SegmentDesc) validateBuffers() error {
 	}
 	spans := make([]span, 0, len(d.Buffers))
 	for i, b := range d.Buffers {
-		f := fmt.Sprintf("buffers[%d]", i)
 		switch {
 		case b.Name == "":
-			return bad(f+".name", "empty")
+			return badAt("buffers", i, ".name", "empty")
 		case len(b.Name) > MaxFieldLen:
-			return bad(f+".name", "%d bytes", len(b.Name))
+			return badAt("buffers", i, ".name", "%d bytes", len(b.Name))
 		case b.Length == 0:
-			return bad(f+".length", "zero")
+			return badAt("buffers", i, ".length", "zero")
 		case d.Protocol != "cxl" && b.Addr == 0:
-			return bad(f+".addr", "zero")
+			return badAt("buffers", i, ".addr", "zero")
 		case b.Addr+b.Length < b.Addr:
-			return bad(f+".length", "[%#x,+%#x) wraps the address space", b.Addr, b.Length)
+			return badAt("buffers", i, ".length", "[%#x,+%#x) wraps the address space", b.Addr, b.Length)
 		case b.Offset != nil && *b.Offset+b.Length < *b.Offset:
-			return bad(f+".offset", "[%#x,+%#x) wraps", *b.Offset, b.Length)
+			return badAt("buffers", i, ".offset", "[%#x,+%#x) wraps", *b.Offset, b.Length)
 		case len(b.RKey) > len(d.Devices):
 			// Keys are per device, in device order.
-			return bad(f+".rkey", "%d keys for %d devices", len(b.RKey), len(d.Devices))
+			return badAt("buffers", i, ".rkey", "%d keys for %d devices", len(b.RKey), len(d.Devices))
 		case len(b.LKey) != 0 && len(b.LKey) != len(b.RKey):
-			return bad(f+".lkey", "%d lkeys and %d rkeys", len(b.LKey), len(b.RKey))
+			return badAt("buffers", i, ".lkey", "%d lkeys and %d rkeys", len(b.LKey), len(b.RKey))
 		}
 		spans = append(spans, span{b.Addr, b.Addr + b.Length, i})
 	}
@@ -247,7 +251,10 @@ func (d *SegmentDesc) validateBuffers() error {
 	sort.Slice(spans, func(i, j int) bool { return spans[i].addr < spans[j].addr })
 	for k := 1; k < len(spans); k++ {
 		if p, c := spans[k-1], spans[k]; c.addr < p.end {
-			return bad(fmt.Sprintf("buffers[%d]", max(p.i, c.i)), "[%#x,%#x) overlaps buffers[%d] [%#x,%#x)", c.addr, c.end, p.i, p.addr, p.end)
+			if p.i > c.i {
+				p, c = c, p // name the later one
+			}
+			return badAt("buffers", c.i, "", "[%#x,%#x) overlaps buffers[%d] [%#x,%#x)", c.addr, c.end, p.i, p.addr, p.end)
 		}
 	}
 	return nil
