@@ -54,6 +54,24 @@
 // never strings. A buffer with an empty name, zero address (except CXL) or
 // zero length makes the whole descriptor invalid, as in the reference.
 //
+// # Validation
+//
+// A descriptor comes from the network, so every one that enters (the
+// handshake client, the etcd, Redis and HTTP backends, their watches:
+// all decode with UnmarshalDesc; the engine checks again whatever a
+// registered backend returns) passes SegmentDesc.Validate before any
+// transport sees it. Validate refuses, with a *DescError naming the
+// field ("crescent.efa.first_device", "buffers[3].rkey"): names and
+// counts past the Max* bounds; tcp_data_port outside 0..65535 and a
+// tcp_data_host that is not a host name or address; devices without a
+// name or with '@'; a crescent.rdma or crescent.efa range
+// [first_device, +devices) outside devices (checked without overflow),
+// GIDs in it that are not rdma GIDs (hex, ':' and '.') or hex efa
+// addresses, repeated device names in it; more rkeys than devices or
+// lkeys that do not pair with them; buffers that wrap, overlap, or whose
+// CXL offset+length wraps; an shm_socket longer than a Unix socket path
+// or holding NUL. Transports keep their own overflow-safe checks.
+//
 // # Backends and store keys
 //
 // Open picks a Backend by connection string: "" or P2PHANDSHAKE (built

@@ -139,7 +139,7 @@ func (t *Transport) Describe(d *metadata.SegmentDesc) {
 // Accepts implements transport.Transport: any peer with a data port.
 func (t *Transport) Accepts(p transport.Peer, addr, length uint64) bool {
 	d := p.Desc()
-	return d != nil && d.TCPDataPort > 0
+	return d != nil && d.TCPDataPort > 0 && d.TCPDataPort <= 65535
 }
 
 // tune sets TCP_NODELAY and, when asked, large socket buffers.
