@@ -9,14 +9,15 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // Target is a running bench target: an engine with a registered buffer
 // and a raw TCP stream server for the initiator's baseline.
 type Target struct {
 	s        *side
-	ln       net.Listener
-	wg       sync.WaitGroup
+	loop     *netx.Loop
 	Segment  string // the segment name initiators open
 	Baseline string // host:port of the baseline stream server
 }
@@ -44,53 +45,39 @@ func ServeTarget(c TransferConfig) (*Target, error) {
 		s.close()
 		return nil, err
 	}
-	t := &Target{s: s, ln: ln, Segment: s.e.Name(), Baseline: ln.Addr().String()}
-	t.wg.Add(1)
-	go t.serveBaseline(c.BlockSize)
+	t := &Target{s: s, Segment: s.e.Name(), Baseline: ln.Addr().String()}
+	t.loop = netx.Serve(ln, netx.Config{Name: "bench baseline"}, func(conn *netx.Conn) { t.serveBaseline(conn, c.BlockSize) })
 	return t, nil
 }
 
-// serveBaseline answers baseline streams: a connection starting with 'W'
-// is drained into the buffer, one starting with 'R' is fed from it.
-func (t *Target) serveBaseline(block int) {
-	defer t.wg.Done()
-	for {
-		c, err := t.ln.Accept()
+// serveBaseline answers one baseline stream: a connection starting with
+// 'W' is drained into the buffer, one starting with 'R' is fed from it.
+func (t *Target) serveBaseline(c *netx.Conn, block int) {
+	var cmd [1]byte
+	if _, err := io.ReadFull(c, cmd[:]); err != nil {
+		return
+	}
+	c.Busy()
+	buf := t.s.buf
+	for off := 0; ; off += block {
+		if off+block > len(buf) {
+			off = 0
+		}
+		var err error
+		if cmd[0] == 'W' {
+			_, err = io.ReadFull(c, buf[off:off+block])
+		} else {
+			_, err = c.Write(buf[off : off+block])
+		}
 		if err != nil {
 			return
 		}
-		t.wg.Add(1)
-		go func() {
-			defer t.wg.Done()
-			defer c.Close()
-			c.(*net.TCPConn).SetNoDelay(true)
-			var cmd [1]byte
-			if _, err := io.ReadFull(c, cmd[:]); err != nil {
-				return
-			}
-			buf := t.s.buf
-			for off := 0; ; off += block {
-				if off+block > len(buf) {
-					off = 0
-				}
-				var err error
-				if cmd[0] == 'W' {
-					_, err = io.ReadFull(c, buf[off:off+block])
-				} else {
-					_, err = c.Write(buf[off : off+block])
-				}
-				if err != nil {
-					return
-				}
-			}
-		}()
 	}
 }
 
 // Close stops the target.
 func (t *Target) Close() {
-	t.ln.Close()
-	t.wg.Wait()
+	t.loop.Close()
 	t.s.close()
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // TransferConfig mirrors the reference's transfer_engine_bench flags.
@@ -512,37 +513,33 @@ func loopbackStream(ctx context.Context, src, dst []byte, streams, block int, d 
 	if err != nil {
 		return 0, err
 	}
-	defer ln.Close()
 	var received atomic.Int64
-	var wg sync.WaitGroup
+	var next atomic.Int64
 	deadline := time.Now().Add(d)
-	for i := 0; i < streams; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c, err := ln.Accept()
+	// Each accepted stream drains into its own part of dst.
+	loop := netx.Serve(ln, netx.Config{Name: "bench loopback baseline"}, func(c *netx.Conn) {
+		c.Busy()
+		i := int(next.Add(1)-1) % streams
+		part := dst[(len(dst)/streams)*i : (len(dst)/streams)*(i+1)]
+		for off := 0; ; {
+			if off+block > len(part) {
+				off = 0
+			}
+			n, err := c.Read(part[off : off+block])
+			received.Add(int64(n))
+			off += n
 			if err != nil {
 				return
 			}
-			defer c.Close()
-			c.(*net.TCPConn).SetNoDelay(true)
-			part := dst[(len(dst)/streams)*i : (len(dst)/streams)*(i+1)]
-			for off := 0; ; {
-				if off+block > len(part) {
-					off = 0
-				}
-				n, err := c.Read(part[off : off+block])
-				received.Add(int64(n))
-				off += n
-				if err != nil {
-					return
-				}
-			}
-		}()
-	}
+		}
+	})
+	defer loop.Close()
 	conns := make([]net.Conn, streams)
 	for i := range conns {
 		if conns[i], err = net.Dial("tcp", ln.Addr().String()); err != nil {
+			for _, c := range conns[:i] {
+				c.Close()
+			}
 			return 0, err
 		}
 		conns[i].(*net.TCPConn).SetNoDelay(true)
@@ -570,6 +567,5 @@ func loopbackStream(ctx context.Context, src, dst []byte, streams, block int, d 
 	for _, c := range conns {
 		c.Close()
 	}
-	wg.Wait()
 	return float64(got) / elapsed.Seconds() / 1e9, nil
 }

@@ -73,8 +73,11 @@ type batch struct {
 	doneOpen bool
 	timer    *time.Timer
 	notify   *notifyReq
-	// notifyErr is the outcome of the last notification.
+	// notifyErr is the outcome of the last notification. round counts
+	// armed done channels, so a notification still in flight from an
+	// earlier round cannot write its outcome into a later one.
 	notifyErr error
+	round     uint64
 
 	unresolved atomic.Int64 // requests whose visible status is not final
 	inflight   atomic.Int64 // requests a transport still owns
@@ -135,10 +138,13 @@ func (b *batch) resolveOne() {
 	if nr != nil && b.allCompletedLocked() {
 		// Deliver before waking waiters, so a completed Wait means the
 		// target has the notification.
+		round := b.round
 		started := b.e.bg.Go(func() {
 			err := b.e.sendNotify(nr.seg, nr.msg)
 			b.mu.Lock()
-			b.notifyErr = err
+			if b.round == round {
+				b.notifyErr = err
+			}
 			b.mu.Unlock()
 			close(ch)
 		})
@@ -376,6 +382,7 @@ func (e *Engine) submit(id BatchID, reqs []Request, nr *notifyReq) error {
 		b.done = make(chan struct{})
 		b.doneOpen = true
 		b.notifyErr = nil
+		b.round++
 	}
 	if nr != nil {
 		b.notify = nr

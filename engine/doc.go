@@ -10,8 +10,16 @@
 //     ErrClosed.
 //   - RegisterMemory publishes a buffer in the local segment descriptor;
 //     memory from a mempool.Pool is also shareable with same-host peers.
-//     UnregisterMemory refuses new accesses at once and waits for
-//     transfers touching the buffer (and for same-host peers to unmap it).
+//     UnregisterMemory refuses new accesses at once, publishes the
+//     descriptor without the buffer, and waits for transfers touching it
+//     (and for same-host peers to unmap it). Only nil means the memory
+//     may be reused: ErrUnregisterBusy (transfers outlived ctx) is
+//     retried by calling UnregisterMemory again; ErrQuarantined (a
+//     *QuarantineError: a peer did not confirm it unmapped the buffer)
+//     holds the memory until its Released channel closes, when the
+//     peer's connection is gone. Meanwhile the range cannot be registered
+//     again. When a transport fails RegisterMemory, the transports that
+//     registered the buffer before it undo it, in reverse order.
 //   - OpenSegment resolves a peer by name and returns a handle; requests
 //     address the peer's memory by its virtual addresses, as the
 //     reference engine does. The descriptor is cached and fetched again
@@ -30,7 +38,16 @@
 //     another object.
 //   - SubmitWithNotify attaches a message delivered to a segment (over the
 //     handshake's Notify frame) once the batch completed, before Wait
-//     returns; the receiver drains Notifications.
+//     returns; the receiver drains Notifications. Received notifications
+//     wait in a ring bounded by Config.NotifyBudget bytes (default 16
+//     MiB) and NotifyQueue entries; beyond either the oldest are dropped
+//     (Stats.NotificationsDropped), as are messages over
+//     NotifyMaxMessage (default 64 KiB; the Notify frame itself is
+//     bounded by the handshake's MaxFrame before it is read).
+//     Config.Notifications = NotifyOff refuses them (the sender gets
+//     ErrRejected) and stores nothing. A notification's outcome
+//     (BatchStatus.NotifyErr) belongs to the round of Submits it was
+//     attached to, never a later one.
 //
 // Transports are tried in Config.Protocols order (default shm, cxl, rdma,
 // efa, tcp; one that cannot start here is skipped with one log line); the

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,14 +58,34 @@ type Config struct {
 	// engine if it dies without Close (etcd lease / Redis expiry;
 	// default metadata.DefaultTTL; not possible over HTTP).
 	MetadataTTL time.Duration
-	// NotifyQueue bounds received notifications kept until drained
-	// (default 65536; the oldest are dropped beyond it).
+	// Notifications is NotifyOn (the default, also "") to queue received
+	// notifications for Notifications, or NotifyOff to refuse them: the
+	// sender's notify fails and nothing is stored. Engines that never
+	// drain Notifications (store clients) turn them off.
+	Notifications NotifyMode
+	// NotifyBudget bounds the bytes of queued notifications (sender name,
+	// message and a fixed per-entry overhead; default 16 MiB). Beyond it
+	// the oldest are dropped (Stats.NotificationsDropped).
+	NotifyBudget int
+	// NotifyMaxMessage bounds one notification (name + message; default
+	// 64 KiB or NotifyBudget if smaller; more than NotifyBudget is an
+	// error): bigger ones are dropped. The
+	// handshake frame bound (metadata.DefaultMaxFrame, 1 MiB) is checked
+	// before a frame is allocated.
+	NotifyMaxMessage int
+	// NotifyQueue bounds the number of queued notifications (default
+	// 65536; the oldest are dropped beyond it).
 	NotifyQueue int
 	// SegmentRefresh, when positive, fetches the descriptors of opened
 	// segments again at this interval, so buffers a peer withdrew stop
 	// being offered before a request hits them. Descriptors are always
 	// fetched again when a request names a range the cached copy lacks.
 	SegmentRefresh time.Duration
+
+	// Handshake bounds the P2P handshake server: Timeout,
+	// FirstByteTimeout, MaxConns, MaxConnsPerHost, MaxFrame (zero values
+	// take metadata's defaults). Addr, Handlers and Logger are ignored.
+	Handshake metadata.ServerConfig
 
 	TCP tcp.Config
 	Shm shm.Config
@@ -101,11 +120,36 @@ func (c *Config) setDefaults() error {
 	if c.NotifyQueue <= 0 {
 		c.NotifyQueue = 65536
 	}
+	switch c.Notifications {
+	case "":
+		c.Notifications = NotifyOn
+	case NotifyOn, NotifyOff:
+	default:
+		return fmt.Errorf("%w: notifications %q (want %q or %q)", ErrInvalidConfig, c.Notifications, NotifyOn, NotifyOff)
+	}
+	if c.NotifyBudget <= 0 {
+		c.NotifyBudget = 16 << 20
+	}
+	if c.NotifyMaxMessage <= 0 {
+		c.NotifyMaxMessage = min(64<<10, c.NotifyBudget)
+	}
+	if c.NotifyMaxMessage > c.NotifyBudget {
+		return fmt.Errorf("%w: notify max message %d > notify budget %d", ErrInvalidConfig, c.NotifyMaxMessage, c.NotifyBudget)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return nil
 }
+
+// NotifyMode says whether an engine accepts notifications.
+type NotifyMode string
+
+// Notification modes.
+const (
+	NotifyOn  NotifyMode = "on"
+	NotifyOff NotifyMode = "off"
+)
 
 // Notification is a message another engine attached to a batch that wrote
 // to or read from this one.
@@ -134,9 +178,13 @@ type Engine struct {
 	descVersion uint64
 	desc        *metadata.SegmentDesc
 
-	notifyMu      sync.Mutex
-	notifies      []Notification
-	notifyDropped uint64
+	notifyMu sync.Mutex
+	notifies notifyRing
+
+	// quarantine holds buffers a peer did not confirm it unmapped, by
+	// address, until that peer's connection is gone.
+	quarMu     sync.Mutex
+	quarantine map[uint64]*QuarantineError
 
 	stats  counters
 	ready  atomic.Bool
@@ -188,6 +236,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger, reg: transport.NewRegistry(), hostID: hostID()}
 	e.segs.byName = make(map[string]*segment)
+	e.quarantine = make(map[uint64]*QuarantineError)
 	e.watchCtx, e.stopWatch = context.WithCancel(context.Background())
 
 	// The handshake server answers descriptor requests, notifications and
@@ -199,9 +248,13 @@ func New(cfg Config) (*Engine, error) {
 			}
 			return e.LocalDesc()
 		},
-		Notify: e.receiveNotify,
 	}
-	e.hs, err = listenHandshake(host, port, cfg.PortRange, handlers, cfg.Logger)
+	if cfg.Notifications == NotifyOn {
+		handlers.Notify = e.receiveNotify // off: the server refuses them
+	}
+	hs := cfg.Handshake
+	hs.Handlers, hs.Logger = handlers, cfg.Logger
+	e.hs, err = listenHandshake(host, port, cfg.PortRange, hs)
 	if err != nil {
 		return nil, err
 	}
@@ -224,6 +277,9 @@ func New(cfg Config) (*Engine, error) {
 		if err != nil {
 			e.closeStarted()
 			return nil, err
+		}
+		if wrapTransport != nil {
+			t = wrapTransport(t)
 		}
 		if err := t.Start(env); err != nil {
 			lvl := slog.LevelWarn
@@ -250,6 +306,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	return e, nil
 }
+
+// wrapTransport, set by tests only, wraps each transport New starts.
+var wrapTransport func(transport.Transport) transport.Transport
 
 func newTransport(name string, cfg *Config) (transport.Transport, error) {
 	switch name {
@@ -325,9 +384,10 @@ func hostID() string {
 	return strings.TrimSpace(string(b))
 }
 
-func listenHandshake(host string, port int, rng [2]int, h metadata.Handlers, log *slog.Logger) (*metadata.Server, error) {
+func listenHandshake(host string, port int, rng [2]int, cfg metadata.ServerConfig) (*metadata.Server, error) {
 	if port != 0 {
-		return metadata.NewServer(metadata.ServerConfig{Addr: net.JoinHostPort(host, strconv.Itoa(port)), Handlers: h, Logger: log})
+		cfg.Addr = net.JoinHostPort(host, strconv.Itoa(port))
+		return metadata.NewServer(cfg)
 	}
 	// Random probing spreads engines started together over the range.
 	n := rng[1] - rng[0] + 1
@@ -335,7 +395,8 @@ func listenHandshake(host string, port int, rng [2]int, h metadata.Handlers, log
 	var lastErr error
 	for i := 0; i < n && i < 512; i++ {
 		p := rng[0] + (first+i*7919)%n
-		s, err := metadata.NewServer(metadata.ServerConfig{Addr: net.JoinHostPort(host, strconv.Itoa(p)), Handlers: h, Logger: log})
+		cfg.Addr = net.JoinHostPort(host, strconv.Itoa(p))
+		s, err := metadata.NewServer(cfg)
 		if err == nil {
 			return s, nil
 		}
@@ -411,11 +472,10 @@ func (e *Engine) RegisterMemory(mem []byte, location string) error {
 		}
 		return err
 	}
-	for _, t := range e.transports {
+	for k, t := range e.transports {
 		if rt, ok := t.(transport.Registerer); ok {
 			if err := rt.AfterRegister(r); err != nil {
-				e.reg.Remove(context.Background(), r.Addr)
-				e.dropDesc()
+				e.undoRegister(r, e.transports[:k])
 				return fmt.Errorf("engine: register with %s: %w", t.Name(), err)
 			}
 		}
@@ -433,31 +493,138 @@ func (e *Engine) dropDesc() {
 	e.descMu.Unlock()
 }
 
-// UnregisterMemory withdraws mem (the slice given to RegisterMemory). New
-// requests touching it are refused at once; it waits until ctx ends for
-// transfers still touching it, and until same-host peers unmapped it.
-func (e *Engine) UnregisterMemory(ctx context.Context, mem []byte) error {
-	addr := transport.AddrOf(mem)
-	if _, ok := e.reg.Find(addr, uint64(len(mem))); !ok {
-		return fmt.Errorf("%w: [%#x,+%d)", ErrNotRegistered, addr, len(mem))
-	}
-	for _, t := range e.transports {
-		if u, ok := t.(transport.Unregisterer); ok {
-			if err := u.BeforeUnregister(ctx, addr, uint64(len(mem))); err != nil {
-				e.log.Warn("peer did not confirm unmapping", "protocol", t.Name(), "err", err)
+// undoRegister withdraws r from the transports that registered it (in
+// reverse order) and from the registry, after a later transport failed.
+func (e *Engine) undoRegister(r *transport.Region, done []transport.Transport) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.MetadataTimeout)
+	defer cancel()
+	for i := len(done) - 1; i >= 0; i-- {
+		if u, ok := done[i].(transport.Unregisterer); ok {
+			if err := u.BeforeUnregister(ctx, r.Addr, r.Len()); err != nil {
+				e.log.Warn("undo registration", "protocol", done[i].Name(), "err", err)
 			}
 		}
 	}
-	if _, err := e.reg.Remove(ctx, addr); err != nil {
-		if errors.Is(err, transport.ErrNotRegistered) {
-			return fmt.Errorf("%w: %w", ErrNotRegistered, err)
+	e.reg.Remove(ctx, r.Addr)
+	e.dropDesc()
+	if err := e.publish(); err != nil {
+		e.log.Warn("publish after undoing a registration", "err", err)
+	}
+}
+
+// UnregisterMemory withdraws mem (the slice given to RegisterMemory). New
+// requests touching it are refused at once and the descriptor is
+// published without it; it waits until ctx ends for transfers still
+// touching it, and until same-host peers unmapped it.
+//
+// nil means the memory may be freed or reused. ErrUnregisterBusy means
+// transfers still ran when ctx ended: call UnregisterMemory again (it
+// waits again) before reusing the memory. A *QuarantineError
+// (ErrQuarantined) means a peer did not confirm it stopped using the
+// memory: it must not be freed or reused until the error's Released
+// channel closes (the peer's connection is gone); a later
+// UnregisterMemory then returns nil.
+func (e *Engine) UnregisterMemory(ctx context.Context, mem []byte) error {
+	addr := transport.AddrOf(mem)
+	e.quarMu.Lock()
+	if q := e.quarantine[addr]; q != nil {
+		select {
+		case <-q.Released:
+			delete(e.quarantine, addr)
+		default:
+			e.quarMu.Unlock()
+			return q
 		}
-		if errors.Is(err, transport.ErrBufferBusy) {
-			return fmt.Errorf("%w: %w", ErrUnregisterBusy, err)
+	}
+	e.quarMu.Unlock()
+	r, draining := e.reg.Lookup(addr)
+	if r == nil {
+		return fmt.Errorf("%w: [%#x,+%d)", ErrNotRegistered, addr, len(mem))
+	}
+	if !draining { // a retry skips what the first call did
+		var unconfirmed []<-chan struct{}
+		var causes []error
+		for _, t := range e.transports {
+			u, ok := t.(transport.Unregisterer)
+			if !ok {
+				continue
+			}
+			err := u.BeforeUnregister(ctx, addr, r.Len())
+			var ue *transport.UnconfirmedError
+			switch {
+			case errors.As(err, &ue):
+				unconfirmed = append(unconfirmed, ue.Released...)
+				causes = append(causes, err)
+			case err != nil:
+				// The transport withdrew the memory anyway (rdma
+				// deregisters its MRs): nothing can reach it through it.
+				e.log.Warn("unregister", "protocol", t.Name(), "err", err)
+			}
 		}
+		if len(unconfirmed) > 0 {
+			return e.quarantineRegion(r, unconfirmed, errors.Join(causes...))
+		}
+	}
+	_, err := e.reg.Remove(ctx, addr)
+	// Busy or not, the buffer has left the table: peers must learn it.
+	perr := e.publish()
+	switch {
+	case errors.Is(err, transport.ErrNotRegistered):
+		return fmt.Errorf("%w: %w", ErrNotRegistered, err)
+	case errors.Is(err, transport.ErrBufferBusy):
+		return fmt.Errorf("%w: %w", ErrUnregisterBusy, err)
+	case err != nil:
 		return err
 	}
-	return e.publish()
+	return perr
+}
+
+// quarantineRegion hides r from new requests and keeps it pinned until
+// every unconfirmed peer can no longer reach it (or the engine closes).
+func (e *Engine) quarantineRegion(r *transport.Region, released []<-chan struct{}, cause error) error {
+	hold, herr := e.reg.Acquire(r.Addr, r.Len())
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	e.reg.Remove(ended, r.Addr) // busy while held: the region drains
+	q := &QuarantineError{Addr: r.Addr, Len: r.Len(), Err: cause, Released: r.Idle()}
+	e.quarMu.Lock()
+	e.quarantine[r.Addr] = q
+	e.quarMu.Unlock()
+	e.log.Warn("buffer quarantined: a peer did not confirm unmapping it", "addr", r.Addr, "len", r.Len(), "err", cause)
+	if herr == nil {
+		unpin := func() {
+			for _, ch := range released {
+				select {
+				case <-ch:
+				case <-e.watchCtx.Done():
+				}
+			}
+			hold.Release()
+		}
+		if !e.bg.Go(unpin) {
+			hold.Release() // closing: the transports cut their peers off
+		}
+	}
+	if err := e.publish(); err != nil {
+		e.log.Warn("publish after quarantining a buffer", "err", err)
+	}
+	return q
+}
+
+// Quarantined returns the buffers UnregisterMemory left quarantined
+// whose peers can still reach them.
+func (e *Engine) Quarantined() []*QuarantineError {
+	e.quarMu.Lock()
+	defer e.quarMu.Unlock()
+	var out []*QuarantineError
+	for _, q := range e.quarantine {
+		select {
+		case <-q.Released:
+		default:
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 // LocalDesc returns the descriptor peers see, rebuilt when registrations
@@ -495,22 +662,69 @@ func (e *Engine) publish() error {
 	return nil
 }
 
+// notifyOverhead is what one queued notification costs besides its
+// strings (the entry and the two string headers, rounded up).
+const notifyOverhead = 64
+
 func (e *Engine) receiveNotify(from, msg string) {
+	size := len(from) + len(msg) + notifyOverhead
 	e.notifyMu.Lock()
 	defer e.notifyMu.Unlock()
-	if len(e.notifies) >= e.cfg.NotifyQueue {
-		e.notifies = slices.Delete(e.notifies, 0, 1)
-		e.notifyDropped++
+	if len(from)+len(msg) > e.cfg.NotifyMaxMessage || size > e.cfg.NotifyBudget {
+		e.notifies.dropped++
+		return
 	}
-	e.notifies = append(e.notifies, Notification{From: from, Msg: msg})
+	e.notifies.push(Notification{From: from, Msg: msg}, size, e.cfg.NotifyBudget, e.cfg.NotifyQueue)
 }
 
 // Notifications drains the notifications received so far, oldest first.
 func (e *Engine) Notifications() []Notification {
 	e.notifyMu.Lock()
 	defer e.notifyMu.Unlock()
-	out := e.notifies
-	e.notifies = nil
+	return e.notifies.drain()
+}
+
+// notifyRing is a FIFO of notifications bounded in bytes and count: a
+// push beyond either bound drops the oldest, in O(1) each.
+type notifyRing struct {
+	buf     []Notification
+	head, n int
+	bytes   int // accounted size of the queued entries
+	dropped uint64
+}
+
+func entrySize(x *Notification) int { return len(x.From) + len(x.Msg) + notifyOverhead }
+
+func (r *notifyRing) push(x Notification, size, maxBytes, maxCount int) {
+	for r.n > 0 && (r.bytes+size > maxBytes || r.n >= maxCount) {
+		old := &r.buf[r.head]
+		r.bytes -= entrySize(old)
+		*old = Notification{}
+		r.head = (r.head + 1) % len(r.buf)
+		r.n--
+		r.dropped++
+	}
+	if r.n == len(r.buf) {
+		grown := make([]Notification, min(max(16, 2*len(r.buf)), maxCount))
+		for i := 0; i < r.n; i++ {
+			grown[i] = r.buf[(r.head+i)%len(r.buf)]
+		}
+		r.buf, r.head = grown, 0
+	}
+	r.buf[(r.head+r.n)%len(r.buf)] = x
+	r.n++
+	r.bytes += size
+}
+
+func (r *notifyRing) drain() []Notification {
+	if r.n == 0 {
+		return nil
+	}
+	out := make([]Notification, r.n)
+	for i := range out {
+		out[i] = r.buf[(r.head+i)%len(r.buf)]
+	}
+	r.buf, r.head, r.n, r.bytes = nil, 0, 0, 0
 	return out
 }
 

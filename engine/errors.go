@@ -25,7 +25,27 @@ var (
 	ErrNoTransport       = errors.New("engine: no transport can reach the target")
 	ErrInvalidConfig     = errors.New("engine: invalid configuration")
 	ErrUnregisterBusy    = errors.New("engine: buffer still in use by transfers")
+	ErrQuarantined       = errors.New("engine: buffer quarantined: a peer did not confirm it stopped using it")
 )
+
+// QuarantineError is UnregisterMemory's answer when a peer did not
+// confirm it stopped using a buffer: the buffer is hidden from new
+// requests, and its memory must not be freed or reused until Released
+// closes (the peer's connection is gone and no transfer touches it).
+type QuarantineError struct {
+	Addr, Len uint64
+	Err       error // what the transports reported
+	Released  <-chan struct{}
+}
+
+func (e *QuarantineError) Error() string {
+	return fmt.Sprintf("%v: [%#x,+%d): %v", ErrQuarantined, e.Addr, e.Len, e.Err)
+}
+
+// Is makes errors.Is(err, ErrQuarantined) true.
+func (e *QuarantineError) Is(target error) bool { return target == ErrQuarantined }
+
+func (e *QuarantineError) Unwrap() error { return e.Err }
 
 // RequestError says which request of a Submit call was refused.
 type RequestError struct {

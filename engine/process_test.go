@@ -3,7 +3,6 @@ package engine_test
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -13,8 +12,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
@@ -48,13 +50,52 @@ func runChild() {
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
 		var off, n int
+		var seg string
+		var addr uint64
 		if _, err := fmt.Sscanf(sc.Text(), "sum %d %d", &off, &n); err == nil {
 			fmt.Printf("%d\n", crc32.ChecksumIEEE(buf[off:off+n]))
+		} else if _, err := fmt.Sscanf(sc.Text(), "write %s %d %d", &seg, &addr, &n); err == nil {
+			fmt.Println(childWrite(e, buf[:n], seg, addr))
 		}
 	}
 	e.Close()
 	p.Close()
 	os.Exit(0)
+}
+
+// childWrite writes local to addr of segment seg; over shm this maps
+// the segment's buffer into the child.
+func childWrite(e *engine.Engine, local []byte, seg string, addr uint64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	id, err := e.OpenSegment(ctx, seg)
+	if err != nil {
+		return "ERR " + err.Error()
+	}
+	b, _ := e.AllocateBatch(1)
+	defer e.FreeBatch(b)
+	if err := e.Submit(b, []engine.Request{{Op: engine.Write, Local: local, Target: id, TargetAddr: addr}}); err != nil {
+		return "ERR " + err.Error()
+	}
+	if _, err := e.Wait(ctx, b); err != nil {
+		return "ERR " + err.Error()
+	}
+	return "ok"
+}
+
+// stop sends SIGSTOP and waits until the kernel reports the child
+// stopped (signals are delivered asynchronously).
+func (c *child) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, c.cmd.Process.Signal(syscall.SIGSTOP))
+	path := fmt.Sprintf("/proc/%d/stat", c.cmd.Process.Pid)
+	eventually(t, 10*time.Second, func() bool {
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		// "pid (comm) S ...": the state follows the last ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		return i > 0 && i+2 < len(b) && b[i+2] == 'T'
+	})
 }
 
 type child struct {
@@ -151,16 +192,16 @@ func TestTwoProcesses(t *testing.T) {
 	}
 }
 
-// TestPeerKilledMidBatch kills the target while a large batch runs: every
+// TestPeerKilledMidBatch kills the target while a batch runs: every
 // request must end (none stays PENDING), well before the transfer
-// timeout, and later submissions must fail cleanly.
+// timeout, and later submissions must fail cleanly. The first half of
+// the batch completes; the target is then stopped (SIGSTOP), so the
+// second half cannot finish before the SIGKILL lands.
 func TestPeerKilledMidBatch(t *testing.T) {
 	c := startChild(t, "tcp")
 	a := newNode(t, 64<<20, engine.Config{Protocols: []string{"tcp"}, TransferTimeout: 60 * time.Second})
 	seg, err := a.e.OpenSegment(context.Background(), c.name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer a.e.CloseSegment(seg)
 	const n, block = 2048, 32 << 10
 	id, _ := a.e.AllocateBatch(n)
@@ -169,31 +210,20 @@ func TestPeerKilledMidBatch(t *testing.T) {
 		off := (i * block) % (64<<20 - block)
 		reqs[i] = engine.Request{Op: engine.Write, Local: a.buf[off : off+block], Target: seg, TargetAddr: c.base + uint64(off)}
 	}
-	start := time.Now()
-	if err := a.e.Submit(id, reqs); err != nil {
-		t.Fatal(err)
-	}
-	// Kill as soon as something has landed, so the batch is mid-way.
-	eventually(t, 20*time.Second, func() bool {
-		st, _ := a.e.BatchStatus(id)
-		return st.Completed > 0 || st.Pending == 0
-	})
-	c.cmd.Process.Kill()
+	require.NoError(t, a.e.Submit(id, reqs[:n/2]))
+	wait(t, a.e, id)
+	c.stop(t)
+	require.NoError(t, a.e.Submit(id, reqs[n/2:]))
+	require.NoError(t, c.cmd.Process.Kill())
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	st, err := a.e.Wait(ctx, id)
-	if ctx.Err() != nil {
-		t.Fatalf("batch still pending 30s after the peer died: %+v", st)
-	}
-	if st.Pending != 0 || st.Completed+st.Failed+st.TimedOut != n {
-		t.Fatalf("unfinished requests: %+v", st)
-	}
-	if st.Failed == 0 {
-		t.Skipf("the whole batch finished before the kill landed (%v)", time.Since(start))
-	}
-	if err == nil || !errors.Is(st.Err, transport.ErrPeerGone) {
-		t.Fatalf("want a peer-gone error, got %v / %v", err, st.Err)
-	}
+	require.NoError(t, ctx.Err(), "batch still pending 30s after the peer died: %+v", st)
+	require.Zero(t, st.Pending, "unfinished requests: %+v", st)
+	require.Equal(t, n/2, st.Completed, "%+v", st)
+	require.Equal(t, n/2, st.Failed, "%+v", st)
+	require.Error(t, err)
+	require.ErrorIs(t, st.Err, transport.ErrPeerGone)
 	eventually(t, 10*time.Second, func() bool { return a.e.FreeBatch(id) == nil })
 
 	// Later requests fail fast rather than hang.
@@ -257,4 +287,46 @@ func newStallingTarget(t *testing.T) *stallingTarget {
 		s.mu.Unlock()
 	})
 	return s
+}
+
+// TestQuarantineStoppedPeer: a same-host peer maps our buffer and is
+// stopped (SIGSTOP), so it cannot confirm the revoke. Unregistering must
+// not report the memory free: it stays quarantined (hidden, not
+// registrable again) until the peer is killed, then it is released.
+func TestQuarantineStoppedPeer(t *testing.T) {
+	c := startChild(t, "shm")
+	cfg := engine.Config{Protocols: []string{"shm"}}
+	cfg.Shm.RevokeTimeout = 300 * time.Millisecond
+	a := newNode(t, 4<<20, cfg)
+	fmt.Fprintf(c.in, "write %s %d %d\n", a.e.Name(), a.addr(0), 4096)
+	line, err := c.out.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "ok", strings.TrimSpace(line), "the child mapped and wrote our buffer")
+	c.stop(t)
+
+	err = a.e.UnregisterMemory(context.Background(), a.buf)
+	require.ErrorIs(t, err, engine.ErrQuarantined, "an unconfirmed revoke reported as success")
+	var q *engine.QuarantineError
+	require.ErrorAs(t, err, &q)
+	select {
+	case <-q.Released:
+		t.Fatal("released while the stopped peer still maps the buffer")
+	default:
+	}
+	require.Len(t, a.e.Quarantined(), 1)
+	require.ErrorIs(t, a.e.UnregisterMemory(context.Background(), a.buf), engine.ErrQuarantined, "a retry while quarantined")
+	require.ErrorIs(t, a.e.RegisterMemory(a.buf, "cpu:0"), engine.ErrAlreadyRegistered, "quarantined memory registered again")
+	for _, b := range a.e.LocalDesc().Buffers {
+		require.NotEqual(t, a.addr(0), b.Addr, "quarantined buffer still published")
+	}
+
+	require.NoError(t, c.cmd.Process.Kill())
+	select {
+	case <-q.Released:
+	case <-time.After(20 * time.Second):
+		t.Fatal("not released after the peer died")
+	}
+	require.NoError(t, a.e.UnregisterMemory(context.Background(), a.buf))
+	require.Empty(t, a.e.Quarantined())
+	require.NoError(t, a.e.RegisterMemory(a.buf, "cpu:0"), "released memory can be registered again")
 }

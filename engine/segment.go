@@ -68,7 +68,7 @@ func (s *segment) Refresh(ctx context.Context) (*metadata.SegmentDesc, error) {
 	if s.lastRefresh.After(asked) {
 		return s.desc.Load(), s.lastErr
 	}
-	d, err := s.e.backend.Get(ctx, s.name)
+	d, err := admit(s.e.backend.Get(ctx, s.name))
 	s.lastRefresh, s.lastErr = time.Now(), err
 	if err != nil {
 		return s.desc.Load(), err
@@ -86,6 +86,12 @@ func (s *segment) watched(d *metadata.SegmentDesc) {
 	if s.closed.Load() {
 		return
 	}
+	if d != nil {
+		if err := d.Validate(); err != nil {
+			s.e.log.Warn("segment descriptor from the watch is invalid; ignored", "segment", s.name, "err", err)
+			return
+		}
+	}
 	if d == nil {
 		s.setDesc(&metadata.SegmentDesc{Name: s.name})
 		s.lastErr = fmt.Errorf("%w: %q was withdrawn", ErrSegmentNotFound, s.name)
@@ -96,6 +102,22 @@ func (s *segment) watched(d *metadata.SegmentDesc) {
 		s.e.log.Debug("segment descriptor changed (watch)", "segment", s.name, "buffers", len(d.Buffers))
 	}
 	s.lastRefresh = time.Now()
+}
+
+// admit checks what a backend returned before any transport sees it:
+// the built-in backends decode with metadata.UnmarshalDesc, which
+// validates, but a registered backend may return any descriptor.
+func admit(d *metadata.SegmentDesc, err error) (*metadata.SegmentDesc, error) {
+	if err != nil {
+		return nil, err
+	}
+	if d == nil {
+		return nil, fmt.Errorf("%w: backend returned none", metadata.ErrBadDescriptor)
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // watchSegment follows s's descriptor when the backend can report
@@ -138,7 +160,7 @@ func (e *Engine) OpenSegment(ctx context.Context, name string) (SegmentID, error
 	}
 	e.segs.mu.Unlock()
 
-	d, err := e.backend.Get(ctx, name)
+	d, err := admit(e.backend.Get(ctx, name))
 	if err != nil {
 		return 0, fmt.Errorf("%w: %q: %w", ErrSegmentNotFound, name, err)
 	}

@@ -6,7 +6,11 @@ import "sync/atomic"
 type Stats struct {
 	Completed, Failed, TimedOut, Canceled uint64
 	BytesTransferred                      uint64
-	NotificationsDropped                  uint64
+	// NotificationsDropped counts notifications dropped (oldest first
+	// beyond the budget, or larger than NotifyMaxMessage);
+	// NotificationBytes is what the queued ones account for now.
+	NotificationsDropped uint64
+	NotificationBytes    uint64
 }
 
 type counters struct {
@@ -30,7 +34,7 @@ func (c *counters) record(s Status, n int) {
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats {
 	e.notifyMu.Lock()
-	dropped := e.notifyDropped
+	dropped, held := e.notifies.dropped, e.notifies.bytes
 	e.notifyMu.Unlock()
 	return Stats{
 		Completed:            e.stats.completed.Load(),
@@ -39,5 +43,6 @@ func (e *Engine) Stats() Stats {
 		Canceled:             e.stats.canceled.Load(),
 		BytesTransferred:     e.stats.bytes.Load(),
 		NotificationsDropped: dropped,
+		NotificationBytes:    uint64(held),
 	}
 }

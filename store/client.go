@@ -134,7 +134,7 @@ type Client struct {
 	segIDs map[string]engine.SegmentID
 
 	// Concurrent single-key calls share batch RPCs (coalesce.go).
-	putStarts *coalescer[putStartQ, []*storepb.ReplicaDescriptor]
+	putStarts *coalescer[putStartQ, putStarted]
 	putEnds   *coalescer[putEndQ, struct{}]
 	gets      *coalescer[string, getResult]
 	commits   *coalescer[commitQ, struct{}]
@@ -246,7 +246,7 @@ func (c *Client) startMemory() error {
 	} else {
 		c.eng, err = engine.New(engine.Config{
 			LocalServerName: c.cfg.LocalHostname, MetadataServer: c.cfg.MetadataServer,
-			Protocols: c.cfg.Protocols, Logger: c.cfg.Logger,
+			Protocols: c.cfg.Protocols, Logger: c.cfg.Logger, Notifications: engine.NotifyOff,
 		})
 		if err != nil {
 			return fmt.Errorf("store: start engine: %w", err)

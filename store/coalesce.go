@@ -121,8 +121,16 @@ type putStartQ struct {
 	rc   *storepb.ReplicateConfig
 }
 
+// putStarted is one PutStart's answer: where to write, and the put's
+// generation, sent back with PutEnd/PutRevoke.
+type putStarted struct {
+	replicas []*storepb.ReplicaDescriptor
+	gen      uint64
+}
+
 type putEndQ struct {
 	key   string
+	gen   uint64
 	block *storepb.BlockMetadata
 }
 
@@ -137,7 +145,7 @@ type getResult struct {
 func (c *Client) startCoalescers() {
 	c.putStarts = newCoalescer(maxCoalesce,
 		func(a, b putStartQ) bool { return proto.Equal(a.rc, b.rc) },
-		func(ctx context.Context, qs []putStartQ) ([][]*storepb.ReplicaDescriptor, []error) {
+		func(ctx context.Context, qs []putStartQ) ([]putStarted, []error) {
 			keys, sizes := make([]string, len(qs)), make([]uint64, len(qs))
 			for i, q := range qs {
 				keys[i], sizes[i] = q.key, q.size
@@ -147,15 +155,15 @@ func (c *Client) startCoalescers() {
 	c.putEnds = newCoalescer(maxCoalesce,
 		func(a, b putEndQ) bool { return (a.block == nil) == (b.block == nil) },
 		func(ctx context.Context, qs []putEndQ) ([]struct{}, []error) {
-			keys := make([]string, len(qs))
+			keys, gens := make([]string, len(qs)), make([]uint64, len(qs))
 			var blocks []*storepb.BlockMetadata
 			for i, q := range qs {
-				keys[i] = q.key
+				keys[i], gens[i] = q.key, q.gen
 				if q.block != nil {
 					blocks = append(blocks, q.block)
 				}
 			}
-			return make([]struct{}, len(qs)), c.rpcPutEnd(ctx, keys, blocks)
+			return make([]struct{}, len(qs)), c.rpcPutEnd(ctx, keys, gens, blocks)
 		})
 	c.gets = newCoalescer(maxCoalesce,
 		func(a, b string) bool { return true },
@@ -170,8 +178,8 @@ func (c *Client) startCoalescers() {
 // every key.
 
 // rpcPutStart reserves space for keys (all with config rc).
-func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64, rc *storepb.ReplicateConfig) ([][]*storepb.ReplicaDescriptor, []error) {
-	rs, errs := make([][]*storepb.ReplicaDescriptor, len(keys)), make([]error, len(keys))
+func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64, rc *storepb.ReplicateConfig) ([]putStarted, []error) {
+	rs, errs := make([]putStarted, len(keys)), make([]error, len(keys))
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
 	if len(keys) == 1 {
@@ -179,7 +187,7 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 		if err != nil {
 			errs[0] = errcode.FromStatus(err)
 		} else {
-			rs[0] = resp.Replicas
+			rs[0] = putStarted{resp.Replicas, resp.Generation}
 		}
 		return rs, errs
 	}
@@ -190,14 +198,15 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 	}
 	for i, r := range resp.Results {
 		if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
-			rs[i] = r.Replicas
+			rs[i] = putStarted{r.Replicas, r.Generation}
 		}
 	}
 	return rs, errs
 }
 
-// rpcPutEnd commits keys; blocks is empty or one per key.
-func (c *Client) rpcPutEnd(ctx context.Context, keys []string, blocks []*storepb.BlockMetadata) []error {
+// rpcPutEnd commits keys, the puts numbered gens; blocks is empty or one
+// per key.
+func (c *Client) rpcPutEnd(ctx context.Context, keys []string, gens []uint64, blocks []*storepb.BlockMetadata) []error {
 	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
 	errs := make([]error, len(keys))
 	rctx, cancel := c.rpcCtx(ctx)
@@ -207,12 +216,12 @@ func (c *Client) rpcPutEnd(ctx context.Context, keys []string, blocks []*storepb
 		if len(blocks) == 1 {
 			block = blocks[0]
 		}
-		if _, err := c.master.PutEnd(rctx, &storepb.PutEndRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Block: block}); err != nil {
+		if _, err := c.master.PutEnd(rctx, &storepb.PutEndRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Block: block, Generation: gens[0]}); err != nil {
 			errs[0] = errcode.FromStatus(err)
 		}
 		return errs
 	}
-	resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem, Blocks: blocks})
+	resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem, Blocks: blocks, Generations: gens})
 	if err = batchErr(err, "BatchPutEnd", len(resp.GetResults()), len(keys)); err != nil {
 		fill(errs, err)
 		return errs

@@ -25,7 +25,10 @@
 //     engine WRITE otherwise (straight from the caller's memory when it is
 //     registered, through a staging buffer when it is not); then PutEnd.
 //     Any failure after PutStart ends in PutRevoke, so a half-written
-//     object is never visible. Batch forms answer per item. A put whose
+//     object is never visible. PutEnd and PutRevoke carry the generation
+//     PutStart gave: a put taken over meanwhile (it stalled past the
+//     master's discard timeout) fails with REPLICA_IS_GONE instead of
+//     completing its successor. Batch forms answer per item. A put whose
 //     write to a segment failed (its client died, say) reports the
 //     segment to the master (ReportFailedSegments), which places new
 //     replicas elsewhere until that segment's client pings again, and is

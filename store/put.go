@@ -92,12 +92,12 @@ func (c *Client) putTwoRPC(ctx context.Context, key string, value []byte, rcpb *
 }
 
 func (c *Client) putOnce(ctx context.Context, key string, value []byte, rcpb *storepb.ReplicateConfig, block *storepb.BlockMetadata) (segFault, error) {
-	replicas, err := c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
+	st, err := c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
 	if err != nil && errors.Is(err, errcode.ErrNoAvailableHandle) && c.ahead != nil && c.ahead.held() > 0 {
 		// Our own reservations may be what fills the pool.
 		c.ahead.age(true)
 		c.giveBack(ctx)
-		replicas, err = c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
+		st, err = c.putStarts.do(ctx, putStartQ{key: key, size: uint64(len(value)), rc: rcpb})
 	}
 	if err != nil {
 		return segFault{}, err
@@ -105,18 +105,18 @@ func (c *Client) putOnce(ctx context.Context, key string, value []byte, rcpb *st
 	if c.beforeWrite != nil {
 		c.beforeWrite()
 	}
-	xs, err := writeXfers(key, value, replicas, 0)
+	xs, err := writeXfers(key, value, st.replicas, 0)
 	if err == nil {
 		c.transfer(ctx, xs)
 		err = firstErr(xs)
 	}
 	if err == nil {
-		if _, err = c.putEnds.do(ctx, putEndQ{key: key, block: block}); err == nil {
-			c.stats.stored(len(replicas), rcpb.ReplicaNum)
+		if _, err = c.putEnds.do(ctx, putEndQ{key: key, gen: st.gen, block: block}); err == nil {
+			c.stats.stored(len(st.replicas), rcpb.ReplicaNum)
 			return segFault{}, nil
 		}
 	}
-	c.revoke(ctx, []string{key})
+	c.revoke(ctx, []string{key}, []uint64{st.gen})
 	return faultOf(xs), err
 }
 
@@ -249,9 +249,10 @@ func firstErr(xs []*xfer) error {
 	return nil
 }
 
-// revoke gives back the space of unfinished puts. It runs even when ctx
-// is cancelled: the master must not keep a reservation we abandoned.
-func (c *Client) revoke(ctx context.Context, keys []string) {
+// revoke gives back the space of unfinished puts (numbered gens). It runs
+// even when ctx is cancelled: the master must not keep a reservation we
+// abandoned.
+func (c *Client) revoke(ctx context.Context, keys []string, gens []uint64) {
 	if len(keys) == 0 {
 		return
 	}
@@ -259,12 +260,12 @@ func (c *Client) revoke(ctx context.Context, keys []string) {
 	defer cancel()
 	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
 	if len(keys) == 1 {
-		if _, err := c.master.PutRevoke(rctx, &storepb.PutRevokeRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem}); err != nil {
+		if _, err := c.master.PutRevoke(rctx, &storepb.PutRevokeRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Generation: gens[0]}); err != nil {
 			c.log.Warn("put revoke failed; the master reclaims the key after its discard timeout", "key", keys[0], "err", errcode.FromStatus(err))
 		}
 		return
 	}
-	resp, err := c.master.BatchPutRevoke(rctx, &storepb.BatchPutRevokeRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem})
+	resp, err := c.master.BatchPutRevoke(rctx, &storepb.BatchPutRevokeRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem, Generations: gens})
 	if err != nil {
 		c.log.Warn("batch put revoke failed; the master reclaims the keys after its discard timeout", "keys", len(keys), "err", errcode.FromStatus(err))
 		return
@@ -371,7 +372,7 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 		okKeys = append(okKeys, keys[i])
 		sizes = append(sizes, uint64(len(values[i])))
 	}
-	var replicas [][]*storepb.ReplicaDescriptor
+	var replicas []putStarted
 	var startErrs []error
 	if len(items) > 0 {
 		replicas, startErrs = c.rpcPutStart(ctx, okKeys, sizes, rcpb)
@@ -381,14 +382,16 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 	}
 	var xs []*xfer
 	var started []int
-	nreps := make(map[int]int) // item -> replicas written
+	nreps := make(map[int]int)        // item -> replicas written
+	gens := make([]uint64, len(keys)) // by item
 	for j, i := range items {
 		if errs[i] = startErrs[j]; errs[i] != nil {
 			continue
 		}
 		started = append(started, i)
-		nreps[i] = len(replicas[j])
-		ix, err := writeXfers(keys[i], values[i], replicas[j], i)
+		nreps[i] = len(replicas[j].replicas)
+		gens[i] = replicas[j].gen
+		ix, err := writeXfers(keys[i], values[i], replicas[j].replicas, i)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -443,30 +446,34 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 		}
 	}
 	var done, failed []string
+	var doneGens, failedGens []uint64
 	var doneItems []int
 	var blocks []*storepb.BlockMetadata
 	for _, i := range started {
 		if errs[i] == nil {
 			done = append(done, keys[i])
+			doneGens = append(doneGens, gens[i])
 			doneItems = append(doneItems, i)
 			if len(b.rc.Blocks) > 0 {
 				blocks = append(blocks, b.block(i))
 			}
 		} else {
 			failed = append(failed, keys[i])
+			failedGens = append(failedGens, gens[i])
 		}
 	}
 	if len(done) > 0 {
-		for j, err := range c.rpcPutEnd(ctx, done, blocks) {
+		for j, err := range c.rpcPutEnd(ctx, done, doneGens, blocks) {
 			if i := doneItems[j]; err != nil {
 				errs[i] = err
 				failed = append(failed, keys[i])
+				failedGens = append(failedGens, gens[i])
 			} else {
 				c.stats.stored(nreps[i], rcpb.ReplicaNum)
 			}
 		}
 	}
-	c.revoke(ctx, failed)
+	c.revoke(ctx, failed, failedGens)
 	// A reservation the master no longer had: put the item again, the
 	// two-RPC way (rare: given back, lost with its segment, expired).
 	for _, i := range gone {

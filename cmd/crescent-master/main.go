@@ -41,6 +41,7 @@ type config struct {
 	PutStartDiscardTimeoutSec   int64   `yaml:"put_start_discard_timeout_sec"`
 	PutStartReleaseTimeoutSec   int64   `yaml:"put_start_release_timeout_sec"`
 	AllocationStrategy          string  `yaml:"allocation_strategy"`
+	RemoveByRegexBudgetMs       int64   `yaml:"remove_by_regex_budget_ms"`
 	EnableHTTPMetadataServer    bool    `yaml:"enable_http_metadata_server"`
 	HTTPMetadataServerPort      int     `yaml:"http_metadata_server_port"`
 	HTTPMetadataServerHost      string  `yaml:"http_metadata_server_host"`
@@ -64,7 +65,7 @@ func defaults() config {
 		RPCPort: 50051, RPCAddress: "0.0.0.0", MetricsPort: 9003,
 		DefaultKVLeaseTTL: 10000, DefaultKVSoftPinTTL: 30 * 60 * 1000, MaxKVSoftPinTTL: 24 * 3600 * 1000,
 		AllowEvictSoftPinnedObjects: true, EvictionRatio: 0.05, EvictionHighWatermarkRatio: 0.90,
-		ClientTTL: 10, PutStartDiscardTimeoutSec: 30, PutStartReleaseTimeoutSec: 600,
+		ClientTTL: 10, PutStartDiscardTimeoutSec: 30, PutStartReleaseTimeoutSec: 600, RemoveByRegexBudgetMs: 5000,
 		AllocationStrategy: "random", HTTPMetadataServerPort: 8080, HTTPMetadataServerHost: "0.0.0.0",
 		KVEventsEndpoint: "tcp://*:5557", KVEventsReplayEndpoint: "tcp://*:5558", KVEventsEncoding: "map",
 		KVEventsQueueSize: 100000, KVEventsBatchSize: 64, KVEventsBatchIntervalMs: 1, KVEventsOverflow: "drop_oldest",
@@ -87,6 +88,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.PutStartDiscardTimeoutSec, "put_start_discard_timeout_sec", c.PutStartDiscardTimeoutSec, "seconds after which an unfinished put may be taken over")
 	fs.Int64Var(&c.PutStartReleaseTimeoutSec, "put_start_release_timeout_sec", c.PutStartReleaseTimeoutSec, "seconds after which an unfinished put's space is freed")
 	fs.StringVar(&c.AllocationStrategy, "allocation_strategy", c.AllocationStrategy, "random, free_ratio_first or local_first")
+	fs.Int64Var(&c.RemoveByRegexBudgetMs, "remove_by_regex_budget_ms", c.RemoveByRegexBudgetMs, "longest one RemoveByRegex may run, ms (then it stops with RPC_TIMEOUT)")
 	fs.BoolVar(&c.EnableHTTPMetadataServer, "enable_http_metadata_server", c.EnableHTTPMetadataServer, "serve the transfer engine's metadata (GET/PUT/DELETE /metadata?key=)")
 	fs.IntVar(&c.HTTPMetadataServerPort, "http_metadata_server_port", c.HTTPMetadataServerPort, "port of the HTTP metadata server")
 	fs.StringVar(&c.HTTPMetadataServerHost, "http_metadata_server_host", c.HTTPMetadataServerHost, "address of the HTTP metadata server")
@@ -150,8 +152,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("eviction_ratio %v not in (0, 1]", c.EvictionRatio)
 	case c.EvictionHighWatermarkRatio <= 0 || c.EvictionHighWatermarkRatio > 1:
 		return fmt.Errorf("eviction_high_watermark_ratio %v not in (0, 1]", c.EvictionHighWatermarkRatio)
-	case c.DefaultKVLeaseTTL <= 0 || c.ClientTTL <= 0:
-		return errors.New("default_kv_lease_ttl and client_ttl must be positive")
+	case c.DefaultKVLeaseTTL <= 0 || c.ClientTTL <= 0 || c.RemoveByRegexBudgetMs <= 0:
+		return errors.New("default_kv_lease_ttl, client_ttl and remove_by_regex_budget_ms must be positive")
 	}
 	if _, err := alloc.ParseStrategy(c.AllocationStrategy); err != nil {
 		return err
@@ -191,6 +193,7 @@ func run(ctx context.Context, cfg config) error {
 		ClientTTL:             time.Duration(cfg.ClientTTL) * time.Second,
 		PutDiscardTimeout:     time.Duration(cfg.PutStartDiscardTimeoutSec) * time.Second,
 		PutReleaseTimeout:     time.Duration(cfg.PutStartReleaseTimeoutSec) * time.Second,
+		RegexBudget:           time.Duration(cfg.RemoveByRegexBudgetMs) * time.Millisecond,
 		Strategy:              strategy,
 		Logger:                log,
 	}

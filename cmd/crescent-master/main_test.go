@@ -30,7 +30,8 @@ func TestLoadDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c != defaults() || c.RPCPort != 50051 || c.MetricsPort != 9003 || c.DefaultKVLeaseTTL != 10000 ||
-		c.EvictionHighWatermarkRatio != 0.90 || c.EvictionRatio != 0.05 || c.ClientTTL != 10 || c.AllocationStrategy != "random" {
+		c.EvictionHighWatermarkRatio != 0.90 || c.EvictionRatio != 0.05 || c.ClientTTL != 10 || c.AllocationStrategy != "random" ||
+		c.RemoveByRegexBudgetMs != 5000 {
 		t.Fatalf("defaults %+v", c)
 	}
 }
@@ -62,6 +63,7 @@ func TestLoadErrors(t *testing.T) {
 		{"--rpc_port", "70000"},
 		{"--allocation_strategy", "round_robin"},
 		{"--client_ttl", "0"},
+		{"--remove_by_regex_budget_ms", "0"},
 		{"--config", filepath.Join(dir, "missing.yaml")},
 		{"--config", bad},
 		{"--no_such_flag"},

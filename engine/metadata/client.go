@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"syscall"
 	"time"
 )
 
@@ -16,6 +18,11 @@ var (
 	ErrNoDescriptor  = errors.New("metadata: peer has no segment descriptor")
 	ErrNotFound      = errors.New("metadata: segment not found")
 	ErrUnknownServer = errors.New("metadata: unsupported metadata connection string")
+	// ErrUnreachable: no connection to the peer's handshake server.
+	ErrUnreachable = errors.New("metadata: handshake server unreachable")
+	// ErrNoReply: connected, but the handshake server sent no reply (it
+	// timed out, or closed the connection at its connection limits).
+	ErrNoReply = errors.New("metadata: handshake server did not answer")
 )
 
 // DefaultReplyMax bounds reply frames a client accepts. Descriptors of
@@ -37,7 +44,7 @@ func Exchange(ctx context.Context, addr string, t MsgType, body []byte) ([]byte,
 	c, err := d.DialContext(dctx, "tcp", addr)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("metadata: dial %s: %w", addr, ctxErr(ctx, err))
+		return nil, fmt.Errorf("%w: %s: %w", ErrUnreachable, addr, ctxErr(ctx, err))
 	}
 	defer c.Close()
 	dl, _ := ctx.Deadline()
@@ -45,11 +52,11 @@ func Exchange(ctx context.Context, addr string, t MsgType, body []byte) ([]byte,
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	if err := WriteFrame(c, t, body); err != nil {
-		return nil, fmt.Errorf("metadata: send %v to %s: %w", t, addr, ctxErr(ctx, err))
+		return nil, exchangeErr(ctx, addr, t, "send", err)
 	}
 	rt, reply, err := ReadFrame(c, DefaultReplyMax)
 	if err != nil {
-		return nil, fmt.Errorf("metadata: %v reply from %s: %w", t, addr, ctxErr(ctx, err))
+		return nil, exchangeErr(ctx, addr, t, "reply", err)
 	}
 	if rt != t {
 		return nil, fmt.Errorf("%w: %v reply has type %v", ErrBadReply, t, rt)
@@ -58,6 +65,19 @@ func Exchange(ctx context.Context, addr string, t MsgType, body []byte) ([]byte,
 		return nil, fmt.Errorf("%w: %s: %s", ErrRejected, addr, msg)
 	}
 	return reply, nil
+}
+
+// exchangeErr says why an exchange on an open connection failed: the
+// deadline passed without a reply, or the server hung up.
+func exchangeErr(ctx context.Context, addr string, t MsgType, stage string, err error) error {
+	err = ctxErr(ctx, err)
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %s: connected, but no %v reply before the deadline (server overloaded, or not a handshake server): %w", ErrNoReply, addr, t, err)
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET), errors.Is(err, syscall.EPIPE):
+		return fmt.Errorf("%w: %s closed the connection before its %v reply (at its connection limits?): %w", ErrNoReply, addr, t, err)
+	}
+	return fmt.Errorf("metadata: %v %s %s: %w", t, stage, addr, err)
 }
 
 // ctxErr reports an I/O error caused by ctx as ctx's error. The socket

@@ -331,7 +331,10 @@ func TestValidate(t *testing.T) {
 		{"overflow by a lot", func(d *SegmentDesc) { d.Buffers[0].Addr = 1 << 63; d.Buffers[0].Length = 1 << 63 }, true},
 		{"ends at the last byte", func(d *SegmentDesc) { d.Buffers[0].Addr = math.MaxUint64 - 10; d.Buffers[0].Length = 10 }, false},
 		{"second buffer bad", func(d *SegmentDesc) { d.Buffers = append(d.Buffers, Buffer{Name: "x", Addr: 1}) }, true},
-		{"rkeys only", func(d *SegmentDesc) { d.Buffers[0].RKey = []uint64{1, 2} }, false},
+		{"rkeys only", func(d *SegmentDesc) {
+			d.Devices = []Device{{Name: "a", GID: "fe80::1"}, {Name: "b", GID: "fe80::2"}}
+			d.Buffers[0].RKey = []uint64{1, 2}
+		}, false},
 		{"rkey/lkey counts differ", func(d *SegmentDesc) { d.Buffers[0].RKey = []uint64{1, 2}; d.Buffers[0].LKey = []uint64{1} }, true},
 	}
 	for _, tc := range cases {
@@ -372,7 +375,9 @@ func TestDescRoundTrip(t *testing.T) {
 
 func FuzzUnmarshalDesc(f *testing.F) {
 	for _, s := range []string{refTCPv2, refTCPv1, refRDMA, refMulti, refCXL, `{"name":"h:1"}`, `null`, `{}`,
-		`{"name":"h:1","protocol":[],"buffers":[{"name":"x","addr":1,"length":1}]}`} {
+		`{"name":"h:1","protocol":[],"buffers":[{"name":"x","addr":1,"length":1}]}`,
+		// first_device+devices overflowed efa's bounds check.
+		`{"name":"h:1","protocol":"tcp","devices":[{"name":"d","gid":"00"}],"crescent":{"version":1,"efa":{"provider":"efa","first_device":9223372036854775807,"devices":1}}}`} {
 		f.Add([]byte(s))
 	}
 	if b, err := goldenDesc().Marshal(); err == nil {

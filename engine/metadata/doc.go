@@ -17,9 +17,20 @@
 // reply carries no type byte. Request frames are bounded by MaxFrame
 // (1 MiB by default); a zero, oversize or truncated frame, invalid JSON or
 // an unknown type gets {"status":"error","reply_msg":"..."} and the
-// connection closes. Each exchange is bounded by a timeout (5 s) and the
-// number of concurrent exchanges is capped, so a slow or hostile client
-// cannot block the server.
+// connection closes.
+//
+// The server is bounded so that a slow or hostile client cannot block
+// it: a connection that sends nothing within FirstByteTimeout (1 s) is
+// closed without a reply; each exchange is bounded by Timeout (5 s); live
+// connections are capped per listener (MaxConns, 1024) and per remote IP
+// (MaxConnsPerHost, 256). At a cap the connection idle longest (nothing
+// sent yet, or its reply already sent) is closed first, so idle sockets
+// never make a peer with a request wait; only when every connection is
+// mid-exchange do new peers wait in the accept queue (global cap) or get
+// closed (per-host cap). Accept errors such as EMFILE back off and
+// retry (internal/netx). The client reports ErrUnreachable when it cannot
+// connect and ErrNoReply when the server took the connection but sent no
+// reply (timed out, or closed at its limits).
 //
 // Bodies:
 //
@@ -42,6 +53,24 @@
 // shm_buffers}, which reference decoders ignore. Numbers are JSON numbers,
 // never strings. A buffer with an empty name, zero address (except CXL) or
 // zero length makes the whole descriptor invalid, as in the reference.
+//
+// # Validation
+//
+// A descriptor comes from the network, so every one that enters (the
+// handshake client, the etcd, Redis and HTTP backends, their watches:
+// all decode with UnmarshalDesc; the engine checks again whatever a
+// registered backend returns) passes SegmentDesc.Validate before any
+// transport sees it. Validate refuses, with a *DescError naming the
+// field ("crescent.efa.first_device", "buffers[3].rkey"): names and
+// counts past the Max* bounds; tcp_data_port outside 0..65535 and a
+// tcp_data_host that is not a host name or address; devices without a
+// name or with '@'; a crescent.rdma or crescent.efa range
+// [first_device, +devices) outside devices (checked without overflow),
+// GIDs in it that are not rdma GIDs (hex, ':' and '.') or hex efa
+// addresses, repeated device names in it; more rkeys than devices or
+// lkeys that do not pair with them; buffers that wrap, overlap, or whose
+// CXL offset+length wraps; an shm_socket longer than a Unix socket path
+// or holding NUL. Transports keep their own overflow-safe checks.
 //
 // # Backends and store keys
 //

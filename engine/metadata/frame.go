@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 )
 
 // MsgType is the type byte of a handshake frame.
@@ -31,6 +32,9 @@ func (t MsgType) String() string {
 	}
 	return fmt.Sprintf("MsgType(%d)", uint8(t))
 }
+
+// frameChunk is the first allocation for a frame's bytes.
+const frameChunk = 64 << 10
 
 // DefaultMaxFrame bounds a frame's length field (type byte + JSON).
 const DefaultMaxFrame = 1 << 20
@@ -65,12 +69,21 @@ func ReadFrame(r io.Reader, max int) (MsgType, []byte, error) {
 	if n > uint64(max) {
 		return 0, nil, fmt.Errorf("%w: %d bytes > %d", ErrFrameTooLarge, n, max)
 	}
-	buf := make([]byte, n)
-	if _, err := io.ReadFull(r, buf); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	// Grow as bytes arrive: a length field alone must not cost max bytes
+	// (the server holds many connections).
+	buf := make([]byte, 0, min(n, frameChunk))
+	for uint64(len(buf)) < n {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, int(min(n, 2*uint64(cap(buf))))-len(buf))
 		}
-		return 0, nil, err
+		k, err := io.ReadFull(r, buf[len(buf):min(uint64(cap(buf)), n)])
+		buf = buf[:len(buf)+k]
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, nil, err
+		}
 	}
 	return MsgType(buf[0]), buf[1:], nil
 }

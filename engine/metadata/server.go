@@ -1,14 +1,16 @@
 package metadata
 
 import (
+	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // NotifyMsg is the body of a Notify frame.
@@ -38,24 +40,30 @@ type ServerConfig struct {
 	MaxFrame int
 	// Timeout bounds each exchange (default 5s).
 	Timeout time.Duration
-	// MaxConns bounds concurrent exchanges (default 128); more wait in the
-	// accept queue.
+	// FirstByteTimeout closes a connection that sends nothing for this
+	// long after connecting (default 1s, at most Timeout).
+	FirstByteTimeout time.Duration
+	// MaxConns caps live connections (default 1024; negative: no cap).
+	// At the cap the connection idle longest (nothing sent yet, or its
+	// reply already sent) is closed to make room; when every one is
+	// mid-exchange, new peers wait in the accept queue.
 	MaxConns int
-	Logger   *slog.Logger
+	// MaxConnsPerHost caps live connections from one IP (default 256;
+	// negative: no cap). At the cap that host's idlest connection is
+	// closed, or the new one is refused when none is idle.
+	MaxConnsPerHost int
+	Logger          *slog.Logger
 }
 
 // Server answers the P2P handshake: one request frame and one reply frame
 // per TCP connection, as the reference does.
 type Server struct {
-	cfg ServerConfig
-	ln  net.Listener
+	cfg  ServerConfig
+	loop *netx.Loop
 
 	mu     sync.Mutex
 	conn   func(json.RawMessage) (json.RawMessage, error)
 	byProt map[string]func(json.RawMessage) (json.RawMessage, error)
-	conns  map[net.Conn]struct{}
-	closed bool
-	wg     sync.WaitGroup
 }
 
 // NewServer listens on cfg.Addr and starts serving.
@@ -66,8 +74,15 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
-	if cfg.MaxConns <= 0 {
-		cfg.MaxConns = 128
+	if cfg.FirstByteTimeout <= 0 {
+		cfg.FirstByteTimeout = time.Second
+	}
+	cfg.FirstByteTimeout = min(cfg.FirstByteTimeout, cfg.Timeout)
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 1024
+	}
+	if cfg.MaxConnsPerHost == 0 {
+		cfg.MaxConnsPerHost = 256
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -76,14 +91,14 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, ln: ln, conn: cfg.Handlers.Connection, conns: make(map[net.Conn]struct{})}
-	s.wg.Add(1)
-	go s.serve()
+	s := &Server{cfg: cfg, conn: cfg.Handlers.Connection}
+	s.loop = netx.Serve(ln, netx.Config{MaxConns: cfg.MaxConns, MaxConnsPerHost: cfg.MaxConnsPerHost,
+		IdleGrace: cfg.FirstByteTimeout / 4, Name: "handshake server", Logger: cfg.Logger}, s.exchange)
 	return s, nil
 }
 
 // Addr is the listening address (host:port).
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+func (s *Server) Addr() string { return s.loop.Addr().String() }
 
 // HandleConnection installs the default Connection handler: the one for
 // requests without a "protocol" field (the reference's RDMA handshake).
@@ -110,53 +125,24 @@ func (s *Server) HandleProtocol(p string, h func(json.RawMessage) (json.RawMessa
 	s.byProt[p] = h
 }
 
-func (s *Server) serve() {
-	defer s.wg.Done()
-	sem := make(chan struct{}, s.cfg.MaxConns)
-	for {
-		sem <- struct{}{}
-		c, err := s.ln.Accept()
-		if err != nil {
-			<-sem
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return // listener closed
-		}
-		s.mu.Lock()
-		if s.closed {
-			s.mu.Unlock()
-			c.Close()
-			<-sem
-			return
-		}
-		s.conns[c] = struct{}{}
-		s.wg.Add(1)
-		s.mu.Unlock()
-		go func() {
-			defer func() {
-				s.mu.Lock()
-				delete(s.conns, c)
-				s.mu.Unlock()
-				c.Close()
-				<-sem
-				s.wg.Done()
-			}()
-			s.exchange(c)
-		}()
-	}
-}
-
 // errorReply is what a malformed or refused request gets back.
 type errorReply struct {
 	Status   string `json:"status"`
 	ReplyMsg string `json:"reply_msg"`
 }
 
-func (s *Server) exchange(c net.Conn) {
-	c.SetDeadline(time.Now().Add(s.cfg.Timeout))
-	t, body, err := ReadFrame(c, s.cfg.MaxFrame)
+// exchange serves one connection. It is idle (evictable at a cap) until
+// its first byte arrives and again once the reply is sent.
+func (s *Server) exchange(c *netx.Conn) {
+	start := time.Now()
+	c.SetDeadline(start.Add(s.cfg.FirstByteTimeout))
+	var first [1]byte
+	if _, err := io.ReadFull(c, first[:]); err != nil {
+		return // sent nothing: a port probe, a health check, or a squatter
+	}
+	c.Busy()
+	c.SetDeadline(start.Add(s.cfg.Timeout))
+	t, body, err := ReadFrame(io.MultiReader(bytes.NewReader(first[:]), c), s.cfg.MaxFrame)
 	legacy := false
 	if err == nil && t > Probe {
 		// A frame without a type byte (first byte '{') is the reference's
@@ -167,8 +153,6 @@ func (s *Server) exchange(c net.Conn) {
 	}
 	var reply any
 	switch {
-	case errors.Is(err, io.EOF):
-		return // peer connected and left (port probes, health checks)
 	case err != nil:
 		s.cfg.Logger.Debug("handshake: bad frame", "peer", c.RemoteAddr(), "err", err)
 		reply = errorReply{Status: "error", ReplyMsg: err.Error()}
@@ -193,11 +177,11 @@ func (s *Server) exchange(c net.Conn) {
 	}
 	// Half-close and let the client close first, as the reference does,
 	// so the reply is never cut by a reset.
-	if tc, ok := c.(*net.TCPConn); ok {
+	c.Idle()
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
 		tc.CloseWrite()
 	}
-	var one [1]byte
-	c.Read(one[:])
+	c.Read(first[:])
 }
 
 func (s *Server) handle(t MsgType, body []byte) any {
@@ -252,19 +236,6 @@ func (s *Server) handle(t MsgType, body []byte) any {
 	return errorReply{Status: "error", ReplyMsg: fmt.Sprintf("unexpected handshake message type %d", t)}
 }
 
-// Close stops the server and waits for running exchanges.
-func (s *Server) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	err := s.ln.Close()
-	s.wg.Wait()
-	return err
-}
+// Close stops the server: it closes every connection and waits for the
+// exchanges to return.
+func (s *Server) Close() error { return s.loop.Close() }

@@ -27,9 +27,13 @@ type Region struct {
 
 	users    atomic.Int64 // transfers currently touching the region
 	dead     atomic.Bool
-	idle     chan struct{} // closed when dead and users reaches 0
+	idle     chan struct{} // closed (after the fd) when dead and users reaches 0
 	idleOnce sync.Once
 }
+
+// Idle returns a channel closed once the region is removed and its last
+// user left: then nothing of the registry touches its memory any more.
+func (r *Region) Idle() <-chan struct{} { return r.idle }
 
 // Shareable reports whether the region is backed by a memfd that
 // same-host peers can map.
@@ -71,15 +75,22 @@ func (r *Region) Contains(addr, n uint64) bool {
 	return addr >= r.Addr && n <= r.Len() && addr-r.Addr <= r.Len()-n
 }
 
-// release drops one user; the last user of a dead region wakes the
-// unregistering goroutine.
+// release drops one user; the last user of a dead region closes its
+// memfd and wakes the unregistering goroutine.
 func (r *Region) release() {
 	if r.users.Add(-1) == 0 && r.dead.Load() {
-		r.closeIdle()
+		r.finish()
 	}
 }
 
-func (r *Region) closeIdle() { r.idleOnce.Do(func() { close(r.idle) }) }
+// finish ends a dead region with no users: its memfd descriptor is closed
+// before Idle fires, so nothing keeps the memory alive afterwards.
+func (r *Region) finish() {
+	r.idleOnce.Do(func() {
+		r.closeFd()
+		close(r.idle)
+	})
+}
 
 // Lease is a checked, pinned view of registered memory: the region cannot
 // be unregistered until Release.
@@ -97,15 +108,20 @@ func (l Lease) Release() {
 
 // Registry is the set of local buffers remote peers may touch. Lookups are
 // lock-free (a copy-on-write sorted slice); changes take a mutex.
+//
+// A Remove that times out leaves its region draining: out of the table
+// (no new user finds it), its memfd open until the last user leaves, and
+// findable by a retried Remove until one reports it gone.
 type Registry struct {
-	mu      sync.Mutex
-	regions atomic.Pointer[[]*Region]
-	version atomic.Uint64
+	mu       sync.Mutex
+	regions  atomic.Pointer[[]*Region]
+	draining map[uint64]*Region // by Addr; removed from the table, not yet confirmed gone
+	version  atomic.Uint64
 }
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	r := &Registry{}
+	r := &Registry{draining: make(map[uint64]*Region)}
 	empty := []*Region{}
 	r.regions.Store(&empty)
 	return r
@@ -140,6 +156,17 @@ func (g *Registry) Add(mem []byte, location string, fd int, fdOffset, fdSize int
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	for a, d := range g.draining {
+		if d.Addr < r.End() && r.Addr < d.End() {
+			select {
+			case <-d.idle:
+				delete(g.draining, a) // gone; nobody retried its Remove
+			default:
+				r.closeFd()
+				return nil, fmt.Errorf("%w: [%#x,%#x) overlaps [%#x,%#x), still in use since its removal", ErrAlreadyExists, r.Addr, r.End(), d.Addr, d.End())
+			}
+		}
+	}
 	old := *g.regions.Load()
 	i := sort.Search(len(old), func(i int) bool { return old[i].Addr >= r.Addr })
 	if i > 0 && old[i-1].End() > r.Addr {
@@ -161,33 +188,61 @@ func (g *Registry) Add(mem []byte, location string, fd int, fdOffset, fdSize int
 
 // Remove unregisters the region starting at addr and waits (until ctx
 // ends) for transfers that still touch it. New transfers are refused at
-// once.
+// once. When ctx ends first the error wraps ErrBufferBusy and the region
+// drains: its memfd closes when its last user leaves, and Remove may be
+// called again for it (it then waits again, or returns at once if the
+// region is gone by then). A ctx that has ended already does not matter
+// when no user is left.
 func (g *Registry) Remove(ctx context.Context, addr uint64) (*Region, error) {
 	g.mu.Lock()
 	old := *g.regions.Load()
 	i := sort.Search(len(old), func(i int) bool { return old[i].Addr >= addr })
-	if i == len(old) || old[i].Addr != addr {
+	var r *Region
+	if i < len(old) && old[i].Addr == addr {
+		r = old[i]
+		next := make([]*Region, 0, len(old)-1)
+		next = append(next, old[:i]...)
+		next = append(next, old[i+1:]...)
+		g.regions.Store(&next)
+		g.version.Add(1)
+		r.dead.Store(true)
+		g.draining[addr] = r
+	} else if r = g.draining[addr]; r == nil {
 		g.mu.Unlock()
 		return nil, fmt.Errorf("%w: no buffer starts at %#x", ErrNotRegistered, addr)
 	}
-	r := old[i]
-	next := make([]*Region, 0, len(old)-1)
-	next = append(next, old[:i]...)
-	next = append(next, old[i+1:]...)
-	g.regions.Store(&next)
-	g.version.Add(1)
-	r.dead.Store(true)
 	g.mu.Unlock()
 	if r.users.Load() == 0 {
-		r.closeIdle()
+		r.finish()
 	}
 	select {
 	case <-r.idle:
-		r.closeFd()
-		return r, nil
-	case <-ctx.Done():
-		return r, fmt.Errorf("%w: %d transfers still running: %w", ErrBufferBusy, r.users.Load(), ctx.Err())
+	default:
+		select {
+		case <-r.idle:
+		case <-ctx.Done():
+			return r, fmt.Errorf("%w: %d transfers still running: %w", ErrBufferBusy, r.users.Load(), ctx.Err())
+		}
 	}
+	g.mu.Lock()
+	if g.draining[addr] == r {
+		delete(g.draining, addr)
+	}
+	g.mu.Unlock()
+	return r, nil
+}
+
+// Lookup returns the region starting at addr, registered or draining.
+func (g *Registry) Lookup(addr uint64) (r *Region, draining bool) {
+	rs := *g.regions.Load()
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].Addr >= addr })
+	if i < len(rs) && rs[i].Addr == addr {
+		return rs[i], false
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	r = g.draining[addr]
+	return r, r != nil
 }
 
 // Find returns the region containing [addr, addr+n) without pinning it.
@@ -223,9 +278,15 @@ func (g *Registry) Acquire(addr, n uint64) (Lease, error) {
 	}
 }
 
-// Close drops the memfd descriptors of every region still registered.
+// Close drops the memfd descriptors of every region still registered or
+// draining.
 func (g *Registry) Close() {
 	for _, r := range g.Regions() {
+		r.closeFd()
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, r := range g.draining {
 		r.closeFd()
 	}
 }
@@ -245,3 +306,16 @@ func DeadlineOrDefault(d time.Time, def time.Duration) time.Time {
 	}
 	return d
 }
+
+// UnconfirmedError is what an Unregisterer returns when peers did not
+// confirm they stopped using a buffer: they may still write into it.
+// Each channel of Released closes when one such peer can no longer reach
+// the memory (it confirmed late, or its connection is gone).
+type UnconfirmedError struct {
+	Err      error
+	Released []<-chan struct{}
+}
+
+func (e *UnconfirmedError) Error() string { return e.Err.Error() }
+
+func (e *UnconfirmedError) Unwrap() error { return e.Err }

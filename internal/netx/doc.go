@@ -9,8 +9,11 @@
 //   - a cap on live connections per listener (MaxConns) and per remote IP
 //     (MaxConnsPerHost). At a cap the loop first closes the connection that
 //     has been idle longest in that scope (a connection is idle until its
-//     handler calls Conn.Busy, and again after Conn.Idle), so idle sockets
-//     cannot starve peers that have work. If none is idle, the global cap
+//     handler calls Conn.Busy, and again after Conn.Idle, unless bytes it
+//     received wait to be read), so idle sockets
+//     cannot starve peers that have work (with IdleGrace, only one idle
+//     that long counts, so a connection just accepted is not taken for a
+//     squatter before its handler reads). If none is idle, the global cap
 //     stops accepting until a slot frees (the kernel backlog queues new
 //     peers) and the per-host cap refuses the new connection;
 //   - Close stops accepting, closes the listener and every live

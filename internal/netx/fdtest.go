@@ -1,6 +1,9 @@
 package netx
 
 import (
+	"context"
+	"log/slog"
+	"sync"
 	"syscall"
 	"testing"
 )
@@ -50,4 +53,28 @@ func RestoreFDs(t testing.TB, fds []int, old syscall.Rlimit) {
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// AcceptFailed returns a logger to give a listener (Config.Logger, or
+// the Logger a server passes on) and a channel closed once that listener
+// reports a failed accept it backs off from, so fd-exhaustion tests know
+// the loop has hit EMFILE without sleeping.
+func AcceptFailed() (*slog.Logger, <-chan struct{}) {
+	h := &tap{ch: make(chan struct{})}
+	return slog.New(h), h.ch
+}
+
+type tap struct {
+	once sync.Once
+	ch   chan struct{}
+}
+
+func (h *tap) Enabled(context.Context, slog.Level) bool { return true }
+func (h *tap) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *tap) WithGroup(string) slog.Handler            { return h }
+func (h *tap) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == msgBackoff {
+		h.once.Do(func() { close(h.ch) })
+	}
+	return nil
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Config bounds one listener. Zero values take the defaults.
@@ -17,6 +19,11 @@ type Config struct {
 	// MaxConnsPerHost caps live connections from one remote IP (default
 	// MaxConns; negative: no cap).
 	MaxConnsPerHost int
+	// IdleGrace is how long a connection must have been idle before the
+	// global cap closes it (default 0). A handler that marks Busy on its
+	// first bytes sets it so that a connection accepted a moment ago,
+	// whose handler has not read yet, is not taken for a squatter.
+	IdleGrace time.Duration
 	// Name labels log lines ("tcp data port").
 	Name string
 	// Logger receives accept errors and evictions (default: discard).
@@ -27,6 +34,7 @@ type Config struct {
 }
 
 const (
+	msgBackoff      = "accept failed; backing off"
 	defaultMaxConns = 4096
 	minBackoff      = 5 * time.Millisecond
 	maxBackoff      = time.Second
@@ -144,7 +152,7 @@ func (l *Loop) run() {
 				return
 			}
 			if attempt == 0 {
-				l.log.Warn("accept failed; backing off", "listener", l.cfg.Name, "err", err)
+				l.log.Warn(msgBackoff, "listener", l.cfg.Name, "err", err)
 			}
 			select {
 			case <-l.ctx.Done():
@@ -187,7 +195,18 @@ func (l *Loop) admit(raw net.Conn) {
 	// At the global cap make room from the idle, else hold this one
 	// (and stop accepting) until a slot frees.
 	for l.cfg.MaxConns > 0 && len(l.conns) >= l.cfg.MaxConns && !l.closed {
-		if v := l.idlestLocked(""); v != nil {
+		if v, since := l.idlestLocked(""); v != nil {
+			if wait := l.cfg.IdleGrace - time.Since(since); wait > 0 {
+				// Look again when it has been idle long enough.
+				t := time.AfterFunc(wait, func() {
+					l.mu.Lock()
+					l.cond.Broadcast()
+					l.mu.Unlock()
+				})
+				l.cond.Wait()
+				t.Stop()
+				continue
+			}
 			l.evictLocked(v)
 			continue
 		}
@@ -199,7 +218,7 @@ func (l *Loop) admit(raw net.Conn) {
 		return
 	}
 	if l.cfg.MaxConnsPerHost > 0 && l.perHost[c.host] >= l.cfg.MaxConnsPerHost {
-		v := l.idlestLocked(c.host)
+		v, _ := l.idlestLocked(c.host)
 		if v == nil {
 			l.mu.Unlock()
 			l.log.Warn("connection refused: per-host limit", "listener", l.cfg.Name,
@@ -221,22 +240,47 @@ func (l *Loop) admit(raw net.Conn) {
 }
 
 // idlestLocked is the connection idle longest (of host, or of any host
-// when host is ""), or nil.
-func (l *Loop) idlestLocked(host string) *Conn {
-	var best *Conn
-	var bestT time.Time
-	for c := range l.conns {
-		if host != "" && c.host != host {
-			continue
+// when host is ""), or nil, and since when it is idle. A connection with
+// request bytes waiting is not idle: its handler has not read them yet.
+func (l *Loop) idlestLocked(host string) (*Conn, time.Time) {
+	var skip map[*Conn]bool
+	for {
+		var best *Conn
+		var bestT time.Time
+		for c := range l.conns {
+			if (host != "" && c.host != host) || skip[c] {
+				continue
+			}
+			c.mu.Lock()
+			idle, t := !c.busy && !c.closed, c.idleFrom
+			c.mu.Unlock()
+			if idle && (best == nil || t.Before(bestT)) {
+				best, bestT = c, t
+			}
 		}
-		c.mu.Lock()
-		idle, t := !c.busy && !c.closed, c.idleFrom
-		c.mu.Unlock()
-		if idle && (best == nil || t.Before(bestT)) {
-			best, bestT = c, t
+		if best == nil || !pending(best.Conn) {
+			return best, bestT
 		}
+		if skip == nil {
+			skip = map[*Conn]bool{}
+		}
+		skip[best] = true
 	}
-	return best
+}
+
+// pending reports whether c has received bytes not read yet.
+func pending(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	n := 0
+	rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	return n > 0
 }
 
 // evictLocked closes v and forgets it at once so its slot is free.

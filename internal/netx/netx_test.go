@@ -213,3 +213,56 @@ func TestGracefulShutdownKeepsConns(t *testing.T) {
 	c.Close()
 	require.NoError(t, <-done)
 }
+
+// A connection accepted a moment ago is not evicted at the global cap
+// before IdleGrace: its handler may simply not have read yet.
+func TestIdleGraceSparesFresh(t *testing.T) {
+	l := Serve(listen(t), Config{MaxConns: 1, IdleGrace: time.Hour}, echo)
+	defer l.Close()
+	c1, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 2*time.Second, time.Millisecond)
+	c2, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c2.Close()
+	c1.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	_, err = c1.Read(make([]byte, 1))
+	var ne net.Error
+	require.ErrorAs(t, err, &ne, "the fresh connection was closed")
+	require.True(t, ne.Timeout())
+	c1.Close() // frees the slot: c2 is served
+	c2.SetDeadline(time.Now().Add(5 * time.Second))
+	_, err = io.WriteString(c2, "hi\n")
+	require.NoError(t, err)
+	line, err := bufio.NewReader(c2).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "hi\n", line)
+}
+
+// A connection whose request waits unread (its handler has not run yet)
+// is not idle: a newcomer over the per-host cap is refused instead.
+func TestPendingBytesNotEvicted(t *testing.T) {
+	gate := make(chan struct{})
+	l := Serve(listen(t), Config{MaxConnsPerHost: 1}, func(c *Conn) {
+		<-gate
+		echo(c)
+	})
+	defer l.Close()
+	c1, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c1.Close()
+	_, err = io.WriteString(c1, "first\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 2*time.Second, time.Millisecond)
+	c2, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c2.Close()
+	c2.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c2.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the newcomer is refused")
+	close(gate)
+	c1.SetDeadline(time.Now().Add(5 * time.Second))
+	line, err := bufio.NewReader(c1).ReadString('\n')
+	require.NoError(t, err, "the connection with a request waiting was evicted")
+	assert.Equal(t, "first\n", line)
+}

@@ -34,8 +34,8 @@ func (u UUID) String() string { return fmt.Sprintf("%016x-%016x", u.Hi, u.Lo) }
 
 // Segment is memory a client contributes to the pool: bytes [Base,
 // Base+Size) of the transfer-engine segment Name. Names need not be
-// unique (one engine segment may be mounted as several pool segments);
-// IDs are.
+// unique (one engine segment may be mounted as several pool segments, on
+// ranges that do not overlap); IDs are.
 type Segment struct {
 	ID         UUID
 	Name       string
@@ -222,8 +222,9 @@ func (a *Allocator) seg(i uint32) *segState {
 // Mount adds a segment and returns its index. commit, when not nil, runs
 // before the segment becomes visible, with the table locked; an error from
 // it abandons the mount (the master logs the mount there, so no placement
-// on the segment can be logged before it). A segment with the same ID is
-// ErrSegmentAlreadyExists; bad geometry is ErrInvalidParams.
+// on the segment can be logged before it). A segment with the same ID, or
+// whose range overlaps a mounted (or unmounting) segment of the same Name,
+// is ErrSegmentAlreadyExists; bad geometry is ErrInvalidParams.
 func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, error) {
 	switch {
 	case s.ID.IsZero():
@@ -244,6 +245,14 @@ func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, err
 	old := a.tab.Load()
 	if i, ok := old.byID[s.ID]; ok {
 		return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v (%s)", s.ID, old.segs[i].Name)
+	}
+	// Two pool segments over the same bytes would place two objects on
+	// them: refuse any overlap within one engine segment, whoever mounts it.
+	for _, i := range old.byName[s.Name] {
+		if o := old.segs[i]; s.Base < o.Base+o.Size && o.Base < s.Base+s.Size {
+			return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v [%#x,%#x) of %q overlaps segment %v [%#x,%#x) of client %v",
+				s.ID, s.Base, s.Base+s.Size, s.Name, o.ID, o.Base, o.Base+o.Size, o.Client)
+		}
 	}
 	var idx uint32
 	if n := len(a.free); n > 0 {

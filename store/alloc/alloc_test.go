@@ -60,6 +60,8 @@ func TestMountErrors(t *testing.T) {
 		want error
 	}{
 		{"duplicate id", good, errcode.ErrSegmentAlreadyExists},
+		{"same range of the same name", Segment{ID: UUID{Lo: 9}, Name: "a", Base: good.Base, Size: good.Size, Client: UUID{Lo: 7}}, errcode.ErrSegmentAlreadyExists},
+		{"overlapping range of the same name", Segment{ID: UUID{Lo: 9}, Name: "a", Base: good.Base + good.Size - 64, Size: 1 << 20}, errcode.ErrSegmentAlreadyExists},
 		{"zero id", Segment{Name: "x", Size: 1 << 20}, errcode.ErrInvalidParams},
 		{"no name", Segment{ID: UUID{Lo: 9}, Size: 1 << 20}, errcode.ErrInvalidParams},
 		{"too small", Segment{ID: UUID{Lo: 9}, Name: "x", Size: 63}, errcode.ErrInvalidParams},

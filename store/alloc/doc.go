@@ -8,7 +8,10 @@
 //
 //   - A segment is [Base, Base+Size) of a transfer-engine segment Name,
 //     mounted by a client. IDs are unique (Mount of a known ID is
-//     errcode.ErrSegmentAlreadyExists); names need not be. Mount gives the
+//     errcode.ErrSegmentAlreadyExists); names need not be, but the ranges
+//     of one name never overlap (Mount of a range that overlaps a mounted
+//     or unmounting segment of the same name is ErrSegmentAlreadyExists,
+//     whichever client mounts it). Mount gives the
 //     segment an index (uint32) used everywhere else; released indices are
 //     reused last-in first-out.
 //   - A replica of size n reserves Reserved(n) bytes: n rounded up to

@@ -103,5 +103,9 @@ func (m *Master) Stats() Stats {
 		LostKeys:        m.lostKeys.Load(),
 		SuspectSegments: m.alloc.Suspects(),
 		SegmentReports:  m.segmentReports.Load(),
+
+		DepartedClients:   m.departedClients.Load(),
+		UnmountedReplicas: m.unmountedReplicas.Load(),
+		UnmountedKeys:     m.unmountedKeys.Load(),
 	}
 }

@@ -29,6 +29,7 @@ const (
 	DefaultMaxReplicas           = 16
 	DefaultEvictInterval         = 10 * time.Millisecond
 	DefaultLivenessInterval      = time.Second
+	DefaultRegexBudget           = 5 * time.Second
 )
 
 // Config configures a Master. Zero fields take the defaults above, except
@@ -57,6 +58,9 @@ type Config struct {
 	// decisions inside them use Clock.
 	EvictInterval    time.Duration
 	LivenessInterval time.Duration
+	// RegexBudget bounds the time one RemoveByRegex may take (on Clock);
+	// past it the removal stops with RPC_TIMEOUT and what it removed.
+	RegexBudget time.Duration
 	// ViewVersion is what Ping reports; 0 picks a random epoch.
 	ViewVersion uint64
 	Clock       clock.Clock // nil = clock.Real{}
@@ -77,6 +81,7 @@ func (c *Config) fill() error {
 	c.PutReleaseTimeout = cmp.Or(c.PutReleaseTimeout, DefaultPutReleaseTimeout)
 	c.EvictInterval = cmp.Or(c.EvictInterval, DefaultEvictInterval)
 	c.LivenessInterval = cmp.Or(c.LivenessInterval, DefaultLivenessInterval)
+	c.RegexBudget = cmp.Or(c.RegexBudget, DefaultRegexBudget)
 	c.EvictionHighWatermark = cmp.Or(c.EvictionHighWatermark, DefaultEvictionHighWatermark)
 	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)
 	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen)
@@ -94,7 +99,7 @@ func (c *Config) fill() error {
 	case c.Shards < 1 || c.Shards > 1<<16:
 		return bad("Shards %d outside [1, 65536]", c.Shards)
 	case c.LeaseTTL < time.Millisecond, c.SoftPinTTL < 0, c.MaxSoftPinTTL < 0, c.ClientTTL < 0,
-		c.PutDiscardTimeout < 0, c.PutReleaseTimeout < 0, c.EvictInterval < 0, c.LivenessInterval < 0:
+		c.PutDiscardTimeout < 0, c.PutReleaseTimeout < 0, c.EvictInterval < 0, c.LivenessInterval < 0, c.RegexBudget < 0:
 		return bad("durations must be positive (lease TTL at least 1ms)")
 	case c.SoftPinTTL > c.MaxSoftPinTTL:
 		return bad("SoftPinTTL %v above MaxSoftPinTTL %v", c.SoftPinTTL, c.MaxSoftPinTTL)

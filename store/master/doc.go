@@ -31,6 +31,15 @@
 //     Ending a complete object again succeeds (a retried RPC).
 //   - PutRevoke: same checks (a complete object is INVALID_WRITE); frees
 //     the replicas at once.
+//   - Generations (Crescent's): PutStart numbers each put (PutStartGen, the
+//     generation field of PutStartResponse; never 0) and the writer sends
+//     it back with PutEnd/PutRevoke. When the key holds another put (this
+//     one was taken over, or removed and the key put again), finished or
+//     not, the answer is REPLICA_IS_GONE and nothing changes: the late
+//     writer's bytes were not stored, and it cannot complete or free its
+//     successor's put. Generation 0 (the reference's clients) is not
+//     checked. A record keeps the low 32 bits; OpPutStart logs the
+//     generation and a replaying standby continues after the highest.
 //   - An unfinished put older than PutReleaseTimeout (600s) is freed.
 //   - Reservations (Crescent's, not the reference's): Reserve(client,
 //     size, config, count) places up to count unfinished objects under no
@@ -55,7 +64,13 @@
 //     Remove. A forced Remove of an unfinished put quarantines its space
 //     like a takeover. RemoveByRegex (RE2, whole key) and RemoveAll(force)
 //     remove complete objects only, skipping leased ones unless force;
-//     RemoveAll removes hard-pinned objects too.
+//     RemoveAll removes hard-pinned objects too. RemoveByRegex refuses
+//     (INVALID_PARAMS, quoting at most 64 bytes of it) an expression longer
+//     than MaxRegexLen (1 KiB) or compiling to more than MaxRegexInsts
+//     (2048) instructions; it matches keys outside the shard locks, on a
+//     snapshot of each shard, re-checking matches under the lock, and stops
+//     with RPC_TIMEOUT (the message says how many it removed) past
+//     RegexBudget (5s).
 //
 // # Pins and eviction
 //
@@ -79,8 +94,16 @@
 // is forgotten; its next Ping answers NEED_REMOUNT, and ReMountSegment
 // restores it. A client the master never tracked (a pure client, or one
 // that talked to another master) also gets NEED_REMOUNT. UnmountSegment
-// does the same dropping for one segment. The view version Ping reports
-// is constant for a master's lifetime (random unless configured).
+// does the same dropping for one segment; when it takes the client's last
+// segment (a clean Close) the client is forgotten at once (OpClientLeft):
+// it is neither active nor, later, expired, and what went with the
+// segment is counted as unmounted (UnmountedReplicas, UnmountedKeys,
+// DepartedClients), not lost (DroppedReplicas, LostKeys, ExpiredClients
+// count expiries only). A segment whose range overlaps a mounted one of
+// the same engine segment name is SEGMENT_ALREADY_EXISTS, whoever mounts
+// it: two pool segments on the same bytes would place two objects there.
+// The view version Ping reports is constant for a master's lifetime
+// (random unless configured).
 //
 // A client whose writes to segments failed reports them
 // (ReportFailedSegments, at most 64; the reporter's own and unknown ids
@@ -98,7 +121,7 @@
 // PutStart (with the segments chosen and the addresses obtained), PutEnd,
 // PutRevoke, Remove, Evict, Discard, DiscardFree, PutRelease, DropReplica,
 // Mount, UnmountStart, Unmount, ClientExpired, Reserve (with the id
-// given), Commit, Unreserve, DropReserved. When Config.OpLog is set,
+// given), Commit, Unreserve, DropReserved, ClientLeft. When Config.OpLog is set,
 // each Op is appended while the master holds the locks of everything it
 // touches, so the append order is a valid serialisation. Replay applies a
 // logged Op on another master (a standby): placement is not chosen again
@@ -113,8 +136,10 @@
 // With Config.Events set, the sink gets Stored at PutEnd (with the
 // BlockMeta the writer gave), Removed at Remove, eviction and loss (with
 // the block hashes kept from PutEnd), and RemoveAll's Cleared (one event
-// when no complete object survives, else Removed per key). Emit runs under
-// the key's shard lock and must not block.
+// when no complete object survives, else Removed per key). Events are
+// queued under the key's shard lock and handed to the sink after the
+// locks are let go (evqueue.go), in order; a sink that blocks holds back
+// the emitting calls only, never a shard.
 //
 // # Concurrency and memory
 //
@@ -123,7 +148,8 @@
 // segMu (mount, unmount, expiry) or evictMu (one eviction round at a
 // time) -> shard (one at a time; RemoveAll takes all, in index order) ->
 // resvMu (reservations) -> allocator table -> discardMu (quarantine) -> segments (in index order);
-// clientMu is a leaf. PutStart releases its shard before running an
+// clientMu and the event queue's mutex are leaves; the sink is called
+// with none of these held but segMu or evictMu. PutStart releases its shard before running an
 // eviction round. Whole-table
 // work (eviction scans, unmount, regex, release) takes shards one at a
 // time. A record is 64 bytes in a per-shard slab, indexed by a

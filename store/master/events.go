@@ -33,10 +33,15 @@ type Event struct {
 	Block    *BlockMeta
 }
 
-// EventSink receives events. Emit is called while the master holds the
-// lock of the key's shard (all shards for EventCleared), so events of one
-// key arrive in order; it must not block and must not call back into the
-// Master. The event is the sink's to keep.
+// EventSink receives events. The master queues each event under the lock
+// of the key's shard (all shards for EventCleared) and calls Emit after it
+// let go of the shard, reservation, allocator and segment locks (an
+// unmount, expiry or eviction in progress may still hold segMu or
+// evictMu), one event at a time, in queue order: events of one key arrive
+// in the order of the changes. Emit may block (a publisher's Block
+// overflow policy): the calls whose events wait behind it wait, other RPCs
+// on the same shards do not. It must not call back into the Master. The
+// event is the sink's to keep.
 type EventSink interface {
 	Emit(e *Event)
 }

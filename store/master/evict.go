@@ -160,6 +160,7 @@ func (m *Master) evictPass(now int64, target uint64, soft bool, res *EvictResult
 			}
 		}
 		c.sh.unlock()
+		m.flushEvents()
 	}
 }
 

@@ -260,7 +260,7 @@ func dumpState(m *Master) state {
 		for k, j := range sh.index {
 			o := sh.objs[j]
 			var b strings.Builder
-			fmt.Fprintf(&b, "size=%d complete=%v soft=%v hard=%v", o.size, o.complete(), o.flags&fSoftPin != 0, o.flags&fHardPin != 0)
+			fmt.Fprintf(&b, "size=%d complete=%v soft=%v hard=%v gen=%d", o.size, o.complete(), o.flags&fSoftPin != 0, o.flags&fHardPin != 0, o.gen)
 			if !o.complete() {
 				fmt.Fprintf(&b, " owner=%v start=%d", o.owner(), o.lease)
 			}

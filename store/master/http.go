@@ -22,6 +22,7 @@ type Metrics struct {
 	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients *prometheus.Desc
 	reservations, reservedBytes, suspects, reports                                *prometheus.Desc
 	evictRuns, evictKeys, evictBytes, expired, discarded, released, dropped, lost *prometheus.Desc
+	departed, unmountedReplicas, unmountedKeys                                    *prometheus.Desc
 	// Per RPC, named as the reference does: master_<rpc>_requests_total.
 	requests, failures, items, itemFailures map[string]*prometheus.Desc
 }
@@ -39,30 +40,33 @@ func NewMetrics(m *Master, svc *Service) *Metrics {
 			Help:    "Time to serve a master RPC.",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
 		}, []string{"rpc"}),
-		capacity:      d("master_total_capacity_bytes", "Bytes of all mounted segments."),
-		allocated:     d("master_allocated_bytes", "Bytes reserved for replicas."),
-		keys:          d("master_key_count", "Objects, finished or not."),
-		pending:       d("master_pending_key_count", "Objects between PutStart and PutEnd."),
-		softPinned:    d("master_soft_pin_key_count", "Soft-pinned objects."),
-		hardPinned:    d("master_hard_pin_key_count", "Hard-pinned objects."),
-		segments:      d("master_segment_count", "Mounted segments."),
-		clients:       d("master_active_clients", "Clients with mounted segments."),
-		reservations:  d("master_reservation_count", "Space placed ahead of puts (ReservePut), not yet committed."),
-		reservedBytes: d("master_reserved_bytes", "Bytes of those reservations (one replica each)."),
-		suspects:      d("master_suspect_segment_count", "Segments placement avoids: writes to them failed, their client has not pinged since."),
-		reports:       d("master_segment_reports_total", "Segments reported by clients whose writes to them failed."),
-		evictRuns:     d("master_eviction_runs_total", "Eviction rounds."),
-		evictKeys:     d("master_evicted_keys_total", "Objects evicted."),
-		evictBytes:    d("master_evicted_bytes_total", "Bytes freed by eviction."),
-		expired:       d("master_expired_clients_total", "Clients dropped for missing heartbeats."),
-		discarded:     d("master_discarded_puts_total", "Unfinished puts taken over after the discard timeout."),
-		released:      d("master_released_puts_total", "Unfinished puts freed at the release timeout."),
-		dropped:       d("master_dropped_replicas_total", "Replicas lost with their segment."),
-		lost:          d("master_lost_keys_total", "Objects erased because no replica was left."),
-		requests:      perRPC("requests_total", "%s RPCs served."),
-		failures:      perRPC("failures_total", "%s RPCs answered with an error."),
-		items:         perRPC("items_total", "Items of %s batch RPCs."),
-		itemFailures:  perRPC("item_failures_total", "Failed items of %s batch RPCs."),
+		capacity:          d("master_total_capacity_bytes", "Bytes of all mounted segments."),
+		allocated:         d("master_allocated_bytes", "Bytes reserved for replicas."),
+		keys:              d("master_key_count", "Objects, finished or not."),
+		pending:           d("master_pending_key_count", "Objects between PutStart and PutEnd."),
+		softPinned:        d("master_soft_pin_key_count", "Soft-pinned objects."),
+		hardPinned:        d("master_hard_pin_key_count", "Hard-pinned objects."),
+		segments:          d("master_segment_count", "Mounted segments."),
+		clients:           d("master_active_clients", "Clients with mounted segments."),
+		reservations:      d("master_reservation_count", "Space placed ahead of puts (ReservePut), not yet committed."),
+		reservedBytes:     d("master_reserved_bytes", "Bytes of those reservations (one replica each)."),
+		suspects:          d("master_suspect_segment_count", "Segments placement avoids: writes to them failed, their client has not pinged since."),
+		reports:           d("master_segment_reports_total", "Segments reported by clients whose writes to them failed."),
+		evictRuns:         d("master_eviction_runs_total", "Eviction rounds."),
+		evictKeys:         d("master_evicted_keys_total", "Objects evicted."),
+		evictBytes:        d("master_evicted_bytes_total", "Bytes freed by eviction."),
+		expired:           d("master_expired_clients_total", "Clients dropped for missing heartbeats."),
+		departed:          d("master_departed_clients_total", "Clients that unmounted their last segment (a clean departure, not an expiry)."),
+		discarded:         d("master_discarded_puts_total", "Unfinished puts taken over after the discard timeout."),
+		released:          d("master_released_puts_total", "Unfinished puts freed at the release timeout."),
+		dropped:           d("master_dropped_replicas_total", "Replicas lost with the segment of an expired client."),
+		lost:              d("master_lost_keys_total", "Objects erased because no replica was left after a client expired."),
+		unmountedReplicas: d("master_unmounted_replicas_total", "Replicas dropped with a segment its client unmounted."),
+		unmountedKeys:     d("master_unmounted_keys_total", "Objects erased because their last replica's segment was unmounted."),
+		requests:          perRPC("requests_total", "%s RPCs served."),
+		failures:          perRPC("failures_total", "%s RPCs answered with an error."),
+		items:             perRPC("items_total", "Items of %s batch RPCs."),
+		itemFailures:      perRPC("item_failures_total", "Failed items of %s batch RPCs."),
 	}
 }
 
@@ -87,7 +91,8 @@ func (x *Metrics) Observe(rpc string, d time.Duration, _ error) {
 // Describe implements prometheus.Collector.
 func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{x.capacity, x.allocated, x.keys, x.pending, x.softPinned, x.hardPinned, x.segments, x.clients,
-		x.reservations, x.reservedBytes, x.suspects, x.reports, x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost} {
+		x.reservations, x.reservedBytes, x.suspects, x.reports, x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost,
+		x.departed, x.unmountedReplicas, x.unmountedKeys} {
 		ch <- d
 	}
 	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures} {
@@ -125,6 +130,9 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 	c(x.released, s.ReleasedPuts)
 	c(x.dropped, s.DroppedReplicas)
 	c(x.lost, s.LostKeys)
+	c(x.departed, s.DepartedClients)
+	c(x.unmountedReplicas, s.UnmountedReplicas)
+	c(x.unmountedKeys, s.UnmountedKeys)
 	if x.svc != nil {
 		for _, r := range x.svc.Counts() {
 			c(x.requests[r.Name], r.Requests)
@@ -240,6 +248,8 @@ func writeSummary(w http.ResponseWriter, m *Master, svc *Service) {
 	fmt.Fprintf(&b, "Keys: %d (%d unfinished, %d soft-pinned, %d hard-pinned)\n", s.Keys, s.PendingKeys, s.SoftPinnedKeys, s.HardPinnedKeys)
 	fmt.Fprintf(&b, "Eviction: %d runs, %d keys, %s freed\n", s.EvictionRuns, s.EvictedKeys, bytesString(s.EvictedBytes))
 	fmt.Fprintf(&b, "Liveness: %d clients expired, %d replicas dropped, %d keys lost\n", s.ExpiredClients, s.DroppedReplicas, s.LostKeys)
+	fmt.Fprintf(&b, "Departures: %d clients unmounted their last segment, %d replicas and %d keys went with them\n",
+		s.DepartedClients, s.UnmountedReplicas, s.UnmountedKeys)
 	fmt.Fprintf(&b, "Unfinished puts: %d taken over, %d released\n", s.DiscardedPuts, s.ReleasedPuts)
 	fmt.Fprintf(&b, "Put-ahead reservations: %d (%s)\n", s.Reservations, bytesString(s.ReservedBytes))
 	fmt.Fprintf(&b, "Suspect segments: %d (%d failed-write reports)\n", s.SuspectSegments, s.SegmentReports)

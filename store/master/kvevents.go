@@ -20,8 +20,9 @@ import (
 //
 // Emit never waits under the DropOldest policy (the master's default):
 // publishing never slows or fails a Put, and what a full queue drops is
-// counted by the publisher. Under the Block policy a Put waits for queue
-// room.
+// counted by the publisher. Under the Block policy the calls that emitted
+// (a PutEnd, a Remove, an eviction round) wait for queue room, outside
+// the master's shard locks, so Gets, PutStarts and other keys' work go on.
 type KVEvents struct {
 	pub      *event.Publisher
 	unparsed atomic.Uint64

@@ -28,6 +28,7 @@ type Master struct {
 	clk   clock.Clock
 	oplog OpSink
 	ev    EventSink
+	evq   evQueue // events on their way to ev (evqueue.go)
 	alloc *alloc.Allocator
 	seed  maphash.Seed
 	view  uint64
@@ -35,9 +36,12 @@ type Master struct {
 	shards []shard
 
 	// segMu serialises the control plane: mount, remount, unmount and
-	// client expiry. Lock order: segMu, clientMu, shard (one, or all in
-	// index order), resvMu, allocator table, discardMu, segments (index
-	// order).
+	// client expiry. Lock order (as the code takes them): segMu or evictMu
+	// (never both), then shard (one, or all in index order), resvMu,
+	// allocator table (only under segMu, with no shard held), discardMu,
+	// segments (index order). clientMu is a leaf (applyMount takes it
+	// inside the allocator table's lock), and so is evq.mu; the event sink
+	// is called (evq.deliver) with at most segMu or evictMu held.
 	segMu    sync.Mutex
 	clientMu sync.RWMutex
 	clients  map[UUID]*client
@@ -51,6 +55,9 @@ type Master struct {
 	resvNext      uint64 // the last id given
 	reservedBytes atomic.Int64
 
+	putGen    atomic.Uint64 // the last put generation given (put.go)
+	regexFrom atomic.Uint32 // the shard where a RemoveByRegex past its budget stopped
+
 	evictMu       sync.Mutex
 	lastFruitless atomic.Int64 // last watermark round that freed nothing
 
@@ -59,6 +66,8 @@ type Master struct {
 	evictRuns, evictedKeys, evictedBytes, expiredClients   atomic.Uint64
 	discardedPuts, releasedPuts, droppedReplicas, lostKeys atomic.Uint64
 	segmentReports                                         atomic.Uint64
+	// A clean UnmountSegment is not a loss: counted apart.
+	departedClients, unmountedReplicas, unmountedKeys atomic.Uint64
 
 	runMu   sync.Mutex
 	started bool
@@ -145,6 +154,10 @@ type object struct {
 	ext   *objExt
 	r0    alloc.Placement
 	flags uint8
+	// gen is the low 32 bits of the put generation that created the
+	// object (0 for a committed reservation): PutEnd and PutRevoke of
+	// another put are refused. It fits the record's padding.
+	gen uint32
 }
 
 const (
@@ -163,6 +176,9 @@ type objExt struct {
 }
 
 func (o *object) complete() bool { return o.flags&fComplete != 0 }
+
+// isGen reports whether gen (0: unchecked) is the object's put generation.
+func (o *object) isGen(gen uint64) bool { return gen == 0 || uint32(gen) == o.gen }
 
 func (o *object) leased(now int64) bool { return o.flags&fLeased != 0 && o.lease > now }
 

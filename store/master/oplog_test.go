@@ -33,8 +33,9 @@ func drive(t testing.TB, e *env, seed uint64, steps int, checkpoint func()) {
 	}
 	key := func() string { return fmt.Sprintf("k%03d", r.IntN(300)) }
 	var pending []struct {
-		c UUID
-		k string
+		c   UUID
+		k   string
+		gen uint64
 	}
 	config := func() ReplicateConfig {
 		rc := ReplicateConfig{Replicas: 1 + r.IntN(3)}
@@ -92,21 +93,29 @@ func drive(t testing.TB, e *env, seed uint64, steps int, checkpoint func()) {
 		case n < 25:
 			rc := config()
 			k := key()
-			if _, err := e.m.PutStart(c, k, uint64(1+r.IntN(16<<10)), rc); err == nil {
+			if _, gen, err := e.m.PutStartGen(c, k, uint64(1+r.IntN(16<<10)), rc); err == nil {
 				pending = append(pending, struct {
-					c UUID
-					k string
-				}{c, k})
+					c   UUID
+					k   string
+					gen uint64
+				}{c, k, gen})
 			}
 		case n < 50:
 			if len(pending) > 0 {
 				i := r.IntN(len(pending))
 				p := pending[i]
 				pending = slices.Delete(pending, i, i+1)
+				gen := p.gen
+				switch r.IntN(6) {
+				case 0:
+					gen = 0 // a reference client: not checked
+				case 1:
+					gen = p.gen + 1 // another put's, or none
+				}
 				if r.IntN(8) == 0 {
-					e.m.PutRevoke(p.c, p.k, Memory)
+					e.m.PutRevokeGen(p.c, p.k, gen, Memory)
 				} else if r.IntN(10) != 0 { // some are never finished
-					e.m.PutEnd(p.c, p.k, Memory, &BlockMeta{BlockHashes: []uint64{r.Uint64()}})
+					e.m.PutEndGen(p.c, p.k, gen, Memory, &BlockMeta{BlockHashes: []uint64{r.Uint64()}})
 				}
 			}
 		case n < 60:
@@ -191,7 +200,7 @@ func TestOpLogReplay(t *testing.T) {
 			for _, op := range ops {
 				kinds[op.Kind]++
 			}
-			for k := OpPutStart; k <= OpDropReserved; k++ {
+			for k := OpPutStart; k <= OpClientLeft; k++ {
 				if kinds[k] == 0 {
 					t.Errorf("the mix never produced %v (%v)", k, kinds)
 				}
@@ -215,6 +224,19 @@ func TestOpLogReplay(t *testing.T) {
 				}
 			}
 			checkInvariants(t, standby)
+			// A promoted standby numbers puts after every logged one.
+			var maxGen uint64
+			for _, op := range ops {
+				if op.Kind == OpPutStart {
+					if op.Gen == 0 {
+						t.Fatalf("PutStart of %q logged without a generation", op.Key)
+					}
+					maxGen = max(maxGen, op.Gen)
+				}
+			}
+			if g := standby.nextGen(); g <= maxGen {
+				t.Fatalf("standby's next generation %d, logged up to %d", g, maxGen)
+			}
 			a, b := e.m.Stats(), standby.Stats()
 			if a.Keys != b.Keys || a.Allocated != b.Allocated || a.Capacity != b.Capacity || a.PendingKeys != b.PendingKeys ||
 				a.SoftPinnedKeys != b.SoftPinnedKeys || a.HardPinnedKeys != b.HardPinnedKeys || a.ActiveClients != b.ActiveClients {

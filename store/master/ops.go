@@ -26,12 +26,15 @@ type OpKind uint8
 const (
 	// OpPutStart creates an unfinished object of Size bytes owned by
 	// Client with replicas on Segments at Addrs (in replica order), with
-	// the pins of SoftPin/SoftPinTTL/HardPin; Time is its start time.
+	// the pins of SoftPin/SoftPinTTL/HardPin and put generation Gen; Time
+	// is its start time.
 	OpPutStart OpKind = iota + 1
-	// OpPutEnd completes the object (Client must own it) at Time. Block
-	// is what the client gave, for events.
+	// OpPutEnd completes the object (Client must own it, and Gen, when
+	// not 0, match its generation) at Time. Block is what the client
+	// gave, for events.
 	OpPutEnd
-	// OpPutRevoke frees an unfinished object (Client must own it).
+	// OpPutRevoke frees an unfinished object (Client must own it; Gen as
+	// OpPutEnd).
 	OpPutRevoke
 	// OpRemove deletes an object (Remove, BatchRemove, RemoveByRegex,
 	// RemoveAll: one op per key). A complete object's space is freed; an
@@ -74,11 +77,14 @@ const (
 	// OpDropReserved forgets reservation ID's replica on segment
 	// Segments[0] (being unmounted); one left with none is forgotten.
 	OpDropReserved
+	// OpClientLeft forgets Client after UnmountSegment took its last
+	// segment: a clean departure, not an expiry.
+	OpClientLeft
 )
 
 var opNames = [...]string{"", "PutStart", "PutEnd", "PutRevoke", "Remove", "Evict", "Discard", "DiscardFree",
 	"PutRelease", "DropReplica", "Mount", "UnmountStart", "Unmount", "ClientExpired",
-	"Reserve", "Commit", "Unreserve", "DropReserved"}
+	"Reserve", "Commit", "Unreserve", "DropReserved", "ClientLeft"}
 
 func (k OpKind) String() string {
 	if int(k) < len(opNames) && k != 0 {
@@ -103,6 +109,9 @@ type Op struct {
 	Segment    *alloc.Segment
 	Block      *BlockMeta
 	ID         uint64 // reservation id
+	// Gen is OpPutStart's put generation; on OpPutEnd and OpPutRevoke the
+	// one the writer gave (0: not checked).
+	Gen uint64
 }
 
 // OpSink receives every metadata change. Append is called while the
@@ -118,9 +127,10 @@ type OpSink interface {
 
 // applyArgs carries what apply needs beyond the op.
 type applyArgs struct {
-	replay bool
-	quiet  bool    // no per-key events (RemoveAll emits one Cleared)
-	obj    *object // out: the object PutStart created
+	replay  bool
+	quiet   bool    // no per-key events (RemoveAll emits one Cleared)
+	obj     *object // out: the object PutStart created
+	unmount bool    // replicas dropped by a clean UnmountSegment, not an expiry (counters)
 	// minReps: a live PutStart or Reserve placing fewer replicas (at
 	// least one) fails and places none.
 	minReps int
@@ -129,12 +139,6 @@ type applyArgs struct {
 func (m *Master) append(op *Op, a *applyArgs) {
 	if m.oplog != nil && !a.replay {
 		m.oplog.Append(op)
-	}
-}
-
-func (m *Master) emit(a *applyArgs, e *Event) {
-	if m.ev != nil && !a.replay && !a.quiet {
-		m.ev.Emit(e)
 	}
 }
 
@@ -165,7 +169,7 @@ func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 		return m.applyUnmountStart(op, a)
 	case OpUnmount:
 		return m.applyUnmount(op, a)
-	case OpClientExpired:
+	case OpClientExpired, OpClientLeft:
 		return m.applyClientExpired(op, a)
 	case OpReserve:
 		return m.applyReserve(op, a)
@@ -182,6 +186,14 @@ func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 	if sh.get(op.Key) != nil {
 		return diverged(op, "key exists")
+	}
+	if a.replay {
+		// A promoted standby goes on from the last generation logged.
+		for g := m.putGen.Load(); g < op.Gen; g = m.putGen.Load() {
+			if m.putGen.CompareAndSwap(g, op.Gen) {
+				break
+			}
+		}
 	}
 	return m.place(op, a, func(o object) {
 		sh.insert(op.Key, o)
@@ -260,7 +272,7 @@ func (m *Master) placed(op *Op, ps []alloc.Placement, a *applyArgs) error {
 
 // pendingObject is the unfinished object a PutStart or Reserve creates.
 func (m *Master) pendingObject(op *Op, ps []alloc.Placement) object {
-	o := object{size: op.Size, lease: op.Time, r0: ps[0]}
+	o := object{size: op.Size, lease: op.Time, r0: ps[0], gen: uint32(op.Gen)}
 	o.ext = &objExt{owner: op.Client, pinTTL: int64(op.SoftPinTTL)}
 	if len(ps) > 1 {
 		o.ext.more = slices.Clone(ps[1:])
@@ -291,8 +303,8 @@ func (m *Master) complete(o *object, op *Op) {
 
 func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
 	o := sh.get(op.Key)
-	if o == nil || o.complete() || o.owner() != op.Client {
-		return diverged(op, "no unfinished put of this client")
+	if o == nil || o.complete() || o.owner() != op.Client || !o.isGen(op.Gen) {
+		return diverged(op, "no unfinished put of this client and generation")
 	}
 	m.complete(o, op)
 	sh.pending--
@@ -314,8 +326,8 @@ func (m *Master) applyDelete(sh *shard, op *Op, a *applyArgs) error {
 	o := *p // the slot is cleared below
 	switch op.Kind {
 	case OpPutRevoke:
-		if o.complete() || o.owner() != op.Client {
-			return diverged(op, "no unfinished put of this client")
+		if o.complete() || o.owner() != op.Client || !o.isGen(op.Gen) {
+			return diverged(op, "no unfinished put of this client and generation")
 		}
 	case OpEvict:
 		if !o.complete() {
@@ -391,12 +403,11 @@ func (m *Master) applyDropReplica(sh *shard, op *Op, a *applyArgs) error {
 	if i < 0 {
 		return diverged(op, "no replica on segment %d", seg)
 	}
-	m.droppedReplicas.Add(1)
+	m.countDropped(a, len(ps) == 1)
 	if len(ps) == 1 {
 		// The last replica: the object is lost. Its space went with the
 		// segment, so nothing is freed.
 		m.forget(sh, op.Key, &o)
-		m.lostKeys.Add(1)
 		m.append(op, a)
 		if o.complete() && m.ev != nil && !a.replay {
 			m.emit(a, m.removedEvent(op.Key, &o, ReasonLost))
@@ -407,6 +418,20 @@ func (m *Master) applyDropReplica(sh *shard, op *Op, a *applyArgs) error {
 	*p = o
 	m.append(op, a)
 	return nil
+}
+
+// countDropped counts a replica dropped with its segment, and the object
+// when it was the last one: as lost on expiry (or replay), as unmounted
+// on a clean UnmountSegment.
+func (m *Master) countDropped(a *applyArgs, last bool) {
+	rep, obj := &m.droppedReplicas, &m.lostKeys
+	if a.unmount {
+		rep, obj = &m.unmountedReplicas, &m.unmountedKeys
+	}
+	rep.Add(1)
+	if last {
+		obj.Add(1)
+	}
 }
 
 func (m *Master) applyDiscardFree(op *Op, a *applyArgs) error {
@@ -537,7 +562,7 @@ func (m *Master) Replay(op *Op) error {
 		sh.mu.Lock()
 		defer sh.unlock()
 		return m.apply(sh, op, a)
-	case OpMount, OpUnmountStart, OpUnmount, OpClientExpired:
+	case OpMount, OpUnmountStart, OpUnmount, OpClientExpired, OpClientLeft:
 		m.segMu.Lock()
 		defer m.segMu.Unlock()
 		return m.apply(nil, op, a)

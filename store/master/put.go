@@ -39,20 +39,39 @@ func (m *Master) checkConfig(rc *ReplicateConfig) (int, error) {
 // hold the object, one eviction round runs and placement is tried once
 // more; then ErrNoAvailableHandle.
 func (m *Master) PutStart(client UUID, key string, size uint64, rc ReplicateConfig) ([]Replica, error) {
+	reps, _, err := m.PutStartGen(client, key, size, rc)
+	return reps, err
+}
+
+// PutStartGen is PutStart that also returns the put's generation (never
+// 0): a number unique to this put of the key, for PutEndGen and
+// PutRevokeGen, so that a writer whose put was taken over (or removed)
+// cannot end or revoke its successor's.
+func (m *Master) PutStartGen(client UUID, key string, size uint64, rc ReplicateConfig) ([]Replica, uint64, error) {
 	if err := m.checkKey(key); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if size == 0 {
-		return nil, errcode.New(errcode.InvalidParams, "size 0")
+		return nil, 0, errcode.New(errcode.InvalidParams, "size 0")
 	}
 	n, err := m.checkConfig(&rc)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	return m.putStart(client, key, size, &rc, n)
 }
 
-func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateConfig, n int) ([]Replica, error) {
+// nextGen gives a put generation: a master-wide counter whose low 32 bits
+// (what a record keeps) are never 0.
+func (m *Master) nextGen() uint64 {
+	for {
+		if g := m.putGen.Add(1); uint32(g) != 0 {
+			return g
+		}
+	}
+}
+
+func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateConfig, n int) ([]Replica, uint64, error) {
 	req := alloc.Request{Size: size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
 		MinReplicas: rc.MinReplicas}
 	ttl := m.pinTTL(rc) // kept per object only when it is not the default
@@ -65,24 +84,25 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 		now := m.now()
 		if err := m.claimKey(sh, key, now); err != nil {
 			sh.unlock()
-			return nil, err
+			return nil, 0, err
 		}
 		segs, err := m.alloc.Choose(req)
 		var reps []Replica
+		gen := m.nextGen()
 		if err == nil {
 			var o object
 			op := &Op{Kind: OpPutStart, Time: now, Key: key, Client: client, Size: size, SoftPin: rc.SoftPin,
-				SoftPinTTL: ttl, HardPin: rc.HardPin, Segments: segs}
+				SoftPinTTL: ttl, HardPin: rc.HardPin, Segments: segs, Gen: gen}
 			if err = m.apply(sh, op, &applyArgs{obj: &o, minReps: rc.MinReplicas}); err == nil {
 				reps = m.replicas(&o)
 			}
 		}
 		sh.unlock()
 		if err == nil {
-			return reps, nil
+			return reps, gen, nil
 		}
 		if attempt > 0 || !errors.Is(err, errcode.ErrNoAvailableHandle) {
-			return nil, err
+			return nil, 0, err
 		}
 		// Eviction cannot make room for more than a segment holds, nor
 		// add segments; when only suspect segments could take the put,
@@ -94,10 +114,10 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 			// Make room and try once more (outside the shard lock:
 			// eviction takes shard locks itself).
 			if r := m.evict(now); r.Keys == 0 && !req.NoSuspect {
-				return nil, err
+				return nil, 0, err
 			}
 		case !req.NoSuspect:
-			return nil, err
+			return nil, 0, err
 		}
 	}
 }
@@ -120,16 +140,31 @@ func (m *Master) claimKey(sh *shard, key string, now int64) error {
 // PutEnd makes the object visible (COMPLETE). Only the client that
 // started the put may end it (ErrIllegalClient); a missing key is
 // ErrObjectNotFound; ending a complete object again succeeds (a retried
-// RPC). block, when not nil, is passed to the Stored event.
+// RPC). block, when not nil, is passed to the Stored event. PutEnd does
+// not check the put's generation: PutEndGen does.
 func (m *Master) PutEnd(client UUID, key string, rt ReplicaType, block *BlockMeta) error {
-	return m.finishPut(&Op{Kind: OpPutEnd, Key: key, Client: client, Block: block}, rt)
+	return m.PutEndGen(client, key, 0, rt, block)
+}
+
+// PutEndGen is PutEnd of the put PutStartGen numbered gen. When the key
+// holds another put (this one was taken over, or removed and the key put
+// again), finished or not, it is ErrReplicaIsGone: the bytes the caller
+// wrote were not stored. gen 0 is not checked (PutEnd).
+func (m *Master) PutEndGen(client UUID, key string, gen uint64, rt ReplicaType, block *BlockMeta) error {
+	return m.finishPut(&Op{Kind: OpPutEnd, Key: key, Client: client, Block: block, Gen: gen}, rt)
 }
 
 // PutRevoke abandons an unfinished put and frees its space at once. A
 // missing key is ErrObjectNotFound, a complete one ErrInvalidWrite,
-// another client's ErrIllegalClient.
+// another client's ErrIllegalClient. It does not check the generation.
 func (m *Master) PutRevoke(client UUID, key string, rt ReplicaType) error {
-	return m.finishPut(&Op{Kind: OpPutRevoke, Key: key, Client: client}, rt)
+	return m.PutRevokeGen(client, key, 0, rt)
+}
+
+// PutRevokeGen is PutRevoke of the put numbered gen: another put of the
+// key is ErrReplicaIsGone and is left alone (gen 0 is not checked).
+func (m *Master) PutRevokeGen(client UUID, key string, gen uint64, rt ReplicaType) error {
+	return m.finishPut(&Op{Kind: OpPutRevoke, Key: key, Client: client, Gen: gen}, rt)
 }
 
 // finishPut applies op (PutEnd or PutRevoke) to op.Client's unfinished
@@ -141,6 +176,7 @@ func (m *Master) finishPut(op *Op, rt ReplicaType) error {
 	if rt != Memory {
 		return errcode.New(errcode.InvalidParams, "replica type %d: the master places memory replicas only", rt)
 	}
+	defer m.flushEvents() // after the unlock
 	sh := m.shardOf(op.Key)
 	sh.mu.Lock()
 	defer sh.unlock()
@@ -148,6 +184,8 @@ func (m *Master) finishPut(op *Op, rt ReplicaType) error {
 	switch {
 	case o == nil:
 		return errcode.New(errcode.ObjectNotFound, "key %q", op.Key)
+	case !o.isGen(op.Gen):
+		return errcode.New(errcode.ReplicaIsGone, "key %q: put generation %d was taken over or removed; its replicas are gone", op.Key, op.Gen)
 	case o.complete() && op.Kind == OpPutEnd:
 		return nil // a retried PutEnd; the writer is no longer recorded
 	case o.complete():
@@ -162,6 +200,7 @@ func (m *Master) finishPut(op *Op, rt ReplicaType) error {
 // PutStartResult is one item of BatchPutStart.
 type PutStartResult struct {
 	Replicas []Replica
+	Gen      uint64 // the put's generation (PutStartGen)
 	Err      error
 }
 
@@ -188,7 +227,7 @@ func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc Re
 			out[i].Err = errcode.New(errcode.InvalidParams, "size 0")
 			continue
 		}
-		out[i].Replicas, out[i].Err = m.putStart(client, key, sizes[i], &rc, n)
+		out[i].Replicas, out[i].Gen, out[i].Err = m.putStart(client, key, sizes[i], &rc, n)
 	}
 	return out, nil
 }
@@ -196,8 +235,17 @@ func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc Re
 // BatchPutEnd is PutEnd for many keys; blocks is empty or has one entry
 // per key.
 func (m *Master) BatchPutEnd(client UUID, keys []string, rt ReplicaType, blocks []*BlockMeta) ([]error, error) {
+	return m.BatchPutEndGen(client, keys, nil, rt, blocks)
+}
+
+// BatchPutEndGen is PutEndGen for many keys; gens and blocks are empty or
+// have one entry per key.
+func (m *Master) BatchPutEndGen(client UUID, keys []string, gens []uint64, rt ReplicaType, blocks []*BlockMeta) ([]error, error) {
 	if len(blocks) != 0 && len(blocks) != len(keys) {
 		return nil, errcode.New(errcode.InvalidParams, "%d keys, %d blocks", len(keys), len(blocks))
+	}
+	if len(gens) != 0 && len(gens) != len(keys) {
+		return nil, errcode.New(errcode.InvalidParams, "%d keys, %d generations", len(keys), len(gens))
 	}
 	out := make([]error, len(keys))
 	for i, key := range keys {
@@ -205,16 +253,34 @@ func (m *Master) BatchPutEnd(client UUID, keys []string, rt ReplicaType, blocks 
 		if len(blocks) > 0 {
 			b = blocks[i]
 		}
-		out[i] = m.PutEnd(client, key, rt, b)
+		var g uint64
+		if len(gens) > 0 {
+			g = gens[i]
+		}
+		out[i] = m.PutEndGen(client, key, g, rt, b)
 	}
 	return out, nil
 }
 
 // BatchPutRevoke is PutRevoke for many keys.
 func (m *Master) BatchPutRevoke(client UUID, keys []string, rt ReplicaType) []error {
+	out, _ := m.BatchPutRevokeGen(client, keys, nil, rt)
+	return out
+}
+
+// BatchPutRevokeGen is PutRevokeGen for many keys; gens is empty or has
+// one entry per key.
+func (m *Master) BatchPutRevokeGen(client UUID, keys []string, gens []uint64, rt ReplicaType) ([]error, error) {
+	if len(gens) != 0 && len(gens) != len(keys) {
+		return nil, errcode.New(errcode.InvalidParams, "%d keys, %d generations", len(keys), len(gens))
+	}
 	out := make([]error, len(keys))
 	for i, key := range keys {
-		out[i] = m.PutRevoke(client, key, rt)
+		var g uint64
+		if len(gens) > 0 {
+			g = gens[i]
+		}
+		out[i] = m.PutRevokeGen(client, key, g, rt)
 	}
-	return out
+	return out, nil
 }

@@ -114,6 +114,7 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 	if err := m.checkKey(it.Key); err != nil {
 		return err
 	}
+	defer m.flushEvents() // after the unlocks
 	sh := m.shardOf(it.Key)
 	sh.mu.Lock()
 	defer sh.unlock()
@@ -165,8 +166,8 @@ func (m *Master) pinTTL(rc *ReplicateConfig) time.Duration {
 }
 
 // dropReserved forgets reservation replicas on segment idx (being
-// unmounted); segMu is held.
-func (m *Master) dropReserved(idx uint32) error {
+// unmounted; clean says by UnmountSegment); segMu is held.
+func (m *Master) dropReserved(idx uint32, clean bool) error {
 	m.resvMu.Lock()
 	defer m.resvMu.Unlock()
 	var ids []uint64
@@ -177,7 +178,7 @@ func (m *Master) dropReserved(idx uint32) error {
 	}
 	slices.Sort(ids) // a deterministic log
 	for _, id := range ids {
-		if err := m.apply(nil, &Op{Kind: OpDropReserved, Time: m.now(), ID: id, Segments: []uint32{idx}}, &applyArgs{}); err != nil {
+		if err := m.apply(nil, &Op{Kind: OpDropReserved, Time: m.now(), ID: id, Segments: []uint32{idx}}, &applyArgs{unmount: clean}); err != nil {
 			return err
 		}
 	}
@@ -300,7 +301,7 @@ func (m *Master) applyDropReserved(op *Op, a *applyArgs) error {
 	if i < 0 {
 		return diverged(op, "no replica on segment %d", op.Segments[0])
 	}
-	m.droppedReplicas.Add(1)
+	m.countDropped(a, false)
 	if len(ps) == 1 {
 		// Its only space went with the segment.
 		delete(m.resv, op.ID)

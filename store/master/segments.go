@@ -9,8 +9,10 @@ import (
 
 // MountSegment adds memory a client contributes to the pool and starts
 // tracking the client's liveness (it must Ping within ClientTTL from
-// now on). s.Client is set to client. A known segment ID is
-// ErrSegmentAlreadyExists; bad geometry ErrInvalidParams.
+// now on). s.Client is set to client. A known segment ID, or a range
+// that overlaps a mounted segment of the same engine segment name
+// (whichever client mounted it), is ErrSegmentAlreadyExists; bad geometry
+// ErrInvalidParams.
 func (m *Master) MountSegment(client UUID, s alloc.Segment) error {
 	if client.IsZero() {
 		return errcode.New(errcode.InvalidParams, "client id is zero")
@@ -26,8 +28,10 @@ func (m *Master) mountLocked(s alloc.Segment) error {
 }
 
 // ReMountSegment mounts a client's segments again after NEED_REMOUNT.
-// Segments the master still has for this client are kept as they are;
-// a segment ID mounted by another client is ErrSegmentAlreadyExists.
+// Segments the master still has for this client are kept as they are
+// (a remount is idempotent); a segment ID mounted by another client, or a
+// new segment overlapping a mounted one as in MountSegment, is
+// ErrSegmentAlreadyExists.
 // The client is tracked again (a pure client with no segments is not).
 func (m *Master) ReMountSegment(client UUID, segs []alloc.Segment) error {
 	if client.IsZero() {
@@ -78,11 +82,27 @@ func (m *Master) UnmountSegment(client UUID, id UUID) error {
 	if s.Client != client {
 		return errcode.New(errcode.IllegalClient, "segment %v belongs to another client", id)
 	}
-	return m.unmountLocked(s)
+	if err := m.unmountLocked(s, true); err != nil {
+		return err
+	}
+	if len(m.alloc.ByClient(client)) > 0 {
+		return nil
+	}
+	// Its last segment: the client left (it is not an expiry, nor active).
+	m.clientMu.RLock()
+	_, tracked := m.clients[client]
+	m.clientMu.RUnlock()
+	if !tracked {
+		return nil
+	}
+	m.departedClients.Add(1)
+	m.cfg.Logger.Info("master: client unmounted its last segment; forgetting it", "client", client.String())
+	return m.apply(nil, &Op{Kind: OpClientLeft, Time: m.now(), Client: client}, &applyArgs{})
 }
 
-// unmountLocked runs the unmount sequence; segMu is held.
-func (m *Master) unmountLocked(s alloc.Segment) error {
+// unmountLocked runs the unmount sequence; segMu is held. clean says it
+// is the client's own UnmountSegment, not an expiry.
+func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 	start := &Op{Kind: OpUnmountStart, Time: m.now(), Client: s.Client, Segment: &s}
 	if err := m.apply(nil, start, &applyArgs{}); err != nil {
 		return err
@@ -96,16 +116,18 @@ func (m *Master) unmountLocked(s alloc.Segment) error {
 			now := m.now()
 			for k, j := range sh.index {
 				if o := &sh.objs[j]; o.r0.Seg == idx || o.ext != nil && slices.ContainsFunc(o.ext.more, func(p alloc.Placement) bool { return p.Seg == idx }) {
-					if err := m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: k, Segments: []uint32{idx}}, &applyArgs{}); err != nil {
+					if err := m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: k, Segments: []uint32{idx}}, &applyArgs{unmount: clean}); err != nil {
 						sh.unlock()
+						m.flushEvents()
 						return err
 					}
 				}
 			}
 			sh.unlock()
+			m.flushEvents()
 		}
 	}
-	if err := m.dropReserved(idx); err != nil {
+	if err := m.dropReserved(idx, clean); err != nil {
 		return err
 	}
 	return m.apply(nil, &Op{Kind: OpUnmount, Time: m.now(), Client: s.Client, Segments: []uint32{idx}}, &applyArgs{})
@@ -170,7 +192,7 @@ func (m *Master) expireClients(now int64) {
 			if !ok {
 				continue
 			}
-			if err := m.unmountLocked(s); err != nil {
+			if err := m.unmountLocked(s, false); err != nil {
 				m.cfg.Logger.Error("master: unmounting an expired client's segment", "segment", s.ID.String(), "err", err)
 			}
 		}

@@ -293,11 +293,11 @@ func (s *Service) PutStart(_ context.Context, r *storepb.PutStartRequest) (resp 
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
-	reps, err := s.m.PutStart(c, r.Key, r.Size, rc)
+	reps, gen, err := s.m.PutStartGen(c, r.Key, r.Size, rc)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
-	return &storepb.PutStartResponse{Replicas: replicasPB(reps)}, nil
+	return &storepb.PutStartResponse{Replicas: replicasPB(reps), Generation: gen}, nil
 }
 
 // PutEnd implements storepb.MasterServer.
@@ -305,7 +305,7 @@ func (s *Service) PutEnd(_ context.Context, r *storepb.PutEndRequest) (_ *storep
 	defer func(t time.Time) { s.done(rpcPutEnd, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err == nil {
-		err = s.m.PutEnd(c, r.Key, ReplicaType(r.ReplicaType), blockFromPB(r.Block))
+		err = s.m.PutEndGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType), blockFromPB(r.Block))
 	}
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -318,7 +318,7 @@ func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *
 	defer func(t time.Time) { s.done(rpcPutRevoke, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err == nil {
-		err = s.m.PutRevoke(c, r.Key, ReplicaType(r.ReplicaType))
+		err = s.m.PutRevokeGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType))
 	}
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -349,7 +349,7 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 			out.Results[i] = &storepb.PutStartResult{ErrorCode: int32(errcode.CodeOf(x.Err)), Message: x.Err.Error()}
 			continue
 		}
-		out.Results[i] = &storepb.PutStartResult{Replicas: replicasPB(x.Replicas)}
+		out.Results[i] = &storepb.PutStartResult{Replicas: replicasPB(x.Replicas), Generation: x.Gen}
 	}
 	return out, nil
 }
@@ -369,7 +369,7 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 			blocks[i] = blockFromPB(b)
 		}
 	}
-	errs, err := s.m.BatchPutEnd(c, r.Keys, ReplicaType(r.ReplicaType), blocks)
+	errs, err := s.m.BatchPutEndGen(c, r.Keys, r.Generations, ReplicaType(r.ReplicaType), blocks)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
@@ -386,7 +386,10 @@ func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeReq
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
-	errs := s.m.BatchPutRevoke(c, r.Keys, ReplicaType(r.ReplicaType))
+	errs, err := s.m.BatchPutRevokeGen(c, r.Keys, r.Generations, ReplicaType(r.ReplicaType))
+	if err != nil {
+		return nil, errcode.ToStatus(err)
+	}
 	bad = countBad(errs)
 	out := &storepb.BatchPutRevokeResponse{Results: items(errs)}
 	return out, nil

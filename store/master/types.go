@@ -143,12 +143,17 @@ type Stats struct {
 	EvictionRuns    uint64
 	EvictedKeys     uint64
 	EvictedBytes    uint64
-	ExpiredClients  uint64
+	ExpiredClients  uint64 // clients dropped for missing heartbeats
 	DiscardedPuts   uint64 // unfinished puts taken over
 	ReleasedPuts    uint64 // unfinished puts freed at PutReleaseTimeout
-	DroppedReplicas uint64 // replicas lost with their segment
-	LostKeys        uint64 // objects erased because no replica was left
-	SegmentReports  uint64 // segments reported by clients whose writes to them failed
+	DroppedReplicas uint64 // replicas lost with their segment (client expiry)
+	LostKeys        uint64 // objects erased because no replica was left (client expiry)
+
+	// A clean UnmountSegment (a client's Close) is not a loss.
+	DepartedClients   uint64 // clients that unmounted their last segment
+	UnmountedReplicas uint64 // replicas dropped with a segment its client unmounted
+	UnmountedKeys     uint64 // objects erased because their last replica's segment was unmounted
+	SegmentReports    uint64 // segments reported by clients whose writes to them failed
 }
 
 // EvictResult reports one eviction round.

@@ -846,8 +846,11 @@ func (x *PutStartRequest) GetConfig() *ReplicateConfig {
 }
 
 type PutStartResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Replicas      []*ReplicaDescriptor   `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Replicas []*ReplicaDescriptor   `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// generation identifies this put of the key (Crescent's, not the
+	// reference's); send it back with PutEnd or PutRevoke. Never 0.
+	Generation    uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -889,12 +892,23 @@ func (x *PutStartResponse) GetReplicas() []*ReplicaDescriptor {
 	return nil
 }
 
+func (x *PutStartResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type PutEndRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	ReplicaType   ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
-	Block         *BlockMetadata         `protobuf:"bytes,4,opt,name=block,proto3" json:"block,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ClientId    *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Key         string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	ReplicaType ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
+	Block       *BlockMetadata         `protobuf:"bytes,4,opt,name=block,proto3" json:"block,omitempty"`
+	// generation PutStart gave; 0 (the reference's clients) is not checked.
+	// Another put's generation (this one was taken over or removed) is
+	// REPLICA_IS_GONE: the bytes written were not stored.
+	Generation    uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -957,6 +971,13 @@ func (x *PutEndRequest) GetBlock() *BlockMetadata {
 	return nil
 }
 
+func (x *PutEndRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type PutEndResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -998,6 +1019,7 @@ type PutRevokeRequest struct {
 	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	ReplicaType   ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
+	Generation    uint64                 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"` // as PutEndRequest.generation
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1051,6 +1073,13 @@ func (x *PutRevokeRequest) GetReplicaType() ReplicaType {
 		return x.ReplicaType
 	}
 	return ReplicaType_REPLICA_TYPE_MEMORY
+}
+
+func (x *PutRevokeRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 type PutRevokeResponse struct {
@@ -1162,6 +1191,7 @@ type PutStartResult struct {
 	ErrorCode     int32                  `protobuf:"varint,1,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
 	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	Replicas      []*ReplicaDescriptor   `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Generation    uint64                 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"` // as PutStartResponse.generation
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1217,6 +1247,13 @@ func (x *PutStartResult) GetReplicas() []*ReplicaDescriptor {
 	return nil
 }
 
+func (x *PutStartResult) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type BatchPutStartResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*PutStartResult      `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
@@ -1266,7 +1303,8 @@ type BatchPutEndRequest struct {
 	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	ReplicaType   ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
-	Blocks        []*BlockMetadata       `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"` // empty, or one per key
+	Blocks        []*BlockMetadata       `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`                   // empty, or one per key
+	Generations   []uint64               `protobuf:"varint,5,rep,packed,name=generations,proto3" json:"generations,omitempty"` // empty, or one per key (0 = unchecked)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1329,6 +1367,13 @@ func (x *BatchPutEndRequest) GetBlocks() []*BlockMetadata {
 	return nil
 }
 
+func (x *BatchPutEndRequest) GetGenerations() []uint64 {
+	if x != nil {
+		return x.Generations
+	}
+	return nil
+}
+
 type BatchPutEndResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*ItemResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
@@ -1378,6 +1423,7 @@ type BatchPutRevokeRequest struct {
 	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	ReplicaType   ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
+	Generations   []uint64               `protobuf:"varint,4,rep,packed,name=generations,proto3" json:"generations,omitempty"` // empty, or one per key (0 = unchecked)
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1431,6 +1477,13 @@ func (x *BatchPutRevokeRequest) GetReplicaType() ReplicaType {
 		return x.ReplicaType
 	}
 	return ReplicaType_REPLICA_TYPE_MEMORY
+}
+
+func (x *BatchPutRevokeRequest) GetGenerations() []uint64 {
+	if x != nil {
+		return x.Generations
+	}
+	return nil
 }
 
 type BatchPutRevokeResponse struct {
@@ -3617,43 +3670,57 @@ const file_master_proto_rawDesc = "" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12:\n" +
-	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\"T\n" +
+	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\"t\n" +
 	"\x10PutStartResponse\x12@\n" +
-	"\breplicas\x18\x01 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\"\xd2\x01\n" +
+	"\breplicas\x18\x01 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\"\xf2\x01\n" +
 	"\rPutEndRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12A\n" +
 	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x126\n" +
-	"\x05block\x18\x04 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\"\x10\n" +
-	"\x0ePutEndResponse\"\x9d\x01\n" +
+	"\x05block\x18\x04 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x05 \x01(\x04R\n" +
+	"generation\"\x10\n" +
+	"\x0ePutEndResponse\"\xbd\x01\n" +
 	"\x10PutRevokeRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12A\n" +
-	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\"\x13\n" +
+	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\"\x13\n" +
 	"\x11PutRevokeResponse\"\xb2\x01\n" +
 	"\x14BatchPutStartRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x14\n" +
 	"\x05sizes\x18\x03 \x03(\x04R\x05sizes\x12:\n" +
-	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\"\x8b\x01\n" +
+	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\"\xab\x01\n" +
 	"\x0ePutStartResult\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12@\n" +
-	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\"T\n" +
+	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x04R\n" +
+	"generation\"T\n" +
 	"\x15BatchPutStartResponse\x12;\n" +
-	"\aresults\x18\x01 \x03(\v2!.crescent.store.v1.PutStartResultR\aresults\"\xdb\x01\n" +
+	"\aresults\x18\x01 \x03(\v2!.crescent.store.v1.PutStartResultR\aresults\"\xfd\x01\n" +
 	"\x12BatchPutEndRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
 	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x128\n" +
-	"\x06blocks\x18\x04 \x03(\v2 .crescent.store.v1.BlockMetadataR\x06blocks\"N\n" +
+	"\x06blocks\x18\x04 \x03(\v2 .crescent.store.v1.BlockMetadataR\x06blocks\x12 \n" +
+	"\vgenerations\x18\x05 \x03(\x04R\vgenerations\"N\n" +
 	"\x13BatchPutEndResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"\xa4\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"\xc6\x01\n" +
 	"\x15BatchPutRevokeRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
-	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\"Q\n" +
+	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x12 \n" +
+	"\vgenerations\x18\x04 \x03(\x04R\vgenerations\"Q\n" +
 	"\x16BatchPutRevokeResponse\x127\n" +
 	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"s\n" +
 	"\vReservation\x12\x0e\n" +

@@ -71,6 +71,13 @@ func TestBackend(t *testing.T) {
 	metatest.RunBackend(t, cfg)
 }
 
+// A hostile descriptor written straight into the store is refused at
+// open time, naming the field; the engine stays usable.
+func TestHostileDescriptor(t *testing.T) {
+	cfg, _, _ := config(t)
+	metatest.RunHostile(t, cfg)
+}
+
 func TestEngines(t *testing.T) {
 	cfg, _, _ := config(t)
 	metatest.RunEngines(t, cfg)

@@ -237,7 +237,7 @@ func (t *Transport) spans(d *metadata.SegmentDesc) []span {
 	}
 	var s []span
 	for _, b := range d.Buffers {
-		if b.Offset != nil && b.Length > 0 {
+		if b.Offset != nil && b.Length > 0 && b.Addr+b.Length >= b.Addr {
 			s = append(s, span{addr: b.Addr, end: b.Addr + b.Length, off: *b.Offset})
 		}
 	}
@@ -259,11 +259,12 @@ func (t *Transport) locate(d *metadata.SegmentDesc, addr, n uint64) (uint64, boo
 	if i == len(s) || addr < s[i].addr || s[i].end-addr < n {
 		return 0, false
 	}
-	off := s[i].off + (addr - s[i].addr)
-	if off > uint64(len(t.dev.mem)) || n > uint64(len(t.dev.mem))-off {
+	// The offset comes from the peer: add only what cannot wrap.
+	size, base, delta := uint64(len(t.dev.mem)), s[i].off, addr-s[i].addr
+	if base > size || delta > size-base || n > size-base-delta {
 		return 0, false
 	}
-	return off, true
+	return base + delta, true
 }
 
 // Accepts implements transport.Transport: the peer names the same device

@@ -85,7 +85,10 @@
 //
 // Memory registered with the engine is registered on every domain
 // (AfterRegister); BeforeUnregister refuses new requests on it and closes
-// its registrations when the requests using it have ended. Close closes
+// its registrations when the requests using it have ended; if its ctx
+// ends first it returns a transport.UnconfirmedError whose channel closes
+// with the registrations (until then peers can still reach the memory).
+// Close closes
 // the endpoints first (every pending task ends with transport.ErrClosed),
 // then the registrations, completion queues, address vectors, domains and
 // fabrics.

@@ -541,12 +541,20 @@ func (t *Transport) BeforeUnregister(ctx context.Context, addr, length uint64) e
 	case <-ctx.Done():
 	}
 	// Every request ends, at the latest when Close ends them (and closes
-	// the MRs with the endpoints).
-	t.bg.Go(func() {
+	// the MRs with the endpoints). Until the MRs close, peers can still
+	// reach the memory: the caller learns when they no longer can.
+	released := make(chan struct{})
+	if !t.bg.Go(func() {
 		<-l.idle
 		l.closeMRs()
-	})
-	return fmt.Errorf("efa: %w: %d requests still use [%#x,+%d): %w", transport.ErrBufferBusy, l.inflight.Load(), addr, length, ctx.Err())
+		close(released)
+	}) {
+		close(released) // closing: Close closes the MRs
+	}
+	return &transport.UnconfirmedError{
+		Err:      fmt.Errorf("efa: %w: %d requests still use [%#x,+%d): %w", transport.ErrBufferBusy, l.inflight.Load(), addr, length, ctx.Err()),
+		Released: []<-chan struct{}{released},
+	}
 }
 
 // local returns the registration holding [a, a+n).

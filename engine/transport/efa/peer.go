@@ -71,15 +71,17 @@ func buildIndex(d *metadata.SegmentDesc, provider string) *remoteIndex {
 	default:
 		return nil
 	}
-	if ext.Provider != provider || ext.Devices <= 0 || ext.FirstDevice < 0 || ext.FirstDevice+ext.Devices > len(d.Devices) {
+	// metadata.Validate refuses such ranges; this stays as a defence, in
+	// a form that cannot overflow (FirstDevice+Devices can).
+	if ext.Provider != provider || ext.Devices <= 0 || ext.FirstDevice < 0 || ext.FirstDevice > len(d.Devices)-ext.Devices {
 		return nil
 	}
+	end := ext.FirstDevice + ext.Devices
 	ri := &remoteIndex{virtAddr: ext.VirtAddr}
-	for _, dev := range d.Devices[ext.FirstDevice : ext.FirstDevice+ext.Devices] {
+	for _, dev := range d.Devices[ext.FirstDevice:end] {
 		ri.devices = append(ri.devices, dev.Name)
 	}
 	for _, b := range d.Buffers {
-		end := ext.FirstDevice + ext.Devices
 		if b.Length == 0 || b.Addr+b.Length < b.Addr || len(b.RKey) < end {
 			continue
 		}

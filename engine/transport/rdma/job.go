@@ -50,11 +50,13 @@ func (j *job) done(s *slice, err error) {
 	if j.remaining.Add(-1) != 0 {
 		return
 	}
-	j.reg.release()
 	j.mu.Lock()
 	err = j.err
 	j.mu.Unlock()
+	// Complete before releasing the region: an unregister waiting for it
+	// must find the completion already delivered.
 	j.task.Complete(int(j.bytes.Load()), err)
+	j.reg.release()
 }
 
 func (j *job) timeoutErr() error {

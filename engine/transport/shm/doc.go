@@ -25,8 +25,18 @@
 // Before the target unregisters a buffer it stops listing it and sends
 // "revoke" to every connected peer at once, waiting for "revoked": the peer replies only after its
 // copies into the region finished and the region is unmapped. A peer that
-// does not answer in time is disconnected. When the control connection
+// does not answer in time has our writing half shut (it reads EOF and
+// drops its mappings); BeforeUnregister then returns a
+// transport.UnconfirmedError whose channels close when that peer
+// confirms late or its end of the connection closes, the only sign that
+// it can no longer write into the buffer. When the control connection
 // drops, the peer unmaps everything of that target.
+//
+// The control socket serves through internal/netx: accept errors such
+// as EMFILE back off and retry; live connections are capped (MaxConns,
+// 1024). Only a connection that has sent nothing yet is closed to make
+// room at the cap: once a peer has spoken it may hold mappings that only
+// its connection can revoke.
 //
 // Trust: a process of the same uid could read the target's memory anyway
 // (ptrace, /proc/pid/mem); the uid check keeps other users out.

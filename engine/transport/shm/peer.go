@@ -197,14 +197,19 @@ func (p *peer) has(addr, n uint64) bool {
 
 // mapRegion maps the pages holding one region, prefaulted.
 func (p *peer) mapRegion(fd int, r region) (*mapping, error) {
-	page := int64(unix.Getpagesize())
-	start := r.Off &^ (page - 1)
-	end := (r.Off + int64(r.Len) + page - 1) &^ (page - 1)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, fmt.Errorf("shm: fstat memfd: %w", err)
 	}
-	if r.Off < 0 || end > st.Size {
+	// Off and Len come from the peer: check them against the file before
+	// adding them (int64(Len) may be negative, Off+Len may wrap).
+	if r.Off < 0 || r.Off > st.Size || r.Len > uint64(st.Size-r.Off) {
+		return nil, fmt.Errorf("%w: region [%d,+%d) beyond memfd size %d", errBadMessage, r.Off, r.Len, st.Size)
+	}
+	page := int64(unix.Getpagesize())
+	start := r.Off &^ (page - 1)
+	end := (r.Off + int64(r.Len) + page - 1) &^ (page - 1)
+	if end > st.Size {
 		return nil, fmt.Errorf("%w: region [%d,+%d) beyond memfd size %d", errBadMessage, r.Off, r.Len, st.Size)
 	}
 	flags := unix.MAP_SHARED

@@ -7,14 +7,18 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // serverConn is one peer connected to our control socket.
 type serverConn struct {
-	t *Transport
-	c *net.UnixConn
+	t  *Transport
+	nc *netx.Conn
+	c  *net.UnixConn
 
 	wmu sync.Mutex // serialises writes
 
@@ -22,44 +26,39 @@ type serverConn struct {
 	waiting map[uint64]chan struct{} // revoke id -> ack
 }
 
-func (t *Transport) accept() {
-	defer t.wg.Done()
-	for {
-		c, err := t.ln.AcceptUnix()
-		if err != nil {
-			return
-		}
-		if err := t.checkPeer(c); err != nil {
-			t.log.Warn("shm: refused peer", "err", err)
-			send(c, &message{Op: "error", Error: err.Error()}, nil)
-			c.Close()
-			continue
-		}
-		sc := &serverConn{t: t, c: c, waiting: make(map[uint64]chan struct{})}
-		t.mu.Lock()
-		if t.closed {
-			t.mu.Unlock()
-			c.Close()
-			return
-		}
-		t.conns[sc] = struct{}{}
-		t.wg.Add(1)
-		t.mu.Unlock()
-		go func() {
-			defer t.wg.Done()
-			sc.serve()
-			c.Close()
-			t.mu.Lock()
-			delete(t.conns, sc)
-			t.mu.Unlock()
-			sc.mu.Lock()
-			for _, ch := range sc.waiting {
-				close(ch) // a departed peer holds no mapping
-			}
-			sc.waiting = nil
-			sc.mu.Unlock()
-		}()
+// idleGrace spares a connection accepted a moment ago from eviction at
+// the cap before its first request could arrive.
+const idleGrace = 250 * time.Millisecond
+
+// serve runs one control connection. It is idle (evictable at the cap)
+// until the peer's first message: after that the peer may hold mappings
+// that only this connection can revoke.
+func (t *Transport) serve(nc *netx.Conn) {
+	c := nc.Conn.(*net.UnixConn)
+	if err := t.checkPeer(c); err != nil {
+		t.log.Warn("shm: refused peer", "err", err)
+		send(c, &message{Op: "error", Error: err.Error()}, nil)
+		return
 	}
+	sc := &serverConn{t: t, nc: nc, c: c, waiting: make(map[uint64]chan struct{})}
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return
+	}
+	t.conns[sc] = struct{}{}
+	t.mu.Unlock()
+	sc.serve()
+	nc.Close()
+	t.mu.Lock()
+	delete(t.conns, sc)
+	t.mu.Unlock()
+	sc.mu.Lock()
+	for _, ch := range sc.waiting {
+		close(ch) // a departed peer holds no mapping
+	}
+	sc.waiting = nil
+	sc.mu.Unlock()
 }
 
 // checkPeer allows our own uid, the configured ones, or anyone if told.
@@ -97,6 +96,7 @@ func (sc *serverConn) serve() {
 			}
 			return
 		}
+		sc.nc.Busy() // for good: see serve
 		switch m.Op {
 		case "list":
 			if err := sc.sendRegions(m.ID); err != nil {
@@ -169,26 +169,29 @@ func (sc *serverConn) write(m *message, fds []int) error {
 }
 
 // revoke asks the peer to unmap [addr, addr+length) and waits for its
-// confirmation.
-func (sc *serverConn) revoke(ctx context.Context, id, addr, length uint64) error {
+// confirmation. When ctx ends first it returns, with the error, a channel
+// closed once the peer confirms late or its connection is gone; our
+// writing half is shut so the peer learns, and drops its mappings.
+func (sc *serverConn) revoke(ctx context.Context, id, addr, length uint64) (<-chan struct{}, error) {
 	ch := make(chan struct{})
 	sc.mu.Lock()
 	if sc.waiting == nil {
 		sc.mu.Unlock()
-		return nil // connection already gone
+		return nil, nil // connection already gone
 	}
 	sc.waiting[id] = ch
 	sc.mu.Unlock()
 	if err := sc.write(&message{Op: "revoke", ID: id, Addr: addr, Len: length}, nil); err != nil {
-		return nil // the peer is gone, and with it its mapping
+		return nil, nil // the peer is gone, and with it its mapping
 	}
 	select {
 	case <-ch:
-		return nil
+		return nil, nil
 	case <-ctx.Done():
-		// A peer that does not answer cannot be trusted to stop using the
-		// buffer: cut it off so it at least learns.
-		sc.c.Close()
-		return fmt.Errorf("shm: peer did not confirm unmapping %#x: %w", addr, ctx.Err())
+		// A silent peer (stopped, say) may still write into the buffer:
+		// closing our end would lose the one sign that it cannot any
+		// more, its end closing.
+		sc.c.CloseWrite()
+		return ch, fmt.Errorf("shm: peer did not confirm unmapping %#x: %w", addr, ctx.Err())
 	}
 }

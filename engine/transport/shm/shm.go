@@ -18,6 +18,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // Config tunes the shared-memory transport.
@@ -35,6 +36,10 @@ type Config struct {
 	// NoPrefault skips populating page tables when mapping a peer's
 	// buffers.
 	NoPrefault bool
+	// MaxConns caps live control connections (default 1024; negative: no
+	// cap). At the cap a connection that has sent nothing yet is closed to
+	// make room; when none is, new peers wait in the accept queue.
+	MaxConns int
 }
 
 // ErrPermission reports a peer whose uid is not allowed.
@@ -46,7 +51,7 @@ type Transport struct {
 	cfg  Config
 	env  transport.Env
 	log  *slog.Logger
-	ln   *net.UnixListener
+	loop *netx.Loop
 	path string
 	uid  uint32
 
@@ -69,6 +74,9 @@ func New(cfg Config) *Transport {
 	if cfg.RetryAfter <= 0 {
 		cfg.RetryAfter = 5 * time.Second
 	}
+	if cfg.MaxConns == 0 {
+		cfg.MaxConns = 1024
+	}
 	return &Transport{cfg: cfg, conns: make(map[*serverConn]struct{}), peers: make(map[string]*peer), hidden: make(map[*transport.Region]struct{}), uid: uint32(os.Getuid())}
 }
 
@@ -88,9 +96,9 @@ func (t *Transport) Start(env transport.Env) error {
 	if err != nil {
 		return fmt.Errorf("shm: listen: %w", err)
 	}
-	t.ln = ln
-	t.wg.Add(1)
-	go t.accept()
+	// Every peer is on this host: no per-host cap.
+	t.loop = netx.Serve(ln, netx.Config{MaxConns: t.cfg.MaxConns, MaxConnsPerHost: -1,
+		IdleGrace: idleGrace, Name: "shm server", Logger: t.log}, t.serve)
 	return nil
 }
 
@@ -158,8 +166,15 @@ func (t *Transport) peer(name, path string) *peer {
 		return pr.ready()
 	}
 	if pr != nil {
+		// The peer restarted on another socket: drop the old one in the
+		// background (Close waits).
 		delete(t.peers, name)
-		go pr.close()
+		old := pr
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			old.close()
+		}()
 	}
 	pr = newPeer(t, name, path)
 	t.peers[name] = pr
@@ -204,17 +219,10 @@ func (t *Transport) Close() error {
 	t.closed = true
 	peers := t.peers
 	t.peers = map[string]*peer{}
-	conns := make([]*serverConn, 0, len(t.conns))
-	for c := range t.conns {
-		conns = append(conns, c)
-	}
 	t.mu.Unlock()
 	var err error
-	if t.ln != nil {
-		err = t.ln.Close()
-	}
-	for _, c := range conns {
-		c.c.Close()
+	if t.loop != nil {
+		err = t.loop.Close() // closes the control connections, waits for them
 	}
 	for _, pr := range peers {
 		pr.close()
@@ -250,16 +258,26 @@ func (t *Transport) BeforeUnregister(ctx context.Context, addr, length uint64) e
 	defer cancel()
 	// All peers at once: a silent one must not use up the others' time.
 	errs := make([]error, len(conns))
+	gone := make([]<-chan struct{}, len(conns))
 	var wg sync.WaitGroup
 	for i, c := range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = c.revoke(ctx, t.nextID.Add(1), addr, length)
+			gone[i], errs[i] = c.revoke(ctx, t.nextID.Add(1), addr, length)
 		}()
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		ue := &transport.UnconfirmedError{Err: err}
+		for _, ch := range gone {
+			if ch != nil {
+				ue.Released = append(ue.Released, ch)
+			}
+		}
+		return ue
+	}
+	return nil
 }
 
 // listable returns the registered regions peers may map now.

@@ -20,6 +20,12 @@
 // one-connection-per-transfer clients and pipelined ones. The client uses
 // v2 when the target's descriptor says tcp_proto_version >= 2.
 //
+// The data port serves through internal/netx: accept errors such as
+// EMFILE back off and retry; live connections are capped (MaxConns 4096,
+// MaxConnsPerHost 1024). A connection counts as idle between requests,
+// and at a cap the idlest one is closed to make room (its client's
+// slices are retried on a new connection).
+//
 // # Client
 //
 // Each peer gets Lanes persistent connections; requests larger than

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // Limits of one reply writev on the server side.
@@ -28,6 +29,7 @@ const (
 // straight from registered memory (the regions stay pinned until sent).
 type serverConn struct {
 	t   *Transport
+	nc  *netx.Conn // tracks busy and idle for the connection caps
 	c   *net.TCPConn
 	rc  interface{ Control(func(uintptr)) error }
 	br  *bufio.Reader
@@ -41,8 +43,10 @@ type serverConn struct {
 	bytes  int
 }
 
-func (t *Transport) serveConn(c *net.TCPConn) {
-	s := &serverConn{t: t, c: c, br: bufio.NewReaderSize(c, 8<<10), out: make([]byte, 0, maxReplyStatuses*StatusSize)}
+func (t *Transport) serveConn(nc *netx.Conn) {
+	c := nc.Conn.(*net.TCPConn)
+	t.tune(c)
+	s := &serverConn{t: t, nc: nc, c: c, br: bufio.NewReaderSize(c, 8<<10), out: make([]byte, 0, maxReplyStatuses*StatusSize)}
 	if rc, err := c.SyscallConn(); err == nil {
 		s.rc = rc
 	}
@@ -55,14 +59,23 @@ func (t *Transport) serveConn(c *net.TCPConn) {
 
 func (s *serverConn) loop() error {
 	reg := s.t.env.Registry
+	idle := true // as accepted
 	for {
 		// Send what the client waits for before blocking on the network.
 		if err := s.flushUnless(HeaderSize); err != nil {
 			return err
 		}
 		s.c.SetReadDeadline(time.Time{})
+		if !idle && s.br.Buffered() < HeaderSize && len(s.leases) == 0 {
+			s.nc.Idle() // between requests: evictable at the caps
+			idle = true
+		}
 		if _, err := io.ReadFull(s.br, s.hdr[:]); err != nil {
 			return err
+		}
+		if idle {
+			s.nc.Busy()
+			idle = false
 		}
 		h, err := ParseHeader(s.hdr[:])
 		var lease transport.Lease

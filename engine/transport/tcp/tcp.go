@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // Config tunes the TCP transport. Zero values take the defaults.
@@ -40,6 +40,15 @@ type Config struct {
 	Retries int
 	// ForceV1 speaks the unacknowledged framing even to v2 peers.
 	ForceV1 bool
+	// MaxConns caps live connections to the data port (default 4096;
+	// negative: no cap). At the cap the connection idle longest (between
+	// requests) is closed to make room; when none is idle, new peers wait
+	// in the accept queue.
+	MaxConns int
+	// MaxConnsPerHost caps live connections from one IP (default 1024;
+	// negative: no cap): that host's idlest connection is closed, or the
+	// new one refused when all are busy.
+	MaxConnsPerHost int
 }
 
 func (c *Config) setDefaults() {
@@ -58,6 +67,12 @@ func (c *Config) setDefaults() {
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 60 * time.Second
 	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 4096
+	}
+	if c.MaxConnsPerHost == 0 {
+		c.MaxConnsPerHost = 1024
+	}
 	if c.Retries < 0 {
 		c.Retries = 0
 	} else if c.Retries == 0 {
@@ -68,14 +83,13 @@ func (c *Config) setDefaults() {
 // Transport is the TCP transport: a data port serving the reference's
 // framing, and pipelined persistent lanes to each peer.
 type Transport struct {
-	cfg Config
-	env transport.Env
-	log *slog.Logger
-	ln  *net.TCPListener
+	cfg  Config
+	env  transport.Env
+	log  *slog.Logger
+	loop *netx.Loop
 
 	mu     sync.Mutex
 	peers  map[string]*peer
-	conns  map[*net.TCPConn]struct{}
 	closed bool
 	wg     sync.WaitGroup
 
@@ -87,7 +101,7 @@ var _ transport.Transport = (*Transport)(nil)
 // New returns a TCP transport; Start opens its port.
 func New(cfg Config) *Transport {
 	cfg.setDefaults()
-	return &Transport{cfg: cfg, peers: make(map[string]*peer), conns: make(map[*net.TCPConn]struct{})}
+	return &Transport{cfg: cfg, peers: make(map[string]*peer)}
 }
 
 // Name implements transport.Transport.
@@ -103,14 +117,17 @@ func (t *Transport) Start(env transport.Env) error {
 	if err != nil {
 		return fmt.Errorf("tcp: listen: %w", err)
 	}
-	t.ln = ln.(*net.TCPListener)
-	t.wg.Add(1)
-	go t.accept()
+	t.loop = netx.Serve(ln, netx.Config{MaxConns: t.cfg.MaxConns, MaxConnsPerHost: t.cfg.MaxConnsPerHost,
+		IdleGrace: idleGrace, Name: "tcp data port", Logger: t.log}, t.serveConn)
 	return nil
 }
 
+// idleGrace spares a connection accepted a moment ago from eviction at
+// the cap before its first header could arrive.
+const idleGrace = 250 * time.Millisecond
+
 // Port is the data port.
-func (t *Transport) Port() int { return t.ln.Addr().(*net.TCPAddr).Port }
+func (t *Transport) Port() int { return t.loop.Addr().(*net.TCPAddr).Port }
 
 // Describe implements transport.Transport.
 func (t *Transport) Describe(d *metadata.SegmentDesc) {
@@ -122,39 +139,7 @@ func (t *Transport) Describe(d *metadata.SegmentDesc) {
 // Accepts implements transport.Transport: any peer with a data port.
 func (t *Transport) Accepts(p transport.Peer, addr, length uint64) bool {
 	d := p.Desc()
-	return d != nil && d.TCPDataPort > 0
-}
-
-func (t *Transport) accept() {
-	defer t.wg.Done()
-	for {
-		c, err := t.ln.AcceptTCP()
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return
-		}
-		t.tune(c)
-		t.mu.Lock()
-		if t.closed {
-			t.mu.Unlock()
-			c.Close()
-			return
-		}
-		t.conns[c] = struct{}{}
-		t.wg.Add(1)
-		t.mu.Unlock()
-		go func() {
-			defer t.wg.Done()
-			t.serveConn(c)
-			c.Close()
-			t.mu.Lock()
-			delete(t.conns, c)
-			t.mu.Unlock()
-		}()
-	}
+	return d != nil && d.TCPDataPort > 0 && d.TCPDataPort <= 65535
 }
 
 // tune sets TCP_NODELAY and, when asked, large socket buffers.
@@ -220,8 +205,13 @@ func (t *Transport) peer(p transport.Peer) (*peer, error) {
 	if pr == nil || pr.addr != addr || pr.v2 != v2 {
 		if pr != nil {
 			// The peer restarted on another port or protocol version:
-			// drain the old connections in the background.
-			go pr.close(transport.ErrPeerGone)
+			// drain the old connections in the background (Close waits).
+			old := pr
+			t.wg.Add(1)
+			go func() {
+				defer t.wg.Done()
+				old.close(transport.ErrPeerGone)
+			}()
 		}
 		pr = newPeer(t, addr, v2)
 		t.peers[p.Name()] = pr
@@ -250,13 +240,10 @@ func (t *Transport) Close() error {
 	t.closed = true
 	peers := t.peers
 	t.peers = map[string]*peer{}
-	for c := range t.conns {
-		c.Close()
-	}
 	t.mu.Unlock()
 	var err error
-	if t.ln != nil {
-		err = t.ln.Close()
+	if t.loop != nil {
+		err = t.loop.Close()
 	}
 	for _, pr := range peers {
 		pr.close(transport.ErrClosed)

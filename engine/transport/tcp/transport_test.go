@@ -48,6 +48,11 @@ func newNode(tb testing.TB, name string, size int, cfg tcp.Config) *node {
 // startNode is newNode without the cleanup, for tests that count fds.
 func startNode(tb testing.TB, name string, size int, cfg tcp.Config) *node {
 	tb.Helper()
+	return startNodeLog(tb, name, size, cfg, quiet)
+}
+
+func startNodeLog(tb testing.TB, name string, size int, cfg tcp.Config, log *slog.Logger) *node {
+	tb.Helper()
 	pool, err := mempool.New(mempool.Options{Size: int64(size), SlabSize: 1 << 20, Name: "crescent-tcp-test"})
 	if err != nil {
 		tb.Fatal(err)
@@ -68,7 +73,7 @@ func startNode(tb testing.TB, name string, size int, cfg tcp.Config) *node {
 		tb.Fatal(err)
 	}
 	tr := tcp.New(cfg)
-	if err := tr.Start(transport.Env{LocalName: name, Host: "127.0.0.1", HostID: "same", Registry: reg, Logger: quiet}); err != nil {
+	if err := tr.Start(transport.Env{LocalName: name, Host: "127.0.0.1", HostID: "same", Registry: reg, Logger: log}); err != nil {
 		reg.Close()
 		pool.Close()
 		tb.Fatal(err)

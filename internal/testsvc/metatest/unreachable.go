@@ -2,12 +2,13 @@ package metatest
 
 import (
 	"errors"
+	"io"
 	"net"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // DeadAddr is a loopback address where nothing listens.
@@ -30,30 +31,11 @@ func BlackHole(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		<-done
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
+	l := netx.Serve(ln, netx.Config{MaxConns: -1, MaxConnsPerHost: -1, Name: "black hole"}, func(c *netx.Conn) {
+		c.Busy()
+		io.Copy(io.Discard, c) // never answers; ends when either side closes
 	})
+	t.Cleanup(func() { l.Close() })
 	return ln.Addr().String()
 }
 

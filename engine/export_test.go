@@ -1,0 +1,10 @@
+package engine
+
+import "github.com/crescent-kv/crescent/engine/transport"
+
+// SetTransportWrapper makes New wrap every transport it starts with f,
+// until the returned restore is called.
+func SetTransportWrapper(f func(transport.Transport) transport.Transport) (restore func()) {
+	wrapTransport = f
+	return func() { wrapTransport = nil }
+}

@@ -1,0 +1,115 @@
+package master
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// TestMountRefusesOverlap is the silent-corruption sequence: two client
+// ids mounting the same engine segment name, base and size would give the
+// master two pool segments over the same bytes, and two objects on them.
+func TestMountRefusesOverlap(t *testing.T) {
+	e := newEnv(t, nil)
+	a, b := cl(1), cl(2)
+	const base, size = 1 << 30, 1 << 20
+	seg := func(id uint64, name string, base, size uint64) alloc.Segment {
+		return alloc.Segment{ID: UUID{Hi: 0x5e, Lo: id}, Name: name, Base: base, Size: size, Protocol: "tcp"}
+	}
+	sa := seg(1, "host:1", base, size)
+	require.NoError(t, e.m.MountSegment(a, sa))
+
+	for _, tc := range []struct {
+		name string
+		c    UUID
+		s    alloc.Segment
+	}{
+		{"same range, another client", b, seg(2, "host:1", base, size)},
+		{"same range, same client, new id", a, seg(3, "host:1", base, size)},
+		{"overlapping the start", b, seg(4, "host:1", base-4096, 8192)},
+		{"overlapping the end", b, seg(5, "host:1", base+size-4096, 8192)},
+		{"inside", b, seg(6, "host:1", base+4096, 8192)},
+		{"around", b, seg(7, "host:1", base-4096, size+8192)},
+	} {
+		err := e.m.MountSegment(tc.c, tc.s)
+		require.ErrorIs(t, err, errcode.ErrSegmentAlreadyExists, tc.name)
+		require.ErrorIs(t, e.m.ReMountSegment(tc.c, []alloc.Segment{tc.s}), errcode.ErrSegmentAlreadyExists, tc.name)
+	}
+	// Adjacent ranges, and the same range of another engine segment, are
+	// other bytes.
+	require.NoError(t, e.m.MountSegment(b, seg(8, "host:1", base+size, size)))
+	require.NoError(t, e.m.MountSegment(b, seg(9, "host:1", base-size, size)))
+	require.NoError(t, e.m.MountSegment(b, seg(10, "host:2", base, size)))
+	require.Len(t, e.m.AllSegments(), 4)
+
+	// A remount by the same client of the same segment stays idempotent.
+	require.NoError(t, e.m.ReMountSegment(a, []alloc.Segment{sa}))
+	require.Len(t, e.m.AllSegments(), 4)
+
+	// Placement never puts two objects on the same bytes of host:1.
+	for i := range 40 {
+		e.put(cl(uint64(1+i%2)), string(rune('a'+i%26))+string(rune('a'+i/26)), 8<<10, ReplicateConfig{Preferred: []string{"host:1"}})
+	}
+	checkInvariants(t, e.m)
+	type span struct{ lo, hi uint64 }
+	var seen []span
+	for _, k := range e.m.AllKeys() {
+		info, err := e.m.QueryKey(k)
+		require.NoError(t, err)
+		for _, r := range info.Replicas {
+			if r.SegmentName != "host:1" {
+				continue
+			}
+			s := span{r.Addr, r.Addr + alloc.Reserved(r.Size)}
+			for _, o := range seen {
+				require.False(t, s.lo < o.hi && o.lo < s.hi, "key %q at [%#x,%#x) overlaps [%#x,%#x)", k, s.lo, s.hi, o.lo, o.hi)
+			}
+			seen = append(seen, s)
+		}
+	}
+
+	// After the unmount the range is free to mount again, by anyone.
+	require.NoError(t, e.m.UnmountSegment(a, sa.ID))
+	require.NoError(t, e.m.MountSegment(b, seg(11, "host:1", base, size)))
+
+	// A replayed log reproduces the refusals' outcome.
+	standby, err := New(Config{Shards: 3, Clock: e.clk})
+	require.NoError(t, err)
+	for _, op := range e.log.all() {
+		require.NoError(t, standby.Replay(op))
+	}
+	require.Empty(t, diffState(dumpState(e.m), dumpState(standby)))
+}
+
+// TestServiceMountRefusesOverlap runs the sequence through gRPC.
+func TestServiceMountRefusesOverlap(t *testing.T) {
+	e := newEnv(t, nil)
+	c, _ := serve(t, e.m)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := cl(1), cl(2)
+	seg := func(id uint64, base, size uint64) *storepb.Segment {
+		return &storepb.Segment{Id: pbID(UUID{Lo: id}), Name: "host:1", Base: base, Size: size, Protocol: "tcp"}
+	}
+	_, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a), Segment: seg(1, 1<<30, 1<<20)})
+	require.NoError(t, err)
+	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(2, 1<<30, 1<<20)})
+	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(3, 1<<30+4096, 1<<20)})
+	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(b), Segments: []*storepb.Segment{seg(4, 1<<30-4096, 8192)}})
+	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(a), Segments: []*storepb.Segment{seg(1, 1<<30, 1<<20)}})
+	require.NoError(t, err, "a remount by the owner is idempotent")
+	require.Len(t, e.m.AllSegments(), 1)
+	_, err = c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: pbID(UUID{Lo: 1})})
+	require.NoError(t, err)
+	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(2, 1<<30, 1<<20)})
+	require.NoError(t, err)
+}

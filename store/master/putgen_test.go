@@ -1,0 +1,149 @@
+package master
+
+import (
+	"context"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// TestStalePutEndRefused: a writer whose put was taken over (after
+// PutDiscardTimeout) must not end or revoke its successor's put, nor be
+// told its bytes were stored, whoever the successor is.
+func TestStalePutEndRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		successor UUID
+		replace   func(e *env) // makes the old put go away
+	}{
+		{"taken over by the same client", cl(1), func(e *env) { e.clk.Advance(e.m.cfg.PutDiscardTimeout) }},
+		{"taken over by another client", cl(2), func(e *env) { e.clk.Advance(e.m.cfg.PutDiscardTimeout) }},
+		{"force-removed and put again", cl(1), func(e *env) { require.NoError(t, e.m.Remove("k", true)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, nil)
+			a := cl(1)
+			e.mount(a, "host:1", 1<<20)
+			_, g1, err := e.m.PutStartGen(a, "k", 4096, ReplicateConfig{})
+			require.NoError(t, err)
+			require.NotZero(t, g1)
+			tc.replace(e)
+			_, g2, err := e.m.PutStartGen(tc.successor, "k", 4096, ReplicateConfig{})
+			require.NoError(t, err)
+			require.NotEqual(t, g1, g2)
+
+			// The late writer is refused and changes nothing.
+			require.ErrorIs(t, e.m.PutEndGen(a, "k", g1, Memory, nil), errcode.ErrReplicaIsGone)
+			require.ErrorIs(t, e.m.PutRevokeGen(a, "k", g1, Memory), errcode.ErrReplicaIsGone)
+			require.False(t, e.exists("k"))
+			info, err := e.m.QueryKey("k")
+			require.NoError(t, err)
+			require.Equal(t, tc.successor, info.Owner)
+
+			require.NoError(t, e.m.PutEndGen(tc.successor, "k", g2, Memory, nil))
+			require.True(t, e.exists("k"))
+			// Once complete: a retried PutEnd of the same put succeeds, the
+			// stale one is still refused.
+			require.NoError(t, e.m.PutEndGen(tc.successor, "k", g2, Memory, nil))
+			require.ErrorIs(t, e.m.PutEndGen(a, "k", g1, Memory, nil), errcode.ErrReplicaIsGone)
+			require.ErrorIs(t, e.m.PutRevokeGen(a, "k", g1, Memory), errcode.ErrReplicaIsGone)
+			checkInvariants(t, e.m)
+
+			// The log replays to the same state, generations included, and a
+			// stale PutEnd in a log diverges.
+			standby, err := New(Config{Shards: 3, Clock: e.clk})
+			require.NoError(t, err)
+			for _, op := range e.log.all() {
+				require.NoError(t, standby.Replay(op))
+			}
+			require.Empty(t, diffState(dumpState(e.m), dumpState(standby)))
+			_, g3, err := e.m.PutStartGen(a, "k2", 4096, ReplicateConfig{})
+			require.NoError(t, err)
+			ops := e.log.all()
+			require.NoError(t, standby.Replay(ops[len(ops)-1]))
+			require.ErrorIs(t, standby.Replay(&Op{Kind: OpPutEnd, Key: "k2", Client: a, Gen: g3 + 1}), ErrReplayDiverged)
+			require.ErrorIs(t, standby.Replay(&Op{Kind: OpPutRevoke, Key: "k2", Client: a, Gen: g3 + 1}), ErrReplayDiverged)
+			require.NoError(t, standby.Replay(&Op{Kind: OpPutEnd, Key: "k2", Client: a, Gen: g3, Time: e.m.now()}))
+		})
+	}
+}
+
+// TestPutGenerationsBatch covers the batch forms: each item is checked
+// against its own generation; a generation list of the wrong length fails
+// the batch.
+func TestPutGenerationsBatch(t *testing.T) {
+	e := newEnv(t, nil)
+	a := cl(1)
+	e.mount(a, "host:1", 1<<20)
+	res, err := e.m.BatchPutStart(a, []string{"x", "y", "z"}, []uint64{10, 10, 10}, ReplicateConfig{})
+	require.NoError(t, err)
+	for _, r := range res {
+		require.NoError(t, r.Err)
+		require.NotZero(t, r.Gen)
+	}
+	_, err = e.m.BatchPutEndGen(a, []string{"x", "y"}, []uint64{1}, Memory, nil)
+	require.ErrorIs(t, err, errcode.ErrInvalidParams)
+	_, err = e.m.BatchPutRevokeGen(a, []string{"x", "y"}, []uint64{1}, Memory)
+	require.ErrorIs(t, err, errcode.ErrInvalidParams)
+	errs, err := e.m.BatchPutEndGen(a, []string{"x", "y"}, []uint64{res[0].Gen, res[0].Gen}, Memory, nil)
+	require.NoError(t, err)
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], errcode.ErrReplicaIsGone)
+	errs, err = e.m.BatchPutRevokeGen(a, []string{"y", "z"}, []uint64{res[2].Gen, res[2].Gen}, Memory)
+	require.NoError(t, err)
+	require.ErrorIs(t, errs[0], errcode.ErrReplicaIsGone)
+	require.NoError(t, errs[1])
+	// Generation 0 is not checked (the reference's clients send none).
+	require.NoError(t, e.m.PutEnd(a, "y", Memory, nil))
+	require.NoError(t, e.m.PutEnd(a, "x", Memory, nil))
+}
+
+// TestServiceStalePutEnd runs the take-over through gRPC.
+func TestServiceStalePutEnd(t *testing.T) {
+	e := newEnv(t, nil)
+	c, _ := serve(t, e.m)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a := cl(1)
+	e.mount(a, "host:1", 1<<20)
+	s1, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "k", Size: 100})
+	require.NoError(t, err)
+	require.NotZero(t, s1.Generation)
+	e.clk.Advance(e.m.cfg.PutDiscardTimeout)
+	b1, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: pbID(a), Keys: []string{"k"}, Sizes: []uint64{100}})
+	require.NoError(t, err)
+	g2 := b1.Results[0].Generation
+	require.NotZero(t, g2)
+	require.NotEqual(t, s1.Generation, g2)
+
+	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
+	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrReplicaIsGone)
+	_, err = c.PutRevoke(ctx, &storepb.PutRevokeRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
+	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrReplicaIsGone)
+	be, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{s1.Generation}})
+	require.NoError(t, err)
+	require.Equal(t, int32(errcode.ReplicaIsGone), be.Results[0].ErrorCode)
+	br, err := c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{s1.Generation}})
+	require.NoError(t, err)
+	require.Equal(t, int32(errcode.ReplicaIsGone), br.Results[0].ErrorCode)
+	_, err = c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
+	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	_, err = c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
+	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	require.False(t, e.exists("k"))
+
+	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: g2})
+	require.NoError(t, err)
+	require.True(t, e.exists("k"))
+}
+
+// TestRecordSize: the generation fits the record's padding; a record
+// stays 64 bytes (doc.go, BenchmarkBytesPerKey).
+func TestRecordSize(t *testing.T) {
+	require.Equal(t, uintptr(64), unsafe.Sizeof(object{}))
+}
