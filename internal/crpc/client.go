@@ -280,10 +280,10 @@ type clientConn struct {
 	wg           *sync.WaitGroup // the Conn's
 	flushTimeout time.Duration   // for the rest of a frame cut off at a deadline
 	maxFrame     int
-	wsem     chan struct{} // the write lock; waiters give up at their deadline
-	done     chan struct{} // closed when broken; err says why
-	kick     chan struct{} // ping now
-	pong     chan uint32   // pongs received
+	wsem         chan struct{} // the write lock; waiters give up at their deadline
+	done         chan struct{} // closed when broken; err says why
+	kick         chan struct{} // ping now
+	pong         chan uint32   // pongs received
 
 	mu       sync.Mutex
 	pending  map[uint32]chan frame

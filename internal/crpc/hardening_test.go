@@ -378,7 +378,9 @@ func TestCancelReachesHandler(t *testing.T) {
 	c := dial(t, lis.Addr().String())
 	invoke := func(ctx context.Context) chan error {
 		res := make(chan error, 1)
-		go func() { res <- c.Invoke(ctx, "/crpc.test.Wait/Wait", wrapperspb.String(""), new(wrapperspb.StringValue)) }()
+		go func() {
+			res <- c.Invoke(ctx, "/crpc.test.Wait/Wait", wrapperspb.String(""), new(wrapperspb.StringValue))
+		}()
 		return res
 	}
 
@@ -524,4 +526,3 @@ func TestSplitFDExhaustion(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "echo:g", got)
 }
-
