@@ -129,6 +129,9 @@
 // ReservePut and CommitPut answer per spec and per item, give back the
 // release ids first (unknown ones are ignored), carry the reservation TTL
 // (PutDiscardTimeout) and take at most 64 specs of at most 64 each.
-// Service.Counts and WithObserver feed metrics. Serve runs a grpc.Server
-// until its context ends.
+// Service.Counts and WithObserver feed metrics, counted in one place:
+// Service.UnaryInterceptor, which Serve installs on both of its servers
+// (a server given the service through Register alone needs it too).
+// Serve runs a grpc.Server and a crpc server (internal/crpc; WithCRPC
+// bounds it) on one port until its context ends.
 package master
