@@ -66,13 +66,12 @@ func closedByPeer(t *testing.T, c net.Conn, within time.Duration) {
 }
 
 // TestPartialFrameDropped: a frame whose header declares 200 MiB but whose
-// body stops after 1 MiB is dropped at the frame deadline, and the server
-// never allocated anything near the declared size; a connection that
-// says nothing after its preface is closed at the idle timeout; a header
-// over MaxFrame closes at once.
+// body stops after 1 MiB is dropped at the frame deadline (the idle
+// timeout is an hour), and the server never allocated anything near the
+// declared size; a header over MaxFrame closes at once.
 func TestPartialFrameDropped(t *testing.T) {
 	lis := listen(t)
-	serveOn(t, lis, ServerConfig{MaxFrame: 256 << 20, FrameTimeout: 200 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
+	serveOn(t, lis, ServerConfig{MaxFrame: 256 << 20, FrameTimeout: 200 * time.Millisecond, IdleTimeout: time.Hour})
 	addr := lis.Addr().String()
 
 	var before, after runtime.MemStats
@@ -87,11 +86,21 @@ func TestPartialFrameDropped(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(32<<20), "bytes allocated while 1 MiB of a 200 MiB frame arrived")
 
-	closedByPeer(t, rawConn(t, addr), 10*time.Second) // idle after the preface
-
 	c = rawConn(t, addr)
 	binary.LittleEndian.PutUint32(hdr, 256<<20+1)
 	_, err = c.Write(hdr)
+	require.NoError(t, err)
+	closedByPeer(t, c, 10*time.Second)
+}
+
+// TestIdleTimeout: a connection that says nothing after its preface, or
+// stops halfway through a header, is closed at the idle timeout.
+func TestIdleTimeout(t *testing.T) {
+	lis := listen(t)
+	serveOn(t, lis, ServerConfig{IdleTimeout: 200 * time.Millisecond, FrameTimeout: time.Hour})
+	closedByPeer(t, rawConn(t, lis.Addr().String()), 10*time.Second)
+	c := rawConn(t, lis.Addr().String())
+	_, err := c.Write([]byte{1, 0})
 	require.NoError(t, err)
 	closedByPeer(t, c, 10*time.Second)
 }
@@ -103,7 +112,7 @@ func TestDefaultMaxFrame(t *testing.T) {
 	serveOn(t, lis)
 	c := rawConn(t, lis.Addr().String())
 	hdr := make([]byte, headerLen)
-	binary.LittleEndian.PutUint32(hdr, DefaultMaxFrame+1)
+	binary.LittleEndian.PutUint32(hdr, 64<<20+1) // the documented default, not the header's 4 GiB
 	hdr[8] = kindRequest
 	_, err := c.Write(hdr)
 	require.NoError(t, err)
@@ -165,7 +174,7 @@ func TestInFlightBound(t *testing.T) {
 		perConn, all  int
 		otherAnswered bool
 	}{
-		{"per connection", 8, 100, true},
+		{"per connection", 8, 1000, true},
 		{"server-wide", 8, 12, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testInFlightBound(t, tc.perConn, tc.all, tc.otherAnswered) })
