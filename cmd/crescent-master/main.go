@@ -50,6 +50,7 @@ type config struct {
 	CRPCMaxCallsPerConn         int     `yaml:"crpc_max_calls_per_conn"`
 	CRPCMaxCalls                int     `yaml:"crpc_max_calls"`
 	CRPCIdleTimeoutSec          int64   `yaml:"crpc_idle_timeout_sec"`
+	CRPCMaxBufferedBytes        int64   `yaml:"crpc_max_buffered_bytes"`
 
 	EnableKVEvents           bool    `yaml:"enable_kv_events"`
 	KVEventsEndpoint         string  `yaml:"kv_events_endpoint"`
@@ -77,6 +78,7 @@ func defaults() config {
 		KVEventsReplayBufferSize: 10000, LogLevel: "info",
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
+		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
 	}
 }
 
@@ -102,6 +104,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CRPCMaxCallsPerConn, "crpc_max_calls_per_conn", c.CRPCMaxCallsPerConn, "crpc calls in flight per connection; at the bound the connection is not read until one ends")
 	fs.IntVar(&c.CRPCMaxCalls, "crpc_max_calls", c.CRPCMaxCalls, "crpc calls in flight across connections")
 	fs.Int64Var(&c.CRPCIdleTimeoutSec, "crpc_idle_timeout_sec", c.CRPCIdleTimeoutSec, "seconds a crpc connection may send nothing (clients ping every 10 s) before it is closed")
+	fs.Int64Var(&c.CRPCMaxBufferedBytes, "crpc_max_buffered_bytes", c.CRPCMaxBufferedBytes, "crpc request bytes held at once across connections (at least rpc_max_message_bytes)")
 	fs.BoolVar(&c.EnableKVEvents, "enable_kv_events", c.EnableKVEvents, "publish KV events (vLLM-compatible ZMQ stream)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv_events_endpoint", c.KVEventsEndpoint, "PUB endpoint (binds with *, ::, ipc://; else connects)")
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv_events_replay_endpoint", c.KVEventsReplayEndpoint, "ROUTER replay endpoint; empty = no replay")
@@ -166,6 +169,8 @@ func (c *config) validate() error {
 		return errors.New("default_kv_lease_ttl and client_ttl must be positive")
 	case c.RPCMaxMessageBytes < 1<<20 || c.RPCMaxMessageBytes > 1<<30:
 		return fmt.Errorf("rpc_max_message_bytes %d not in [1 MiB, 1 GiB]", c.RPCMaxMessageBytes)
+	case c.CRPCMaxBufferedBytes < int64(c.RPCMaxMessageBytes):
+		return fmt.Errorf("crpc_max_buffered_bytes %d < rpc_max_message_bytes %d", c.CRPCMaxBufferedBytes, c.RPCMaxMessageBytes)
 	case c.CRPCMaxCallsPerConn < 1 || c.CRPCMaxCalls < 1 || c.CRPCIdleTimeoutSec < 1:
 		return errors.New("crpc_max_calls_per_conn, crpc_max_calls and crpc_idle_timeout_sec must be positive")
 	}
@@ -234,7 +239,7 @@ func run(ctx context.Context, cfg config) error {
 	svc := master.NewService(m, master.WithObserver(func(rpc string, d time.Duration, err error) {
 		metrics.Observe(rpc, d, err)
 	}), master.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
-		MaxCalls: cfg.CRPCMaxCalls, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
+		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
 		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))
 	metrics = master.NewMetrics(m, svc)
 	reg.MustRegister(metrics)

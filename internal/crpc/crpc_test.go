@@ -406,6 +406,17 @@ func FuzzReader(f *testing.F) {
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0, 1})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		rd := newReader(bytes.NewReader(b), DefaultMaxFrame)
+		// What a frame reserves (and allocates) follows the bytes that
+		// arrived, not the length its header declares.
+		reserved := 0
+		rd.onHeader = func() { reserved = 0 }
+		rd.reserve = func(n int) error {
+			reserved += n
+			if reserved > max(growStep, 2*len(b)) {
+				t.Fatalf("reserved %d bytes for a %d-byte input", reserved, len(b))
+			}
+			return nil
+		}
 		for {
 			fr, err := rd.next()
 			if err != nil {

@@ -53,8 +53,12 @@
 //
 // Server (ServerConfig; zero values take the defaults):
 //   - a frame's body buffer grows as its bytes arrive (from 64 KiB,
-//     doubling), never to the declared length up front; MaxFrame
-//     (DefaultMaxFrame, 64 MiB) bounds it;
+//     doubling, each step once more bytes are in), never to the declared
+//     length up front; MaxFrame (DefaultMaxFrame, 64 MiB) bounds it;
+//   - MaxBufferedBytes (1 GiB) bounds the request bytes held across
+//     connections (bodies being read, requests not yet answered); each
+//     growth step reserves its bytes first, and a reader that finds the
+//     budget spent waits, within its frame deadline;
 //   - once a header is in, the rest of its frame must arrive within
 //     FrameTimeout (10 s), and a connection that sends no frame for
 //     IdleTimeout (60 s) is closed; clients ping well within it;

@@ -93,6 +93,43 @@ func TestPartialFrameDropped(t *testing.T) {
 	closedByPeer(t, c, 10*time.Second)
 }
 
+// TestMemoryBudget: connections that each send 1 MiB of a 4 MiB frame
+// and stop hold at most MaxBufferedBytes of server memory together: the
+// readers beyond it wait for the budget (and are not allocating) rather
+// than buffer; once the stalled connections go, calls run again.
+func TestMemoryBudget(t *testing.T) {
+	const budget, stalled = 4 << 20, 8
+	lis := listen(t)
+	s, _, _ := serveOn(t, lis, ServerConfig{MaxFrame: 4 << 20, MaxBufferedBytes: budget, FrameTimeout: time.Hour, IdleTimeout: time.Hour})
+	addr := lis.Addr().String()
+	hdr := make([]byte, headerLen)
+	binary.LittleEndian.PutUint32(hdr, 4<<20)
+	hdr[8] = kindRequest
+	part := append(hdr, make([]byte, 1<<20)...)
+	var conns []net.Conn
+	for range stalled {
+		c := rawConn(t, addr)
+		c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+		_, err := c.Write(part)
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	require.Eventually(t, func() bool {
+		// At most four can have their 1 MiB; the others wait.
+		used, _, waiting := s.mem.state()
+		return used <= budget && waiting >= stalled-budget/(1<<20)
+	}, 30*time.Second, time.Millisecond, "the other readers wait for the budget")
+	_, peak, _ := s.mem.state()
+	assert.LessOrEqual(t, peak, int64(budget))
+	for _, c := range conns {
+		c.Close()
+	}
+	got, err := call(tctx(t), dial(t, addr), "Echo", "after")
+	require.NoError(t, err)
+	assert.Equal(t, "echo:after", got)
+	require.Eventually(t, func() bool { used, _, _ := s.mem.state(); return used == 0 }, 30*time.Second, time.Millisecond)
+}
+
 // TestIdleTimeout: a connection that says nothing after its preface, or
 // stops halfway through a header, is closed at the idle timeout.
 func TestIdleTimeout(t *testing.T) {

@@ -31,6 +31,7 @@ const (
 	DefaultIdleTimeout     = 60 * time.Second
 	DefaultFrameTimeout    = 10 * time.Second
 	DefaultWriteTimeout    = 10 * time.Second
+	DefaultMaxBuffered     = 1 << 30
 )
 
 // ServerConfig bounds a Server. Zero values take the defaults.
@@ -39,6 +40,13 @@ type ServerConfig struct {
 	// most 1 GiB). A larger request closes the connection; a larger
 	// reply is answered RESOURCE_EXHAUSTED.
 	MaxFrame int
+	// MaxBufferedBytes bounds the request bytes held at once across
+	// connections: bodies being read (reserved as they grow, not as
+	// declared) and requests whose call has not answered yet
+	// (DefaultMaxBuffered, 1 GiB; at least MaxFrame). A reader that
+	// needs more waits, within its frame's deadline, else its connection
+	// is dropped.
+	MaxBufferedBytes int64
 	// MaxCallsPerConn bounds the calls one connection has in flight
 	// (DefaultMaxCallsPerConn). At the bound the server stops reading
 	// that connection until a call ends.
@@ -68,6 +76,10 @@ func (c ServerConfig) withDefaults() ServerConfig {
 		c.MaxFrame = DefaultMaxFrame
 	}
 	c.MaxFrame = min(c.MaxFrame, maxFrameLimit)
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = DefaultMaxBuffered
+	}
+	c.MaxBufferedBytes = max(c.MaxBufferedBytes, int64(c.MaxFrame))
 	if c.MaxCallsPerConn <= 0 {
 		c.MaxCallsPerConn = DefaultMaxCallsPerConn
 	}
@@ -100,6 +112,7 @@ type Server struct {
 	cfg     ServerConfig
 	methods map[string]method
 	slots   chan struct{} // calls in flight, server-wide
+	mem     *budget       // request bytes held, server-wide
 
 	mu       sync.Mutex
 	loops    map[*netx.Loop]bool
@@ -115,7 +128,7 @@ var _ grpc.ServiceRegistrar = (*Server)(nil)
 // NewServer returns a server with no services.
 func NewServer(cfg ServerConfig) *Server {
 	cfg = cfg.withDefaults()
-	return &Server{cfg: cfg, methods: map[string]method{}, slots: make(chan struct{}, cfg.MaxCalls),
+	return &Server{cfg: cfg, methods: map[string]method{}, slots: make(chan struct{}, cfg.MaxCalls), mem: newBudget(cfg.MaxBufferedBytes),
 		loops: map[*netx.Loop]bool{}, conns: map[*serverConn]bool{}}
 }
 
@@ -264,12 +277,28 @@ func (s *Server) serveConn(nc *netx.Conn) {
 		return
 	}
 	rd := newReader(nc, s.cfg.MaxFrame)
-	rd.onHeader = func() { nc.SetReadDeadline(time.Now().Add(s.cfg.FrameTimeout)) }
+	var frameDeadline time.Time
+	rd.onHeader = func() {
+		frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
+		nc.SetReadDeadline(frameDeadline)
+	}
+	rd.reserve = func(n int) error {
+		if s.mem.tryAcquire(int64(n)) {
+			return nil
+		}
+		ctx, cancel := context.WithDeadline(sc.ctx, frameDeadline)
+		defer cancel()
+		return s.mem.acquire(ctx, int64(n))
+	}
+	rd.release = func(n int) { s.mem.release(int64(n)) }
 	for {
 		nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
 		f, err := rd.next()
 		if err != nil {
 			return
+		}
+		if f.kind != kindRequest && f.held > 0 {
+			s.mem.release(int64(f.held))
 		}
 		switch f.kind {
 		case kindPing:
@@ -286,9 +315,10 @@ func (s *Server) serveConn(nc *netx.Conn) {
 		case kindRequest:
 			timeout, name, msg, err := parseRequest(f.body)
 			if err != nil {
+				s.mem.release(int64(f.held))
 				return
 			}
-			if !sc.admit(f.id, timeout, name, msg) {
+			if !sc.admit(f.id, timeout, name, msg, f.held) {
 				return
 			}
 		default:
@@ -300,17 +330,19 @@ func (s *Server) serveConn(nc *netx.Conn) {
 // admit starts a call once a slot is free on the connection and in the
 // server (the connection is not read meanwhile); false when the
 // connection ended while waiting.
-func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg []byte) bool {
+func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg []byte, held int) bool {
 	s := sc.s
 	select {
 	case sc.slots <- struct{}{}:
 	case <-sc.ctx.Done():
+		s.mem.release(int64(held))
 		return false
 	}
 	select {
 	case s.slots <- struct{}{}:
 	case <-sc.ctx.Done():
 		<-sc.slots
+		s.mem.release(int64(held))
 		return false
 	}
 	s.mu.Lock()
@@ -318,6 +350,7 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg [
 		s.mu.Unlock()
 		<-s.slots
 		<-sc.slots
+		s.mem.release(int64(held))
 		// Calls in progress still answer on this connection.
 		return sc.reply(id, nil, status.Error(codes.Unavailable, "crpc: server stopping")) == nil
 	}
@@ -337,12 +370,12 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg [
 	}
 	sc.calls[id] = c
 	sc.mu.Unlock()
-	go sc.call(ctx, c, id, name, msg)
+	go sc.call(ctx, c, id, name, msg, held)
 	return true
 }
 
 // call runs one handler and answers.
-func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name string, msg []byte) {
+func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name string, msg []byte, held int) {
 	s := sc.s
 	defer s.callWG.Done()
 	var resp any
@@ -375,6 +408,7 @@ func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name s
 	}
 	// The slots free after the reply is out: a peer that does not read
 	// its replies holds them.
+	s.mem.release(int64(held))
 	<-s.slots
 	<-sc.slots
 }

@@ -60,11 +60,12 @@ func checkPreface(p []byte) error {
 }
 
 // frame is one decoded frame; its body is a fresh slice (handlers keep
-// it).
+// it). held is what the reader's reserve hook granted for it.
 type frame struct {
 	id   uint32
 	kind byte
 	body []byte
+	held int
 }
 
 // reader decodes frames of at most max body bytes.
@@ -75,6 +76,11 @@ type reader struct {
 	// onHeader, when set, runs once a header is in and before its body
 	// is read (the server arms the frame deadline there).
 	onHeader func()
+	// reserve, when set, is asked for n more bytes before the body
+	// buffer grows by n (the server's memory budget); an error ends the
+	// read. release gives back what a failed read had reserved.
+	reserve func(n int) error
+	release func(n int)
 }
 
 func newReader(r io.Reader, max int) *reader {
@@ -103,22 +109,41 @@ func (rd *reader) next() (frame, error) {
 	if rd.onHeader != nil {
 		rd.onHeader()
 	}
+	if n == 0 {
+		return f, nil
+	}
 	// The body grows as its bytes arrive: a header alone must not make
-	// the reader allocate what it declares.
-	f.body = make([]byte, 0, min(int(n), growStep))
+	// the reader allocate (or reserve) what it declares.
+	fail := func(err error) (frame, error) {
+		if rd.release != nil && f.held > 0 {
+			rd.release(f.held)
+		}
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return frame{}, err
+	}
 	for len(f.body) < int(n) {
 		if len(f.body) == cap(f.body) {
-			nb := make([]byte, len(f.body), min(int(n), max(2*cap(f.body), cap(f.body)+growStep)))
+			// Grow only once more bytes are here.
+			if _, err := rd.r.Peek(1); err != nil {
+				return fail(err)
+			}
+			c := min(int(n), max(2*cap(f.body), growStep))
+			if rd.reserve != nil {
+				if err := rd.reserve(c - cap(f.body)); err != nil {
+					return fail(err)
+				}
+				f.held += c - cap(f.body)
+			}
+			nb := make([]byte, len(f.body), c)
 			copy(nb, f.body)
 			f.body = nb
 		}
-		m, err := rd.r.Read(f.body[len(f.body):min(cap(f.body), int(n))])
+		m, err := rd.r.Read(f.body[len(f.body):cap(f.body)])
 		f.body = f.body[:len(f.body)+m]
 		if err != nil && len(f.body) < int(n) {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return frame{}, err
+			return fail(err)
 		}
 	}
 	return f, nil
