@@ -385,6 +385,23 @@ func TestWriteHonoursDeadline(t *testing.T) {
 	}
 }
 
+// TestServerWriteTimeout: a client that stops reading its replies loses
+// its connection at the server's write timeout instead of holding a
+// handler (and its slots) forever.
+func TestServerWriteTimeout(t *testing.T) {
+	lis := listen(t)
+	s, _, _ := serveOn(t, lis, ServerConfig{WriteTimeout: 200 * time.Millisecond, IdleTimeout: time.Hour})
+	c := rawConn(t, lis.Addr().String())
+	c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	_, err := c.Write(request(1, "/crpc.test.Svc/Echo", strings.Repeat("r", 32<<20), 0)) // its reply fills the socket buffers
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.conns) == 0
+	}, 30*time.Second, time.Millisecond, "the connection is still served")
+}
+
 // blockDesc's Wait reports how its handler's context ended and whether
 // it had a deadline.
 type waitSvc struct {
