@@ -361,20 +361,22 @@ func current(c *Conn) *clientConn {
 
 // TestWriteHonoursDeadline: against a server that stops reading, a call
 // whose request cannot be written returns DEADLINE_EXCEEDED at its
-// deadline, and so does a call queued behind it.
+// deadline, and so does a call queued behind its write.
 func TestWriteHonoursDeadline(t *testing.T) {
 	ss := newSilentServer(t, false)
 	c := dial(t, ss.lis.Addr().String())
+	cc := current(c)
 	big := strings.Repeat("z", 48<<20) // more than the socket buffers hold
 	errs := make(chan error, 2)
-	for _, v := range []string{big, "small"} {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer cancel()
-			_, err := call(ctx, c, "Echo", v)
-			errs <- err
-		}()
+	invoke := func(v string, d time.Duration) {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		_, err := call(ctx, c, "Echo", v)
+		errs <- err
 	}
+	go invoke(big, 3*time.Second)
+	require.Eventually(t, func() bool { return len(cc.wsem) == 1 }, 30*time.Second, time.Millisecond, "the big write started")
+	go invoke("small", 200*time.Millisecond) // behind it
 	for range 2 {
 		select {
 		case err := <-errs:
