@@ -225,8 +225,13 @@ func (c *Client) connect(ctx context.Context) error {
 }
 
 // MasterProtocol is the protocol the client talks to the master with:
-// "crpc" or "grpc".
-func (c *Client) MasterProtocol() string { return c.rpcProto }
+// "crpc" or "grpc" ("auto" until a master not reachable at start answers).
+func (c *Client) MasterProtocol() string {
+	if p, ok := c.conn.(interface{ Protocol() string }); ok {
+		return p.Protocol()
+	}
+	return c.rpcProto
+}
 
 func newClient(cfg Config) *Client {
 	if cfg.Logger == nil {

@@ -2,11 +2,15 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"sync"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -22,26 +26,50 @@ type MasterConn interface {
 // DialMaster connects to the master at addr as clients do: proto is
 // "crpc", "grpc", or "auto" (or empty): crpc when the master answers it,
 // else gRPC. It returns the connection and the protocol used; intercept,
-// when not nil, sees every call.
+// when not nil, sees every call. With "auto" and a master that does not
+// answer yet, the protocol is "auto": each call tries crpc again until
+// the master answers, and the connection's Protocol method says which
+// one it then settled on.
 func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryClientInterceptor) (MasterConn, string, error) {
 	switch proto {
 	case "", "auto", "crpc", "grpc":
 	default:
 		return nil, "", fmt.Errorf("%w: master protocol %q (want auto, crpc or grpc)", ErrInvalidConfig, proto)
 	}
-	if proto != "grpc" {
-		var opts []crpc.Option
-		if intercept != nil {
-			opts = append(opts, crpc.WithUnaryInterceptor(intercept))
+	if proto == "grpc" {
+		conn, err := dialGRPC(addr, intercept)
+		if err != nil {
+			return nil, "", err
 		}
-		cc, err := crpc.Dial(ctx, addr, opts...)
-		if err == nil {
-			return cc, "crpc", nil
-		}
-		if proto == "crpc" {
-			return nil, "", fmt.Errorf("store: master %s: %w", addr, errcode.FromStatus(err))
-		}
+		return conn, "grpc", nil
 	}
+	var opts []crpc.Option
+	if intercept != nil {
+		opts = append(opts, crpc.WithUnaryInterceptor(intercept))
+	}
+	cc, err := crpc.Dial(ctx, addr, opts...)
+	switch {
+	case err == nil:
+		return cc, "crpc", nil
+	case proto == "crpc":
+		return nil, "", fmt.Errorf("store: master %s: %w", addr, errcode.FromStatus(err))
+	case errors.Is(err, crpc.ErrNotCRPC):
+		conn, err := dialGRPC(addr, intercept)
+		if err != nil {
+			return nil, "", err
+		}
+		return conn, "grpc", nil
+	}
+	// Not reachable yet: decide when it is, not for the client's life.
+	g, err := dialGRPC(addr, nil) // refuses a malformed address now
+	if err != nil {
+		return nil, "", err
+	}
+	g.Close()
+	return &autoConn{addr: addr, intercept: intercept, sem: make(chan struct{}, 1)}, "auto", nil
+}
+
+func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Batch answers for many keys exceed gRPC's 4 MiB default.
@@ -52,7 +80,111 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, addr, err)
+		return nil, fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, addr, err)
 	}
-	return conn, "grpc", nil
+	return conn, nil
+}
+
+// autoConn is "auto" against a master not reachable at dial time: each
+// call dials crpc first; a master that answers crpc settles it on crpc
+// (whose Conn redials by itself), one that answers otherwise on gRPC.
+type autoConn struct {
+	addr      string
+	intercept grpc.UnaryClientInterceptor
+	sem       chan struct{} // one dial at a time; waiters keep their deadline
+
+	mu     sync.Mutex
+	conn   MasterConn // nil until settled
+	proto  string
+	closed bool
+}
+
+// Protocol is "crpc" or "grpc" once settled, else "auto".
+func (a *autoConn) Protocol() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.conn == nil {
+		return "auto"
+	}
+	return a.proto
+}
+
+func (a *autoConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	invoke := func(ctx context.Context, method string, args, reply any, _ *grpc.ClientConn, opts ...grpc.CallOption) error {
+		c, err := a.get(ctx)
+		if err != nil {
+			return err
+		}
+		return c.Invoke(ctx, method, args, reply, opts...)
+	}
+	if a.intercept != nil {
+		return a.intercept(ctx, method, args, reply, nil, invoke, opts...)
+	}
+	return invoke(ctx, method, args, reply, nil, opts...)
+}
+
+func (a *autoConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	c, err := a.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.NewStream(ctx, desc, method, opts...)
+}
+
+// get returns the settled connection, or tries to settle it.
+func (a *autoConn) get(ctx context.Context) (MasterConn, error) {
+	if c, err := a.settled(); c != nil || err != nil {
+		return c, err
+	}
+	select {
+	case a.sem <- struct{}{}:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	defer func() { <-a.sem }()
+	if c, err := a.settled(); c != nil || err != nil {
+		return c, err
+	}
+	var conn MasterConn
+	proto := "crpc"
+	cc, err := crpc.Dial(ctx, a.addr)
+	switch {
+	case err == nil:
+		conn = cc
+	case errors.Is(err, crpc.ErrNotCRPC):
+		if conn, err = dialGRPC(a.addr, nil); err != nil {
+			return nil, err
+		}
+		proto = "grpc"
+	default:
+		return nil, err // still unreachable: the next call tries again
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		conn.Close()
+		return nil, status.Error(codes.Canceled, "store: master connection closed")
+	}
+	a.conn, a.proto = conn, proto
+	return conn, nil
+}
+
+func (a *autoConn) settled() (MasterConn, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return nil, status.Error(codes.Canceled, "store: master connection closed")
+	}
+	return a.conn, nil
+}
+
+func (a *autoConn) Close() error {
+	a.mu.Lock()
+	a.closed = true
+	c := a.conn
+	a.mu.Unlock()
+	if c != nil {
+		return c.Close()
+	}
+	return nil
 }

@@ -1,6 +1,8 @@
 // Package store is the client library of Crescent's distributed KV-cache
 // store: it talks to the master (the service of store/storepb, over crpc
-// when the master answers it, else gRPC: Config.MasterProtocol) for
+// when the master answers it, else gRPC: Config.MasterProtocol; with
+// "auto", a master down at start is tried over crpc again at each call
+// until it answers) for
 // metadata and moves the bytes itself, between its own memory and the
 // memory other clients contribute, through the transfer engine (package
 // engine).

@@ -21,6 +21,8 @@ import (
 
 	"github.com/crescent-kv/crescent/engine/metadata/httpmeta"
 	"github.com/crescent-kv/crescent/event"
+	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -45,6 +47,11 @@ type config struct {
 	EnableHTTPMetadataServer    bool    `yaml:"enable_http_metadata_server"`
 	HTTPMetadataServerPort      int     `yaml:"http_metadata_server_port"`
 	HTTPMetadataServerHost      string  `yaml:"http_metadata_server_host"`
+	RPCMaxMessageBytes          int     `yaml:"rpc_max_message_bytes"`
+	CRPCMaxCallsPerConn         int     `yaml:"crpc_max_calls_per_conn"`
+	CRPCMaxCalls                int     `yaml:"crpc_max_calls"`
+	CRPCIdleTimeoutSec          int64   `yaml:"crpc_idle_timeout_sec"`
+	CRPCMaxBufferedBytes        int64   `yaml:"crpc_max_buffered_bytes"`
 
 	EnableKVEvents           bool    `yaml:"enable_kv_events"`
 	KVEventsEndpoint         string  `yaml:"kv_events_endpoint"`
@@ -70,6 +77,9 @@ func defaults() config {
 		KVEventsEndpoint: "tcp://*:5557", KVEventsReplayEndpoint: "tcp://*:5558", KVEventsEncoding: "map",
 		KVEventsQueueSize: 100000, KVEventsBatchSize: 64, KVEventsBatchIntervalMs: 1, KVEventsOverflow: "drop_oldest",
 		KVEventsReplayBufferSize: 10000, LogLevel: "info",
+		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
+		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
+		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
 	}
 }
 
@@ -92,6 +102,11 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.EnableHTTPMetadataServer, "enable_http_metadata_server", c.EnableHTTPMetadataServer, "serve the transfer engine's metadata (GET/PUT/DELETE /metadata?key=)")
 	fs.IntVar(&c.HTTPMetadataServerPort, "http_metadata_server_port", c.HTTPMetadataServerPort, "port of the HTTP metadata server")
 	fs.StringVar(&c.HTTPMetadataServerHost, "http_metadata_server_host", c.HTTPMetadataServerHost, "address of the HTTP metadata server")
+	fs.IntVar(&c.RPCMaxMessageBytes, "rpc_max_message_bytes", c.RPCMaxMessageBytes, "largest RPC message either way, gRPC and crpc (batches of many keys need room)")
+	fs.IntVar(&c.CRPCMaxCallsPerConn, "crpc_max_calls_per_conn", c.CRPCMaxCallsPerConn, "crpc calls in flight per connection; at the bound the connection is not read until one ends")
+	fs.IntVar(&c.CRPCMaxCalls, "crpc_max_calls", c.CRPCMaxCalls, "crpc calls in flight across connections")
+	fs.Int64Var(&c.CRPCIdleTimeoutSec, "crpc_idle_timeout_sec", c.CRPCIdleTimeoutSec, "seconds a crpc connection may send nothing (clients ping every 10 s) before it is closed")
+	fs.Int64Var(&c.CRPCMaxBufferedBytes, "crpc_max_buffered_bytes", c.CRPCMaxBufferedBytes, "crpc request bytes held at once across connections (at least rpc_max_message_bytes)")
 	fs.BoolVar(&c.EnableKVEvents, "enable_kv_events", c.EnableKVEvents, "publish KV events (vLLM-compatible ZMQ stream)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv_events_endpoint", c.KVEventsEndpoint, "PUB endpoint (binds with *, ::, ipc://; else connects)")
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv_events_replay_endpoint", c.KVEventsReplayEndpoint, "ROUTER replay endpoint; empty = no replay")
@@ -154,6 +169,12 @@ func (c *config) validate() error {
 		return fmt.Errorf("eviction_high_watermark_ratio %v not in (0, 1]", c.EvictionHighWatermarkRatio)
 	case c.DefaultKVLeaseTTL <= 0 || c.ClientTTL <= 0 || c.RemoveByRegexBudgetMs <= 0:
 		return errors.New("default_kv_lease_ttl, client_ttl and remove_by_regex_budget_ms must be positive")
+	case c.RPCMaxMessageBytes < 1<<20 || c.RPCMaxMessageBytes > 1<<30:
+		return fmt.Errorf("rpc_max_message_bytes %d not in [1 MiB, 1 GiB]", c.RPCMaxMessageBytes)
+	case c.CRPCMaxBufferedBytes < int64(c.RPCMaxMessageBytes):
+		return fmt.Errorf("crpc_max_buffered_bytes %d < rpc_max_message_bytes %d", c.CRPCMaxBufferedBytes, c.RPCMaxMessageBytes)
+	case c.CRPCMaxCallsPerConn < 1 || c.CRPCMaxCalls < 1 || c.CRPCIdleTimeoutSec < 1:
+		return errors.New("crpc_max_calls_per_conn, crpc_max_calls and crpc_idle_timeout_sec must be positive")
 	}
 	if _, err := alloc.ParseStrategy(c.AllocationStrategy); err != nil {
 		return err
@@ -220,7 +241,9 @@ func run(ctx context.Context, cfg config) error {
 	var metrics *master.Metrics
 	svc := master.NewService(m, master.WithObserver(func(rpc string, d time.Duration, err error) {
 		metrics.Observe(rpc, d, err)
-	}))
+	}), master.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
+		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
+		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))
 	metrics = master.NewMetrics(m, svc)
 	reg.MustRegister(metrics)
 	if pub != nil {
@@ -263,7 +286,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	log.Info("crescent-master serving", "rpc", lis.Addr().String(), "view_version", m.ViewVersion())
 	// Batch RPCs of many keys exceed gRPC's 4 MiB default.
-	err = svc.Serve(ctx, lis, grpc.MaxRecvMsgSize(256<<20), grpc.MaxSendMsgSize(256<<20))
+	err = svc.Serve(ctx, lis, grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes))
 	log.Info("crescent-master stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

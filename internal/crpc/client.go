@@ -2,6 +2,7 @@ package crpc
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -17,6 +18,13 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// Client defaults.
+const (
+	DefaultDialTimeout  = 5 * time.Second
+	DefaultPingInterval = 10 * time.Second
+	DefaultPingTimeout  = 5 * time.Second
+)
+
 // Option configures Dial.
 type Option func(*Conn)
 
@@ -26,21 +34,38 @@ func WithUnaryInterceptor(f grpc.UnaryClientInterceptor) Option {
 	return func(c *Conn) { c.intercept = f }
 }
 
-// WithDialTimeout bounds each (re)connection (default 5 s).
+// WithDialTimeout bounds each (re)connection (DefaultDialTimeout).
 func WithDialTimeout(d time.Duration) Option { return func(c *Conn) { c.dialTimeout = d } }
+
+// WithMaxFrame bounds a frame's body either way (DefaultMaxFrame; at most
+// 1 GiB): a larger request fails RESOURCE_EXHAUSTED, a larger reply
+// breaks the connection.
+func WithMaxFrame(n int) Option { return func(c *Conn) { c.maxFrame = n } }
+
+// WithPing sets the keepalive: a connection that has received nothing for
+// interval (DefaultPingInterval), or whose call timed out with nothing
+// received since it was sent, is pinged; no pong within timeout
+// (DefaultPingTimeout) breaks it, failing its calls UNAVAILABLE, and the
+// next call dials again.
+func WithPing(interval, timeout time.Duration) Option {
+	return func(c *Conn) { c.pingInterval, c.pingTimeout = interval, timeout }
+}
 
 // Conn is a client of one crpc server, usable by generated gRPC client
 // code (grpc.ClientConnInterface). It keeps one connection, dialled again
 // after a failure. Safe for concurrent use.
 type Conn struct {
-	addr        string
-	dialTimeout time.Duration
-	intercept   grpc.UnaryClientInterceptor
+	addr         string
+	dialTimeout  time.Duration
+	intercept    grpc.UnaryClientInterceptor
+	maxFrame     int
+	pingInterval time.Duration
+	pingTimeout  time.Duration
 
 	mu     sync.Mutex
 	cur    *clientConn
 	closed bool
-	wg     sync.WaitGroup // readers
+	wg     sync.WaitGroup // readers, keepalives, cancels
 }
 
 var _ grpc.ClientConnInterface = (*Conn)(nil)
@@ -48,9 +73,20 @@ var _ grpc.ClientConnInterface = (*Conn)(nil)
 // Dial connects to addr and checks the server speaks crpc (ErrNotCRPC if
 // it answers otherwise).
 func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
-	c := &Conn{addr: addr, dialTimeout: 5 * time.Second}
+	c := &Conn{addr: addr, dialTimeout: DefaultDialTimeout, maxFrame: DefaultMaxFrame,
+		pingInterval: DefaultPingInterval, pingTimeout: DefaultPingTimeout}
 	for _, o := range opts {
 		o(c)
+	}
+	if c.maxFrame <= 0 {
+		c.maxFrame = DefaultMaxFrame
+	}
+	c.maxFrame = min(c.maxFrame, maxFrameLimit)
+	if c.pingInterval <= 0 {
+		c.pingInterval = DefaultPingInterval
+	}
+	if c.pingTimeout <= 0 {
+		c.pingTimeout = DefaultPingTimeout
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -105,8 +141,8 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, headerLen+1, headerLen+1+len(method)+proto.Size(in))
-	buf[headerLen] = byte(len(method))
+	buf := make([]byte, headerLen+requestFixed, headerLen+requestFixed+len(method)+proto.Size(in))
+	buf[headerLen+8] = byte(len(method))
 	buf = append(buf, method...)
 	if buf, err = (proto.MarshalOptions{}).MarshalAppend(buf, in); err != nil {
 		return status.Errorf(codes.Internal, "crpc: encoding %s: %v", method, err)
@@ -116,12 +152,17 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	if err != nil {
 		return err
 	}
-	if err := putHeader(buf, id, kindRequest); err != nil {
+	if err := putHeader(buf, id, kindRequest, c.maxFrame); err != nil {
 		cc.remove(id)
 		return status.Error(codes.ResourceExhausted, err.Error())
 	}
+	if dl, ok := ctx.Deadline(); ok {
+		// The handler's context ends when this call's does.
+		us := max(1, (time.Until(dl)+time.Microsecond-1)/time.Microsecond)
+		binary.LittleEndian.PutUint64(buf[headerLen:], uint64(us))
+	}
 	sent := time.Now().UnixNano()
-	if err := cc.write(buf); err != nil {
+	if err := cc.write(ctx, buf); err != nil {
 		cc.remove(id)
 		return err
 	}
@@ -144,15 +185,29 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	case <-cc.done:
 		return cc.err
 	case <-ctx.Done():
-		cc.remove(id)
+		if cc.remove(id) {
+			c.sendCancel(cc, id)
+		}
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) && cc.lastRead.Load() < sent {
 			// Not a byte from the server since this call went out: it may
-			// be gone without a FIN (host down, partition). The next call
-			// dials again rather than wait for TCP to notice.
-			cc.fail(status.Error(codes.Unavailable, "crpc: no reply from the server"))
+			// be gone without a FIN. Ask it now rather than at the next
+			// ping.
+			cc.kickPing()
 		}
 		return status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// sendCancel tells the server a call was given up, in the background (the
+// caller is gone; the write waits for the connection's other writes).
+func (c *Conn) sendCancel(cc *clientConn, id uint32) {
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), c.pingTimeout)
+		defer cancel()
+		cc.write(ctx, control(id, kindCancel))
+	}()
 }
 
 // conn returns the live connection, dialling one when there is none.
@@ -198,33 +253,44 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	}
 	if err != nil {
 		nc.Close()
-		code := codes.Unavailable
 		if errors.Is(err, ErrNotCRPC) {
 			return nil, err
 		}
-		return nil, status.Errorf(code, "crpc: %s: %v", c.addr, err)
+		return nil, status.Errorf(codes.Unavailable, "crpc: %s: %v", c.addr, err)
 	}
 	nc.SetDeadline(time.Time{})
-	cc := &clientConn{c: nc, pending: map[uint32]chan frame{}, done: make(chan struct{})}
-	c.wg.Add(1)
+	cc := &clientConn{c: nc, wg: &c.wg, flushTimeout: c.pingTimeout, maxFrame: c.maxFrame, wsem: make(chan struct{}, 1), pending: map[uint32]chan frame{},
+		done: make(chan struct{}), kick: make(chan struct{}, 1), pong: make(chan uint32, 1)}
+	cc.lastRead.Store(time.Now().UnixNano())
+	c.wg.Add(2)
 	go func() {
 		defer c.wg.Done()
 		cc.read()
+	}()
+	go func() {
+		defer c.wg.Done()
+		cc.keepalive(c.pingInterval, c.pingTimeout)
 	}()
 	return cc, nil
 }
 
 // clientConn is one connection and its calls in flight.
 type clientConn struct {
-	c    net.Conn
-	wmu  sync.Mutex
-	done chan struct{} // closed when broken; err says why
+	c            net.Conn
+	wg           *sync.WaitGroup // the Conn's
+	flushTimeout time.Duration   // for the rest of a frame cut off at a deadline
+	maxFrame     int
+	wsem         chan struct{} // the write lock; waiters give up at their deadline
+	done         chan struct{} // closed when broken; err says why
+	kick         chan struct{} // ping now
+	pong         chan uint32   // pongs received
 
 	mu       sync.Mutex
 	pending  map[uint32]chan frame
 	next     uint32
 	err      error
 	lastRead atomic.Int64 // unix ns of the last frame received
+	pongs    atomic.Int64 // pongs received (tests)
 }
 
 func (cc *clientConn) broken() bool {
@@ -243,43 +309,156 @@ func (cc *clientConn) add(ch chan frame) (uint32, error) {
 		return 0, cc.err
 	}
 	cc.next++
-	for cc.pending[cc.next] != nil {
-		cc.next++ // wrapped around onto a call still in flight
+	for cc.next == 0 || cc.pending[cc.next] != nil {
+		cc.next++ // 0 is the pings'; or wrapped onto a call in flight
 	}
 	cc.pending[cc.next] = ch
 	return cc.next, nil
 }
 
-func (cc *clientConn) remove(id uint32) {
+// remove forgets a call; false when its reply was already delivered.
+func (cc *clientConn) remove(id uint32) bool {
 	cc.mu.Lock()
+	_, ok := cc.pending[id]
 	delete(cc.pending, id)
 	cc.mu.Unlock()
+	return ok
 }
 
-func (cc *clientConn) write(b []byte) error {
-	cc.wmu.Lock()
-	_, err := cc.c.Write(b)
-	cc.wmu.Unlock()
-	if err != nil {
+// write sends one frame by ctx's deadline: a call that cannot start
+// writing by then fails DEADLINE_EXCEEDED and leaves the connection as it
+// was. One cut off mid-frame also returns at once; the rest of its frame
+// goes out in the background (the stream must stay framed) within the
+// ping timeout, else the connection breaks.
+func (cc *clientConn) write(ctx context.Context, b []byte) error {
+	select {
+	case cc.wsem <- struct{}{}:
+	case <-cc.done:
+		return cc.err
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	dl, _ := ctx.Deadline()
+	cc.c.SetWriteDeadline(dl)
+	n, err := cc.c.Write(b)
+	if err == nil {
+		<-cc.wsem
+		return nil
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		<-cc.wsem
 		err = status.Errorf(codes.Unavailable, "crpc: send: %v", err)
 		cc.fail(err)
+		return err
 	}
-	return err
+	if n == 0 {
+		<-cc.wsem
+	} else {
+		cc.wg.Add(1)
+		go func() {
+			defer cc.wg.Done()
+			defer func() { <-cc.wsem }()
+			cc.c.SetWriteDeadline(time.Now().Add(cc.flushTimeout))
+			if _, err := cc.c.Write(b[n:]); err != nil {
+				cc.fail(status.Errorf(codes.Unavailable, "crpc: send: %v", err))
+			}
+		}()
+	}
+	return status.Error(codes.DeadlineExceeded, "crpc: deadline exceeded while sending")
+}
+
+func (cc *clientConn) kickPing() {
+	select {
+	case cc.kick <- struct{}{}:
+	default:
+	}
+}
+
+// keepalive pings when nothing has been received for interval or when
+// asked, and breaks the connection when a pong does not come in timeout.
+func (cc *clientConn) keepalive(interval, timeout time.Duration) {
+	t := time.NewTimer(interval)
+	defer t.Stop()
+	var id uint32
+	for {
+		kicked := false
+		select {
+		case <-cc.done:
+			return
+		case <-cc.kick:
+			kicked = true
+		case <-t.C:
+		}
+		if quiet := time.Since(time.Unix(0, cc.lastRead.Load())); !kicked && quiet < interval {
+			t.Reset(interval - quiet)
+			continue
+		}
+		id++
+		if !cc.ping(id, timeout) {
+			cc.fail(status.Errorf(codes.Unavailable, "crpc: no pong from the server in %v", timeout))
+			return
+		}
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(interval)
+	}
+}
+
+// ping sends a ping and waits for its pong, within timeout.
+func (cc *clientConn) ping(id uint32, timeout time.Duration) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if cc.write(ctx, control(id, kindPing)) != nil {
+		return false
+	}
+	for {
+		select {
+		case got := <-cc.pong:
+			if got == id {
+				return true
+			}
+		case <-cc.done:
+			return true // failed already; keepalive sees done
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // read delivers replies until the connection breaks.
 func (cc *clientConn) read() {
-	rd := newReader(cc.c)
+	rd := newReader(cc.c, cc.maxFrame)
 	for {
 		f, err := rd.next()
-		if err == nil && f.kind == kindRequest {
-			err = fmt.Errorf("%w: a request from the server", errBadFrame)
+		if err == nil && f.kind != kindReply && f.kind != kindError && f.kind != kindPong {
+			err = fmt.Errorf("%w: kind %d from the server", errBadFrame, f.kind)
 		}
 		if err != nil {
 			cc.fail(status.Errorf(codes.Unavailable, "crpc: connection lost: %v", err))
 			return
 		}
 		cc.lastRead.Store(time.Now().UnixNano())
+		if f.kind == kindPong {
+			cc.pongs.Add(1)
+			select {
+			case cc.pong <- f.id:
+			default:
+				select { // replace a stale one
+				case <-cc.pong:
+				default:
+				}
+				select {
+				case cc.pong <- f.id:
+				default:
+				}
+			}
+			continue
+		}
 		cc.mu.Lock()
 		ch := cc.pending[f.id]
 		delete(cc.pending, f.id)

@@ -13,8 +13,10 @@
 // grpc.ClientConnInterface for generated New*Client constructors. Errors
 // are gRPC statuses (with their details) on both sides, so callers cannot
 // tell the two transports apart. Only unary methods are served.
+// ServerConfig.Interceptor is a grpc.UnaryServerInterceptor, so one chain
+// (metrics, logging) serves a grpc.Server and a crpc Server alike.
 //
-// # Wire format (version 1)
+// # Wire format (version 2)
 //
 // All integers are little-endian.
 //
@@ -23,18 +25,66 @@
 //	frame     u32 length  (of what follows the 9-byte header, at most MaxFrame)
 //	          u32 call id (chosen by the client, echoed by the server)
 //	          u8  kind
-//	kind 1    request:  u8 method-name length, method name ("/pkg.Service/Method"),
+//	kind 1    request (client -> server):
+//	          u64 timeout in microseconds (what was left of the caller's
+//	              deadline when sent; 0: none)
+//	          u8  method-name length (1..255), method name ("/pkg.Service/Method")
 //	          the request message (protobuf)
-//	kind 2    reply:    the response message (protobuf)
-//	kind 3    error:    a google.rpc.Status (protobuf): code, message, details
+//	kind 2    reply (server -> client): the response message (protobuf)
+//	kind 3    error (server -> client): a google.rpc.Status (protobuf):
+//	          code, message, details
+//	kind 4    cancel (client -> server), empty: the caller of call id gave
+//	          up; the server ends that handler's context and sends no answer
+//	kind 5    ping (client -> server), empty, any id
+//	kind 6    pong (server -> client), empty, the ping's id
+//
+// Version 1 had no kinds 4 to 6 and no timeout in requests; the server
+// answers a preface of another version with its own and closes, and Dial
+// reports both versions.
+//
+// # Behaviour and bounds
 //
 // A client may have many calls in flight on one connection; replies come
-// in any order. A malformed frame closes the connection; an unknown
-// method is answered with UNIMPLEMENTED. A connection that breaks fails
-// its calls in flight with UNAVAILABLE, and the next call dials again.
-// Deadlines are not sent: the caller's context bounds the wait, the
-// server's handler context ends when the connection closes. A call that
-// times out with nothing at all received since it was sent breaks the
-// connection, so a server gone without a FIN is dialled again at the next
-// call instead of after TCP's timeouts.
+// in any order. A malformed frame (unknown kind, a body on a cancel, ping
+// or pong, a body over MaxFrame, a request from the server) closes the
+// connection; an unknown method is answered with UNIMPLEMENTED. A
+// connection that breaks fails its calls in flight with UNAVAILABLE, and
+// the next call dials again.
+//
+// Server (ServerConfig; zero values take the defaults):
+//   - a frame's body buffer grows as its bytes arrive (from 64 KiB,
+//     doubling, each step once more bytes are in), never to the declared
+//     length up front; MaxFrame (DefaultMaxFrame, 64 MiB) bounds it;
+//   - MaxBufferedBytes (1 GiB) bounds the request bytes held across
+//     connections (bodies being read, requests not yet answered); each
+//     growth step reserves its bytes first, and a reader that finds the
+//     budget spent waits, within its frame deadline;
+//   - once a header is in, the rest of its frame must arrive within
+//     FrameTimeout (10 s), and a connection that sends no frame for
+//     IdleTimeout (60 s) is closed; clients ping well within it;
+//   - at most MaxCallsPerConn (256) calls run per connection and MaxCalls
+//     (4096) in all: at either bound the server stops reading that
+//     connection until a call has answered (a cancel or ping behind the
+//     waiting request waits with it);
+//   - a handler's context ends at the caller's deadline (the request's
+//     timeout), at its cancel frame, or when the connection closes;
+//   - every write has WriteTimeout (10 s): a peer that stops reading
+//     loses its connection;
+//   - Serve and Split accept through netx.Serve (backoff on EMFILE and
+//     other transient errors; connection caps, idle connections evicted
+//     first: a crpc connection is busy while it has calls in flight).
+//
+// Client (Dial options):
+//   - a write honours the call's deadline: a call that cannot start its
+//     write by then fails DEADLINE_EXCEEDED without touching the
+//     connection; one cut off mid-frame returns DEADLINE_EXCEEDED at once
+//     and the rest of its frame is sent in the background within the ping
+//     timeout (else the connection breaks), so the calls behind it wait
+//     only within their own deadlines;
+//   - a call whose context ends sends a cancel frame;
+//   - keepalive: a connection that has received nothing for the ping
+//     interval (10 s), or whose call timed out with nothing received
+//     since it was sent, is pinged; no pong within the ping timeout (5 s)
+//     breaks it, so a server gone without a FIN is dialled again instead
+//     of after TCP's timeouts.
 package crpc

@@ -3,6 +3,7 @@ package crpc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // ErrServerStopped is returned by Serve after Stop or GracefulStop.
@@ -21,6 +24,83 @@ var ErrServerStopped = errors.New("crpc: server stopped")
 // itself.
 const prefaceTimeout = 10 * time.Second
 
+// Server defaults (ServerConfig).
+const (
+	DefaultMaxCallsPerConn = 256
+	DefaultMaxCalls        = 4096
+	DefaultIdleTimeout     = 60 * time.Second
+	DefaultFrameTimeout    = 10 * time.Second
+	DefaultWriteTimeout    = 10 * time.Second
+	DefaultMaxBuffered     = 1 << 30
+)
+
+// ServerConfig bounds a Server. Zero values take the defaults.
+type ServerConfig struct {
+	// MaxFrame bounds a frame's body, either way (DefaultMaxFrame; at
+	// most 1 GiB). A larger request closes the connection; a larger
+	// reply is answered RESOURCE_EXHAUSTED.
+	MaxFrame int
+	// MaxBufferedBytes bounds the request bytes held at once across
+	// connections: bodies being read (reserved as they grow, not as
+	// declared) and requests whose call has not answered yet
+	// (DefaultMaxBuffered, 1 GiB; at least MaxFrame). A reader that
+	// needs more waits, within its frame's deadline, else its connection
+	// is dropped.
+	MaxBufferedBytes int64
+	// MaxCallsPerConn bounds the calls one connection has in flight
+	// (DefaultMaxCallsPerConn). At the bound the server stops reading
+	// that connection until a call ends.
+	MaxCallsPerConn int
+	// MaxCalls bounds the calls in flight across connections
+	// (DefaultMaxCalls), with the same back-pressure.
+	MaxCalls int
+	// IdleTimeout closes a connection that sends no frame for this long
+	// (DefaultIdleTimeout). Clients ping well within it.
+	IdleTimeout time.Duration
+	// FrameTimeout bounds the arrival of the rest of a frame once its
+	// header is in (DefaultFrameTimeout): a partial frame is dropped.
+	FrameTimeout time.Duration
+	// WriteTimeout bounds one frame's write (DefaultWriteTimeout): a peer
+	// that stops reading loses its connection.
+	WriteTimeout time.Duration
+	// Interceptor, when set, wraps every call, as
+	// grpc.UnaryInterceptor does for a grpc.Server (the same hook serves
+	// both).
+	Interceptor grpc.UnaryServerInterceptor
+	// Conns configures the accept loop (netx): connection caps, logging.
+	Conns netx.Config
+}
+
+func (c ServerConfig) withDefaults() ServerConfig {
+	if c.MaxFrame <= 0 {
+		c.MaxFrame = DefaultMaxFrame
+	}
+	c.MaxFrame = min(c.MaxFrame, maxFrameLimit)
+	if c.MaxBufferedBytes <= 0 {
+		c.MaxBufferedBytes = DefaultMaxBuffered
+	}
+	c.MaxBufferedBytes = max(c.MaxBufferedBytes, int64(c.MaxFrame))
+	if c.MaxCallsPerConn <= 0 {
+		c.MaxCallsPerConn = DefaultMaxCallsPerConn
+	}
+	if c.MaxCalls <= 0 {
+		c.MaxCalls = DefaultMaxCalls
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.FrameTimeout <= 0 {
+		c.FrameTimeout = DefaultFrameTimeout
+	}
+	if c.WriteTimeout <= 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.Conns.Name == "" {
+		c.Conns.Name = "crpc"
+	}
+	return c
+}
+
 type method struct {
 	srv any
 	h   grpc.MethodHandler
@@ -29,22 +109,27 @@ type method struct {
 // Server serves registered services' unary methods. Register services
 // before Serve.
 type Server struct {
+	cfg     ServerConfig
 	methods map[string]method
+	slots   chan struct{} // calls in flight, server-wide
+	mem     *budget       // request bytes held, server-wide
 
 	mu       sync.Mutex
-	lis      map[net.Listener]bool
+	loops    map[*netx.Loop]bool
 	conns    map[*serverConn]bool
 	stopped  bool
 	draining bool
-	conWG    sync.WaitGroup // connection goroutines
+	bgWG     sync.WaitGroup // GracefulStop's listener shutdowns
 	callWG   sync.WaitGroup // handlers running
 }
 
 var _ grpc.ServiceRegistrar = (*Server)(nil)
 
 // NewServer returns a server with no services.
-func NewServer() *Server {
-	return &Server{methods: map[string]method{}, lis: map[net.Listener]bool{}, conns: map[*serverConn]bool{}}
+func NewServer(cfg ServerConfig) *Server {
+	cfg = cfg.withDefaults()
+	return &Server{cfg: cfg, methods: map[string]method{}, slots: make(chan struct{}, cfg.MaxCalls), mem: newBudget(cfg.MaxBufferedBytes),
+		loops: map[*netx.Loop]bool{}, conns: map[*serverConn]bool{}}
 }
 
 // RegisterService implements grpc.ServiceRegistrar (unary methods only).
@@ -54,8 +139,9 @@ func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) {
 	}
 }
 
-// Serve accepts connections on lis until Stop or GracefulStop (then it
-// returns ErrServerStopped) or lis fails.
+// Serve accepts connections on lis (through netx.Serve: transient accept
+// errors back off) until Stop or GracefulStop (then it returns
+// ErrServerStopped) or lis fails.
 func (s *Server) Serve(lis net.Listener) error {
 	s.mu.Lock()
 	if s.stopped || s.draining {
@@ -63,38 +149,20 @@ func (s *Server) Serve(lis net.Listener) error {
 		lis.Close()
 		return ErrServerStopped
 	}
-	s.lis[lis] = true
+	l := netx.Serve(lis, s.cfg.Conns, s.serveConn)
+	s.loops[l] = true
 	s.mu.Unlock()
-	for {
-		c, err := lis.Accept()
-		if err != nil {
-			s.mu.Lock()
-			done := s.stopped || s.draining
-			delete(s.lis, lis)
-			s.mu.Unlock()
-			if done {
-				return ErrServerStopped
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
-				continue
-			}
-			return err
-		}
-		sc := &serverConn{s: s, c: c}
-		sc.ctx, sc.cancel = context.WithCancel(context.Background())
-		s.mu.Lock()
-		if s.stopped || s.draining {
-			s.mu.Unlock()
-			c.Close()
-			continue
-		}
-		s.conns[sc] = true
-		s.conWG.Add(1)
-		s.mu.Unlock()
-		go sc.serve()
+	<-l.Done()
+	s.mu.Lock()
+	done := s.stopped || s.draining
+	s.mu.Unlock()
+	if done {
+		return ErrServerStopped
 	}
+	if err := l.Err(); err != nil {
+		return fmt.Errorf("crpc: accept: %w", err)
+	}
+	return fmt.Errorf("crpc: accept: %w", net.ErrClosed)
 }
 
 // Stop closes the listeners and every connection at once, and waits for
@@ -102,15 +170,17 @@ func (s *Server) Serve(lis net.Listener) error {
 func (s *Server) Stop() {
 	s.mu.Lock()
 	s.stopped = true
-	s.closeListenersLocked()
-	conns := s.conns
-	s.conns = map[*serverConn]bool{}
+	loops, conns := s.loops, s.conns
+	s.loops, s.conns = map[*netx.Loop]bool{}, map[*serverConn]bool{}
 	s.mu.Unlock()
 	for sc := range conns {
 		sc.close()
 	}
-	s.conWG.Wait()
+	for l := range loops {
+		l.Close()
+	}
 	s.callWG.Wait()
+	s.bgWG.Wait()
 }
 
 // GracefulStop stops accepting, lets the calls in progress finish and
@@ -118,26 +188,40 @@ func (s *Server) Stop() {
 func (s *Server) GracefulStop() {
 	s.mu.Lock()
 	s.draining = true
-	s.closeListenersLocked()
+	for l := range s.loops {
+		s.bgWG.Add(1)
+		go func() {
+			defer s.bgWG.Done()
+			l.Shutdown(true) // returns once Stop has closed the connections
+		}()
+	}
 	s.mu.Unlock()
 	s.callWG.Wait()
 	s.Stop()
 }
 
-func (s *Server) closeListenersLocked() {
-	for l := range s.lis {
-		l.Close()
-	}
-	s.lis = map[net.Listener]bool{}
+// busyMarker is a netx.Conn, possibly under Split's wrapper.
+type busyMarker interface {
+	Busy()
+	Idle()
 }
 
 type serverConn struct {
 	s      *Server
-	c      net.Conn
+	c      *netx.Conn
 	ctx    context.Context
 	cancel context.CancelFunc
+	slots  chan struct{} // calls in flight on this connection
 	wmu    sync.Mutex
 	once   sync.Once
+
+	mu    sync.Mutex
+	calls map[uint32]*serverCall
+}
+
+type serverCall struct {
+	cancel   context.CancelFunc
+	canceled bool // by the client: no reply wanted
 }
 
 func (sc *serverConn) close() {
@@ -147,56 +231,156 @@ func (sc *serverConn) close() {
 	})
 }
 
-func (sc *serverConn) serve() {
-	defer sc.s.conWG.Done()
-	defer func() {
-		sc.close()
-		sc.s.mu.Lock()
-		delete(sc.s.conns, sc)
-		sc.s.mu.Unlock()
-	}()
-	p := make([]byte, prefaceLen)
-	sc.c.SetReadDeadline(time.Now().Add(prefaceTimeout))
-	if _, err := io.ReadFull(sc.c, p); err != nil || checkPreface(p) != nil {
-		// Answer a wrong version with ours, so the client can say why.
-		if err == nil && string(p[:4]) == magic {
-			sc.c.Write(preface())
-		}
-		return
+// busy marks the connection (and Split's, beneath) as working or not, so
+// netx evicts only idle connections at its caps.
+func (sc *serverConn) busy(on bool) {
+	ms := []busyMarker{sc.c}
+	if m, ok := sc.c.Conn.(busyMarker); ok {
+		ms = append(ms, m)
 	}
-	sc.c.SetReadDeadline(time.Time{})
-	if _, err := sc.c.Write(preface()); err != nil {
-		return
-	}
-	rd := newReader(sc.c)
-	for {
-		f, err := rd.next()
-		if err != nil || f.kind != kindRequest {
-			return
+	for _, m := range ms {
+		if on {
+			m.Busy()
+		} else {
+			m.Idle()
 		}
-		name, msg, err := parseRequest(f.body)
-		if err != nil {
-			return
-		}
-		sc.s.mu.Lock()
-		if sc.s.stopped || sc.s.draining {
-			sc.s.mu.Unlock()
-			// Calls in progress still answer on this connection.
-			sc.reply(f.id, nil, status.Error(codes.Unavailable, "crpc: server stopping"))
-			continue
-		}
-		sc.s.callWG.Add(1)
-		sc.s.mu.Unlock()
-		go sc.call(f.id, name, msg)
 	}
 }
 
+func (s *Server) serveConn(nc *netx.Conn) {
+	sc := &serverConn{s: s, c: nc, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}}
+	sc.ctx, sc.cancel = context.WithCancel(context.Background())
+	defer sc.close()
+	p := make([]byte, prefaceLen)
+	nc.SetReadDeadline(time.Now().Add(prefaceTimeout))
+	if _, err := io.ReadFull(nc, p); err != nil || checkPreface(p) != nil {
+		// Answer a wrong version with ours, so the client can say why.
+		if err == nil && string(p[:4]) == magic {
+			nc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+			nc.Write(preface())
+		}
+		return
+	}
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		return
+	}
+	s.conns[sc] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, sc)
+		s.mu.Unlock()
+	}()
+	if sc.write(preface()) != nil {
+		return
+	}
+	rd := newReader(nc, s.cfg.MaxFrame)
+	var frameDeadline time.Time
+	rd.onHeader = func() {
+		frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
+		nc.SetReadDeadline(frameDeadline)
+	}
+	rd.reserve = func(n int) error {
+		if s.mem.tryAcquire(int64(n)) {
+			return nil
+		}
+		ctx, cancel := context.WithDeadline(sc.ctx, frameDeadline)
+		defer cancel()
+		return s.mem.acquire(ctx, int64(n))
+	}
+	rd.release = func(n int) { s.mem.release(int64(n)) }
+	for {
+		nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		f, err := rd.next()
+		if err != nil {
+			return
+		}
+		if f.kind != kindRequest && f.held > 0 {
+			s.mem.release(int64(f.held))
+		}
+		switch f.kind {
+		case kindPing:
+			if sc.write(control(f.id, kindPong)) != nil {
+				return
+			}
+		case kindCancel:
+			sc.mu.Lock()
+			if c := sc.calls[f.id]; c != nil {
+				c.canceled = true
+				c.cancel()
+			}
+			sc.mu.Unlock()
+		case kindRequest:
+			timeout, name, msg, err := parseRequest(f.body)
+			if err != nil {
+				s.mem.release(int64(f.held))
+				return
+			}
+			if !sc.admit(f.id, timeout, name, msg, f.held) {
+				return
+			}
+		default:
+			return // a reply or an error from a client
+		}
+	}
+}
+
+// admit starts a call once a slot is free on the connection and in the
+// server (the connection is not read meanwhile); false when the
+// connection ended while waiting.
+func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg []byte, held int) bool {
+	s := sc.s
+	select {
+	case sc.slots <- struct{}{}:
+	case <-sc.ctx.Done():
+		s.mem.release(int64(held))
+		return false
+	}
+	select {
+	case s.slots <- struct{}{}:
+	case <-sc.ctx.Done():
+		<-sc.slots
+		s.mem.release(int64(held))
+		return false
+	}
+	s.mu.Lock()
+	if s.stopped || s.draining {
+		s.mu.Unlock()
+		<-s.slots
+		<-sc.slots
+		s.mem.release(int64(held))
+		// Calls in progress still answer on this connection.
+		return sc.reply(id, nil, status.Error(codes.Unavailable, "crpc: server stopping")) == nil
+	}
+	s.callWG.Add(1)
+	s.mu.Unlock()
+	var ctx context.Context
+	var cancel context.CancelFunc
+	if timeout > 0 {
+		ctx, cancel = context.WithTimeout(sc.ctx, timeout)
+	} else {
+		ctx, cancel = context.WithCancel(sc.ctx)
+	}
+	c := &serverCall{cancel: cancel}
+	sc.mu.Lock()
+	if len(sc.calls) == 0 {
+		sc.busy(true)
+	}
+	sc.calls[id] = c
+	sc.mu.Unlock()
+	go sc.call(ctx, c, id, name, msg, held)
+	return true
+}
+
 // call runs one handler and answers.
-func (sc *serverConn) call(id uint32, name string, msg []byte) {
-	defer sc.s.callWG.Done()
+func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name string, msg []byte, held int) {
+	s := sc.s
+	defer s.callWG.Done()
 	var resp any
 	err := status.Errorf(codes.Unimplemented, "crpc: unknown method %s", name)
-	if m, ok := sc.s.methods[name]; ok {
+	if m, ok := s.methods[name]; ok {
 		dec := func(v any) error {
 			pm, ok := v.(proto.Message)
 			if !ok {
@@ -207,30 +391,54 @@ func (sc *serverConn) call(id uint32, name string, msg []byte) {
 			}
 			return nil
 		}
-		resp, err = m.h(m.srv, sc.ctx, dec, nil)
+		resp, err = m.h(m.srv, ctx, dec, s.cfg.Interceptor)
 	}
-	sc.reply(id, resp, err)
+	sc.mu.Lock()
+	canceled := c.canceled
+	if sc.calls[id] == c {
+		delete(sc.calls, id)
+	}
+	if len(sc.calls) == 0 {
+		sc.busy(false)
+	}
+	sc.mu.Unlock()
+	c.cancel()
+	if !canceled {
+		sc.reply(id, resp, err)
+	}
+	// The slots free after the reply is out: a peer that does not read
+	// its replies holds them.
+	s.mem.release(int64(held))
+	<-s.slots
+	<-sc.slots
 }
 
 // reply sends a handler's outcome: the response, or a status when the
 // handler failed or the response cannot be sent.
-func (sc *serverConn) reply(id uint32, resp any, err error) {
-	buf, err := encodeReply(id, resp, err)
+func (sc *serverConn) reply(id uint32, resp any, err error) error {
+	buf, err := encodeReply(id, resp, err, sc.s.cfg.MaxFrame)
 	if err != nil {
-		buf, _ = encodeReply(id, nil, err)
+		buf, _ = encodeReply(id, nil, err, sc.s.cfg.MaxFrame)
 	}
+	return sc.write(buf)
+}
+
+// write sends one frame within WriteTimeout, else ends the connection.
+func (sc *serverConn) write(b []byte) error {
 	sc.wmu.Lock()
-	_, werr := sc.c.Write(buf)
+	sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
+	_, err := sc.c.Write(b)
 	sc.wmu.Unlock()
-	if werr != nil {
+	if err != nil {
 		sc.close()
 	}
+	return err
 }
 
 // encodeReply frames resp (kind reply), or herr's status when herr is not
 // nil (kind error); it fails when resp is not a protobuf message, does not
-// encode or exceeds MaxFrame.
-func encodeReply(id uint32, resp any, herr error) ([]byte, error) {
+// encode or exceeds max.
+func encodeReply(id uint32, resp any, herr error, max int) ([]byte, error) {
 	var msg proto.Message
 	kind := byte(kindReply)
 	if herr != nil {
@@ -240,11 +448,14 @@ func encodeReply(id uint32, resp any, herr error) ([]byte, error) {
 	} else {
 		return nil, status.Errorf(codes.Internal, "crpc: reply %T is not a protobuf message", resp)
 	}
+	if n := proto.Size(msg); n > max {
+		return nil, status.Errorf(codes.ResourceExhausted, "crpc: %d-byte reply > %d", n, max)
+	}
 	buf, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, headerLen, headerLen+proto.Size(msg)), msg)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "crpc: encoding the reply: %v", err)
 	}
-	if err := putHeader(buf, id, kind); err != nil {
+	if err := putHeader(buf, id, kind, max); err != nil {
 		return nil, status.Error(codes.ResourceExhausted, err.Error())
 	}
 	return buf, nil

@@ -1,73 +1,66 @@
 package crpc
 
 import (
+	"errors"
 	"io"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // Split shares one listening socket between crpc and another protocol
 // (gRPC): each accepted connection goes to crpcL when its first four
 // bytes are crpc's magic, else to otherL, with those bytes still to be
 // read. Clients of both speak first, so nothing waits. A connection that
-// sends nothing within the preface timeout is closed. Closing both
-// returned listeners closes lis.
-func Split(lis net.Listener) (crpcL, otherL net.Listener) {
+// sends nothing within the preface timeout is closed. lis is served by
+// netx.Serve with cfg (transient accept errors back off; cfg's caps count
+// the connections of both protocols). Closing both returned listeners
+// closes lis; connections already handed on live until their server
+// closes them.
+func Split(lis net.Listener, cfg netx.Config) (crpcL, otherL net.Listener) {
 	sp := &splitter{lis: lis}
 	sp.crpc = &subListener{sp: sp, ch: make(chan net.Conn), done: make(chan struct{})}
 	sp.other = &subListener{sp: sp, ch: make(chan net.Conn), done: make(chan struct{})}
 	sp.open = 2
-	sp.routing = map[net.Conn]bool{}
+	sp.routing = map[*netx.Conn]bool{}
+	if cfg.Name == "" {
+		cfg.Name = "rpc port"
+	}
+	sp.loop = netx.Serve(lis, cfg, sp.route)
 	sp.wg.Add(1)
-	go sp.run()
+	go func() {
+		defer sp.wg.Done()
+		<-sp.loop.Done()
+		// The socket failed (or was closed): both listeners end.
+		sp.crpc.end()
+		sp.other.end()
+	}()
 	return sp.crpc, sp.other
 }
 
 type splitter struct {
 	lis         net.Listener
+	loop        *netx.Loop
 	crpc, other *subListener
 	mu          sync.Mutex
 	open        int
-	err         error             // the accept error that ended run
-	routing     map[net.Conn]bool // connections not yet introduced
-	wg          sync.WaitGroup    // run and route goroutines
+	routing     map[*netx.Conn]bool // connections not yet introduced
+	wg          sync.WaitGroup
 }
 
-func (sp *splitter) run() {
-	defer sp.wg.Done()
-	for {
-		c, err := sp.lis.Accept()
-		if err != nil {
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
-				continue
-			}
-			sp.mu.Lock()
-			if sp.open > 0 {
-				sp.err = err
-			}
-			sp.mu.Unlock()
-			sp.crpc.end()
-			sp.other.end()
-			sp.lis.Close()
-			return
-		}
-		sp.mu.Lock()
-		if sp.open == 0 {
-			sp.mu.Unlock()
-			c.Close()
-			continue
-		}
-		sp.routing[c] = true
-		sp.wg.Add(1)
+// route reads a connection's first bytes, hands it on and waits until
+// its server closes it (netx closes a connection when its handler
+// returns).
+func (sp *splitter) route(c *netx.Conn) {
+	sp.mu.Lock()
+	if sp.open == 0 {
 		sp.mu.Unlock()
-		go sp.route(c)
+		return
 	}
-}
-
-func (sp *splitter) route(c net.Conn) {
-	defer sp.wg.Done()
+	sp.routing[c] = true
+	sp.mu.Unlock()
 	var head [4]byte
 	c.SetReadDeadline(time.Now().Add(prefaceTimeout))
 	_, err := io.ReadFull(c, head[:])
@@ -75,20 +68,24 @@ func (sp *splitter) route(c net.Conn) {
 	delete(sp.routing, c)
 	sp.mu.Unlock()
 	if err != nil {
-		c.Close()
 		return
 	}
 	c.SetReadDeadline(time.Time{})
 	to := sp.other
 	if string(head[:]) == magic {
 		to = sp.crpc
+	} else {
+		// gRPC multiplexes calls on long-lived connections: never evicted
+		// as idle.
+		c.Busy()
 	}
-	pc := &peekedConn{Conn: c, head: append([]byte(nil), head[:]...)}
+	pc := &peekedConn{Conn: c, nc: c, head: append([]byte(nil), head[:]...), closed: make(chan struct{})}
 	select {
 	case to.ch <- pc:
 	case <-to.done:
-		c.Close()
+		return
 	}
+	<-pc.closed
 }
 
 type subListener struct {
@@ -103,13 +100,10 @@ func (l *subListener) Accept() (net.Conn, error) {
 	case c := <-l.ch:
 		return c, nil
 	case <-l.done:
-		l.sp.mu.Lock()
-		err := l.sp.err
-		l.sp.mu.Unlock()
-		if err == nil {
-			err = net.ErrClosed
+		if err := l.sp.loop.Err(); err != nil {
+			return nil, err
 		}
-		return nil, err
+		return nil, net.ErrClosed
 	}
 }
 
@@ -124,23 +118,33 @@ func (l *subListener) end() bool {
 }
 
 func (l *subListener) Close() error {
-	if l.end() {
-		l.sp.mu.Lock()
-		l.sp.open--
-		last := l.sp.open == 0
-		l.sp.mu.Unlock()
-		if last {
-			err := l.sp.lis.Close()
-			l.sp.mu.Lock()
-			for c := range l.sp.routing {
-				c.Close()
-			}
-			l.sp.mu.Unlock()
-			l.sp.wg.Wait()
-			return err
+	if !l.end() {
+		return nil
+	}
+	l.sp.mu.Lock()
+	l.sp.open--
+	last := l.sp.open == 0
+	if last {
+		for c := range l.sp.routing {
+			c.Close()
 		}
 	}
-	return nil
+	l.sp.mu.Unlock()
+	if !last {
+		return nil
+	}
+	// Stop accepting now; the loop's Shutdown waits for the connections
+	// handed on, which their servers close in their own time.
+	err := l.sp.lis.Close()
+	l.sp.wg.Add(1)
+	go func() {
+		defer l.sp.wg.Done()
+		l.sp.loop.Shutdown(true)
+	}()
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 func (l *subListener) Addr() net.Addr { return l.sp.lis.Addr() }
@@ -148,7 +152,10 @@ func (l *subListener) Addr() net.Addr { return l.sp.lis.Addr() }
 // peekedConn replays the bytes Split read before handing it on.
 type peekedConn struct {
 	net.Conn
-	head []byte
+	nc     *netx.Conn
+	head   []byte
+	once   sync.Once
+	closed chan struct{}
 }
 
 func (c *peekedConn) Read(p []byte) (int, error) {
@@ -159,3 +166,13 @@ func (c *peekedConn) Read(p []byte) (int, error) {
 	}
 	return c.Conn.Read(p)
 }
+
+func (c *peekedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { close(c.closed) })
+	return err
+}
+
+// Busy and Idle mark the connection for the port's netx caps.
+func (c *peekedConn) Busy() { c.nc.Busy() }
+func (c *peekedConn) Idle() { c.nc.Idle() }

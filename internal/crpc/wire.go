@@ -2,25 +2,36 @@ package crpc
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"time"
 )
 
 const (
 	magic      = "CRPC"
-	version    = 1
+	version    = 2
 	prefaceLen = 8
 	headerLen  = 9
 
-	// MaxFrame bounds a frame's body, as gRPC's message size limits do.
-	MaxFrame = 256 << 20
+	// DefaultMaxFrame bounds a frame's body unless configured: generous
+	// for the master's batch RPCs (a 10,000-key batch of 4 KiB keys is 40
+	// MiB) while a peer cannot make either side hold much more.
+	DefaultMaxFrame = 64 << 20
+	// maxFrameLimit is the most any configuration may allow.
+	maxFrameLimit = 1 << 30
 
 	kindRequest = 1
 	kindReply   = 2
 	kindError   = 3
+	kindCancel  = 4
+	kindPing    = 5
+	kindPong    = 6
+
+	// requestFixed is the request body before the method name: u64
+	// timeout in microseconds, u8 method-name length.
+	requestFixed = 9
 )
 
 // ErrNotCRPC is returned by Dial when the server answers with something
@@ -48,76 +59,133 @@ func checkPreface(p []byte) error {
 	return nil
 }
 
-// frame is one decoded frame; body aliases the reader's buffer only
-// until the next read.
+// frame is one decoded frame; its body is a fresh slice (handlers keep
+// it). held is what the reader's reserve hook granted for it.
 type frame struct {
 	id   uint32
 	kind byte
 	body []byte
+	held int
 }
 
-// reader decodes frames.
+// reader decodes frames of at most max body bytes.
 type reader struct {
 	r   *bufio.Reader
+	max int
 	hdr [headerLen]byte
+	// onHeader, when set, runs once a header is in and before its body
+	// is read (the server arms the frame deadline there).
+	onHeader func()
+	// reserve, when set, is asked for n more bytes before the body
+	// buffer grows by n (the server's memory budget); an error ends the
+	// read. release gives back what a failed read had reserved.
+	reserve func(n int) error
+	release func(n int)
 }
 
-func newReader(r io.Reader) *reader { return &reader{r: bufio.NewReaderSize(r, 64<<10)} }
+func newReader(r io.Reader, max int) *reader {
+	return &reader{r: bufio.NewReaderSize(r, 64<<10), max: max}
+}
 
-// next reads one frame; its body is a fresh slice (handlers keep it).
+// growStep is the first allocation for a body and the least it grows by.
+const growStep = 64 << 10
+
+// next reads one frame.
 func (rd *reader) next() (frame, error) {
 	if _, err := io.ReadFull(rd.r, rd.hdr[:]); err != nil {
 		return frame{}, err
 	}
 	n := binary.LittleEndian.Uint32(rd.hdr[0:4])
 	f := frame{id: binary.LittleEndian.Uint32(rd.hdr[4:8]), kind: rd.hdr[8]}
-	if n > MaxFrame {
-		return frame{}, fmt.Errorf("%w: %d-byte body > %d", errBadFrame, n, MaxFrame)
+	if uint64(n) > uint64(rd.max) {
+		return frame{}, fmt.Errorf("%w: %d-byte body > %d", errBadFrame, n, rd.max)
 	}
-	if f.kind < kindRequest || f.kind > kindError {
+	if f.kind < kindRequest || f.kind > kindPong {
 		return frame{}, fmt.Errorf("%w: kind %d", errBadFrame, f.kind)
 	}
-	if n <= 1<<20 {
-		f.body = make([]byte, n)
-		if _, err := io.ReadFull(rd.r, f.body); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return frame{}, err
-		}
+	if (f.kind == kindCancel || f.kind == kindPing || f.kind == kindPong) && n != 0 {
+		return frame{}, fmt.Errorf("%w: kind %d with a %d-byte body", errBadFrame, f.kind, n)
+	}
+	if rd.onHeader != nil {
+		rd.onHeader()
+	}
+	if n == 0 {
 		return f, nil
 	}
-	// A large body grows as its bytes arrive: a header alone must not
-	// make the reader allocate MaxFrame.
-	var b bytes.Buffer
-	if _, err := io.CopyN(&b, rd.r, int64(n)); err != nil {
+	// The body grows as its bytes arrive: a header alone must not make
+	// the reader allocate (or reserve) what it declares.
+	fail := func(err error) (frame, error) {
+		if rd.release != nil && f.held > 0 {
+			rd.release(f.held)
+		}
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		return frame{}, err
 	}
-	f.body = b.Bytes()
+	for len(f.body) < int(n) {
+		if len(f.body) == cap(f.body) {
+			// Grow only once more bytes are here.
+			if _, err := rd.r.Peek(1); err != nil {
+				return fail(err)
+			}
+			c := min(int(n), max(2*cap(f.body), growStep))
+			if rd.reserve != nil {
+				if err := rd.reserve(c - cap(f.body)); err != nil {
+					return fail(err)
+				}
+				f.held += c - cap(f.body)
+			}
+			nb := make([]byte, len(f.body), c)
+			copy(nb, f.body)
+			f.body = nb
+		}
+		m, err := rd.r.Read(f.body[len(f.body):cap(f.body)])
+		f.body = f.body[:len(f.body)+m]
+		if err != nil && len(f.body) < int(n) {
+			return fail(err)
+		}
+	}
 	return f, nil
 }
 
-// parseRequest splits a request body into method and message.
-func parseRequest(body []byte) (string, []byte, error) {
-	if len(body) < 1 || int(body[0]) == 0 || len(body) < 1+int(body[0]) {
-		return "", nil, fmt.Errorf("%w: bad method name", errBadFrame)
+// parseRequest splits a request body into timeout (0: none), method and
+// message.
+func parseRequest(body []byte) (time.Duration, string, []byte, error) {
+	if len(body) < requestFixed {
+		return 0, "", nil, fmt.Errorf("%w: short request", errBadFrame)
 	}
-	n := int(body[0])
-	return string(body[1 : 1+n]), body[1+n:], nil
+	us := binary.LittleEndian.Uint64(body[0:8])
+	n := int(body[8])
+	if n == 0 || len(body) < requestFixed+n {
+		return 0, "", nil, fmt.Errorf("%w: bad method name", errBadFrame)
+	}
+	var d time.Duration
+	if us > 0 {
+		d = time.Duration(min(us, uint64(maxTimeout/time.Microsecond))) * time.Microsecond
+	}
+	return d, string(body[requestFixed : requestFixed+n]), body[requestFixed+n:], nil
 }
+
+// maxTimeout caps a received timeout (so it cannot overflow a deadline).
+const maxTimeout = 100 * 365 * 24 * time.Hour
 
 // putHeader fills buf[:headerLen] for a frame whose body is the rest of
 // buf.
-func putHeader(buf []byte, id uint32, kind byte) error {
+func putHeader(buf []byte, id uint32, kind byte, max int) error {
 	n := len(buf) - headerLen
-	if n > MaxFrame {
-		return fmt.Errorf("crpc: %d-byte message > %d", n, MaxFrame)
+	if n > max {
+		return fmt.Errorf("crpc: %d-byte message > %d", n, max)
 	}
 	binary.LittleEndian.PutUint32(buf[0:4], uint32(n))
 	binary.LittleEndian.PutUint32(buf[4:8], id)
 	buf[8] = kind
 	return nil
+}
+
+// control is a frame without a body (cancel, ping, pong).
+func control(id uint32, kind byte) []byte {
+	b := make([]byte, headerLen)
+	putHeader(b, id, kind, 0)
+	return b
 }

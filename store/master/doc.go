@@ -168,6 +168,9 @@
 // release ids first (unknown ones are ignored), carry the reservation TTL
 // (PutDiscardTimeout) and take at most 64 specs of at most 64 each.
 // ReportFailedSegments (Crescent's) takes at most 64 segment ids.
-// Service.Counts and WithObserver feed metrics. Serve runs a grpc.Server
-// until its context ends.
+// Service.Counts and WithObserver feed metrics, counted in one place:
+// Service.UnaryInterceptor, which Serve installs on both of its servers
+// (a server given the service through Register alone needs it too).
+// Serve runs a grpc.Server and a crpc server (internal/crpc; WithCRPC
+// bounds it) on one port until its context ends.
 package master

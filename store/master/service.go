@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -74,6 +75,8 @@ type Service struct {
 	counts  [numRPC]rpcCounter
 	observe func(rpc string, d time.Duration, err error)
 	grace   time.Duration
+	crpc    crpc.ServerConfig
+	conns   netx.Config
 }
 
 // ServiceOption configures NewService.
@@ -91,6 +94,13 @@ func WithObserver(fn func(rpc string, d time.Duration, err error)) ServiceOption
 // WithGracePeriod bounds how long Serve waits for RPCs in flight when its
 // context ends (default 5s) before closing connections.
 func WithGracePeriod(d time.Duration) ServiceOption { return func(s *Service) { s.grace = d } }
+
+// WithCRPC configures Serve's crpc server (frame size, calls in flight,
+// timeouts; its Interceptor is the service's own, chained after any
+// given) and, with conns, the port's accept loop (connection caps).
+func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) ServiceOption {
+	return func(s *Service) { s.crpc, s.conns = cfg, conns }
+}
 
 // NewService returns the gRPC service for m.
 func NewService(m *Master, opts ...ServiceOption) *Service {
@@ -114,20 +124,98 @@ func (s *Service) Counts() []RPCCount {
 	return out
 }
 
-// Register adds the service to a gRPC server (or a crpc one).
+// Register adds the service to a gRPC server (or a crpc one). Install
+// UnaryInterceptor on that server too, or the RPCs are not counted.
 func (s *Service) Register(g grpc.ServiceRegistrar) { storepb.RegisterMasterServer(g, s) }
+
+// rpcOf maps a full method name to its counters.
+var rpcOf = map[string]int{
+	storepb.Master_PutStart_FullMethodName: rpcPutStart, storepb.Master_PutEnd_FullMethodName: rpcPutEnd,
+	storepb.Master_PutRevoke_FullMethodName: rpcPutRevoke, storepb.Master_BatchPutStart_FullMethodName: rpcBatchPutStart,
+	storepb.Master_BatchPutEnd_FullMethodName: rpcBatchPutEnd, storepb.Master_BatchPutRevoke_FullMethodName: rpcBatchPutRevoke,
+	storepb.Master_GetReplicaList_FullMethodName: rpcGetReplicaList, storepb.Master_BatchGetReplicaList_FullMethodName: rpcBatchGetReplicaList,
+	storepb.Master_ExistKey_FullMethodName: rpcExistKey, storepb.Master_BatchExistKey_FullMethodName: rpcBatchExistKey,
+	storepb.Master_Remove_FullMethodName: rpcRemove, storepb.Master_BatchRemove_FullMethodName: rpcBatchRemove,
+	storepb.Master_RemoveByRegex_FullMethodName: rpcRemoveByRegex, storepb.Master_RemoveAll_FullMethodName: rpcRemoveAll,
+	storepb.Master_MountSegment_FullMethodName: rpcMountSegment, storepb.Master_ReMountSegment_FullMethodName: rpcReMountSegment,
+	storepb.Master_UnmountSegment_FullMethodName: rpcUnmountSegment, storepb.Master_QuerySegmentStatus_FullMethodName: rpcQuerySegmentStatus,
+	storepb.Master_Ping_FullMethodName: rpcPing, storepb.Master_ServiceReady_FullMethodName: rpcServiceReady,
+	storepb.Master_ReservePut_FullMethodName: rpcReservePut, storepb.Master_CommitPut_FullMethodName: rpcCommitPut,
+	storepb.Master_ReportFailedSegments_FullMethodName: rpcReportFailedSegments,
+}
+
+// UnaryInterceptor counts every RPC of the service (Counts) and reports
+// it to the observer: the one place per-RPC metrics live, for the gRPC
+// and the crpc server alike (Serve installs it on both).
+func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		rpc, ok := rpcOf[info.FullMethod]
+		if !ok {
+			return h(ctx, req)
+		}
+		start := time.Now()
+		resp, err := h(ctx, req)
+		items, bad := batchItems(resp)
+		s.done(rpc, start, err, items, bad)
+		return resp, err
+	}
+}
+
+type coded interface{ GetErrorCode() int32 }
+
+func countItems[T coded](rs []T) (items, bad int) {
+	for _, r := range rs {
+		if r.GetErrorCode() != 0 {
+			bad++
+		}
+	}
+	return len(rs), bad
+}
+
+// batchItems counts a batch answer's items and those that failed.
+func batchItems(resp any) (items, bad int) {
+	switch r := resp.(type) {
+	case *storepb.BatchPutStartResponse:
+		return countItems(r.GetResults())
+	case *storepb.BatchPutEndResponse:
+		return countItems(r.GetResults())
+	case *storepb.BatchPutRevokeResponse:
+		return countItems(r.GetResults())
+	case *storepb.BatchGetReplicaListResponse:
+		return countItems(r.GetResults())
+	case *storepb.BatchExistKeyResponse:
+		return countItems(r.GetResults())
+	case *storepb.BatchRemoveResponse:
+		return countItems(r.GetResults())
+	case *storepb.ReservePutResponse:
+		return countItems(r.GetResults())
+	case *storepb.CommitPutResponse:
+		return countItems(r.GetResults())
+	}
+	return 0, 0
+}
 
 // Serve serves the service on lis until ctx ends, then stops gracefully
 // (bounded by the grace period). Each connection is served as gRPC or, when
 // it opens with crpc's preface, as crpc (internal/crpc: the same service
 // over a lighter framing, which store clients prefer). opts configure the
-// gRPC server. It returns nil after ctx ends, else the first server error.
-// It does not Start or Close the Master.
+// gRPC server; both servers count RPCs through UnaryInterceptor. It
+// returns nil after ctx ends, else the first server error. It does not
+// Start or Close the Master.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
-	cl, gl := crpc.Split(lis)
-	g := grpc.NewServer(opts...)
+	ic := s.UnaryInterceptor()
+	cl, gl := crpc.Split(lis, s.conns)
+	g := grpc.NewServer(append(append([]grpc.ServerOption(nil), opts...), grpc.ChainUnaryInterceptor(ic))...)
 	s.Register(g)
-	c := crpc.NewServer()
+	cfg := s.crpc
+	if prev := cfg.Interceptor; prev != nil {
+		cfg.Interceptor = func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			return prev(ctx, req, info, func(ctx context.Context, req any) (any, error) { return ic(ctx, req, info, h) })
+		}
+	} else {
+		cfg.Interceptor = ic
+	}
+	c := crpc.NewServer(cfg)
 	s.Register(c)
 	errc := make(chan error, 2)
 	go func() { errc <- g.Serve(gl) }()
@@ -272,19 +360,8 @@ func items(errs []error) []*storepb.ItemResult {
 	return out
 }
 
-func countBad(errs []error) int {
-	n := 0
-	for _, e := range errs {
-		if e != nil {
-			n++
-		}
-	}
-	return n
-}
-
 // PutStart implements storepb.MasterServer.
 func (s *Service) PutStart(_ context.Context, r *storepb.PutStartRequest) (resp *storepb.PutStartResponse, err error) {
-	defer func(t time.Time) { s.done(rpcPutStart, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -302,7 +379,6 @@ func (s *Service) PutStart(_ context.Context, r *storepb.PutStartRequest) (resp 
 
 // PutEnd implements storepb.MasterServer.
 func (s *Service) PutEnd(_ context.Context, r *storepb.PutEndRequest) (_ *storepb.PutEndResponse, err error) {
-	defer func(t time.Time) { s.done(rpcPutEnd, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err == nil {
 		err = s.m.PutEndGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType), blockFromPB(r.Block))
@@ -315,7 +391,6 @@ func (s *Service) PutEnd(_ context.Context, r *storepb.PutEndRequest) (_ *storep
 
 // PutRevoke implements storepb.MasterServer.
 func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *storepb.PutRevokeResponse, err error) {
-	defer func(t time.Time) { s.done(rpcPutRevoke, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err == nil {
 		err = s.m.PutRevokeGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType))
@@ -328,8 +403,6 @@ func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *
 
 // BatchPutStart implements storepb.MasterServer.
 func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartRequest) (_ *storepb.BatchPutStartResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcBatchPutStart, t, err, len(r.Keys), bad) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -345,7 +418,6 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
 	for i, x := range res {
 		if x.Err != nil {
-			bad++
 			out.Results[i] = &storepb.PutStartResult{ErrorCode: int32(errcode.CodeOf(x.Err)), Message: x.Err.Error()}
 			continue
 		}
@@ -356,8 +428,6 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 
 // BatchPutEnd implements storepb.MasterServer.
 func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) (_ *storepb.BatchPutEndResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcBatchPutEnd, t, err, len(r.Keys), bad) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -373,15 +443,12 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
-	bad = countBad(errs)
 	out := &storepb.BatchPutEndResponse{Results: items(errs)}
 	return out, nil
 }
 
 // BatchPutRevoke implements storepb.MasterServer.
 func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeRequest) (_ *storepb.BatchPutRevokeResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcBatchPutRevoke, t, err, len(r.Keys), bad) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -390,7 +457,6 @@ func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeReq
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
-	bad = countBad(errs)
 	out := &storepb.BatchPutRevokeResponse{Results: items(errs)}
 	return out, nil
 }
@@ -399,18 +465,17 @@ func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeReq
 const maxReserveSpecs = 64
 
 // reserve serves specs after giving back release; nil specs answer nil.
-func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec) ([]*storepb.ReserveResult, int, error) {
+func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec) ([]*storepb.ReserveResult, error) {
 	if len(specs) > maxReserveSpecs {
-		return nil, 0, errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(specs), maxReserveSpecs)
+		return nil, errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(specs), maxReserveSpecs)
 	}
 	if len(release) > 0 {
 		s.m.Unreserve(c, release)
 	}
 	if len(specs) == 0 {
-		return nil, 0, nil
+		return nil, nil
 	}
 	out := make([]*storepb.ReserveResult, len(specs))
-	bad := 0
 	for i, sp := range specs {
 		rc, err := configFromPB(sp.GetConfig())
 		var res ReserveResult
@@ -419,7 +484,6 @@ func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec
 			err = res.Err
 		}
 		if err != nil {
-			bad++
 			out[i] = &storepb.ReserveResult{ErrorCode: int32(errcode.CodeOf(err)), Message: err.Error()}
 			continue
 		}
@@ -429,20 +493,18 @@ func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec
 		}
 		out[i] = &storepb.ReserveResult{Reservations: rs}
 	}
-	return out, bad, nil
+	return out, nil
 }
 
 func (s *Service) reserveTTL() uint64 { return leaseMs(s.m.cfg.PutDiscardTimeout) }
 
 // ReservePut implements storepb.MasterServer.
 func (s *Service) ReservePut(_ context.Context, r *storepb.ReservePutRequest) (_ *storepb.ReservePutResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcReservePut, t, err, len(r.Specs), bad) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
-	res, bad, err := s.reserve(c, r.Release, r.Specs)
+	res, err := s.reserve(c, r.Release, r.Specs)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
 	}
@@ -451,8 +513,6 @@ func (s *Service) ReservePut(_ context.Context, r *storepb.ReservePutRequest) (_
 
 // CommitPut implements storepb.MasterServer.
 func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *storepb.CommitPutResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcCommitPut, t, err, len(r.Items), bad) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -465,10 +525,9 @@ func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *
 		commits[i] = CommitItem{Key: it.GetKey(), ID: it.GetReservationId(), Block: blockFromPB(it.GetBlock())}
 	}
 	errs := s.m.Commit(c, commits)
-	bad = countBad(errs)
 	out := &storepb.CommitPutResponse{Results: items(errs), TtlMs: s.reserveTTL()}
 	// Items are committed whatever happens to the reservations asked for.
-	out.Reserved, _, _ = s.reserve(c, r.Release, r.Reserve)
+	out.Reserved, _ = s.reserve(c, r.Release, r.Reserve)
 	return out, nil
 }
 
@@ -476,7 +535,6 @@ func leaseMs(d time.Duration) uint64 { return uint64(d / time.Millisecond) }
 
 // GetReplicaList implements storepb.MasterServer.
 func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListRequest) (_ *storepb.GetReplicaListResponse, err error) {
-	defer func(t time.Time) { s.done(rpcGetReplicaList, t, err, 0, 0) }(time.Now())
 	reps, ttl, err := s.m.GetReplicaList(r.Key)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -486,13 +544,10 @@ func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListReq
 
 // BatchGetReplicaList implements storepb.MasterServer.
 func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetReplicaListRequest) (_ *storepb.BatchGetReplicaListResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcBatchGetReplicaList, t, err, len(r.Keys), bad) }(time.Now())
 	res := s.m.BatchGetReplicaList(r.Keys)
 	out := &storepb.BatchGetReplicaListResponse{Results: make([]*storepb.GetReplicaListResult, len(res))}
 	for i, x := range res {
 		if x.Err != nil {
-			bad++
 			out.Results[i] = &storepb.GetReplicaListResult{ErrorCode: int32(errcode.CodeOf(x.Err)), Message: x.Err.Error()}
 			continue
 		}
@@ -503,7 +558,6 @@ func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetRepl
 
 // ExistKey implements storepb.MasterServer.
 func (s *Service) ExistKey(_ context.Context, r *storepb.ExistKeyRequest) (_ *storepb.ExistKeyResponse, err error) {
-	defer func(t time.Time) { s.done(rpcExistKey, t, err, 0, 0) }(time.Now())
 	ok, err := s.m.ExistKey(r.Key, r.NoLease)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -513,10 +567,7 @@ func (s *Service) ExistKey(_ context.Context, r *storepb.ExistKeyRequest) (_ *st
 
 // BatchExistKey implements storepb.MasterServer.
 func (s *Service) BatchExistKey(_ context.Context, r *storepb.BatchExistKeyRequest) (_ *storepb.BatchExistKeyResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcBatchExistKey, t, err, len(r.Keys), bad) }(time.Now())
 	ok, errs := s.m.BatchExistKey(r.Keys, r.NoLease)
-	bad = countBad(errs)
 	out := &storepb.BatchExistKeyResponse{Results: make([]*storepb.ExistResult, len(ok))}
 	for i := range ok {
 		out.Results[i] = &storepb.ExistResult{ErrorCode: int32(errcode.CodeOf(errs[i])), Exists: ok[i]}
@@ -526,7 +577,6 @@ func (s *Service) BatchExistKey(_ context.Context, r *storepb.BatchExistKeyReque
 
 // Remove implements storepb.MasterServer.
 func (s *Service) Remove(_ context.Context, r *storepb.RemoveRequest) (_ *storepb.RemoveResponse, err error) {
-	defer func(t time.Time) { s.done(rpcRemove, t, err, 0, 0) }(time.Now())
 	if err = s.m.Remove(r.Key, r.Force); err != nil {
 		return nil, errcode.ToStatus(err)
 	}
@@ -535,17 +585,13 @@ func (s *Service) Remove(_ context.Context, r *storepb.RemoveRequest) (_ *storep
 
 // BatchRemove implements storepb.MasterServer.
 func (s *Service) BatchRemove(_ context.Context, r *storepb.BatchRemoveRequest) (_ *storepb.BatchRemoveResponse, err error) {
-	bad := 0
-	defer func(t time.Time) { s.done(rpcBatchRemove, t, err, len(r.Keys), bad) }(time.Now())
 	errs := s.m.BatchRemove(r.Keys, r.Force)
-	bad = countBad(errs)
 	out := &storepb.BatchRemoveResponse{Results: items(errs)}
 	return out, nil
 }
 
 // RemoveByRegex implements storepb.MasterServer.
 func (s *Service) RemoveByRegex(_ context.Context, r *storepb.RemoveByRegexRequest) (_ *storepb.RemoveByRegexResponse, err error) {
-	defer func(t time.Time) { s.done(rpcRemoveByRegex, t, err, 0, 0) }(time.Now())
 	n, err := s.m.RemoveByRegex(r.Regex, r.Force)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -555,7 +601,6 @@ func (s *Service) RemoveByRegex(_ context.Context, r *storepb.RemoveByRegexReque
 
 // RemoveAll implements storepb.MasterServer.
 func (s *Service) RemoveAll(_ context.Context, r *storepb.RemoveAllRequest) (_ *storepb.RemoveAllResponse, err error) {
-	defer func(t time.Time) { s.done(rpcRemoveAll, t, err, 0, 0) }(time.Now())
 	n, err := s.m.RemoveAll(r.Force)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -565,7 +610,6 @@ func (s *Service) RemoveAll(_ context.Context, r *storepb.RemoveAllRequest) (_ *
 
 // MountSegment implements storepb.MasterServer.
 func (s *Service) MountSegment(_ context.Context, r *storepb.MountSegmentRequest) (_ *storepb.MountSegmentResponse, err error) {
-	defer func(t time.Time) { s.done(rpcMountSegment, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	var seg alloc.Segment
 	if err == nil {
@@ -582,7 +626,6 @@ func (s *Service) MountSegment(_ context.Context, r *storepb.MountSegmentRequest
 
 // ReMountSegment implements storepb.MasterServer.
 func (s *Service) ReMountSegment(_ context.Context, r *storepb.ReMountSegmentRequest) (_ *storepb.ReMountSegmentResponse, err error) {
-	defer func(t time.Time) { s.done(rpcReMountSegment, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -601,7 +644,6 @@ func (s *Service) ReMountSegment(_ context.Context, r *storepb.ReMountSegmentReq
 
 // UnmountSegment implements storepb.MasterServer.
 func (s *Service) UnmountSegment(_ context.Context, r *storepb.UnmountSegmentRequest) (_ *storepb.UnmountSegmentResponse, err error) {
-	defer func(t time.Time) { s.done(rpcUnmountSegment, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err == nil && r.SegmentId == nil {
 		err = errcode.New(errcode.InvalidParams, "segment_id missing")
@@ -617,7 +659,6 @@ func (s *Service) UnmountSegment(_ context.Context, r *storepb.UnmountSegmentReq
 
 // QuerySegmentStatus implements storepb.MasterServer.
 func (s *Service) QuerySegmentStatus(_ context.Context, r *storepb.QuerySegmentStatusRequest) (_ *storepb.QuerySegmentStatusResponse, err error) {
-	defer func(t time.Time) { s.done(rpcQuerySegmentStatus, t, err, 0, 0) }(time.Now())
 	if r.SegmentId == nil {
 		err = errcode.New(errcode.InvalidParams, "segment_id missing")
 		return nil, errcode.ToStatus(err)
@@ -632,7 +673,6 @@ func (s *Service) QuerySegmentStatus(_ context.Context, r *storepb.QuerySegmentS
 
 // Ping implements storepb.MasterServer.
 func (s *Service) Ping(_ context.Context, r *storepb.PingRequest) (_ *storepb.PingResponse, err error) {
-	defer func(t time.Time) { s.done(rpcPing, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, errcode.ToStatus(err)
@@ -643,13 +683,11 @@ func (s *Service) Ping(_ context.Context, r *storepb.PingRequest) (_ *storepb.Pi
 
 // ServiceReady implements storepb.MasterServer: a serving master is ready.
 func (s *Service) ServiceReady(context.Context, *storepb.ServiceReadyRequest) (_ *storepb.ServiceReadyResponse, err error) {
-	defer func(t time.Time) { s.done(rpcServiceReady, t, nil, 0, 0) }(time.Now())
 	return &storepb.ServiceReadyResponse{}, nil
 }
 
 // ReportFailedSegments implements storepb.MasterServer.
 func (s *Service) ReportFailedSegments(_ context.Context, r *storepb.ReportFailedSegmentsRequest) (_ *storepb.ReportFailedSegmentsResponse, err error) {
-	defer func(t time.Time) { s.done(rpcReportFailedSegments, t, err, 0, 0) }(time.Now())
 	c, err := clientID(r.ClientId)
 	if err == nil && len(r.SegmentIds) > MaxReportSegments {
 		err = errcode.New(errcode.InvalidParams, "%d segments reported > %d", len(r.SegmentIds), MaxReportSegments)

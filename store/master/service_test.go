@@ -5,12 +5,17 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -416,4 +421,102 @@ func TestServiceReserveCommit(t *testing.T) {
 		}
 	}
 	checkInvariants(t, e.m)
+}
+
+// serveBoth serves svc as crescent-master does (gRPC and crpc on one
+// port) and returns the address; cleanup stops it.
+func serveBoth(t *testing.T, svc *Service) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+	return lis.Addr().String()
+}
+
+// TestInterceptorCountsBoth: the service's one interceptor counts and
+// observes RPCs over gRPC and over crpc alike (batch items included), and
+// a crpc interceptor given to WithCRPC runs around it.
+func TestInterceptorCountsBoth(t *testing.T) {
+	e := newEnv(t, nil)
+	var mu sync.Mutex
+	observed := map[string]int{}
+	var crpcSeen []string
+	svc := NewService(e.m,
+		WithObserver(func(rpc string, _ time.Duration, _ error) {
+			mu.Lock()
+			observed[rpc]++
+			mu.Unlock()
+		}),
+		WithCRPC(crpc.ServerConfig{Interceptor: func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			mu.Lock()
+			crpcSeen = append(crpcSeen, info.FullMethod)
+			mu.Unlock()
+			return h(ctx, req)
+		}}, netx.Config{}))
+	addr := serveBoth(t, svc)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer gc.Close()
+	cc, err := crpc.Dial(ctx, addr)
+	require.NoError(t, err)
+	defer cc.Close()
+	for _, c := range []storepb.MasterClient{storepb.NewMasterClient(gc), storepb.NewMasterClient(cc)} {
+		_, err := c.ServiceReady(ctx, &storepb.ServiceReadyRequest{})
+		require.NoError(t, err)
+		_, err = c.PutStart(ctx, &storepb.PutStartRequest{Key: "k", Size: 1})
+		require.Error(t, err) // no client id
+		r, err := c.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: []string{"a", "b", ""}})
+		require.NoError(t, err)
+		require.Len(t, r.Results, 3)
+	}
+	counts := map[string]RPCCount{}
+	for _, rc := range svc.Counts() {
+		counts[rc.Name] = rc
+	}
+	assert.Equal(t, RPCCount{Name: "service_ready", Requests: 2}, counts["service_ready"])
+	assert.Equal(t, RPCCount{Name: "put_start", Requests: 2, Failures: 2}, counts["put_start"])
+	assert.Equal(t, RPCCount{Name: "batch_exist_key", Requests: 2, Items: 6, ItemFailures: 2}, counts["batch_exist_key"])
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, map[string]int{"service_ready": 2, "put_start": 2, "batch_exist_key": 2}, observed)
+	assert.Equal(t, []string{storepb.Master_ServiceReady_FullMethodName, storepb.Master_PutStart_FullMethodName,
+		storepb.Master_BatchExistKey_FullMethodName}, crpcSeen)
+}
+
+// TestServeFDExhaustion: the master's RPC port keeps serving through
+// EMFILE on accept: once fds are back, a crpc and a gRPC call succeed.
+func TestServeFDExhaustion(t *testing.T) {
+	e := newEnv(t, nil)
+	addr := serveBoth(t, NewService(e.m))
+	var old syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
+	fds := netx.ExhaustFDs(t, 64)
+	syscall.Close(fds[len(fds)-1]) // one for a peer left in the backlog
+	fds = fds[:len(fds)-1]
+	raw, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer raw.Close()
+	time.Sleep(50 * time.Millisecond) // several failed accepts
+	netx.RestoreFDs(t, fds, old)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cc, err := crpc.Dial(ctx, addr)
+	require.NoError(t, err)
+	defer cc.Close()
+	_, err = storepb.NewMasterClient(cc).ServiceReady(ctx, &storepb.ServiceReadyRequest{})
+	require.NoError(t, err)
+	gc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer gc.Close()
+	_, err = storepb.NewMasterClient(gc).ServiceReady(ctx, &storepb.ServiceReadyRequest{})
+	require.NoError(t, err)
 }
