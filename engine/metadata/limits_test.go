@@ -30,18 +30,8 @@ func TestServerSurvivesFDExhaustion(t *testing.T) {
 	defer cancel()
 	require.NoError(t, SendProbe(ctx, s.Addr()))
 
-	var old syscall.Rlimit
-	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
-	fds := netx.ExhaustFDs(t, 64)
-	restored := false
-	defer func() {
-		if !restored {
-			netx.RestoreFDs(t, fds, old)
-		}
-	}()
 	// One fd for the peer: it waits in the backlog while accept fails.
-	syscall.Close(fds[len(fds)-1])
-	fds = fds[:len(fds)-1]
+	restore := netx.StarveFDs(t, 1)
 	c, err := net.Dial("tcp", s.Addr())
 	require.NoError(t, err)
 	defer c.Close()
@@ -51,8 +41,7 @@ func TestServerSurvivesFDExhaustion(t *testing.T) {
 	case <-time.After(wait):
 		t.Log("no failed accept reported")
 	}
-	netx.RestoreFDs(t, fds, old)
-	restored = true
+	restore()
 
 	c.SetDeadline(time.Now().Add(wait))
 	typ, body, err := ReadFrame(c, DefaultReplyMax)

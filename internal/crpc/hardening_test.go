@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -565,16 +564,12 @@ func TestSplitFDExhaustion(t *testing.T) {
 	defer func() { g.Stop(); <-gdone; stop() }()
 	addr := lis.Addr().String()
 
-	var old syscall.Rlimit
-	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
-	fds := netx.ExhaustFDs(t, 64)
-	syscall.Close(fds[len(fds)-1]) // one for a peer left in the backlog
-	fds = fds[:len(fds)-1]
+	restore := netx.StarveFDs(t, 1) // one for a peer left in the backlog
 	raw, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
 	defer raw.Close()
 	time.Sleep(50 * time.Millisecond) // several failed accepts
-	netx.RestoreFDs(t, fds, old)
+	restore()
 	select {
 	case err := <-gdone:
 		t.Fatalf("gRPC Serve ended: %v", err)

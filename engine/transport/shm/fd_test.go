@@ -2,7 +2,6 @@ package shm_test
 
 import (
 	"bytes"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,19 +24,9 @@ func TestServerSurvivesFDExhaustion(t *testing.T) {
 		a.buf[i] = byte(i * 3)
 	}
 
-	var old syscall.Rlimit
-	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
-	fds := netx.ExhaustFDs(t, 64)
-	restored := false
-	defer func() {
-		if !restored {
-			netx.RestoreFDs(t, fds, old)
-		}
-	}()
 	// One fd for a's control connection: it waits in the backlog, its
 	// list request unanswered, while the server's accept fails.
-	syscall.Close(fds[len(fds)-1])
-	fds = fds[:len(fds)-1]
+	restore := netx.StarveFDs(t, 1)
 	accepted := make(chan bool, 1)
 	go func() { accepted <- a.tr.Accepts(b.peer(), b.addr(0), 4096) }()
 	select {
@@ -45,8 +34,7 @@ func TestServerSurvivesFDExhaustion(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Log("no failed accept reported")
 	}
-	netx.RestoreFDs(t, fds, old)
-	restored = true
+	restore()
 
 	require.True(t, <-accepted, "the peer that connected during EMFILE was not served")
 	r := do(t, a.tr, b.peer(), transport.Write, a.buf[:64<<10], b.addr(0))

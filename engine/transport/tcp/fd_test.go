@@ -30,19 +30,9 @@ func TestDataPortSurvivesFDExhaustion(t *testing.T) {
 		a.buf[i] = byte(i * 7)
 	}
 
-	var old syscall.Rlimit
-	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
-	fds := netx.ExhaustFDs(t, 64)
-	restored := false
-	defer func() {
-		if !restored {
-			netx.RestoreFDs(t, fds, old)
-		}
-	}()
 	// One fd for a's lane: it connects and waits in the backlog while the
 	// data port's accept fails.
-	syscall.Close(fds[len(fds)-1])
-	fds = fds[:len(fds)-1]
+	restore := netx.StarveFDs(t, 1)
 	c := newCollector()
 	a.tr.Submit(b.peer(), []*transport.Task{c.task(transport.Write, a.buf[:64<<10], b.addr(0), time.Now().Add(20*time.Second))})
 	select {
@@ -50,8 +40,7 @@ func TestDataPortSurvivesFDExhaustion(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Log("no failed accept reported")
 	}
-	netx.RestoreFDs(t, fds, old)
-	restored = true
+	restore()
 
 	r := c.wait(t, 1)[0]
 	require.NoError(t, r.err, "the write queued during EMFILE")
