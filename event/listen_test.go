@@ -24,8 +24,8 @@ import (
 type logWatch struct{ backoff chan string }
 
 func (w *logWatch) Enabled(context.Context, slog.Level) bool { return true }
-func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler      { return w }
-func (w *logWatch) WithGroup(string) slog.Handler           { return w }
+func (w *logWatch) WithAttrs([]slog.Attr) slog.Handler       { return w }
+func (w *logWatch) WithGroup(string) slog.Handler            { return w }
 func (w *logWatch) Handle(_ context.Context, r slog.Record) error {
 	if !strings.Contains(r.Message, "backing off") {
 		return nil
