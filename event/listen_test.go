@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -80,7 +81,8 @@ func TestPublisherSurvivesFDExhaustion(t *testing.T) {
 					return
 				}
 			case <-ctx.Done():
-				t.Fatalf("accept on %s never failed", name)
+				ents, _ := os.ReadDir("/proc/self/fd")
+				t.Fatalf("accept on %s never failed (%d fds open, %d fillers)", name, len(ents), len(fds))
 			}
 		}
 	}
@@ -92,7 +94,8 @@ func TestPublisherSurvivesFDExhaustion(t *testing.T) {
 	// The PUB loop, retrying, may take the next fd freed before the dial
 	// does: then free one more.
 	var rep net.Conn
-	for range 3 {
+	for i := range 3 {
+		t.Logf("dial replay, attempt %d, %d filler fds", i, len(fds))
 		free()
 		if rep, err = net.Dial("tcp", endpointOf(t, p.ReplayEndpoint()).Addr); err == nil {
 			break

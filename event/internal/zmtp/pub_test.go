@@ -96,5 +96,5 @@ func TestPubBoundsSubscriptionCount(t *testing.T) {
 	}
 	require.NoError(t, c.Write(in))
 	closedByPeer(t, c)
-	assert.Equal(t, 0, p.Subscribers())
+	require.Eventually(t, func() bool { return p.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
 }
