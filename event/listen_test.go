@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -61,6 +62,10 @@ func TestPublisherSurvivesFDExhaustion(t *testing.T) {
 
 	var old syscall.Rlimit
 	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old))
+	// Let finalizers of earlier tests' files run now, not free an fd in
+	// the middle of the exhaustion.
+	runtime.GC()
+	runtime.GC()
 	fds := netx.ExhaustFDs(t, 64)
 	restored := false
 	defer func() {
@@ -86,8 +91,19 @@ func TestPublisherSurvivesFDExhaustion(t *testing.T) {
 			}
 		}
 	}
+	// topUp takes any fd freed meanwhile.
+	topUp := func() {
+		for {
+			fd, err := syscall.Dup(0)
+			if err != nil {
+				return
+			}
+			fds = append(fds, fd)
+		}
+	}
 	free()
 	live, err := net.Dial("tcp", endpointOf(t, p.Endpoint()).Addr)
+	topUp()
 	require.NoError(t, err)
 	defer live.Close()
 	backedOff("kv events pub")
@@ -98,6 +114,7 @@ func TestPublisherSurvivesFDExhaustion(t *testing.T) {
 		t.Logf("dial replay, attempt %d, %d filler fds", i, len(fds))
 		free()
 		if rep, err = net.Dial("tcp", endpointOf(t, p.ReplayEndpoint()).Addr); err == nil {
+			topUp()
 			break
 		}
 		require.ErrorIs(t, err, syscall.EMFILE)

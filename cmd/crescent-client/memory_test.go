@@ -34,6 +34,9 @@ func daemonCmd(args []string, env ...string) *exec.Cmd {
 func runRefused(t *testing.T, args []string, env ...string) string {
 	t.Helper()
 	cmd := daemonCmd(args, env...)
+	// Bounds a failing test only: a daemon that starts runs until killed.
+	timer := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill() })
+	defer timer.Stop()
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	err := cmd.Run()
