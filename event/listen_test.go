@@ -2,6 +2,7 @@ package event
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"log/slog"
 	"net"
@@ -189,4 +190,44 @@ func TestPublisherEvictsIdleAtCap(t *testing.T) {
 	// All but the one idle peer that fits beside the subscriber are gone.
 	require.Eventually(t, func() bool { return closed.Load() >= idle-1 }, testTimeout, time.Millisecond)
 	assert.Equal(t, 1, p.Stats().Subscribers)
+}
+
+// A publisher that sends more than MaxMessageSize is disconnected with an
+// error wrapping ErrMalformed, before the message is buffered.
+func TestSubscriberBoundsMessages(t *testing.T) {
+	ctx := testCtx(t)
+	ln, err := zmtp.Listen(endpointOf(t, "tcp://127.0.0.1:0"))
+	require.NoError(t, err)
+	srv := zmtp.Serve(ln, zmtp.ServerConfig{Type: zmq4.Pub}, func(_ context.Context, c *zmtp.Conn) {
+		if _, err := c.ReadMsg(); err != nil { // the subscription
+			return
+		}
+		// Announce 1 GiB, send 2 KiB.
+		hdr := binary.BigEndian.AppendUint64([]byte{0x02}, 1<<30)
+		_ = c.Write(hdr)
+		_ = c.Write(make([]byte, 2048))
+		c.ReadMsg() // until the subscriber hangs up
+	})
+	defer srv.Close()
+	errs := make(chan error, 16)
+	cfg := SubscriberConfig{
+		Sources:        []Source{{Endpoint: zmtp.BoundEndpoint(ln, endpointOf(t, "tcp://127.0.0.1:0"))}},
+		OnBatch:        func(Delivery) {},
+		OnError:        func(_ string, err error) { errs <- err },
+		MaxMessageSize: 1 << 20,
+	}
+	s := subscribe(t, cfg)
+	select {
+	case err := <-errs:
+		require.ErrorIs(t, err, ErrMalformed)
+		require.ErrorIs(t, err, zmtp.ErrLimit)
+		assert.Contains(t, err.Error(), "MaxMessageSize")
+	case <-ctx.Done():
+		t.Fatal("no error")
+	}
+	s.Close()
+
+	cfg.MaxFrames = 3
+	_, err = Subscribe(cfg)
+	require.ErrorIs(t, err, ErrConfig)
 }

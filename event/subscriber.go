@@ -81,7 +81,7 @@ type SubscriberConfig struct {
 	ResyncInterval time.Duration
 	// MaxMessageSize bounds one message from a publisher, live or
 	// replayed, in bytes (all frames; default 64 MiB); MaxFrames bounds
-	// its frames (default 16). A publisher that sends more is
+	// its frames (default 16, at least 4). A publisher that sends more is
 	// disconnected (OnError gets an error wrapping ErrMalformed) and
 	// reconnected with backoff.
 	MaxMessageSize, MaxFrames int
@@ -139,8 +139,9 @@ func Subscribe(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.ResyncInterval <= 0 {
 		cfg.ResyncInterval = 100 * time.Millisecond
 	}
-	if cfg.MaxMessageSize < 0 || cfg.MaxFrames < 0 {
-		return nil, fmt.Errorf("%w: negative message limit", ErrConfig)
+	if cfg.MaxMessageSize < 0 || cfg.MaxFrames < 0 || cfg.MaxFrames > 0 && cfg.MaxFrames < 4 {
+		return nil, fmt.Errorf("%w: MaxMessageSize %d, MaxFrames %d (replay replies have 4 frames)",
+			ErrConfig, cfg.MaxMessageSize, cfg.MaxFrames)
 	}
 	s := &Subscriber{cfg: cfg, lim: zmtp.Limits{MaxMessage: cfg.MaxMessageSize, MaxFrames: cfg.MaxFrames}}
 	ids := map[string]bool{}
