@@ -44,6 +44,20 @@
 // publishes past the old sequence while the subscriber is disconnected is
 // indistinguishable from a live stream (vLLM's protocol has no epoch).
 //
+// Everything read from the network is bounded before it is allocated. A
+// Publisher accepts from subscribers only subscribe/cancel messages with
+// topics of at most MaxTopicSize bytes (default 256), at most
+// MaxSubscriptions (default 1024) each, and from replay clients requests
+// of at most 64 bytes in 4 frames; anything else ends that connection.
+// Its bound sockets accept through internal/netx: transient accept errors
+// (EMFILE, ...) back off instead of ending the listener, and MaxConns
+// (default 4096) / MaxConnsPerHost cap connections, closing the peer idle
+// longest (never subscribed, or between replay requests) to make room. A
+// Subscriber (and Replay) refuses a message of more than MaxMessageSize
+// bytes (default 64 MiB) or MaxFrames frames (default 16) as soon as its
+// header shows it, reports an error wrapping ErrMalformed through OnError
+// and reconnects.
+//
 // # Sockets
 //
 // The PUB socket binds or connects by vLLM's rule (PublisherConfig.Mode

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/crescent-kv/crescent/event/internal/zmtp"
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // SocketMode says whether the PUB socket binds or connects.
@@ -72,6 +73,19 @@ type PublisherConfig struct {
 	// ReplayWriteTimeout bounds each write to a replay client (default
 	// 30s); a client that stops reading is disconnected.
 	ReplayWriteTimeout time.Duration
+	// MaxTopicSize bounds the topic of a subscription a subscriber sends
+	// (default 256 bytes). A subscriber that sends a longer one, more
+	// than MaxSubscriptions, or anything but subscribe and cancel
+	// messages is disconnected.
+	MaxTopicSize int
+	// MaxSubscriptions bounds one subscriber's live subscriptions
+	// (default 1024).
+	MaxSubscriptions int
+	// MaxConns caps the connections on each bound socket, PUB and replay
+	// (default 4096); MaxConnsPerHost caps those from one IP (default
+	// MaxConns). At a cap the connection idle longest (not subscribed, or
+	// between replay requests) is closed to make room. Negative: no cap.
+	MaxConns, MaxConnsPerHost int
 	// Now is the clock for batch timestamps (default time.Now).
 	Now func() time.Time
 	// Logger receives operational warnings (default: discarded).
@@ -112,7 +126,8 @@ func (c *PublisherConfig) setDefaults() error {
 		c.Logger = discardLogger
 	}
 	switch {
-	case c.QueueSize < 0, c.MaxBatchEvents < 0, c.ReplayBuffer < 0, c.FlushInterval < 0:
+	case c.QueueSize < 0, c.MaxBatchEvents < 0, c.ReplayBuffer < 0, c.FlushInterval < 0,
+		c.MaxTopicSize < 0, c.MaxSubscriptions < 0:
 		return fmt.Errorf("%w: negative size or interval", ErrConfig)
 	case c.Encoding != EncodingMap && c.Encoding != EncodingArray:
 		return fmt.Errorf("%w: unknown encoding %d", ErrConfig, c.Encoding)
@@ -189,7 +204,11 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if hwm < 0 {
 		hwm = 0
 	}
-	p.pub = zmtp.NewPub(zmtp.PubConfig{HWM: hwm, NoDrop: cfg.NoDrop})
+	listener := func(name string) netx.Config {
+		return netx.Config{MaxConns: cfg.MaxConns, MaxConnsPerHost: cfg.MaxConnsPerHost, Name: name, Logger: cfg.Logger}
+	}
+	p.pub = zmtp.NewPub(zmtp.PubConfig{HWM: hwm, NoDrop: cfg.NoDrop, MaxTopic: cfg.MaxTopicSize,
+		MaxSubscriptions: cfg.MaxSubscriptions, Listener: listener("kv events pub"), Logger: cfg.Logger})
 	bind := cfg.Mode == ModeBind || (cfg.Mode == ModeAuto && zmtp.ShouldBind(cfg.Endpoint))
 	if bind {
 		ln, err := zmtp.Listen(ep)
@@ -209,7 +228,8 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 			var l net.Listener
 			if l, err = zmtp.Listen(rep); err == nil {
 				p.replayEP = zmtp.BoundEndpoint(l, rep)
-				p.replay = zmtp.Serve(l, zmq4.Router, 0, p.serveReplay)
+				p.replay = zmtp.Serve(l, zmtp.ServerConfig{Type: zmq4.Router, Limits: replayRequestLimits,
+					Listener: listener("kv events replay")}, p.serveReplay)
 			}
 		}
 		if err != nil {

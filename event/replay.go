@@ -3,6 +3,7 @@ package event
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -18,6 +19,10 @@ const EndSeq = ^uint64(0)
 
 var emptyFrame = []byte{}
 
+// replayRequestLimits bound what a replay client may send: a request is
+// ["", start] (8 bytes); a client that sends more is disconnected.
+var replayRequestLimits = zmtp.Limits{MaxMessage: 64, MaxFrames: 4}
+
 // serveReplay answers replay requests on one ROUTER connection until the
 // peer goes away. A request is [start] or ["", start] (a REQ or DEALER
 // peer; the ROUTER identity never crosses the wire); the reply mirrors
@@ -29,10 +34,15 @@ func (p *Publisher) serveReplay(ctx context.Context, c *zmtp.Conn) {
 	var scratch []byte
 	var bufs net.Buffers
 	for ctx.Err() == nil {
+		c.Idle()
 		msg, err := c.ReadMsg()
 		if err != nil {
+			if errors.Is(err, zmtp.ErrLimit) || errors.Is(err, zmtp.ErrProtocol) {
+				p.log.Warn("event: replay client disconnected", "peer", c.RemoteAddr(), "err", err)
+			}
 			return
 		}
+		c.Busy()
 		delim := len(msg) == 2 && len(msg[0]) == 0
 		var start []byte
 		switch {
@@ -101,7 +111,12 @@ type ReplayFunc func(topic []byte, seq uint64, payload []byte) error
 // batch with seq >= start and calls fn for each, in order, until the end
 // marker. It speaks as a DEALER sending ["", start], so it works against
 // vLLM's publisher as well as ours, with or without the topic frame.
+// Replies are read with the default SubscriberConfig limits.
 func Replay(ctx context.Context, endpoint string, start uint64, fn ReplayFunc) error {
+	return replay(ctx, endpoint, start, zmtp.Limits{}, fn)
+}
+
+func replay(ctx context.Context, endpoint string, start uint64, lim zmtp.Limits, fn ReplayFunc) error {
 	e, err := zmtp.Parse(endpoint)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrEndpoint, err)
@@ -111,6 +126,7 @@ func Replay(ctx context.Context, endpoint string, start uint64, fn ReplayFunc) e
 		return fmt.Errorf("%w: %w", ErrReplay, err)
 	}
 	defer c.Close()
+	c.SetLimits(lim)
 	stop := context.AfterFunc(ctx, func() { _ = c.Close() })
 	defer stop()
 	req := zmtp.AppendMsg(nil, emptyFrame, binary.BigEndian.AppendUint64(nil, start))

@@ -79,6 +79,12 @@ type SubscriberConfig struct {
 	// batches sent in between reach the subscriber only through replay,
 	// and only the first live batch proves the subscription is active.
 	ResyncInterval time.Duration
+	// MaxMessageSize bounds one message from a publisher, live or
+	// replayed, in bytes (all frames; default 64 MiB); MaxFrames bounds
+	// its frames (default 16, at least 4). A publisher that sends more is
+	// disconnected (OnError gets an error wrapping ErrMalformed) and
+	// reconnected with backoff.
+	MaxMessageSize, MaxFrames int
 }
 
 // SourceStats are one publisher's counters.
@@ -98,6 +104,7 @@ type SourceStats struct {
 // from their replay sockets and delivers decoded batches in order.
 type Subscriber struct {
 	cfg     SubscriberConfig
+	lim     zmtp.Limits
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	streams []*stream
@@ -132,7 +139,11 @@ func Subscribe(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.ResyncInterval <= 0 {
 		cfg.ResyncInterval = 100 * time.Millisecond
 	}
-	s := &Subscriber{cfg: cfg}
+	if cfg.MaxMessageSize < 0 || cfg.MaxFrames < 0 || cfg.MaxFrames > 0 && cfg.MaxFrames < 4 {
+		return nil, fmt.Errorf("%w: MaxMessageSize %d, MaxFrames %d (replay replies have 4 frames)",
+			ErrConfig, cfg.MaxMessageSize, cfg.MaxFrames)
+	}
+	s := &Subscriber{cfg: cfg, lim: zmtp.Limits{MaxMessage: cfg.MaxMessageSize, MaxFrames: cfg.MaxFrames}}
 	ids := map[string]bool{}
 	for _, src := range cfg.Sources {
 		ep, err := zmtp.Parse(src.Endpoint)
@@ -201,6 +212,7 @@ func (st *stream) run(ctx context.Context) {
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		c, err := zmtp.DialConn(ctx, st.ep, zmq4.Sub)
 		if err == nil {
+			c.SetLimits(st.s.lim)
 			if err = c.Write(sub); err == nil {
 				attempt = 0
 				st.connects.Add(1)
@@ -250,6 +262,9 @@ func (st *stream) follow(ctx context.Context, c *zmtp.Conn) error {
 		}
 		msg, err := c.ReadMsg()
 		if err != nil {
+			if errors.Is(err, zmtp.ErrLimit) {
+				return fmt.Errorf("%w: %s: %w (SubscriberConfig.MaxMessageSize, MaxFrames)", ErrMalformed, st.src.ID, err)
+			}
 			return err
 		}
 		if len(msg) != 3 || len(msg[1]) != 8 {
@@ -307,7 +322,7 @@ func (st *stream) catchUp(ctx context.Context, until uint64) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, st.s.cfg.ReplayTimeout)
 	defer cancel()
-	err := Replay(rctx, st.rep, st.next, func(topic []byte, seq uint64, payload []byte) error {
+	err := replay(rctx, st.rep, st.next, st.s.lim, func(topic []byte, seq uint64, payload []byte) error {
 		if seq >= until {
 			return errStopReplay // the live stream has it
 		}

@@ -46,6 +46,9 @@ type Config struct {
 	// LocalBufferSize is the staging pool for values in unregistered
 	// memory and for GetBuffer (default 256 MiB).
 	LocalBufferSize int64
+	// AllowOvercommit creates the segment and staging pool even when they
+	// exceed the memory available (mempool.Options.AllowOvercommit).
+	AllowOvercommit bool
 	// Protocols are the engine's transports in order of preference
 	// (default the engine's: shm, tcp).
 	Protocols []string
@@ -260,7 +263,7 @@ func (c *Client) startMemory() error {
 	}
 	c.name = c.eng.Name()
 	c.host, _, _ = net.SplitHostPort(c.name)
-	c.stage, err = newStager(c.cfg.LocalBufferSize)
+	c.stage, err = newStager(c.cfg.LocalBufferSize, c.cfg.AllowOvercommit)
 	if err != nil {
 		return err
 	}
@@ -276,7 +279,7 @@ func (c *Client) startMemory() error {
 // addSegment sets aside size bytes of memfd memory, registered with the
 // engine, to contribute as one segment.
 func (c *Client) addSegment(size int64) error {
-	pool, err := newArena("crescent-segment", size, 0)
+	pool, err := newArena("crescent-segment", size, 0, c.cfg.AllowOvercommit)
 	if err != nil {
 		return fmt.Errorf("store: segment memory: %w", err)
 	}

@@ -85,11 +85,11 @@ func (s *segment) slice(addr, n uint64) ([]byte, bool) {
 // newArena makes a prefaulted memfd pool of at least size bytes. slab is
 // the pool's slab size; 0 picks one that keeps the rounding small (at most
 // size/1024 + 64 KiB) for memory that is never Alloc'ed from.
-func newArena(name string, size, slab int64) (*mempool.Pool, error) {
+func newArena(name string, size, slab int64, overcommit bool) (*mempool.Pool, error) {
 	if slab == 0 {
 		slab = clampSlab(size / 1024)
 	}
-	return mempool.New(mempool.Options{Size: size, SlabSize: slab, Name: name})
+	return mempool.New(mempool.Options{Size: size, SlabSize: slab, Name: name, AllowOvercommit: overcommit})
 }
 
 // clampSlab is the largest power of two <= n within the pool's slab limits
@@ -121,10 +121,10 @@ type stager struct {
 // the reference chunks transfers.
 const stageChunk = 16 << 20
 
-func newStager(size int64) (*stager, error) {
+func newStager(size int64, overcommit bool) (*stager, error) {
 	// Slabs of a quarter of the pool (at most 16 MiB): every staged piece
 	// fits in one, on the pool's fast path.
-	p, err := newArena("crescent-staging", size, clampSlab(size/4))
+	p, err := newArena("crescent-staging", size, clampSlab(size/4), overcommit)
 	if err != nil {
 		return nil, fmt.Errorf("store: staging pool: %w", err)
 	}

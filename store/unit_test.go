@@ -316,7 +316,7 @@ func TestHistogram(t *testing.T) {
 }
 
 func TestStagerWaitsForFree(t *testing.T) {
-	s, err := newStager(1 << 20)
+	s, err := newStager(1<<20, false)
 	if err != nil {
 		t.Fatal(err)
 	}

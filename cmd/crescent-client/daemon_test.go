@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -34,6 +36,15 @@ const daemonEnv = "CRESCENT_CLIENT_DAEMON_ARGS"
 
 func TestMain(m *testing.M) {
 	if args, ok := os.LookupEnv(daemonEnv); ok {
+		if v := os.Getenv(availableEnv); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				panic(err)
+			}
+			availableMemory = func() (mempool.Memory, error) {
+				return mempool.Memory{Bytes: n, From: "test limit"}, nil
+			}
+		}
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, strings.Split(args, "\x1f"), os.Stdout, os.Stderr)
 		stop()

@@ -7,4 +7,11 @@
 // HTTP on --metrics_port: /metrics (Prometheus), /metrics/summary (text),
 // /health (200, or 503 when the master does not answer). SIGTERM or SIGINT
 // unmounts the segment, then exits 0.
+//
+// Before anything is allocated, --global_segment_size plus
+// --local_buffer_size are checked against the memory available
+// (MemAvailable in /proc/meminfo and the process's memory cgroup limit
+// minus its use); a larger request exits 1 with an error naming both
+// flags and what is available, since prefaulting it would end in the OOM
+// killer. --allow_overcommit skips the check.
 package main

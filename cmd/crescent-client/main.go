@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/store"
 )
 
@@ -39,6 +40,8 @@ type options struct {
 	metricsPort                          int
 	heartbeat                            time.Duration
 	logLevel                             string
+	segmentFlag, bufferFlag              string // as given, for messages
+	allowOvercommit                      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -56,6 +59,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.metricsAddr, "metrics_address", "0.0.0.0", "HTTP listen address")
 	fs.DurationVar(&o.heartbeat, "heartbeat_interval", time.Second, "interval between heartbeats to the master")
 	fs.StringVar(&o.logLevel, "log_level", "info", "debug, info, warn or error")
+	fs.BoolVar(&o.allowOvercommit, "allow_overcommit", false, "start even when --global_segment_size plus --local_buffer_size exceed the memory available (MemAvailable, cgroup limit); the kernel may then OOM-kill this or another process")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -63,6 +67,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
+	o.segmentFlag, o.bufferFlag = *seg, *buf
 	if o.segment, err = parseSize(*seg); err != nil {
 		return o, fmt.Errorf("--global_segment_size: %w", err)
 	}
@@ -87,10 +92,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log_level: %w", err)
 	}
+	if !o.allowOvercommit {
+		if err := checkMemory(o); err != nil {
+			return err
+		}
+	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg := store.Config{
 		MasterAddr: o.master, MasterProtocol: o.masterProtocol, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,
+		AllowOvercommit: o.allowOvercommit,
 	}
 	if o.protocol != "" {
 		for _, p := range strings.Split(o.protocol, ",") {
@@ -134,6 +145,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintln(stdout, "crescent-client: segments unmounted, exiting")
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
+	}
+	return nil
+}
+
+// availableMemory is mempool.Available; the process tests replace it in
+// the child to try limits smaller than the host's.
+var availableMemory = mempool.Available
+
+// checkMemory refuses, before anything is allocated, a segment and
+// staging buffer that the host (or the cgroup) cannot back: prefaulting
+// them would end in the OOM killer, which may take another process too.
+func checkMemory(o options) error {
+	buf := o.buffer
+	if buf == 0 {
+		buf = store.DefaultLocalBufferSize
+	}
+	need := o.segment + buf
+	m, err := availableMemory()
+	if err != nil {
+		return fmt.Errorf("cannot check --global_segment_size and --local_buffer_size against the memory available: %w (--allow_overcommit skips the check)", err)
+	}
+	if need > m.Bytes {
+		return fmt.Errorf("%w: --global_segment_size %q plus --local_buffer_size %q need %s, more than the %s available (%s); "+
+			"lower --global_segment_size (at most %s with this buffer) or pass --allow_overcommit",
+			mempool.ErrNotEnoughMemory, o.segmentFlag, o.bufferFlag, mempool.FormatSize(need), mempool.FormatSize(max(m.Bytes, 0)),
+			m.From, mempool.FormatSize(max(m.Bytes-buf, 0)))
 	}
 	return nil
 }

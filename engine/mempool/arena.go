@@ -77,7 +77,7 @@ type arena struct {
 // shared and read-write, and prefaults it unless told not to. With huge it
 // tries MFD_HUGETLB first (size is then rounded up to the huge page size)
 // and falls back to a normal memfd advised with MADV_HUGEPAGE.
-func newArena(name string, size, align int64, huge, prefault bool) (*arena, error) {
+func newArena(name string, size, align int64, huge, prefault bool, check func(int64) error) (*arena, error) {
 	var notes []string
 	if huge {
 		hps := hugeTLBPageSize()
@@ -95,6 +95,11 @@ func newArena(name string, size, align int64, huge, prefault bool) (*arena, erro
 			return a, nil
 		}
 		notes = append(notes, "hugetlb unavailable: "+err.Error())
+	}
+	// hugetlb pages come from their reserved pool (mmap fails cleanly
+	// when it is short); ordinary pages from MemAvailable, checked first.
+	if err := check(size); err != nil {
+		return nil, err
 	}
 	a, err := mapNewMemfd(name, size, 0)
 	if err != nil {

@@ -12,6 +12,18 @@
 // page on the project's VMs, and a pool must pay it once, not on the data
 // path. The pool never returns memory to the kernel.
 //
+// Before creating the memfd, New checks the (rounded) size against
+// Available: MemAvailable from /proc/meminfo and the room left in the
+// process's memory cgroup and its ancestors (v2 memory.max minus
+// memory.current, v1 memory.limit_in_bytes minus memory.usage_in_bytes,
+// inactive page cache counted as free). A larger pool fails at once with
+// ErrNotEnoughMemory naming the size and what is available, instead of
+// prefaulting until the OOM killer ends this or another process; the check
+// applies with NoPrefault too (touching the pages later would end the
+// same way). Options.AllowOvercommit skips it. hugetlb pages come from
+// their own reserved pool and are not checked (mmap fails cleanly when it
+// is short); the fallback to ordinary pages is.
+//
 // # Huge pages
 //
 // With Options.HugePages the pool first asks for MFD_HUGETLB pages (the

@@ -60,6 +60,11 @@ type Options struct {
 	// Name of the memfd (shown in /proc/PID/fd and /proc/PID/maps);
 	// default "crescent-mempool".
 	Name string
+	// AllowOvercommit skips the check that the arena fits in the memory
+	// available (see Available): without it New refuses, with
+	// ErrNotEnoughMemory, a pool that would drive the host or the
+	// process's cgroup into the OOM killer when prefaulted or touched.
+	AllowOvercommit bool
 }
 
 type slabState uint8
@@ -128,7 +133,16 @@ func New(opts Options) (*Pool, error) {
 	if name == "" {
 		name = "crescent-mempool"
 	}
-	ar, err := newArena(name, roundUp(opts.Size, slabSize), slabSize, opts.HugePages, !opts.NoPrefault)
+	check := func(size int64) error {
+		if opts.AllowOvercommit {
+			return nil
+		}
+		if err := CheckAvailable("pool", size); err != nil {
+			return fmt.Errorf("%w (Options.AllowOvercommit creates it anyway)", err)
+		}
+		return nil
+	}
+	ar, err := newArena(name, roundUp(opts.Size, slabSize), slabSize, opts.HugePages, !opts.NoPrefault, check)
 	if err != nil {
 		return nil, err
 	}

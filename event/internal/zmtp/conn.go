@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // ZMTP frame flags.
@@ -21,12 +23,52 @@ const (
 	flagCommand = 0x04
 )
 
-// MaxFrame bounds one received frame; a peer announcing more is dropped
-// rather than trusted with an allocation.
-const MaxFrame = 256 << 20
+// Defaults of Limits.
+const (
+	// DefaultMaxMessage bounds the bytes of one message (the sum of its
+	// frames): vLLM batches are far smaller.
+	DefaultMaxMessage = 64 << 20
+	// DefaultMaxFrames bounds the frames of one message (vLLM's live
+	// messages have 3, replay replies 4).
+	DefaultMaxFrames = 16
+	// MaxCommand bounds one command frame after the handshake (PING,
+	// PONG, ZMTP 3.1 SUBSCRIBE with a 256-byte topic, ...). Commands are
+	// skipped without being buffered.
+	MaxCommand = 512
+	// maxHandshake bounds everything the peer may send during the
+	// handshake (greeting and READY with its metadata).
+	maxHandshake = 64 << 10
+	// minBuf is the first allocation for a message body; it then doubles
+	// as bytes arrive.
+	minBuf = 4096
+)
 
-// ErrProtocol reports a peer that broke the ZMTP framing rules.
-var ErrProtocol = errors.New("zmtp: protocol error")
+// Limits bound what a peer may send in one message. A message over a
+// limit is refused as soon as its header shows it, before anything is
+// allocated for it, with an error wrapping ErrLimit; the caller ends the
+// connection. Zero fields take the defaults.
+type Limits struct {
+	MaxMessage int // bytes, the sum of the message's frames
+	MaxFrames  int // frames
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxMessage <= 0 {
+		l.MaxMessage = DefaultMaxMessage
+	}
+	if l.MaxFrames <= 0 {
+		l.MaxFrames = DefaultMaxFrames
+	}
+	return l
+}
+
+var (
+	// ErrProtocol reports a peer that broke the ZMTP framing rules.
+	ErrProtocol = errors.New("zmtp: protocol error")
+	// ErrLimit reports a peer that sent more than Limits (or the
+	// handshake's and commands' fixed bounds) allow.
+	ErrLimit = errors.New("zmtp: peer exceeded a limit")
+)
 
 // Conn is one ZMTP connection after the handshake. Reads are buffered and
 // go through ReadMsg; writes go straight to the socket and must come from
@@ -35,20 +77,60 @@ type Conn struct {
 	raw      net.Conn
 	br       *bufio.Reader
 	PeerType zmq4.SocketType
+	lim      Limits
 
 	buf  []byte
 	offs []int
 	msg  [][]byte
 }
 
-// bufConn feeds zmq4's handshake through our reader so no byte the peer
-// sends right after its READY is lost in an unbuffered read.
-type bufConn struct {
+// hsReader feeds zmq4's handshake through our buffered reader, so no byte
+// the peer sends right after its READY is lost in an unbuffered read, and
+// bounds it: zmq4 allocates a frame's declared size before reading it, so
+// a frame header is only handed on once its size fits what is left of
+// maxHandshake.
+type hsReader struct {
 	net.Conn
-	br *bufio.Reader
+	br     *bufio.Reader
+	greet  int // greeting bytes still to pass (64 in ZMTP 3.0)
+	left   int // bytes of the current frame (header and body) still to pass
+	budget int // bytes the handshake may still read
 }
 
-func (b bufConn) Read(p []byte) (int, error) { return b.br.Read(p) }
+func (h *hsReader) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if h.greet == 0 && h.left == 0 {
+		hdr, err := h.br.Peek(2)
+		if err != nil {
+			return 0, unexpected(err)
+		}
+		n, size := 2, uint64(hdr[1])
+		if hdr[0]&flagLong != 0 {
+			if hdr, err = h.br.Peek(9); err != nil {
+				return 0, unexpected(err)
+			}
+			n, size = 9, binary.BigEndian.Uint64(hdr[1:])
+		}
+		if h.budget < n || size > uint64(h.budget-n) {
+			return 0, fmt.Errorf("%w: handshake frame of %d bytes (at most %d bytes in all)", ErrLimit, size, maxHandshake)
+		}
+		h.left = n + int(size)
+	}
+	lim := h.left
+	if h.greet > 0 {
+		lim = h.greet
+	}
+	n, err := h.br.Read(p[:min(len(p), lim)])
+	if h.greet > 0 {
+		h.greet -= n
+	} else {
+		h.left -= n
+	}
+	h.budget -= n
+	return n, err
+}
 
 // Handshake runs the ZMTP 3.0 greeting and NULL-security READY exchange as
 // a socket of type typ, within timeout.
@@ -57,7 +139,8 @@ func Handshake(raw net.Conn, typ zmq4.SocketType, server bool, timeout time.Dura
 	if timeout > 0 {
 		_ = raw.SetDeadline(time.Now().Add(timeout))
 	}
-	zc, err := zmq4.Open(bufConn{raw, br}, null.Security(), typ, nil, server, nil)
+	hs := &hsReader{Conn: raw, br: br, greet: 64, budget: maxHandshake + 64}
+	zc, err := zmq4.Open(hs, null.Security(), typ, nil, server, nil)
 	if err != nil {
 		return nil, fmt.Errorf("zmtp: handshake with %s: %w", raw.RemoteAddr(), err)
 	}
@@ -65,13 +148,34 @@ func Handshake(raw net.Conn, typ zmq4.SocketType, server bool, timeout time.Dura
 	return &Conn{raw: raw, br: br, PeerType: zmq4.SocketType(zc.Peer.Meta["Socket-Type"])}, nil
 }
 
+// Busy and Idle tell the netx loop that accepted the connection (if one
+// did) whether the peer is doing work, so idle peers are evicted first.
+func (c *Conn) Busy() {
+	if nc, ok := c.raw.(*netx.Conn); ok {
+		nc.Busy()
+	}
+}
+
+// Idle: see Busy.
+func (c *Conn) Idle() {
+	if nc, ok := c.raw.(*netx.Conn); ok {
+		nc.Idle()
+	}
+}
+
+// SetLimits bounds the messages ReadMsg accepts from now on.
+func (c *Conn) SetLimits(l Limits) { c.lim = l }
+
 // ReadMsg returns the next data message. Its frames alias a buffer that
-// the following ReadMsg reuses. Commands (PING, ...) are skipped.
+// the following ReadMsg reuses. Commands (PING, ...) are skipped. The
+// buffer grows as bytes arrive, never to a size only announced: memory
+// held is at most about twice what the peer actually sent.
 func (c *Conn) ReadMsg() ([][]byte, error) {
+	lim := c.lim.withDefaults()
+next:
 	for {
 		c.buf = c.buf[:0]
 		c.offs = c.offs[:0]
-		cmd := false
 		for {
 			flag, err := c.br.ReadByte()
 			if err != nil {
@@ -94,22 +198,34 @@ func (c *Conn) ReadMsg() ([][]byte, error) {
 				}
 				size = uint64(s)
 			}
-			if size > MaxFrame {
-				return nil, fmt.Errorf("%w: frame of %d bytes", ErrProtocol, size)
+			if flag&flagCommand != 0 {
+				// A command is one frame on its own (ZMTP 3.0 §2.3).
+				if len(c.offs) > 0 || flag&flagMore != 0 {
+					return nil, fmt.Errorf("%w: command frame inside a multipart message", ErrProtocol)
+				}
+				if size > MaxCommand {
+					return nil, fmt.Errorf("%w: command of %d bytes (at most %d)", ErrLimit, size, MaxCommand)
+				}
+				if _, err := c.br.Discard(int(size)); err != nil {
+					return nil, unexpected(err)
+				}
+				continue next
 			}
-			cmd = cmd || flag&flagCommand != 0
+			if len(c.offs) >= lim.MaxFrames {
+				return nil, fmt.Errorf("%w: message of more than %d frames", ErrLimit, lim.MaxFrames)
+			}
+			if size > uint64(lim.MaxMessage-len(c.buf)) {
+				return nil, fmt.Errorf("%w: message of more than %d bytes (frame %d announces %d)",
+					ErrLimit, lim.MaxMessage, len(c.offs)+1, size)
+			}
 			start := len(c.buf)
-			c.buf = grow(c.buf, int(size))
-			if _, err := io.ReadFull(c.br, c.buf[start:]); err != nil {
+			if err := c.readBody(int(size)); err != nil {
 				return nil, unexpected(err)
 			}
 			c.offs = append(c.offs, start)
 			if flag&flagMore == 0 {
 				break
 			}
-		}
-		if cmd {
-			continue
 		}
 		c.msg = c.msg[:0]
 		for i, start := range c.offs {
@@ -123,13 +239,24 @@ func (c *Conn) ReadMsg() ([][]byte, error) {
 	}
 }
 
-func grow(b []byte, n int) []byte {
-	if cap(b)-len(b) < n {
-		nb := make([]byte, len(b), max(2*cap(b), len(b)+n, 4096))
-		copy(nb, b)
-		b = nb
+// readBody appends n bytes read from the peer to c.buf, doubling the
+// buffer only when what arrived has filled it.
+func (c *Conn) readBody(n int) error {
+	want := len(c.buf) + n
+	for len(c.buf) < want {
+		if len(c.buf) == cap(c.buf) {
+			nb := make([]byte, len(c.buf), min(want, max(2*cap(c.buf), minBuf)))
+			copy(nb, c.buf)
+			c.buf = nb
+		}
+		end := min(want, cap(c.buf))
+		got, err := io.ReadFull(c.br, c.buf[len(c.buf):end])
+		c.buf = c.buf[:len(c.buf)+got]
+		if err != nil {
+			return err
+		}
 	}
-	return b[:len(b)+n]
+	return nil
 }
 
 func unexpected(err error) error {

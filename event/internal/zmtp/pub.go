@@ -1,8 +1,12 @@
 package zmtp
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -10,6 +14,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // PubConfig configures a Pub.
@@ -22,7 +28,25 @@ type PubConfig struct {
 	NoDrop bool
 	// HandshakeTimeout bounds the ZMTP handshake of a new peer.
 	HandshakeTimeout time.Duration
+	// MaxTopic bounds the topic of one subscription (default
+	// DefaultMaxTopic). A peer that sends a longer one, or any data
+	// message that is not a subscribe or cancel, is disconnected.
+	MaxTopic int
+	// MaxSubscriptions bounds the live subscriptions of one peer (default
+	// DefaultMaxSubscriptions); one more disconnects it.
+	MaxSubscriptions int
+	// Listener configures Serve's netx loop (connection caps; Name
+	// defaults to "zmq pub", Logger to Logger).
+	Listener netx.Config
+	// Logger receives why a peer was disconnected (default: discard).
+	Logger *slog.Logger
 }
+
+// Defaults of PubConfig.
+const (
+	DefaultMaxTopic         = 256
+	DefaultMaxSubscriptions = 1024
+)
 
 // Pub is the sending side of a PUB socket: it accepts subscribers on a
 // listener, or keeps one connection to a bound SUB alive, and fans each
@@ -32,7 +56,7 @@ type Pub struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
-	ln     net.Listener
+	loop   *netx.Loop
 
 	mu      sync.Mutex
 	peers   []*peer
@@ -62,18 +86,28 @@ func NewPub(cfg PubConfig) *Pub {
 	if cfg.HandshakeTimeout <= 0 {
 		cfg.HandshakeTimeout = 5 * time.Second
 	}
+	if cfg.MaxTopic <= 0 {
+		cfg.MaxTopic = DefaultMaxTopic
+	}
+	if cfg.MaxSubscriptions <= 0 {
+		cfg.MaxSubscriptions = DefaultMaxSubscriptions
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pub{cfg: cfg, ctx: ctx, cancel: cancel, changed: make(chan struct{})}
 }
 
-// Serve accepts subscribers on ln until Close.
+// Serve accepts subscribers on ln (through netx, with its caps) until
+// Close. A peer counts as idle for netx's eviction until it subscribes.
 func (p *Pub) Serve(ln net.Listener) {
-	p.ln = ln
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		acceptLoop(p.ctx, ln, &p.wg, func(c net.Conn) { p.serveConn(c, true) })
-	}()
+	cfg := p.cfg.Listener
+	cfg.Name = cmp.Or(cfg.Name, "zmq pub")
+	if cfg.Logger == nil {
+		cfg.Logger = p.cfg.Logger
+	}
+	p.loop = netx.Serve(ln, cfg, func(c *netx.Conn) { p.serveConn(c, true) })
 }
 
 // Connect keeps a connection to the bound SUB at e, reconnecting with
@@ -95,36 +129,6 @@ func (p *Pub) Connect(e Endpoint) {
 			}
 		}
 	}()
-}
-
-// acceptLoop runs serve for each accepted connection in its own goroutine
-// tracked by wg, until ctx ends or ln closes.
-func acceptLoop(ctx context.Context, ln net.Listener, wg *sync.WaitGroup, serve func(net.Conn)) {
-	for attempt := 0; ; {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Out of fds and the like: back off, keep serving.
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(backoff(attempt)):
-			}
-			attempt++
-			continue
-		}
-		attempt = 0
-		if tc, ok := c.(*net.TCPConn); ok {
-			_ = tc.SetNoDelay(true)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			serve(c)
-		}()
-	}
 }
 
 // closeOnDone closes c when ctx ends, so blocked reads return.
@@ -156,17 +160,8 @@ func (p *Pub) serveConn(raw net.Conn, server bool) {
 		defer writer.Done()
 		pe.writeLoop()
 	}()
-	for {
-		msg, err := c.ReadMsg()
-		if err != nil {
-			break
-		}
-		// ZMTP 3.0 subscriptions: a one-frame message, 1 or 0 then the
-		// topic prefix.
-		if len(msg) == 1 && len(msg[0]) > 0 && msg[0][0] <= 1 {
-			pe.subscribe(string(msg[0][1:]), msg[0][0] == 1)
-			p.notify()
-		}
+	if err := p.readSubscriptions(c, pe); err != nil && p.ctx.Err() == nil {
+		p.cfg.Logger.Warn("zmq subscriber disconnected", "peer", c.RemoteAddr(), "err", err)
 	}
 	pe.kill()
 	writer.Wait()
@@ -182,6 +177,36 @@ func (p *Pub) serveConn(raw net.Conn, server bool) {
 	p.notify()
 }
 
+// readSubscriptions reads the peer's subscriptions until it fails or
+// sends anything else. A ZMTP 3.0 subscription is a one-frame message: 1
+// (subscribe) or 0 (cancel), then the topic prefix.
+func (p *Pub) readSubscriptions(c *Conn, pe *peer) error {
+	c.SetLimits(Limits{MaxMessage: 1 + p.cfg.MaxTopic, MaxFrames: 1})
+	for {
+		msg, err := c.ReadMsg()
+		if err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		if len(msg) != 1 || len(msg[0]) == 0 || msg[0][0] > 1 {
+			return fmt.Errorf("%w: a PUB accepts only subscribe and cancel messages", ErrProtocol)
+		}
+		n, ok := pe.subscribe(string(msg[0][1:]), msg[0][0] == 1, p.cfg.MaxSubscriptions)
+		if !ok {
+			return fmt.Errorf("%w: more than %d subscriptions", ErrLimit, p.cfg.MaxSubscriptions)
+		}
+		// A subscribed peer is doing work: netx evicts the others first.
+		if n > 0 {
+			c.Busy()
+		} else {
+			c.Idle()
+		}
+		p.notify()
+	}
+}
+
 func (p *Pub) notify() {
 	p.mu.Lock()
 	close(p.changed)
@@ -189,19 +214,25 @@ func (p *Pub) notify() {
 	p.mu.Unlock()
 }
 
-func (pe *peer) subscribe(topic string, on bool) {
+// subscribe adds or cancels one subscription and returns how many are
+// left; false when adding would pass limit.
+func (pe *peer) subscribe(topic string, on bool, limit int) (int, bool) {
 	pe.mu.Lock()
 	defer pe.mu.Unlock()
 	if on {
+		if len(pe.subs) >= limit {
+			return len(pe.subs), false
+		}
 		pe.subs = append(pe.subs, topic)
-		return
+		return len(pe.subs), true
 	}
 	for i, s := range pe.subs {
 		if s == topic {
 			pe.subs = append(pe.subs[:i], pe.subs[i+1:]...)
-			return
+			break
 		}
 	}
+	return len(pe.subs), true
 }
 
 func (pe *peer) matches(topic string) bool {
@@ -390,14 +421,14 @@ func (p *Pub) Dropped() uint64 { return p.dropped.Load() }
 // goroutines. Call Flush first to deliver what is queued.
 func (p *Pub) Close() error {
 	p.cancel()
-	if p.ln != nil {
-		_ = p.ln.Close()
-	}
 	p.mu.Lock()
 	peers := p.peers
 	p.mu.Unlock()
 	for _, pe := range peers {
 		pe.kill()
+	}
+	if p.loop != nil {
+		_ = p.loop.Close()
 	}
 	p.wg.Wait()
 	return nil

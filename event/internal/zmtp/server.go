@@ -1,60 +1,69 @@
 package zmtp
 
 import (
+	"cmp"
 	"context"
 	"net"
-	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
+
+// ServerConfig configures Serve.
+type ServerConfig struct {
+	// Type is the socket type this side handshakes as.
+	Type zmq4.SocketType
+	// HandshakeTimeout bounds a new peer's handshake (default 5s).
+	HandshakeTimeout time.Duration
+	// Limits bound each message read from a peer.
+	Limits Limits
+	// Listener configures the netx loop (connection caps, name, logger).
+	Listener netx.Config
+}
 
 // Server accepts peers of a given socket type and runs a handler per
 // connection until Close.
 type Server struct {
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	ln     net.Listener
+	loop   *netx.Loop
 }
 
-// Serve starts serving ln: each peer that completes the handshake as typ
-// gets handle(ctx, conn) in its own goroutine; the connection is closed
-// when handle returns or the server closes.
-func Serve(ln net.Listener, typ zmq4.SocketType, timeout time.Duration, handle func(context.Context, *Conn)) *Server {
-	if timeout <= 0 {
-		timeout = 5 * time.Second
+// Serve starts serving ln through netx: each peer that completes the
+// handshake gets handle(ctx, conn) in its own goroutine, with its reads
+// bounded by cfg.Limits; the connection is closed when handle returns or
+// the server closes. Handlers mark the span of each request with
+// Conn.Busy and Conn.Idle.
+func Serve(ln net.Listener, cfg ServerConfig, handle func(context.Context, *Conn)) *Server {
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 5 * time.Second
 	}
+	cfg.Listener.Name = cmp.Or(cfg.Listener.Name, "zmq "+string(cfg.Type))
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{ctx: ctx, cancel: cancel, ln: ln}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		acceptLoop(ctx, ln, &s.wg, func(raw net.Conn) {
-			stop := make(chan struct{})
-			defer close(stop)
-			go closeOnDone(ctx, raw, stop)
-			c, err := Handshake(raw, typ, true, timeout)
-			if err != nil {
-				_ = raw.Close()
-				return
-			}
-			defer c.Close()
-			handle(ctx, c)
-		})
-	}()
+	s := &Server{ctx: ctx, cancel: cancel}
+	// netx closes live connections on Close, which ends handshakes and
+	// blocked reads.
+	s.loop = netx.Serve(ln, cfg.Listener, func(raw *netx.Conn) {
+		c, err := Handshake(raw, cfg.Type, true, cfg.HandshakeTimeout)
+		if err != nil {
+			return
+		}
+		c.SetLimits(cfg.Limits)
+		handle(ctx, c)
+	})
 	return s
 }
 
 // Close stops the server, closes its connections and waits for handlers.
 func (s *Server) Close() error {
 	s.cancel()
-	err := s.ln.Close()
-	s.wg.Wait()
-	return err
+	return s.loop.Close()
 }
 
-// DialConn connects to e and handshakes as typ, within ctx.
+// DialConn connects to e and handshakes as typ, within ctx. Its reads
+// take the default Limits until SetLimits.
 func DialConn(ctx context.Context, e Endpoint, typ zmq4.SocketType) (*Conn, error) {
 	raw, err := Dial(ctx, e)
 	if err != nil {
