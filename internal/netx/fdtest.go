@@ -8,12 +8,12 @@ import (
 	"testing"
 )
 
-// StarveFDs lowers RLIMIT_NOFILE to the fds open now plus a little and
-// fills it, leaving exactly spare fds free (for the peers a test dials),
-// so that a listener's accept fails with EMFILE. restore closes the
-// fillers and restores the limit; it is idempotent and also runs at the
-// test's cleanup. Tests that use it must not run in parallel.
-func StarveFDs(t testing.TB, spare int) (restore func()) {
+// ExhaustFDs lowers RLIMIT_NOFILE to the fds open now plus headroom and
+// opens fds until the process is out of them (EMFILE), for tests of
+// listeners under fd exhaustion. It returns the filler fds; undo with
+// RestoreFDs. Tests that use it must not run in parallel; most want
+// StarveFDs.
+func ExhaustFDs(t testing.TB, headroom int) []int {
 	t.Helper()
 	var old syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
@@ -27,34 +27,48 @@ func StarveFDs(t testing.TB, spare int) (restore func()) {
 		}
 	}
 	lim := old
-	lim.Cur = uint64(highest + 1 + 64 + spare)
+	lim.Cur = uint64(highest + 1 + headroom)
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
 		t.Fatal(err)
 	}
 	var fds []int
-	var once sync.Once
-	restore = func() {
-		once.Do(func() {
-			for _, fd := range fds {
-				syscall.Close(fd)
-			}
-			if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	t.Cleanup(restore)
 	for {
 		fd, err := syscall.Dup(0)
-		if err == syscall.EMFILE {
-			break
-		}
 		if err != nil {
-			restore()
-			t.Fatalf("dup: %v", err)
+			if err != syscall.EMFILE {
+				RestoreFDs(t, fds, old)
+				t.Fatalf("dup: %v", err)
+			}
+			return fds
 		}
 		fds = append(fds, fd)
 	}
+}
+
+// RestoreFDs closes the filler fds and restores the limit.
+func RestoreFDs(t testing.TB, fds []int, old syscall.Rlimit) {
+	t.Helper()
+	for _, fd := range fds {
+		syscall.Close(fd)
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Error(err)
+	}
+}
+
+// StarveFDs is ExhaustFDs leaving exactly spare fds free (for the peers
+// a test dials), so that a listener's accept fails with EMFILE. restore
+// undoes it; it is idempotent and also runs at the test's cleanup.
+func StarveFDs(t testing.TB, spare int) (restore func()) {
+	t.Helper()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	fds := ExhaustFDs(t, 64+spare)
+	var once sync.Once
+	restore = func() { once.Do(func() { RestoreFDs(t, fds, old) }) }
+	t.Cleanup(restore)
 	if len(fds) < spare {
 		restore()
 		t.Fatalf("only %d fds to spare", len(fds))
