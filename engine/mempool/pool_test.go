@@ -752,9 +752,15 @@ func TestBusySlabSpreads(t *testing.T) {
 		b, _ := p.Alloc(100)
 		done <- b
 	}()
+	select {
+	case <-done:
+		t.Fatal("allocation did not wait while both open slabs were busy")
+	default:
+	}
+	// The waiter blocks on whichever open slab its hint names: free both.
 	p.slabs[7].mu.Unlock()
-	fourth := <-done
 	p.slabs[6].mu.Unlock()
+	fourth := <-done
 	if s := slabOf(fourth); s != 7 && s != 6 {
 		t.Fatalf("allocation went to slab %d, want an open slab", s)
 	}
