@@ -12,13 +12,16 @@ DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack \
 BENCH_FLAGS ?= --table --duration 5 --threads 2 --buffer_size 256MiB
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build test race nocgo bench lint fmt invariants clean proto proto-check
+.PHONY: all deps build test race nocgo bench lint fmt invariants clean proto proto-check msgp msgp-check
 
 # Generated gRPC code is committed; these pinned generators make it.
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 TOOLS := $(CURDIR)/bin/tools
 PROTOS := store/storepb/master.proto
+MSGP := github.com/tinylib/msgp@v1.6.5
+# Packages whose msgp code is generated (go:generate msgp).
+MSGP_PKGS := ha/oplog
 
 all: build
 
@@ -41,7 +44,7 @@ build:
 # The test command of the README and of CI: lint, stale generated code,
 # the no-cgo build, and every test under the race detector, with external
 # services required.
-test: deps lint proto-check nocgo
+test: deps lint proto-check msgp-check nocgo
 	CRESCENT_REQUIRE_DEPS=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags "$(TAGS)" ./...
 	CRESCENT_REQUIRE_DEPS=1 $(GO) test -count=1 -tags "invariants $(TAGS)" ./engine/... ./internal/...
 
@@ -93,6 +96,20 @@ proto-check: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 	for f in $$tmp/*.go; do \
 		cmp -s $$f store/storepb/$$(basename $$f) || { echo "stale: store/storepb/$$(basename $$f) (run make proto)"; rm -rf $$tmp; exit 1; }; \
 	done; rm -rf $$tmp; echo "generated code up to date"
+
+$(TOOLS)/msgp:
+	GOBIN=$(TOOLS) $(GO) install $(MSGP)
+
+msgp: $(TOOLS)/msgp
+	PATH=$(TOOLS):$$PATH $(GO) generate $(addprefix ./,$(MSGP_PKGS))
+
+# Fails when committed msgp code is not what the pinned generator makes.
+msgp-check: $(TOOLS)/msgp
+	@tmp=$$(mktemp -d); cp go.mod go.sum $$tmp/; for p in $(MSGP_PKGS); do mkdir -p $$tmp/$$p; cp $$p/*.go $$tmp/$$p/; done; \
+	(cd $$tmp && for p in $(MSGP_PKGS); do (cd $$p && PATH=$(TOOLS):$$PATH $(GO) generate . >/dev/null) || exit 1; done) || { rm -rf $$tmp; exit 1; }; \
+	for p in $(MSGP_PKGS); do for f in $$p/*_gen.go; do \
+		cmp -s $$f $$tmp/$$f || { echo "stale: $$f (run make msgp)"; rm -rf $$tmp; exit 1; }; \
+	done; done; rm -rf $$tmp; echo "msgp code up to date"
 
 clean:
 	rm -rf bin
