@@ -750,6 +750,14 @@ func TestCollector(t *testing.T) {
 		}
 	}
 	c.waitFor(t, ctx, "4 events", func(c *collect) bool { return c.events == 4 })
+	// The publisher counts a batch after handing it to the socket, so a
+	// subscriber can see it first.
+	for p.Stats().PublishedEvents != 4 {
+		if ctx.Err() != nil {
+			t.Fatalf("published events %d, want 4", p.Stats().PublishedEvents)
+		}
+		time.Sleep(time.Millisecond)
+	}
 	reg := prometheus.NewPedanticRegistry()
 	if err := reg.Register(p.Collector()); err != nil {
 		t.Fatal(err)
