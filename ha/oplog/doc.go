@@ -77,6 +77,8 @@
 // of failing it, but the master's locks are never held longer; past it the
 // sink fails with ErrQueueFull. The sink is fail-stop: after a Store
 // error, an op that does not encode, or ErrQueueFull, Failed returns the
-// error, new ops are dropped unnumbered and WaitDurable returns the error
-// for every seq not yet durable, so nothing more is acknowledged.
+// error, new ops still get a seq but are dropped, and WaitDurable returns
+// the error for every seq not yet durable, so nothing more is
+// acknowledged (a handler waiting for Appended() after its call never
+// gets nil for an op that was dropped).
 package oplog

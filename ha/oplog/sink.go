@@ -45,8 +45,9 @@ type SinkConfig struct {
 //
 // Append blocks only when the queue is full, for at most FullDelay; then,
 // as after any Store error or an op that does not encode, the sink is
-// failed (fail-stop): the op is dropped, nothing more is written, and
-// WaitDurable returns the error for every seq not yet durable.
+// failed (fail-stop): nothing more is written, later ops still get a seq
+// but are dropped, and WaitDurable returns the error for every seq not
+// yet durable.
 type Sink struct {
 	store Store
 	cfg   SinkConfig
@@ -96,10 +97,12 @@ func (s *Sink) Append(op *master.Op) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failed != nil || s.closed {
+		s.drop()
 		return
 	}
 	if err != nil {
-		s.fail(fmt.Errorf("oplog: sink: op after seq %d: %w", s.next-1, err))
+		s.fail(fmt.Errorf("oplog: sink: op seq %d: %w", s.next, err))
+		s.drop()
 		return
 	}
 	var deadline *time.Timer
@@ -120,6 +123,7 @@ func (s *Sink) Append(op *master.Op) {
 			}
 		}
 		if s.failed != nil || s.closed {
+			s.drop()
 			return
 		}
 	}
@@ -134,6 +138,14 @@ func (s *Sink) Append(op *master.Op) {
 	case s.kick <- struct{}{}:
 	default:
 	}
+}
+
+// drop numbers an op that is not written (the sink failed or closed): a
+// handler waiting for Appended() then gets the failure, never a nil for
+// an earlier, durable seq. s.mu is held.
+func (s *Sink) drop() {
+	s.appended.Store(s.next)
+	s.next++
 }
 
 // fail records the first failure. s.mu is held.

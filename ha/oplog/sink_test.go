@@ -29,6 +29,7 @@ type memStore struct {
 	batches  []int         // size of each Append that succeeded
 	gate     chan struct{} // nil: no hold
 	entered  chan struct{} // gets a token when an Append starts (if not nil)
+	release  func()        // opens gate
 }
 
 func newMemStore() *memStore { return &memStore{first: 1} }
@@ -144,7 +145,9 @@ func (s *memStore) hold() (release func()) {
 	s.entered = make(chan struct{}, 1024)
 	g := s.gate
 	var once sync.Once
-	return func() { once.Do(func() { close(g) }) }
+	release = func() { once.Do(func() { close(g) }) }
+	s.release = release
+	return release
 }
 
 // TestMemStore checks the test store itself keeps the contract.
@@ -166,6 +169,14 @@ func TestMemStore(t *testing.T) {
 	require.Equal(t, uint64(2), last)
 }
 
+// testCtx bounds a wait so that a broken sink fails the test instead of
+// hanging it.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func testOp(i int) *master.Op {
 	return &master.Op{Kind: master.OpPutStart, Time: int64(i), Key: fmt.Sprintf("key-%d", i),
 		Client: master.UUID{Hi: 1, Lo: uint64(i)}, Size: 100, Segments: []uint32{0}, Addrs: []uint64{uint64(i) << 12}, Gen: uint64(i + 1)}
@@ -175,7 +186,17 @@ func newTestSink(t *testing.T, st Store, cfg SinkConfig) *Sink {
 	t.Helper()
 	s, err := NewSink(context.Background(), st, cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() {
+		if ms, ok := st.(*memStore); ok { // a failed test leaves no Append held
+			ms.mu.Lock()
+			release := ms.release
+			ms.mu.Unlock()
+			if release != nil {
+				release()
+			}
+		}
+		s.Close()
+	})
 	return s
 }
 
@@ -183,7 +204,7 @@ func newTestSink(t *testing.T, st Store, cfg SinkConfig) *Sink {
 // Append, numbered from 1 with no gap, and decode to what was appended.
 func TestSinkGroupCommit(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	st := newMemStore()
 	release := st.hold()
 	s := newTestSink(t, st, SinkConfig{Term: 7})
@@ -215,7 +236,7 @@ func TestSinkGroupCommit(t *testing.T) {
 // after them.
 func TestSinkContinuesLog(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	st := newMemStore()
 	s := newTestSink(t, st, SinkConfig{})
 	for i := range 3 {
@@ -237,7 +258,7 @@ func TestSinkContinuesLog(t *testing.T) {
 // dropped.
 func TestSinkFailStop(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	st := newMemStore()
 	s := newTestSink(t, st, SinkConfig{})
 	s.Append(testOp(0))
@@ -251,11 +272,59 @@ func TestSinkFailStop(t *testing.T) {
 	require.ErrorIs(t, s.Failed(), boom)
 	require.NoError(t, s.WaitDurable(ctx, 1))
 	s.Append(testOp(2))
-	require.Equal(t, uint64(2), s.Appended(), "a failed sink numbers nothing more")
+	require.Equal(t, uint64(3), s.Appended(), "a dropped op is numbered")
 	require.ErrorIs(t, s.WaitDurable(ctx, 3), boom)
 	require.Equal(t, uint64(1), s.Durable())
 	require.ErrorIs(t, s.Close(), boom)
 	require.Len(t, st.all(t), 1)
+}
+
+// TestSinkNoAckAfterFailure: a handler's pattern (call the master, then
+// wait for Appended()) gets an error for an op the sink dropped, never nil
+// because the seq before it is durable: after an op that does not
+// encode, after a full queue, after Close.
+func TestSinkNoAckAfterFailure(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name string
+		fail func(t *testing.T, s *Sink, st *memStore)
+		want error
+	}{
+		{"bad op", func(_ *testing.T, s *Sink, _ *memStore) { s.Append(&master.Op{Kind: 200}) }, ErrBadOp},
+		{"queue full", func(t *testing.T, s *Sink, st *memStore) {
+			release := st.hold()
+			s.Append(testOp(1)) // being written, holds the one place
+			s.Append(testOp(2)) // waits, then fails
+			release()
+			// The one being written still lands (WaitDurable would
+			// already report the failure for it).
+			require.Eventually(t, func() bool { return s.Durable() == 2 }, time.Minute, time.Millisecond)
+		}, ErrQueueFull},
+		{"closed", func(t *testing.T, s *Sink, _ *memStore) {
+			require.NoError(t, s.Close())
+			s.Append(testOp(1))
+		}, ErrClosed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newMemStore()
+			s := newTestSink(t, st, SinkConfig{Queue: 1, FullDelay: 20 * time.Millisecond})
+			s.Append(testOp(0))
+			require.NoError(t, s.WaitDurable(ctx, s.Appended()))
+			tc.fail(t, s, st)
+			require.ErrorIs(t, s.WaitDurable(ctx, s.Appended()), tc.want)
+			s.Append(testOp(3)) // dropped too
+			require.ErrorIs(t, s.WaitDurable(ctx, s.Appended()), tc.want)
+			st.mu.Lock()
+			release := st.release
+			st.mu.Unlock()
+			if release != nil {
+				release()
+			}
+			s.Close()
+			require.Equal(t, s.Durable(), uint64(len(st.all(t))), "only durable seqs are in the store")
+		})
+	}
 }
 
 // TestSinkBadOp: an op that does not encode fails the sink (the master
@@ -266,8 +335,8 @@ func TestSinkBadOp(t *testing.T) {
 	s := newTestSink(t, st, SinkConfig{})
 	s.Append(&master.Op{Kind: 200})
 	require.ErrorIs(t, s.Failed(), ErrBadOp)
-	require.ErrorIs(t, s.WaitDurable(context.Background(), 1), ErrBadOp)
-	require.Equal(t, uint64(0), s.Appended())
+	require.Equal(t, uint64(1), s.Appended())
+	require.ErrorIs(t, s.WaitDurable(testCtx(t), 1), ErrBadOp)
 	require.ErrorIs(t, s.Close(), ErrBadOp)
 }
 
@@ -284,8 +353,9 @@ func TestSinkQueueFullFails(t *testing.T) {
 	require.NoError(t, s.Failed())
 	s.Append(testOp(4)) // waits, then fails
 	require.ErrorIs(t, s.Failed(), ErrQueueFull)
-	require.Equal(t, uint64(4), s.Appended())
-	require.ErrorIs(t, s.WaitDurable(context.Background(), 1), ErrQueueFull)
+	require.Equal(t, uint64(5), s.Appended())
+	require.ErrorIs(t, s.WaitDurable(testCtx(t), 5), ErrQueueFull)
+	require.ErrorIs(t, s.WaitDurable(testCtx(t), 1), ErrQueueFull)
 	release()
 	require.ErrorIs(t, s.Close(), ErrQueueFull)
 }
@@ -294,7 +364,7 @@ func TestSinkQueueFullFails(t *testing.T) {
 // store catches up.
 func TestSinkQueueFullWaits(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	st := newMemStore()
 	release := st.hold()
 	s := newTestSink(t, st, SinkConfig{Queue: 4, FullDelay: time.Hour})
@@ -334,23 +404,24 @@ func TestSinkWaitDurableContext(t *testing.T) {
 	release := st.hold()
 	s := newTestSink(t, st, SinkConfig{})
 	s.Append(testOp(0))
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(testCtx(t))
 	cancel()
 	require.ErrorIs(t, s.WaitDurable(ctx, 1), context.Canceled)
 	release()
-	require.NoError(t, s.WaitDurable(context.Background(), 1))
+	require.NoError(t, s.WaitDurable(testCtx(t), 1))
 	require.NoError(t, s.Close())
-	// After Close nothing is taken, and a seq never given is an error.
+	// After Close nothing is written: a later op's seq is an error.
 	s.Append(testOp(1))
-	require.Equal(t, uint64(1), s.Appended())
-	require.ErrorIs(t, s.WaitDurable(context.Background(), 2), ErrClosed)
+	require.Equal(t, uint64(2), s.Appended())
+	require.ErrorIs(t, s.WaitDurable(testCtx(t), 2), ErrClosed)
+	require.Len(t, st.all(t), 1)
 }
 
 // TestSinkConcurrent: ops from many goroutines (shards) end up contiguous
 // and all durable; MaxBatch bounds each Append.
 func TestSinkConcurrent(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := context.Background()
+	ctx := testCtx(t)
 	st := newMemStore()
 	s := newTestSink(t, st, SinkConfig{MaxBatch: 7, Queue: 16})
 	var wg sync.WaitGroup
