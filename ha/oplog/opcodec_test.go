@@ -17,7 +17,7 @@ import (
 	"github.com/crescent-kv/crescent/store/master"
 )
 
-var update = flag.Bool("update", false, "rewrite testdata/ops.golden with the current encoder")
+var updateOpGolden = flag.Bool("update-op-golden", false, "rewrite testdata/ops.golden with the current encoder")
 
 // TestOpKindsKnown: the codec knows every kind master has; a new kind
 // makes this fail until maxKind (and doc.go) follow.
@@ -31,8 +31,8 @@ func TestOpKindsKnown(t *testing.T) {
 		"master has an OpKind after %v: add it to the codec", maxKind)
 }
 
-// fill sets every field reachable from v to a non-zero value.
-func fill(v reflect.Value, n *int) {
+// fillAll sets every field reachable from v to a non-zero value.
+func fillAll(v reflect.Value, n *int) {
 	*n++
 	switch v.Kind() {
 	case reflect.Bool:
@@ -46,16 +46,16 @@ func fill(v reflect.Value, n *int) {
 	case reflect.Slice:
 		s := reflect.MakeSlice(v.Type(), 3, 3)
 		for i := range 3 {
-			fill(s.Index(i), n)
+			fillAll(s.Index(i), n)
 		}
 		v.Set(s)
 	case reflect.Pointer:
 		p := reflect.New(v.Type().Elem())
-		fill(p.Elem(), n)
+		fillAll(p.Elem(), n)
 		v.Set(p)
 	case reflect.Struct:
 		for i := range v.NumField() {
-			fill(v.Field(i), n)
+			fillAll(v.Field(i), n)
 		}
 	default:
 		panic(fmt.Sprintf("fill: %v", v.Type()))
@@ -69,7 +69,7 @@ func TestOpCodecEveryField(t *testing.T) {
 	for k := master.OpPutStart; k <= maxKind; k++ {
 		var op master.Op
 		n := 0
-		fill(reflect.ValueOf(&op).Elem(), &n)
+		fillAll(reflect.ValueOf(&op).Elem(), &n)
 		op.Kind = k
 		e, err := FromOp(&op)
 		require.NoError(t, err)
@@ -99,8 +99,8 @@ func TestOpCodecZero(t *testing.T) {
 	require.Equal(t, op, got)
 }
 
-// goldenOps is one op of each kind, as the master logs them.
-func goldenOps() []*master.Op {
+// opGoldenOps is one op of each kind, as the master logs them.
+func opGoldenOps() []*master.Op {
 	c := master.UUID{Hi: 0xc1, Lo: 2}
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).UnixNano()
 	seg := &alloc.Segment{ID: alloc.UUID{Hi: 0x5e, Lo: 1}, Name: "host1:12345", Base: 1 << 40, Size: 64 << 20,
@@ -130,10 +130,10 @@ func goldenOps() []*master.Op {
 	}
 }
 
-func goldenBytes(t *testing.T) []byte {
+func opGoldenBytes(t *testing.T) []byte {
 	t.Helper()
 	var out []byte
-	for i, op := range goldenOps() {
+	for i, op := range opGoldenOps() {
 		e, err := FromOp(op)
 		require.NoError(t, err)
 		e.Seq, e.Term = uint64(i+1), 1
@@ -146,16 +146,17 @@ func goldenBytes(t *testing.T) []byte {
 
 // TestOpGolden decodes entries written by this format's first encoder
 // (testdata/ops.golden, one per kind) and checks the encoder still writes
-// the same bytes: a change of the persisted format fails here.
+// the same bytes: a change of the persisted format fails here. An added
+// field or kind: go test -run TestOpGolden -update-op-golden, and review.
 func TestOpGolden(t *testing.T) {
 	const path = "testdata/ops.golden"
-	if *update {
+	if *updateOpGolden {
 		require.NoError(t, os.MkdirAll("testdata", 0o755))
-		require.NoError(t, os.WriteFile(path, goldenBytes(t), 0o644))
+		require.NoError(t, os.WriteFile(path, opGoldenBytes(t), 0o644))
 	}
 	b, err := os.ReadFile(path)
 	require.NoError(t, err)
-	want := goldenOps()
+	want := opGoldenOps()
 	kinds := map[master.OpKind]bool{}
 	rest := b
 	for i := 0; len(rest) > 0; i++ {
@@ -171,7 +172,7 @@ func TestOpGolden(t *testing.T) {
 		kinds[op.Kind] = true
 	}
 	require.Len(t, kinds, int(maxKind), "the golden file covers every kind")
-	require.True(t, bytes.Equal(b, goldenBytes(t)), "the encoder no longer writes %s (a format change: add fields, never change them)", path)
+	require.True(t, bytes.Equal(b, opGoldenBytes(t)), "the encoder no longer writes %s (a format change: add fields, never change them)", path)
 }
 
 // TestOpMissingFields: a payload written before a field existed (here

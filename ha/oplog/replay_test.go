@@ -20,21 +20,21 @@ import (
 	"github.com/crescent-kv/crescent/store/master"
 )
 
-// tee records every op the master logs and hands it on.
-type tee struct {
+// opTee records every op the master logs and hands it on.
+type opTee struct {
 	mu   sync.Mutex
 	ops  []*master.Op
 	next master.OpSink
 }
 
-func (t *tee) Append(op *master.Op) {
+func (t *opTee) Append(op *master.Op) {
 	t.mu.Lock()
 	t.ops = append(t.ops, op)
 	t.mu.Unlock()
 	t.next.Append(op)
 }
 
-func dump(t *testing.T, m *master.Master) string {
+func dumpMaster(t *testing.T, m *master.Master) string {
 	t.Helper()
 	var b bytes.Buffer
 	require.NoError(t, m.DumpState(&b))
@@ -214,8 +214,8 @@ func driveMaster(t *testing.T, m *master.Master, clk *clock.Fake, seed uint64, s
 	}
 }
 
-// normal is op with empty lists as nil (the codec omits them).
-func normal(op *master.Op) *master.Op {
+// normalOp is op with empty lists as nil (the codec omits them).
+func normalOp(op *master.Op) *master.Op {
 	c := *op
 	if len(c.Segments) == 0 {
 		c.Segments = nil
@@ -248,7 +248,7 @@ func TestSinkReplay(t *testing.T) {
 			st := newMemStore()
 			sink, err := NewSink(ctx, st, SinkConfig{Term: 3})
 			require.NoError(t, err)
-			rec := &tee{next: sink}
+			rec := &opTee{next: sink}
 			clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 			m, err := master.New(master.Config{Shards: 8, Clock: clk, OpLog: rec, Seed: 1})
 			require.NoError(t, err)
@@ -260,7 +260,7 @@ func TestSinkReplay(t *testing.T) {
 			checkpoint := func() {
 				seq := sink.Appended()
 				require.NoError(t, sink.WaitDurable(ctx, seq))
-				snaps = append(snaps, snap{seq, dump(t, m)})
+				snaps = append(snaps, snap{seq, dumpMaster(t, m)})
 			}
 			driveMaster(t, m, clk, seed, 6000, checkpoint)
 			checkpoint()
@@ -283,11 +283,11 @@ func TestSinkReplay(t *testing.T) {
 					require.NoError(t, e.Verify())
 					op, err := DecodeOp(&e)
 					require.NoError(t, err, "seq %d", e.Seq)
-					require.Equal(t, normal(rec.ops[done]), op, "seq %d", e.Seq)
+					require.Equal(t, normalOp(rec.ops[done]), op, "seq %d", e.Seq)
 					kinds[op.Kind]++
 					require.NoError(t, standby.Replay(op), "seq %d (%v %q)", e.Seq, op.Kind, op.Key)
 				}
-				require.Equal(t, sn.dump, dump(t, standby), "after %d entries", sn.seq)
+				require.Equal(t, sn.dump, dumpMaster(t, standby), "after %d entries", sn.seq)
 			}
 			require.Equal(t, len(es), done)
 			for k := master.OpPutStart; k <= maxKind; k++ {

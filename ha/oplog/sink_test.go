@@ -169,20 +169,20 @@ func TestMemStore(t *testing.T) {
 	require.Equal(t, uint64(2), last)
 }
 
-// testCtx bounds a wait so that a broken sink fails the test instead of
+// sinkTestCtx bounds a wait so that a broken sink fails the test instead of
 // hanging it.
-func testCtx(t *testing.T) context.Context {
+func sinkTestCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	return ctx
 }
 
-func testOp(i int) *master.Op {
+func sinkOp(i int) *master.Op {
 	return &master.Op{Kind: master.OpPutStart, Time: int64(i), Key: fmt.Sprintf("key-%d", i),
 		Client: master.UUID{Hi: 1, Lo: uint64(i)}, Size: 100, Segments: []uint32{0}, Addrs: []uint64{uint64(i) << 12}, Gen: uint64(i + 1)}
 }
 
-func newTestSink(t *testing.T, st Store, cfg SinkConfig) *Sink {
+func newSinkForTest(t *testing.T, st Store, cfg SinkConfig) *Sink {
 	t.Helper()
 	s, err := NewSink(context.Background(), st, cfg)
 	require.NoError(t, err)
@@ -204,14 +204,14 @@ func newTestSink(t *testing.T, st Store, cfg SinkConfig) *Sink {
 // Append, numbered from 1 with no gap, and decode to what was appended.
 func TestSinkGroupCommit(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := testCtx(t)
+	ctx := sinkTestCtx(t)
 	st := newMemStore()
 	release := st.hold()
-	s := newTestSink(t, st, SinkConfig{Term: 7})
-	s.Append(testOp(0))
+	s := newSinkForTest(t, st, SinkConfig{Term: 7})
+	s.Append(sinkOp(0))
 	<-st.entered // the first Append is under way with one entry
 	for i := 1; i < 50; i++ {
-		s.Append(testOp(i))
+		s.Append(sinkOp(i))
 	}
 	require.Equal(t, uint64(50), s.Appended())
 	require.Equal(t, uint64(0), s.Durable())
@@ -228,7 +228,7 @@ func TestSinkGroupCommit(t *testing.T) {
 		require.NoError(t, e.Verify())
 		op, err := DecodeOp(&e)
 		require.NoError(t, err)
-		require.Equal(t, testOp(i), op)
+		require.Equal(t, sinkOp(i), op)
 	}
 }
 
@@ -236,18 +236,18 @@ func TestSinkGroupCommit(t *testing.T) {
 // after them.
 func TestSinkContinuesLog(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := testCtx(t)
+	ctx := sinkTestCtx(t)
 	st := newMemStore()
-	s := newTestSink(t, st, SinkConfig{})
+	s := newSinkForTest(t, st, SinkConfig{})
 	for i := range 3 {
-		s.Append(testOp(i))
+		s.Append(sinkOp(i))
 	}
 	require.NoError(t, s.Close())
-	s = newTestSink(t, st, SinkConfig{})
+	s = newSinkForTest(t, st, SinkConfig{})
 	require.Equal(t, uint64(3), s.Appended())
 	require.Equal(t, uint64(3), s.Durable())
 	require.NoError(t, s.WaitDurable(ctx, 3))
-	s.Append(testOp(3))
+	s.Append(sinkOp(3))
 	require.NoError(t, s.WaitDurable(ctx, 4))
 	require.NoError(t, s.Close())
 	require.Len(t, st.all(t), 4)
@@ -258,20 +258,20 @@ func TestSinkContinuesLog(t *testing.T) {
 // dropped.
 func TestSinkFailStop(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := testCtx(t)
+	ctx := sinkTestCtx(t)
 	st := newMemStore()
-	s := newTestSink(t, st, SinkConfig{})
-	s.Append(testOp(0))
+	s := newSinkForTest(t, st, SinkConfig{})
+	s.Append(sinkOp(0))
 	require.NoError(t, s.WaitDurable(ctx, 1))
 	boom := errors.New("disk on fire")
 	st.mu.Lock()
 	st.failNext = boom
 	st.mu.Unlock()
-	s.Append(testOp(1))
+	s.Append(sinkOp(1))
 	require.ErrorIs(t, s.WaitDurable(ctx, 2), boom)
 	require.ErrorIs(t, s.Failed(), boom)
 	require.NoError(t, s.WaitDurable(ctx, 1))
-	s.Append(testOp(2))
+	s.Append(sinkOp(2))
 	require.Equal(t, uint64(3), s.Appended(), "a dropped op is numbered")
 	require.ErrorIs(t, s.WaitDurable(ctx, 3), boom)
 	require.Equal(t, uint64(1), s.Durable())
@@ -285,7 +285,7 @@ func TestSinkFailStop(t *testing.T) {
 // encode, after a full queue, after Close.
 func TestSinkNoAckAfterFailure(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := testCtx(t)
+	ctx := sinkTestCtx(t)
 	for _, tc := range []struct {
 		name string
 		fail func(t *testing.T, s *Sink, st *memStore)
@@ -294,8 +294,8 @@ func TestSinkNoAckAfterFailure(t *testing.T) {
 		{"bad op", func(_ *testing.T, s *Sink, _ *memStore) { s.Append(&master.Op{Kind: 200}) }, ErrBadOp},
 		{"queue full", func(t *testing.T, s *Sink, st *memStore) {
 			release := st.hold()
-			s.Append(testOp(1)) // being written, holds the one place
-			s.Append(testOp(2)) // waits, then fails
+			s.Append(sinkOp(1)) // being written, holds the one place
+			s.Append(sinkOp(2)) // waits, then fails
 			release()
 			// The one being written still lands (WaitDurable would
 			// already report the failure for it).
@@ -303,17 +303,17 @@ func TestSinkNoAckAfterFailure(t *testing.T) {
 		}, ErrQueueFull},
 		{"closed", func(t *testing.T, s *Sink, _ *memStore) {
 			require.NoError(t, s.Close())
-			s.Append(testOp(1))
+			s.Append(sinkOp(1))
 		}, ErrClosed},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newMemStore()
-			s := newTestSink(t, st, SinkConfig{Queue: 1, FullDelay: 20 * time.Millisecond})
-			s.Append(testOp(0))
+			s := newSinkForTest(t, st, SinkConfig{Queue: 1, FullDelay: 20 * time.Millisecond})
+			s.Append(sinkOp(0))
 			require.NoError(t, s.WaitDurable(ctx, s.Appended()))
 			tc.fail(t, s, st)
 			require.ErrorIs(t, s.WaitDurable(ctx, s.Appended()), tc.want)
-			s.Append(testOp(3)) // dropped too
+			s.Append(sinkOp(3)) // dropped too
 			require.ErrorIs(t, s.WaitDurable(ctx, s.Appended()), tc.want)
 			st.mu.Lock()
 			release := st.release
@@ -332,11 +332,11 @@ func TestSinkNoAckAfterFailure(t *testing.T) {
 func TestSinkBadOp(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	st := newMemStore()
-	s := newTestSink(t, st, SinkConfig{})
+	s := newSinkForTest(t, st, SinkConfig{})
 	s.Append(&master.Op{Kind: 200})
 	require.ErrorIs(t, s.Failed(), ErrBadOp)
 	require.Equal(t, uint64(1), s.Appended())
-	require.ErrorIs(t, s.WaitDurable(testCtx(t), 1), ErrBadOp)
+	require.ErrorIs(t, s.WaitDurable(sinkTestCtx(t), 1), ErrBadOp)
 	require.ErrorIs(t, s.Close(), ErrBadOp)
 }
 
@@ -346,16 +346,16 @@ func TestSinkQueueFullFails(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	st := newMemStore()
 	release := st.hold()
-	s := newTestSink(t, st, SinkConfig{Queue: 4, FullDelay: 20 * time.Millisecond})
+	s := newSinkForTest(t, st, SinkConfig{Queue: 4, FullDelay: 20 * time.Millisecond})
 	for i := range 4 {
-		s.Append(testOp(i))
+		s.Append(sinkOp(i))
 	}
 	require.NoError(t, s.Failed())
-	s.Append(testOp(4)) // waits, then fails
+	s.Append(sinkOp(4)) // waits, then fails
 	require.ErrorIs(t, s.Failed(), ErrQueueFull)
 	require.Equal(t, uint64(5), s.Appended())
-	require.ErrorIs(t, s.WaitDurable(testCtx(t), 5), ErrQueueFull)
-	require.ErrorIs(t, s.WaitDurable(testCtx(t), 1), ErrQueueFull)
+	require.ErrorIs(t, s.WaitDurable(sinkTestCtx(t), 5), ErrQueueFull)
+	require.ErrorIs(t, s.WaitDurable(sinkTestCtx(t), 1), ErrQueueFull)
 	release()
 	require.ErrorIs(t, s.Close(), ErrQueueFull)
 }
@@ -364,17 +364,17 @@ func TestSinkQueueFullFails(t *testing.T) {
 // store catches up.
 func TestSinkQueueFullWaits(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := testCtx(t)
+	ctx := sinkTestCtx(t)
 	st := newMemStore()
 	release := st.hold()
-	s := newTestSink(t, st, SinkConfig{Queue: 4, FullDelay: time.Hour})
+	s := newSinkForTest(t, st, SinkConfig{Queue: 4, FullDelay: time.Hour})
 	for i := range 4 {
-		s.Append(testOp(i))
+		s.Append(sinkOp(i))
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.Append(testOp(4))
+		s.Append(sinkOp(4))
 	}()
 	release()
 	<-done
@@ -388,10 +388,10 @@ func TestSinkByteBound(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	st := newMemStore()
 	release := st.hold()
-	s := newTestSink(t, st, SinkConfig{Bytes: 10, FullDelay: 20 * time.Millisecond})
-	s.Append(testOp(0)) // bigger than 10 bytes, alone: in
+	s := newSinkForTest(t, st, SinkConfig{Bytes: 10, FullDelay: 20 * time.Millisecond})
+	s.Append(sinkOp(0)) // bigger than 10 bytes, alone: in
 	require.NoError(t, s.Failed())
-	s.Append(testOp(1))
+	s.Append(sinkOp(1))
 	require.ErrorIs(t, s.Failed(), ErrQueueFull)
 	release()
 	require.ErrorIs(t, s.Close(), ErrQueueFull)
@@ -402,18 +402,18 @@ func TestSinkWaitDurableContext(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	st := newMemStore()
 	release := st.hold()
-	s := newTestSink(t, st, SinkConfig{})
-	s.Append(testOp(0))
-	ctx, cancel := context.WithCancel(testCtx(t))
+	s := newSinkForTest(t, st, SinkConfig{})
+	s.Append(sinkOp(0))
+	ctx, cancel := context.WithCancel(sinkTestCtx(t))
 	cancel()
 	require.ErrorIs(t, s.WaitDurable(ctx, 1), context.Canceled)
 	release()
-	require.NoError(t, s.WaitDurable(testCtx(t), 1))
+	require.NoError(t, s.WaitDurable(sinkTestCtx(t), 1))
 	require.NoError(t, s.Close())
 	// After Close nothing is written: a later op's seq is an error.
-	s.Append(testOp(1))
+	s.Append(sinkOp(1))
 	require.Equal(t, uint64(2), s.Appended())
-	require.ErrorIs(t, s.WaitDurable(testCtx(t), 2), ErrClosed)
+	require.ErrorIs(t, s.WaitDurable(sinkTestCtx(t), 2), ErrClosed)
 	require.Len(t, st.all(t), 1)
 }
 
@@ -421,16 +421,16 @@ func TestSinkWaitDurableContext(t *testing.T) {
 // and all durable; MaxBatch bounds each Append.
 func TestSinkConcurrent(t *testing.T) {
 	defer goleak.VerifyNone(t)
-	ctx := testCtx(t)
+	ctx := sinkTestCtx(t)
 	st := newMemStore()
-	s := newTestSink(t, st, SinkConfig{MaxBatch: 7, Queue: 16})
+	s := newSinkForTest(t, st, SinkConfig{MaxBatch: 7, Queue: 16})
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range 200 {
-				s.Append(testOp(g*1000 + i))
+				s.Append(sinkOp(g*1000 + i))
 				if i%50 == 0 {
 					if err := s.WaitDurable(ctx, s.Appended()); err != nil {
 						t.Error(err)
