@@ -242,7 +242,7 @@ func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
 		}
 		if s.closed && len(s.queue) == 0 && s.held == 0 {
 			s.mu.Unlock()
-			return fmt.Errorf("%w: seq %d never appended", ErrClosed, seq)
+			return fmt.Errorf("%w: seq %d not written", ErrClosed, seq)
 		}
 		ch := s.changed
 		s.mu.Unlock()
