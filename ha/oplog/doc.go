@@ -28,4 +28,57 @@
 // Entry msgp layout (a map, field names as keys, in this order):
 // "seq" uint64, "term" uint64, "time" int64 (unix ns), "kind" uint8,
 // "key" string, "payload" bin, "crc" uint32.
+//
+// # Op payload
+//
+// An entry is one master.Op (opcodec.go: EncodeOp/FromOp, DecodeOp/ToOp):
+// Kind is the master.OpKind (1 PutStart ... 18 ClientLeft; values never
+// change), Time the op's Time, Key its Key, and Payload a msgp map
+// (opcodec_gen.go) of the other fields. Zero fields are omitted, and a
+// field missing from a payload (written before the field existed)
+// decodes as its zero value; a new field gets a new name, and a name is
+// never reused or retyped. Names and types:
+//
+//	"c_hi", "c_lo" uint64     Client (UUID halves)
+//	"size" uint64             Size
+//	"soft" bool, "soft_ttl" int64 (ns), "hard" bool   pins
+//	"segs" [uint32], "addrs" [uint64]   Segments, Addrs (at most 255 each)
+//	"segment" map             Segment (alloc.Segment): "id_hi", "id_lo" uint64,
+//	                          "name" string, "base", "size" uint64, "c_hi", "c_lo"
+//	                          uint64 (Client), "proto" string, "te" string (TEEndpoint)
+//	"block" map               Block (master.BlockMeta): "hashes" [uint64] (at most
+//	                          65536), "has_parent" bool, "parent" uint64, "tokens"
+//	                          [uint32] (at most 1048576), "block_size" uint32,
+//	                          "has_lora" bool, "lora_id" int64, "lora_name" string
+//	"id" uint64               ID (reservation)
+//	"gen" uint64              Gen (put generation)
+//
+// Decoding refuses (ErrBadOp) an unknown kind, a field name it does not
+// know (a newer writer's: replaying half an op would diverge silently), a
+// list over its limit (before allocating it) and trailing bytes.
+// testdata/ops.golden holds one entry per kind written by the first
+// encoder; the tests decode it and check the encoder still writes it.
+//
+// # Sink
+//
+// Sink is the master.OpSink that feeds a Store. Append (called under the
+// master's locks, so in a valid serialisation order) gives the op the
+// next seq after the store's LastSeq, encodes and seals it and queues it;
+// one goroutine hands everything queued (at most SinkConfig.MaxBatch) to
+// one Store.Append: group commit. Appended and Durable are the last seq
+// numbered and made durable; WaitDurable(ctx, seq) is how an RPC answers
+// only once its op is durable (wait for Appended() read after the master
+// call returned).
+//
+// The queue holds at most SinkConfig.Queue entries (default 65536) and
+// Bytes bytes of keys and payloads (default 64 MiB), counting the batch
+// being written. A full queue blocks Append for at most FullDelay
+// (default 5 s): a short stall of the store slows the master down instead
+// of failing it, but the master's locks are never held longer; past it the
+// sink fails with ErrQueueFull. The sink is fail-stop: after a Store
+// error, an op that does not encode, or ErrQueueFull, Failed returns the
+// error, new ops still get a seq but are dropped, and WaitDurable returns
+// the error for every seq not yet durable, so nothing more is
+// acknowledged (a handler waiting for Appended() after its call never
+// gets nil for an op that was dropped).
 package oplog

@@ -1,0 +1,270 @@
+package oplog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// Sink defaults.
+const (
+	DefaultSinkQueue     = 1 << 16  // entries queued or being written
+	DefaultSinkBytes     = 64 << 20 // their payload and key bytes
+	DefaultSinkFullDelay = 5 * time.Second
+)
+
+// ErrQueueFull is the failure of a Sink whose queue stayed full for
+// SinkConfig.FullDelay: the store takes far longer than the master
+// produces, and holding the master's locks longer would stall every
+// reader of the keys involved.
+var ErrQueueFull = errors.New("oplog: sink queue full")
+
+// SinkConfig configures a Sink.
+type SinkConfig struct {
+	Term uint64 // written with every Append
+	// Queue and Bytes bound what is queued or being written (entries, and
+	// the bytes of their keys and payloads); 0 = the defaults.
+	Queue int
+	Bytes int
+	// FullDelay is how long Append waits for room in a full queue before
+	// the sink fails (ErrQueueFull); 0 = DefaultSinkFullDelay.
+	FullDelay time.Duration
+	// MaxBatch bounds the entries of one Store.Append; 0 = all queued.
+	MaxBatch int
+}
+
+// Sink is a master.OpSink that logs every op to a Store: Append numbers
+// the op (the next seq), encodes and seals it and queues it; one
+// goroutine hands all that is queued to Store.Append at once (group
+// commit). WaitDurable tells an RPC handler when its op is durable.
+//
+// Append blocks only when the queue is full, for at most FullDelay; then,
+// as after any Store error or an op that does not encode, the sink is
+// failed (fail-stop): nothing more is written, later ops still get a seq
+// but are dropped, and WaitDurable returns the error for every seq not
+// yet durable.
+type Sink struct {
+	store Store
+	cfg   SinkConfig
+
+	mu      sync.Mutex
+	queue   []Entry // numbered, not yet handed to the store
+	held    int     // entries queued or being written
+	bytes   int     // their bytes
+	next    uint64  // the seq the next op gets
+	failed  error
+	closed  bool
+	changed chan struct{} // closed and replaced when durable, failed or room changes
+	kick    chan struct{}
+
+	appended atomic.Uint64
+	durable  atomic.Uint64
+	done     chan struct{}
+}
+
+// NewSink returns a Sink writing after the store's last seq.
+func NewSink(ctx context.Context, st Store, cfg SinkConfig) (*Sink, error) {
+	last, err := st.LastSeq(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("oplog: sink: last seq: %w", err)
+	}
+	if cfg.Queue <= 0 {
+		cfg.Queue = DefaultSinkQueue
+	}
+	if cfg.Bytes <= 0 {
+		cfg.Bytes = DefaultSinkBytes
+	}
+	if cfg.FullDelay <= 0 {
+		cfg.FullDelay = DefaultSinkFullDelay
+	}
+	s := &Sink{store: st, cfg: cfg, next: last + 1, changed: make(chan struct{}),
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
+	s.appended.Store(last)
+	s.durable.Store(last)
+	go s.run()
+	return s, nil
+}
+
+// Append implements master.OpSink.
+func (s *Sink) Append(op *master.Op) {
+	e, err := FromOp(op)
+	size := len(e.Key) + len(e.Payload)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed != nil || s.closed {
+		s.drop()
+		return
+	}
+	if err != nil {
+		s.fail(fmt.Errorf("oplog: sink: op seq %d: %w", s.next, err))
+		s.drop()
+		return
+	}
+	var deadline *time.Timer
+	for s.held >= s.cfg.Queue || s.held > 0 && s.bytes+size > s.cfg.Bytes {
+		if deadline == nil {
+			deadline = time.NewTimer(s.cfg.FullDelay)
+			defer deadline.Stop()
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+			s.mu.Lock()
+		case <-deadline.C:
+			s.mu.Lock()
+			if s.failed == nil {
+				s.fail(fmt.Errorf("%w: %d entries, %d bytes for %v", ErrQueueFull, s.held, s.bytes, s.cfg.FullDelay))
+			}
+		}
+		if s.failed != nil || s.closed {
+			s.drop()
+			return
+		}
+	}
+	e.Seq, e.Term = s.next, s.cfg.Term
+	e.Seal()
+	s.next++
+	s.queue = append(s.queue, e)
+	s.held++
+	s.bytes += size
+	s.appended.Store(e.Seq)
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// drop numbers an op that is not written (the sink failed or closed): a
+// handler waiting for Appended() then gets the failure, never a nil for
+// an earlier, durable seq. s.mu is held.
+func (s *Sink) drop() {
+	s.appended.Store(s.next)
+	s.next++
+}
+
+// fail records the first failure. s.mu is held.
+func (s *Sink) fail(err error) {
+	if s.failed == nil {
+		s.failed = err
+	}
+	for i := range s.queue { // dropped, never written
+		s.bytes -= len(s.queue[i].Key) + len(s.queue[i].Payload)
+	}
+	s.held -= len(s.queue)
+	s.queue = nil
+	s.broadcast()
+}
+
+func (s *Sink) broadcast() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// run writes what is queued, a batch at a time, until Close.
+func (s *Sink) run() {
+	defer close(s.done)
+	for range s.kick {
+		for {
+			s.mu.Lock()
+			if s.failed != nil || len(s.queue) == 0 {
+				stop := s.closed
+				s.mu.Unlock()
+				if stop {
+					return
+				}
+				break
+			}
+			n := len(s.queue)
+			if s.cfg.MaxBatch > 0 && n > s.cfg.MaxBatch {
+				n = s.cfg.MaxBatch
+			}
+			batch := s.queue[:n:n]
+			s.queue = s.queue[n:]
+			s.mu.Unlock()
+
+			err := s.store.Append(context.Background(), s.cfg.Term, batch)
+			bytes := 0
+			for i := range batch {
+				bytes += len(batch[i].Key) + len(batch[i].Payload)
+			}
+			s.mu.Lock()
+			s.held -= len(batch)
+			s.bytes -= bytes
+			if err != nil {
+				s.fail(fmt.Errorf("oplog: sink: append seqs %d-%d: %w", batch[0].Seq, batch[len(batch)-1].Seq, err))
+			} else {
+				s.durable.Store(batch[len(batch)-1].Seq)
+				s.broadcast()
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+// Appended is the last seq given to an op; Durable the last one the store
+// made durable.
+func (s *Sink) Appended() uint64 { return s.appended.Load() }
+
+// Durable is the last durable seq.
+func (s *Sink) Durable() uint64 { return s.durable.Load() }
+
+// Failed is the error that stopped the sink, or nil.
+func (s *Sink) Failed() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.failed
+}
+
+// WaitDurable returns nil once seq is durable, the sink's failure if it
+// failed first, or ctx's error. A handler waits for Appended() as read
+// after its master call returned: that covers its ops (and maybe a few
+// more).
+func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
+	for {
+		if s.durable.Load() >= seq {
+			return nil
+		}
+		s.mu.Lock()
+		if s.durable.Load() >= seq {
+			s.mu.Unlock()
+			return nil
+		}
+		if s.failed != nil {
+			err := s.failed
+			s.mu.Unlock()
+			return err
+		}
+		if s.closed && len(s.queue) == 0 && s.held == 0 {
+			s.mu.Unlock()
+			return fmt.Errorf("%w: seq %d not written", ErrClosed, seq)
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Close stops taking ops, writes what is queued and stops; it returns the
+// sink's failure, if any. It does not close the store, and waits for a
+// Store.Append under way (a store that hangs hangs Close).
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.kick)
+		s.broadcast()
+	}
+	s.mu.Unlock()
+	<-s.done
+	return s.Failed()
+}
