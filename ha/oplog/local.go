@@ -416,6 +416,12 @@ func checkHeader(h []byte, first uint64) error {
 	if v := binary.LittleEndian.Uint32(h[8:]); v != segVersion {
 		return fmt.Errorf("format version %d, this build reads %d", v, segVersion)
 	}
+	if n := binary.LittleEndian.Uint32(h[12:]); n != segHeaderLen {
+		return fmt.Errorf("header length %d, want %d", n, segHeaderLen)
+	}
+	if z := binary.LittleEndian.Uint32(h[24:]); z != 0 {
+		return fmt.Errorf("reserved header bytes %#x, want 0", z)
+	}
 	if got := binary.LittleEndian.Uint64(h[16:]); got != first {
 		return fmt.Errorf("header first seq %d, file name says %d", got, first)
 	}
