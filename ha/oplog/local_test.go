@@ -450,11 +450,20 @@ func TestLocalTornTail(t *testing.T) {
 	check := func(t *testing.T, dir string, wantLast uint64) {
 		t.Helper()
 		l := openT(t, dir, LocalOptions{Logger: discard()})
-		defer l.Close()
 		require.Equal(t, wantLast, lastSeq(t, l))
 		checkEntries(t, readAll(t, l, 1), 1, 100)
 		// The log goes on from there, with other bytes for the torn seq.
-		require.NoError(t, l.Append(ctx, 1, mkEntries(wantLast+1, 1, 1, 100)))
+		next := mkEntries(wantLast+1, 1, 1, 100)
+		next[0].Key += "/new"
+		next[0].Seal()
+		require.NoError(t, l.Append(ctx, 1, next))
+		require.NoError(t, l.Close())
+		l = openT(t, dir, LocalOptions{})
+		defer l.Close()
+		all := readAll(t, l, 1)
+		require.Len(t, all, int(wantLast)+1)
+		checkEntries(t, all[:wantLast], 1, 100)
+		assert.Equal(t, next[0], all[wantLast])
 	}
 	t.Run("every cut", func(t *testing.T) {
 		for cut := lastOff; cut < int64(len(seg)); cut++ {
