@@ -347,7 +347,10 @@ func (l *Local) scanSegment(first uint64, isLast bool) (*segment, error) {
 				f.Close()
 				return nil, fmt.Errorf("segment %s offset %d: %w", path, off, err)
 			}
-		} else if isLast && l.tornTail(f, off, fsize, rr, err) {
+		} else if torn, terr := l.isTorn(isLast, f, off, fsize, s.last); terr != nil {
+			f.Close()
+			return nil, terr
+		} else if torn {
 			l.log.Warn("oplog: truncating a torn tail", "file", path, "offset", off, "dropped_bytes", fsize-off, "cause", err, "last_seq", s.last)
 			wf, err := l.fs.OpenFile(path, os.O_WRONLY, 0)
 			if err == nil {
@@ -379,31 +382,35 @@ func (l *Local) scanSegment(first uint64, isLast bool) (*segment, error) {
 	return s, nil
 }
 
-// tornTail says whether a bad record at off in the last segment is a torn
-// write: it runs past the end of the file, or it is the last record and
-// its checksum fails, or everything from it on is zeros (space the file
-// system extended but never wrote). Anything else is corruption.
-func (l *Local) tornTail(f vfs.File, off, fsize int64, rr *recReader, err error) bool {
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return true
+// isTorn says whether a bad record at off in the last segment is a torn
+// write: no valid record (its CRC holds, it decodes, its seq is past
+// last) starts anywhere after it. A torn write only loses the unsynced
+// end; a valid record behind the damage means acknowledged entries
+// follow it, which is corruption, never a tail to cut (a flipped length
+// byte must not silently drop the rest of the segment).
+func (l *Local) isTorn(isLast bool, f vfs.File, off, fsize int64, last uint64) (bool, error) {
+	if !isLast {
+		return false, nil
 	}
-	if errors.Is(err, errRecCRC) && rr.off == fsize {
-		return true
+	rest := make([]byte, fsize-off)
+	if _, err := f.ReadAt(rest, off); err != nil && err != io.EOF {
+		return false, fmt.Errorf("oplog: %w", err)
 	}
-	buf := make([]byte, 64<<10)
-	for p := off; p < fsize; {
-		n, rerr := f.ReadAt(buf[:min(int64(len(buf)), fsize-p)], p)
-		for _, b := range buf[:n] {
-			if b != 0 {
-				return false
-			}
+	for p := 1; p+recOverhead < len(rest); p++ {
+		n := int(binary.LittleEndian.Uint32(rest[p:]))
+		if n == 0 || n > maxRecord || n > len(rest)-p-recOverhead {
+			continue
 		}
-		p += int64(n)
-		if rerr != nil && p < fsize {
-			return false
+		rec := rest[p : p+n+recOverhead]
+		if crc32.Checksum(rec[:n+4], castagnoli) != binary.LittleEndian.Uint32(rec[n+4:]) {
+			continue
+		}
+		var e Entry
+		if decodeRecord(rec, &e) == nil && e.Seq > last {
+			return false, nil
 		}
 	}
-	return true
+	return true, nil
 }
 
 func checkHeader(h []byte, first uint64) error {
@@ -948,6 +955,16 @@ func (s *segment) unref() {
 	}
 }
 
+func (s *segment) retire() {
+	s.refMu.Lock()
+	s.dead = true
+	c := s.refs == 0
+	s.refMu.Unlock()
+	if c {
+		s.rf.Close()
+	}
+}
+
 func (l *Local) firstLocked() uint64 {
 	return max(l.compacted, l.segs[0].first, 1)
 }
@@ -1006,13 +1023,7 @@ func (l *Local) Compact(ctx context.Context, before uint64) error {
 		if rerr := l.fs.Remove(s.path); rerr != nil && err == nil {
 			err = rerr // left for the next open to finish
 		}
-		s.refMu.Lock()
-		s.dead = true
-		c := s.refs == 0
-		s.refMu.Unlock()
-		if c {
-			s.rf.Close()
-		}
+		s.retire()
 	}
 	if len(gone) > 0 {
 		if serr := l.fs.SyncDir(l.dir); serr != nil && err == nil {
@@ -1075,11 +1086,12 @@ func (l *Local) closeFiles() error {
 		err = l.w.f.Close()
 	}
 	l.mu.Lock()
-	for _, s := range l.segs {
-		s.rf.Close()
-	}
+	segs := l.segs
 	l.segs = nil
 	l.mu.Unlock()
+	for _, s := range segs {
+		s.retire() // a Read still in it closes it when done
+	}
 	if l.lock != nil {
 		if cerr := l.lock.Close(); err == nil {
 			err = cerr
