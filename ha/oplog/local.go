@@ -549,6 +549,9 @@ func (l *Local) AppendAsync(ctx context.Context, term uint64, entries []Entry) (
 	if p := l.failed.Load(); p != nil {
 		return nil, failedErr(*p)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	r := &request{term: term, first: entries[0].Seq, last: entries[len(entries)-1].Seq, done: make(chan error, 1)}
 	size := 0
 	for i := range entries {
