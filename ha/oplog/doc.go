@@ -79,12 +79,16 @@
 //
 // Recovery at open: META is read, segments wholly below the compaction
 // point are removed (finishing an interrupted Compact), and every record
-// of every segment is verified. In the last segment a torn tail is
-// truncated (and logged): a record that runs past the end of the file, a
-// last record whose CRC fails, or a region of zeros up to the end; a last
-// segment shorter than its header is removed. Any other bad record or
-// header, a seq out of order or a missing segment is ErrCorrupt. The
-// highest term is the larger of META's and the entries'.
+// of every segment is verified. In the last segment a bad record (cut
+// short by the end of the file, a failing CRC, a length out of range) is
+// a torn tail, truncated and logged, when no valid record (CRC holds, it
+// decodes, its seq is later) starts anywhere after it; with one after it
+// acknowledged entries follow the damage and it is ErrCorrupt (this can
+// also refuse an unsynced batch whose middle the disk lost: fail closed,
+// never a silent loss). A last segment shorter than its header is
+// removed. A bad record in any other segment, a bad header, a seq out of
+// order or a missing segment is ErrCorrupt. The highest term is the
+// larger of META's and the entries'.
 //
 // Local specifics of the contract: Append refusals that write nothing
 // (a bad entry, a gap, a canceled context before queueing) do not fail
