@@ -81,4 +81,74 @@
 // the error for every seq not yet durable, so nothing more is
 // acknowledged (a handler waiting for Appended() after its call never
 // gets nil for an op that was dropped).
+//
+// # Local files (OpenLocal)
+//
+// A data directory holds segment files, a META file and a LOCK file.
+// All integers are little-endian; every CRC is CRC32C (Castagnoli).
+//
+// Segment file "<first seq as 20 decimal digits>.log", e.g.
+// 00000000000000000001.log. A 32-byte header:
+//
+//	offset size field
+//	0      8    magic "CRSOPLOG"
+//	8      4    format version, uint32 = 1
+//	12     4    header length, uint32 = 32
+//	16     8    first seq, uint64 (equals the file name)
+//	24     4    reserved, zero
+//	28     4    CRC of bytes 0..27
+//
+// then records back to back up to the end of the file:
+//
+//	offset size  field
+//	0      4     L, uint32: length of the entry; 1 <= L <= MaxKey+MaxPayload+256
+//	4      L     the Entry, msgp-encoded (layout above, its own crc included)
+//	4+L    4     CRC of bytes 0..4+L-1 (length and entry)
+//
+// The records of a segment carry consecutive seqs from its first seq;
+// the next segment starts at the seq after the last one of the previous.
+// A new segment is created (header written, fdatasync, directory fsync)
+// before any record goes into it, when the active one would pass
+// LocalOptions.SegmentBytes; one Append never straddles two segments.
+//
+// META (32 bytes), replaced atomically (META.tmp, fdatasync, rename,
+// directory fsync):
+//
+//	0  8  magic "CRSOMETA"
+//	8  4  format version, uint32 = 1
+//	12 8  compaction point, uint64: seqs below it are gone (0: none)
+//	20 8  highest term, uint64, written before the first entry of a term
+//	28 4  CRC of bytes 0..27
+//
+// LOCK is empty; an OpenLocal holds flock(LOCK_EX|LOCK_NB) on it until
+// Close, so a second master on the same directory gets ErrLocked.
+//
+// Writing: one goroutine takes every queued Append (bounded by
+// MaxQueuedBytes/MaxQueuedEntries: callers block beyond), checks each in
+// order (term, gap, resend), appends their records with one write and
+// one fdatasync, then answers them all. A failed write or fdatasync is
+// never retried (after a failed fsync the kernel may have dropped the
+// dirty pages): the store is failed from then on.
+//
+// Recovery at open: META is read, segments wholly below the compaction
+// point are removed (finishing an interrupted Compact), and every record
+// of every segment is verified. In the last segment a bad record (cut
+// short by the end of the file, a failing CRC, a length out of range) is
+// a torn tail, truncated and logged, when no valid record (CRC holds, it
+// decodes, its seq is later) starts anywhere after it; with one after it
+// acknowledged entries follow the damage and it is ErrCorrupt (this can
+// also refuse an unsynced batch whose middle the disk lost: fail closed,
+// never a silent loss). A last segment shorter than its header is
+// removed. A bad record in any other segment, a bad header, a seq out of
+// order or a missing segment is ErrCorrupt. The highest term is the
+// larger of META's and the entries'.
+//
+// Local specifics of the contract: Append refusals that write nothing
+// (a bad entry, a gap, a canceled context before queueing) do not fail
+// the store; a resend of persisted seqs with identical bytes succeeds
+// (the new tail, if any, is appended); FirstSeq is LastSeq()+1 when the
+// log holds nothing; Read from 0 reads from 1. AppendAsync queues in call
+// order and returns a channel for the result: producers that assign seqs
+// under a lock call it under that lock and wait outside it, which is how
+// concurrent producers share an fsync.
 package oplog

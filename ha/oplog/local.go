@@ -1,0 +1,1194 @@
+package oplog
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/crescent-kv/crescent/ha/internal/vfs"
+)
+
+// The local format; doc.go has the byte layout.
+const (
+	segMagic     = "CRSOPLOG"
+	segVersion   = 1
+	segHeaderLen = 32
+	segSuffix    = ".log"
+	metaName     = "META"
+	metaMagic    = "CRSOMETA"
+	metaLen      = 32
+	lockName     = "LOCK"
+	recOverhead  = 8 // length + CRC
+	// maxRecord bounds a record's declared length before anything is
+	// allocated: the largest legal entry plus its msgp framing.
+	maxRecord   = MaxKey + MaxPayload + 256
+	indexEvery  = 64 << 10 // a sparse index point per this many bytes
+	maxBatchLen = 8 << 20  // bytes the writer gathers into one write
+)
+
+// ErrLocked is OpenLocal's error when another process (or another
+// OpenLocal in this one) holds the data directory.
+var ErrLocked = errors.New("oplog: data directory in use by another master")
+
+// LocalOptions configure OpenLocal; the zero value is the default.
+type LocalOptions struct {
+	// SegmentBytes rolls to a new segment file once the active one
+	// reaches this size (default 64 MiB).
+	SegmentBytes int64
+	// MaxQueuedBytes and MaxQueuedEntries bound what Append callers may
+	// have waiting for the writer (defaults 32 MiB, 65536): beyond, Append
+	// blocks (backpressure). A single larger Append is let through alone.
+	MaxQueuedBytes   int64
+	MaxQueuedEntries int64
+	Logger           *slog.Logger
+	// FS is the filesystem (default: the OS); tests inject faults here.
+	FS vfs.FS
+}
+
+// FsyncBounds are the upper bounds of LocalStats.FsyncBuckets; the last
+// bucket counts the rest.
+var FsyncBounds = [...]time.Duration{
+	100 * time.Microsecond, 250 * time.Microsecond, 500 * time.Microsecond,
+	time.Millisecond, 2500 * time.Microsecond, 5 * time.Millisecond,
+	10 * time.Millisecond, 25 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 250 * time.Millisecond, time.Second,
+}
+
+// LocalStats are cumulative counters, for metrics.
+type LocalStats struct {
+	Batches      uint64 // group commits (one write + one fdatasync each)
+	Entries      uint64 // entries made durable
+	Bytes        uint64 // record bytes made durable
+	Fsyncs       uint64 // fdatasync calls on segment files
+	FsyncNanos   uint64 // their total duration
+	FsyncBuckets [len(FsyncBounds) + 1]uint64
+	DurableSeq   uint64
+	Failed       bool
+}
+
+// Local is the local-file Store: segment files in one directory, one
+// writer goroutine doing group commit.
+type Local struct {
+	dir  string
+	fs   vfs.FS
+	opts LocalOptions
+	log  *slog.Logger
+	lock io.Closer
+
+	gate gate
+
+	qmu    sync.Mutex
+	queue  []*request
+	kick   chan struct{} // cap 1: the queue has something
+	closed bool
+	done   chan struct{} // the writer has exited
+
+	// mu guards segs, lastSeq, compacted and each segment's published
+	// fields (size, last, index).
+	mu        sync.RWMutex
+	segs      []*segment
+	lastSeq   uint64
+	compacted uint64 // META's compaction point: seqs below are gone
+
+	metaMu   sync.Mutex // serialises META writes (writer, Compact)
+	metaTerm uint64     // META's term
+
+	failed atomic.Pointer[error] // the first write-path error
+
+	// Owned by the writer goroutine.
+	w struct {
+		f       vfs.File // active segment, O_APPEND
+		size    int64    // bytes written to it
+		next    uint64   // next seq to accept
+		maxTerm uint64   // highest term persisted or accepted
+		buf     []byte
+		pending []pendingRec
+		reqs    []*request
+	}
+
+	st struct {
+		batches, entries, bytes, fsyncs, fsyncNanos atomic.Uint64
+		buckets                                     [len(FsyncBounds) + 1]atomic.Uint64
+	}
+}
+
+var _ Store = (*Local)(nil)
+
+type segment struct {
+	first uint64
+	path  string
+	rf    vfs.File // read side
+	size  int64    // durable bytes (header included)
+	last  uint64   // last durable seq in it; first-1 when empty
+	index []indexPoint
+
+	refMu sync.Mutex
+	refs  int
+	dead  bool // removed by Compact: close rf when refs drops to 0
+}
+
+type indexPoint struct {
+	seq uint64
+	off int64
+}
+
+type pendingRec struct {
+	seq uint64
+	off int64 // in the active segment
+}
+
+type request struct {
+	term        uint64
+	first, last uint64
+	recs        []byte // encoded records
+	offs        []int  // start of each record in recs
+	weight      int64
+	done        chan error
+}
+
+// OpenLocal opens (creating if needed) the log in dir, recovers it
+// (truncating a torn tail, refusing corruption with ErrCorrupt) and
+// starts its writer.
+func OpenLocal(dir string, opts LocalOptions) (*Local, error) {
+	if opts.SegmentBytes <= 0 {
+		opts.SegmentBytes = 64 << 20
+	}
+	if opts.MaxQueuedBytes <= 0 {
+		opts.MaxQueuedBytes = 32 << 20
+	}
+	if opts.MaxQueuedEntries <= 0 {
+		opts.MaxQueuedEntries = 1 << 16
+	}
+	if opts.FS == nil {
+		opts.FS = vfs.Default
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	l := &Local{
+		dir: dir, fs: opts.FS, opts: opts, log: opts.Logger.With("oplog", dir),
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	l.gate.init(opts.MaxQueuedBytes, opts.MaxQueuedEntries)
+	if err := l.fs.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("oplog: %w", err)
+	}
+	lk, err := l.fs.Lock(filepath.Join(dir, lockName))
+	if err != nil {
+		if errors.Is(err, vfs.ErrLocked) {
+			return nil, fmt.Errorf("%w: %s (is another crescent-master running on it?)", ErrLocked, dir)
+		}
+		return nil, fmt.Errorf("oplog: lock %s: %w", dir, err)
+	}
+	l.lock = lk
+	if err := l.recover(); err != nil {
+		l.closeFiles()
+		return nil, err
+	}
+	go l.writer()
+	return l, nil
+}
+
+func segName(first uint64) string { return fmt.Sprintf("%020d%s", first, segSuffix) }
+
+// recover reads META, scans every segment and opens the last for append.
+func (l *Local) recover() error {
+	term, compacted, err := l.readMeta()
+	if err != nil {
+		return err
+	}
+	l.metaTerm, l.compacted = term, compacted
+	l.w.maxTerm = term
+	ents, err := l.fs.ReadDir(l.dir)
+	if err != nil {
+		return fmt.Errorf("oplog: %w", err)
+	}
+	var firsts []uint64
+	for _, e := range ents {
+		n := e.Name()
+		if n == metaName+".tmp" {
+			_ = l.fs.Remove(filepath.Join(l.dir, n)) // an interrupted META write
+			continue
+		}
+		if !strings.HasSuffix(n, segSuffix) || len(n) != 20+len(segSuffix) {
+			continue
+		}
+		first, err := strconv.ParseUint(strings.TrimSuffix(n, segSuffix), 10, 64)
+		if err != nil || first == 0 {
+			return fmt.Errorf("%w: unexpected segment file name %s", ErrCorrupt, n)
+		}
+		firsts = append(firsts, first)
+	}
+	slices.Sort(firsts)
+	// Finish an interrupted Compact: segments wholly below the point.
+	removed := false
+	for len(firsts) > 1 && firsts[1] <= compacted {
+		if err := l.fs.Remove(filepath.Join(l.dir, segName(firsts[0]))); err != nil {
+			return fmt.Errorf("oplog: %w", err)
+		}
+		firsts, removed = firsts[1:], true
+	}
+	if removed {
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return fmt.Errorf("oplog: %w", err)
+		}
+	}
+	for i, first := range firsts {
+		isLast := i == len(firsts)-1
+		s, err := l.scanSegment(first, isLast)
+		if err != nil {
+			return err
+		}
+		if s == nil { // a torn creation: removed
+			continue
+		}
+		if n := len(l.segs); n > 0 {
+			if prev := l.segs[n-1]; s.first != prev.last+1 {
+				s.rf.Close()
+				return fmt.Errorf("%w: segment %s starts at seq %d, previous ends at %d", ErrCorrupt, s.path, s.first, prev.last)
+			}
+		} else if s.first > 1 && s.first > compacted {
+			s.rf.Close()
+			return fmt.Errorf("%w: first segment %s starts at seq %d but only seqs below %d were compacted", ErrCorrupt, s.path, s.first, max(compacted, 1))
+		}
+		l.segs = append(l.segs, s)
+	}
+	if len(l.segs) == 0 {
+		first := max(compacted, 1)
+		if err := l.createSegment(first); err != nil {
+			return err
+		}
+	}
+	act := l.segs[len(l.segs)-1]
+	l.lastSeq = act.last
+	if l.compacted > l.lastSeq+1 {
+		return fmt.Errorf("%w: compaction point %d beyond the log's end %d", ErrCorrupt, l.compacted, l.lastSeq)
+	}
+	if l.w.f == nil {
+		f, err := l.fs.OpenFile(act.path, os.O_WRONLY|os.O_APPEND, 0)
+		if err != nil {
+			return fmt.Errorf("oplog: %w", err)
+		}
+		l.w.f = f
+	}
+	l.w.size = act.size
+	l.w.next = l.lastSeq + 1
+	return nil
+}
+
+// scanSegment verifies one segment. In the last one a torn tail is
+// truncated; a header-less last segment (a crash while creating it) is
+// removed and nil returned.
+func (l *Local) scanSegment(first uint64, isLast bool) (*segment, error) {
+	path := filepath.Join(l.dir, segName(first))
+	f, err := l.fs.OpenFile(path, os.O_RDONLY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("oplog: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("oplog: %w", err)
+	}
+	fsize := fi.Size()
+	var hdr [segHeaderLen]byte
+	if fsize < segHeaderLen {
+		f.Close()
+		if !isLast {
+			return nil, fmt.Errorf("%w: segment %s: %d bytes, shorter than its header", ErrCorrupt, path, fsize)
+		}
+		l.log.Warn("oplog: removing a segment torn while being created", "file", path, "bytes", fsize)
+		if err := l.fs.Remove(path); err != nil {
+			return nil, fmt.Errorf("oplog: %w", err)
+		}
+		if err := l.fs.SyncDir(l.dir); err != nil {
+			return nil, fmt.Errorf("oplog: %w", err)
+		}
+		return nil, nil
+	}
+	if _, err := f.ReadAt(hdr[:], 0); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("oplog: %w", err)
+	}
+	if err := checkHeader(hdr[:], first); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("%w: segment %s: %v", ErrCorrupt, path, err)
+	}
+	s := &segment{first: first, path: path, rf: f, size: segHeaderLen, last: first - 1}
+	rr := newRecReader(f, segHeaderLen, fsize)
+	var maxTerm uint64
+	for {
+		off := rr.off
+		rec, err := rr.next()
+		if err == io.EOF {
+			break
+		}
+		var e Entry
+		if err == nil {
+			if err = decodeRecord(rec, &e); err == nil && e.Seq != s.last+1 {
+				err = fmt.Errorf("%w: seq %d where %d was expected", ErrCorrupt, e.Seq, s.last+1)
+			}
+			if err != nil { // the record's CRC held: not a torn write
+				f.Close()
+				return nil, fmt.Errorf("segment %s offset %d: %w", path, off, err)
+			}
+		} else if torn, terr := l.isTorn(isLast, f, off, fsize, s.last); terr != nil {
+			f.Close()
+			return nil, terr
+		} else if torn {
+			l.log.Warn("oplog: truncating a torn tail", "file", path, "offset", off, "dropped_bytes", fsize-off, "cause", err, "last_seq", s.last)
+			wf, err := l.fs.OpenFile(path, os.O_WRONLY, 0)
+			if err == nil {
+				err = wf.Truncate(off)
+				if err == nil {
+					err = wf.Sync()
+				}
+				if cerr := wf.Close(); err == nil {
+					err = cerr
+				}
+			}
+			if err != nil {
+				f.Close()
+				return nil, fmt.Errorf("oplog: truncating torn tail: %w", err)
+			}
+			break
+		} else {
+			f.Close()
+			return nil, fmt.Errorf("%w: segment %s offset %d: %v", ErrCorrupt, path, off, err)
+		}
+		if s.last == first-1 || off-s.index[len(s.index)-1].off >= indexEvery {
+			s.index = append(s.index, indexPoint{seq: e.Seq, off: off})
+		}
+		s.last = e.Seq
+		s.size = rr.off
+		maxTerm = max(maxTerm, e.Term)
+	}
+	l.w.maxTerm = max(l.w.maxTerm, maxTerm)
+	return s, nil
+}
+
+// isTorn says whether a bad record at off in the last segment is a torn
+// write: no valid record (its CRC holds, it decodes, its seq is past
+// last) starts anywhere after it. A torn write only loses the unsynced
+// end; a valid record behind the damage means acknowledged entries
+// follow it, which is corruption, never a tail to cut (a flipped length
+// byte must not silently drop the rest of the segment).
+func (l *Local) isTorn(isLast bool, f vfs.File, off, fsize int64, last uint64) (bool, error) {
+	if !isLast {
+		return false, nil
+	}
+	rest := make([]byte, fsize-off)
+	if _, err := f.ReadAt(rest, off); err != nil && err != io.EOF {
+		return false, fmt.Errorf("oplog: %w", err)
+	}
+	for p := 1; p+recOverhead < len(rest); p++ {
+		n := int(binary.LittleEndian.Uint32(rest[p:]))
+		if n == 0 || n > maxRecord || n > len(rest)-p-recOverhead {
+			continue
+		}
+		rec := rest[p : p+n+recOverhead]
+		if crc32.Checksum(rec[:n+4], castagnoli) != binary.LittleEndian.Uint32(rec[n+4:]) {
+			continue
+		}
+		var e Entry
+		if decodeRecord(rec, &e) == nil && e.Seq > last {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+func checkHeader(h []byte, first uint64) error {
+	if string(h[0:8]) != segMagic {
+		return fmt.Errorf("bad magic %q", h[0:8])
+	}
+	if c := crc32.Checksum(h[:28], castagnoli); c != binary.LittleEndian.Uint32(h[28:]) {
+		return fmt.Errorf("header checksum %#x, computed %#x", binary.LittleEndian.Uint32(h[28:]), c)
+	}
+	if v := binary.LittleEndian.Uint32(h[8:]); v != segVersion {
+		return fmt.Errorf("format version %d, this build reads %d", v, segVersion)
+	}
+	if n := binary.LittleEndian.Uint32(h[12:]); n != segHeaderLen {
+		return fmt.Errorf("header length %d, want %d", n, segHeaderLen)
+	}
+	if z := binary.LittleEndian.Uint32(h[24:]); z != 0 {
+		return fmt.Errorf("reserved header bytes %#x, want 0", z)
+	}
+	if got := binary.LittleEndian.Uint64(h[16:]); got != first {
+		return fmt.Errorf("header first seq %d, file name says %d", got, first)
+	}
+	return nil
+}
+
+func makeHeader(first uint64) []byte {
+	h := make([]byte, segHeaderLen)
+	copy(h, segMagic)
+	binary.LittleEndian.PutUint32(h[8:], segVersion)
+	binary.LittleEndian.PutUint32(h[12:], segHeaderLen)
+	binary.LittleEndian.PutUint64(h[16:], first)
+	binary.LittleEndian.PutUint32(h[28:], crc32.Checksum(h[:28], castagnoli))
+	return h
+}
+
+// createSegment makes a new, empty active segment: header written and
+// fdatasync'ed, directory fsync'ed, before any record goes in.
+func (l *Local) createSegment(first uint64) error {
+	path := filepath.Join(l.dir, segName(first))
+	f, err := l.fs.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("oplog: new segment: %w", err)
+	}
+	_, err = f.Write(makeHeader(first))
+	if err == nil {
+		err = l.sync(f)
+	}
+	if err == nil {
+		err = l.fs.SyncDir(l.dir)
+	}
+	var rf vfs.File
+	if err == nil {
+		rf, err = l.fs.OpenFile(path, os.O_RDONLY, 0)
+	}
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("oplog: new segment %s: %w", path, err)
+	}
+	if l.w.f != nil {
+		l.w.f.Close()
+	}
+	l.w.f, l.w.size = f, segHeaderLen
+	s := &segment{first: first, path: path, rf: rf, size: segHeaderLen, last: first - 1}
+	l.mu.Lock()
+	l.segs = append(l.segs, s)
+	l.mu.Unlock()
+	return nil
+}
+
+// META: the highest term and the compaction point, replaced atomically.
+func (l *Local) readMeta() (term, compacted uint64, err error) {
+	path := filepath.Join(l.dir, metaName)
+	f, err := l.fs.OpenFile(path, os.O_RDONLY, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("oplog: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, metaLen+1))
+	if err != nil {
+		return 0, 0, fmt.Errorf("oplog: %w", err)
+	}
+	if len(b) != metaLen || string(b[:8]) != metaMagic ||
+		crc32.Checksum(b[:28], castagnoli) != binary.LittleEndian.Uint32(b[28:]) {
+		return 0, 0, fmt.Errorf("%w: %s is damaged", ErrCorrupt, path)
+	}
+	if v := binary.LittleEndian.Uint32(b[8:]); v != segVersion {
+		return 0, 0, fmt.Errorf("%w: %s: format version %d", ErrCorrupt, path, v)
+	}
+	return binary.LittleEndian.Uint64(b[20:]), binary.LittleEndian.Uint64(b[12:]), nil
+}
+
+func (l *Local) writeMeta(term, compacted uint64) error {
+	b := make([]byte, metaLen)
+	copy(b, metaMagic)
+	binary.LittleEndian.PutUint32(b[8:], segVersion)
+	binary.LittleEndian.PutUint64(b[12:], compacted)
+	binary.LittleEndian.PutUint64(b[20:], term)
+	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
+	tmp := filepath.Join(l.dir, metaName+".tmp")
+	f, err := l.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return fmt.Errorf("oplog: META: %w", err)
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = l.fs.Rename(tmp, filepath.Join(l.dir, metaName))
+	}
+	if err == nil {
+		err = l.fs.SyncDir(l.dir)
+	}
+	if err != nil {
+		return fmt.Errorf("oplog: META: %w", err)
+	}
+	return nil
+}
+
+// AppendAsync queues entries for the writer and returns at once (after
+// backpressure) with a channel that yields nil once they are durable, or
+// the error. Callers that hand out seqs under a lock call it under that
+// lock, so their requests queue in seq order, and wait outside it: that
+// is how concurrent producers share one fsync.
+func (l *Local) AppendAsync(ctx context.Context, term uint64, entries []Entry) (<-chan error, error) {
+	if len(entries) == 0 {
+		ch := make(chan error, 1)
+		ch <- nil
+		return ch, nil
+	}
+	if p := l.failed.Load(); p != nil {
+		return nil, failedErr(*p)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	r := &request{term: term, first: entries[0].Seq, last: entries[len(entries)-1].Seq, done: make(chan error, 1)}
+	size := 0
+	for i := range entries {
+		size += entries[i].Msgsize() + recOverhead
+	}
+	r.recs = make([]byte, 0, size)
+	r.offs = make([]int, len(entries))
+	for i := range entries {
+		e := &entries[i]
+		if err := e.Verify(); err != nil {
+			return nil, err
+		}
+		if i > 0 && e.Seq != entries[i-1].Seq+1 {
+			return nil, fmt.Errorf("%w: entry %d has seq %d after %d", ErrGap, i, e.Seq, entries[i-1].Seq)
+		}
+		r.offs[i] = len(r.recs)
+		r.recs = appendRecord(r.recs, e)
+	}
+	r.weight = int64(len(r.recs))
+	if err := l.gate.acquire(ctx, r.weight, int64(len(entries)), l.done); err != nil {
+		if errors.Is(err, ErrClosed) {
+			return nil, ErrClosed
+		}
+		return nil, err
+	}
+	l.qmu.Lock()
+	if l.closed {
+		l.qmu.Unlock()
+		l.gate.release(r.weight, int64(len(entries)))
+		return nil, ErrClosed
+	}
+	l.queue = append(l.queue, r)
+	l.qmu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+	return r.done, nil
+}
+
+// Append makes entries durable under term (see Store). When ctx ends
+// first it returns ctx's error; the entries may still become durable, and
+// retrying them with the same bytes is then an idempotent success.
+func (l *Local) Append(ctx context.Context, term uint64, entries []Entry) error {
+	ch, err := l.AppendAsync(ctx, term, entries)
+	if err != nil {
+		return err
+	}
+	select {
+	case err := <-ch:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// appendRecord encodes one record: length, msgp bytes, CRC32C of both.
+func appendRecord(b []byte, e *Entry) []byte {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0)
+	b, _ = e.MarshalMsg(b) // Entry has nothing msgp cannot encode
+	binary.LittleEndian.PutUint32(b[start:], uint32(len(b)-start-4))
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
+}
+
+func decodeRecord(rec []byte, e *Entry) error {
+	rest, err := e.UnmarshalMsg(rec[4 : len(rec)-4])
+	if err != nil {
+		return fmt.Errorf("%w: undecodable entry: %v", ErrCorrupt, err)
+	}
+	if len(rest) != 0 {
+		return fmt.Errorf("%w: %d stray bytes after the entry", ErrCorrupt, len(rest))
+	}
+	return e.Verify()
+}
+
+func failedErr(cause error) error { return fmt.Errorf("%w: %w", ErrFailed, cause) }
+
+// writer is the group-commit loop: it takes everything queued, checks it
+// in order against the log's tail, writes it with one write and one
+// fdatasync, and answers every caller.
+func (l *Local) writer() {
+	defer close(l.done)
+	for {
+		l.qmu.Lock()
+		batch := l.queue
+		l.queue = nil
+		closed := l.closed
+		l.qmu.Unlock()
+		if len(batch) == 0 {
+			if closed {
+				return
+			}
+			<-l.kick
+			continue
+		}
+		l.commit(batch)
+	}
+}
+
+func (l *Local) commit(batch []*request) {
+	for _, r := range batch {
+		if p := l.failed.Load(); p != nil {
+			l.reply(r, failedErr(*p))
+			continue
+		}
+		if err := l.admit(r); err != nil {
+			if errors.Is(err, ErrFenced) {
+				l.flush() // what came before the deposed producer stands
+				l.fail(err)
+			}
+			l.reply(r, err)
+			continue
+		}
+		if len(l.w.buf) >= maxBatchLen {
+			l.flush()
+		}
+	}
+	l.flush()
+}
+
+// admit checks r against the tail and adds its new records to the batch.
+func (l *Local) admit(r *request) error {
+	w := &l.w
+	if r.term < w.maxTerm {
+		return fmt.Errorf("%w: term %d is below the persisted term %d", ErrFenced, r.term, w.maxTerm)
+	}
+	if r.first > w.next {
+		return fmt.Errorf("%w: append at seq %d, the log ends at %d", ErrGap, r.first, w.next-1)
+	}
+	skip := 0
+	if r.first < w.next {
+		// A resend: what is persisted must be byte-identical.
+		if len(w.pending) > 0 && min(r.last, w.next-1) >= w.pending[0].seq {
+			l.flush()
+			if p := l.failed.Load(); p != nil {
+				return failedErr(*p)
+			}
+		}
+		upto := min(r.last, w.next-1)
+		n := int(upto - r.first + 1)
+		if err := l.sameRecords(r.first, r.recs[:r.end(n)]); err != nil {
+			return err
+		}
+		if upto == r.last {
+			return errIdempotent
+		}
+		skip = n
+	}
+	if r.term > w.maxTerm {
+		l.flush() // earlier producers' records before the term moves
+		if err := l.persistTerm(r.term); err != nil {
+			l.fail(err)
+			return failedErr(err)
+		}
+		w.maxTerm = r.term
+	}
+	recs := r.recs[r.offs[skip]:]
+	if w.size+int64(len(w.buf)) > segHeaderLen && w.size+int64(len(w.buf)+len(recs)) > l.opts.SegmentBytes {
+		l.flush()
+		if p := l.failed.Load(); p != nil {
+			return failedErr(*p)
+		}
+		if err := l.createSegment(w.next); err != nil {
+			l.fail(err)
+			return failedErr(err)
+		}
+	}
+	base := w.size + int64(len(w.buf))
+	for i := skip; i < len(r.offs); i++ {
+		w.pending = append(w.pending, pendingRec{seq: r.first + uint64(i), off: base + int64(r.offs[i]-r.offs[skip])})
+	}
+	w.buf = append(w.buf, recs...)
+	w.reqs = append(w.reqs, r)
+	w.next = r.last + 1
+	return nil
+}
+
+// errIdempotent marks a request wholly persisted already: success.
+var errIdempotent = errors.New("already persisted")
+
+func (r *request) end(n int) int {
+	if n == len(r.offs) {
+		return len(r.recs)
+	}
+	return r.offs[n]
+}
+
+func (l *Local) persistTerm(term uint64) error {
+	l.metaMu.Lock()
+	defer l.metaMu.Unlock()
+	l.mu.RLock()
+	c := l.compacted
+	l.mu.RUnlock()
+	if err := l.writeMeta(term, c); err != nil {
+		return err
+	}
+	l.metaTerm = term
+	return nil
+}
+
+// sameRecords compares persisted records from seq on with want.
+func (l *Local) sameRecords(seq uint64, want []byte) error {
+	var got []byte
+	err := l.scan(seq, func(rec []byte, _ *Entry) bool {
+		got = append(got, rec...)
+		return len(got) < len(want)
+	})
+	if err != nil {
+		return fmt.Errorf("oplog: cannot compare the resent seq %d with the persisted one: %w", seq, err)
+	}
+	if !bytes.Equal(got, want) {
+		return fmt.Errorf("%w: seq %d..: persisted with other bytes", ErrFenced, seq)
+	}
+	return nil
+}
+
+// flush writes and fdatasyncs the gathered batch, publishes it and
+// answers its callers.
+func (l *Local) flush() {
+	w := &l.w
+	if len(w.reqs) == 0 {
+		return
+	}
+	err := func() error {
+		if p := l.failed.Load(); p != nil {
+			return failedErr(*p)
+		}
+		if _, err := w.f.Write(w.buf); err != nil {
+			l.fail(err)
+			return failedErr(err)
+		}
+		if err := l.sync(w.f); err != nil {
+			// Never retried: after a failed fsync the kernel may have
+			// dropped the dirty pages and a retry would "succeed".
+			l.fail(err)
+			return failedErr(err)
+		}
+		return nil
+	}()
+	if err == nil {
+		w.size += int64(len(w.buf))
+		l.mu.Lock()
+		s := l.segs[len(l.segs)-1]
+		for _, p := range w.pending {
+			if s.last == s.first-1 || p.off-s.index[len(s.index)-1].off >= indexEvery {
+				s.index = append(s.index, indexPoint(p))
+			}
+			s.last = p.seq
+		}
+		s.size = w.size
+		l.lastSeq = s.last
+		l.mu.Unlock()
+		l.st.batches.Add(1)
+		l.st.entries.Add(uint64(len(w.pending)))
+		l.st.bytes.Add(uint64(len(w.buf)))
+	} else {
+		// Nothing of it is acknowledged; the tail is left as it is and
+		// recovery decides what survived.
+		w.next = w.pending[0].seq
+	}
+	for _, r := range w.reqs {
+		l.reply(r, err)
+	}
+	w.reqs = w.reqs[:0]
+	w.pending = w.pending[:0]
+	if cap(w.buf) > 2*maxBatchLen {
+		w.buf = nil
+	}
+	w.buf = w.buf[:0]
+}
+
+func (l *Local) sync(f vfs.File) error {
+	t := time.Now()
+	err := f.Sync()
+	d := time.Since(t)
+	l.st.fsyncs.Add(1)
+	l.st.fsyncNanos.Add(uint64(d))
+	i := sort.Search(len(FsyncBounds), func(i int) bool { return d <= FsyncBounds[i] })
+	l.st.buckets[i].Add(1)
+	return err
+}
+
+func (l *Local) fail(err error) {
+	if l.failed.CompareAndSwap(nil, &err) {
+		l.log.Error("oplog: store failed; acknowledging nothing more", "err", err)
+	}
+}
+
+func (l *Local) reply(r *request, err error) {
+	if err == errIdempotent {
+		err = nil
+	}
+	l.gate.release(r.weight, int64(len(r.offs)))
+	r.done <- err
+}
+
+// Read returns up to limit durable entries from seq from (0 reads as 1).
+func (l *Local) Read(ctx context.Context, from uint64, limit int) ([]Entry, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if limit <= 0 {
+		return nil, nil
+	}
+	from = max(from, 1)
+	var out []Entry
+	err := l.scan(from, func(_ []byte, e *Entry) bool {
+		out = append(out, *e)
+		return len(out) < limit && ctx.Err() == nil
+	})
+	if err == nil {
+		err = ctx.Err()
+	}
+	return out, err
+}
+
+// scan calls fn with each durable, verified record from seq from on
+// until fn returns false or the log ends.
+func (l *Local) scan(from uint64, fn func(rec []byte, e *Entry) bool) error {
+	l.mu.RLock()
+	if l.segs == nil {
+		l.mu.RUnlock()
+		return ErrClosed
+	}
+	first := l.firstLocked()
+	last := l.lastSeq
+	if from < first {
+		l.mu.RUnlock()
+		return fmt.Errorf("%w: seq %d (the log starts at %d)", ErrCompacted, from, first)
+	}
+	if from > last {
+		l.mu.RUnlock()
+		return nil
+	}
+	i := sort.Search(len(l.segs), func(i int) bool { return l.segs[i].first > from }) - 1
+	segs := slices.Clone(l.segs[i:])
+	type view struct {
+		size  int64
+		last  uint64
+		index []indexPoint
+	}
+	views := make([]view, len(segs))
+	for j, s := range segs {
+		views[j] = view{s.size, s.last, s.index}
+		s.ref()
+	}
+	l.mu.RUnlock()
+	defer func() {
+		for _, s := range segs {
+			s.unref()
+		}
+	}()
+	for j, s := range segs {
+		v := views[j]
+		if v.last < from || v.last == s.first-1 {
+			continue
+		}
+		off, seq := int64(segHeaderLen), s.first
+		if k := sort.Search(len(v.index), func(k int) bool { return v.index[k].seq > from }) - 1; k >= 0 {
+			off, seq = v.index[k].off, v.index[k].seq
+		}
+		rr := newRecReader(s.rf, off, v.size)
+		for ; seq <= v.last; seq++ {
+			rec, err := rr.next()
+			if err != nil {
+				if err == io.EOF {
+					err = io.ErrUnexpectedEOF
+				}
+				return fmt.Errorf("%w: segment %s seq %d: %v", ErrCorrupt, s.path, seq, err)
+			}
+			if seq < from {
+				continue
+			}
+			var e Entry
+			if err := decodeRecord(rec, &e); err != nil {
+				return fmt.Errorf("segment %s seq %d: %w", s.path, seq, err)
+			}
+			if e.Seq != seq {
+				return fmt.Errorf("%w: segment %s: seq %d where %d was expected", ErrCorrupt, s.path, e.Seq, seq)
+			}
+			if !fn(rec, &e) {
+				return nil
+			}
+		}
+		from = v.last + 1
+	}
+	return nil
+}
+
+func (s *segment) ref() {
+	s.refMu.Lock()
+	s.refs++
+	s.refMu.Unlock()
+}
+
+func (s *segment) unref() {
+	s.refMu.Lock()
+	s.refs--
+	c := s.dead && s.refs == 0
+	s.refMu.Unlock()
+	if c {
+		s.rf.Close()
+	}
+}
+
+func (s *segment) retire() {
+	s.refMu.Lock()
+	s.dead = true
+	c := s.refs == 0
+	s.refMu.Unlock()
+	if c {
+		s.rf.Close()
+	}
+}
+
+func (l *Local) firstLocked() uint64 {
+	return max(l.compacted, l.segs[0].first, 1)
+}
+
+// LastSeq is the last durable seq (0 when empty).
+func (l *Local) LastSeq(context.Context) (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.segs == nil {
+		return 0, ErrClosed
+	}
+	return l.lastSeq, nil
+}
+
+// FirstSeq is the first seq held; LastSeq()+1 when none is (an empty or
+// fully compacted log).
+func (l *Local) FirstSeq(context.Context) (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.segs == nil {
+		return 0, ErrClosed
+	}
+	return l.firstLocked(), nil
+}
+
+// Compact drops the entries below before (at most LastSeq()+1): the
+// point is made durable in META first, then every segment wholly below
+// it is removed (never the active one). Reads below it are ErrCompacted,
+// also after a reopen.
+func (l *Local) Compact(ctx context.Context, before uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	l.metaMu.Lock()
+	defer l.metaMu.Unlock()
+	l.mu.RLock()
+	before = min(before, l.lastSeq+1)
+	cur := l.compacted
+	l.mu.RUnlock()
+	if before <= cur || before <= 1 {
+		return nil
+	}
+	if err := l.writeMeta(l.metaTerm, before); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	l.compacted = before
+	var gone []*segment
+	for len(l.segs) > 1 && l.segs[1].first <= before {
+		gone = append(gone, l.segs[0])
+		l.segs = l.segs[1:]
+	}
+	l.mu.Unlock()
+	var err error
+	for _, s := range gone {
+		if rerr := l.fs.Remove(s.path); rerr != nil && err == nil {
+			err = rerr // left for the next open to finish
+		}
+		s.retire()
+	}
+	if len(gone) > 0 {
+		if serr := l.fs.SyncDir(l.dir); serr != nil && err == nil {
+			err = serr
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("oplog: compact: %w", err)
+	}
+	return nil
+}
+
+// Stats returns the counters.
+func (l *Local) Stats() LocalStats {
+	var s LocalStats
+	s.Batches = l.st.batches.Load()
+	s.Entries = l.st.entries.Load()
+	s.Bytes = l.st.bytes.Load()
+	s.Fsyncs = l.st.fsyncs.Load()
+	s.FsyncNanos = l.st.fsyncNanos.Load()
+	for i := range s.FsyncBuckets {
+		s.FsyncBuckets[i] = l.st.buckets[i].Load()
+	}
+	l.mu.RLock()
+	s.DurableSeq = l.lastSeq
+	l.mu.RUnlock()
+	s.Failed = l.failed.Load() != nil
+	return s
+}
+
+// Err is the error that failed the store, nil while healthy (for /health).
+func (l *Local) Err() error {
+	if p := l.failed.Load(); p != nil {
+		return failedErr(*p)
+	}
+	return nil
+}
+
+// Close lets the writer finish what is queued, then closes the files and
+// releases the directory lock. Later calls return ErrClosed.
+func (l *Local) Close() error {
+	l.qmu.Lock()
+	if l.closed {
+		l.qmu.Unlock()
+		return ErrClosed
+	}
+	l.closed = true
+	l.qmu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+	<-l.done
+	return l.closeFiles()
+}
+
+func (l *Local) closeFiles() error {
+	var err error
+	if l.w.f != nil {
+		err = l.w.f.Close()
+	}
+	l.mu.Lock()
+	segs := l.segs
+	l.segs = nil
+	l.mu.Unlock()
+	for _, s := range segs {
+		s.retire() // a Read still in it closes it when done
+	}
+	if l.lock != nil {
+		if cerr := l.lock.Close(); err == nil {
+			err = cerr
+		}
+	}
+	return err
+}
+
+// recReader streams records from [off, end) of a file.
+type recReader struct {
+	br  *bufio.Reader
+	off int64
+	end int64
+	buf []byte
+}
+
+var errRecCRC = errors.New("record checksum mismatch")
+
+func newRecReader(f io.ReaderAt, off, end int64) *recReader {
+	return &recReader{br: bufio.NewReaderSize(io.NewSectionReader(f, off, end-off), 64<<10), off: off, end: end}
+}
+
+// next returns the next whole record (valid only until the next call):
+// io.EOF at a clean end, io.ErrUnexpectedEOF when the file ends inside a
+// record, errRecCRC or a length error otherwise.
+func (r *recReader) next() ([]byte, error) {
+	if r.off == r.end {
+		return nil, io.EOF
+	}
+	var lb [4]byte
+	if _, err := io.ReadFull(r.br, lb[:]); err != nil {
+		return nil, io.ErrUnexpectedEOF
+	}
+	n := int64(binary.LittleEndian.Uint32(lb[:]))
+	if r.off+4+n+4 > r.end {
+		return nil, fmt.Errorf("%w: record of %d bytes at %d runs past the end %d", io.ErrUnexpectedEOF, n, r.off, r.end)
+	}
+	if n > maxRecord || n == 0 {
+		return nil, fmt.Errorf("record length %d out of range", n)
+	}
+	if cap(r.buf) < int(n)+8 {
+		r.buf = make([]byte, int(n)+8)
+	}
+	rec := r.buf[:n+8]
+	copy(rec, lb[:])
+	if _, err := io.ReadFull(r.br, rec[4:]); err != nil {
+		return nil, fmt.Errorf("%w: %v", io.ErrUnexpectedEOF, err)
+	}
+	if c := crc32.Checksum(rec[:n+4], castagnoli); c != binary.LittleEndian.Uint32(rec[n+4:]) {
+		// Consumed, so the caller can tell whether it ended the file.
+		r.off += n + 8
+		return nil, errRecCRC
+	}
+	r.off += n + 8
+	return rec, nil
+}
+
+// gate bounds queued bytes and entries; a request too big for the bound
+// passes when nothing else is queued.
+type gate struct {
+	mu             sync.Mutex
+	bytes, entries int64
+	maxB, maxE     int64
+	wake           chan struct{}
+}
+
+func (g *gate) init(b, e int64) { g.maxB, g.maxE, g.wake = b, e, make(chan struct{}) }
+
+func (g *gate) acquire(ctx context.Context, b, e int64, closed <-chan struct{}) error {
+	for {
+		g.mu.Lock()
+		if (g.bytes == 0 && g.entries == 0) || (g.bytes+b <= g.maxB && g.entries+e <= g.maxE) {
+			g.bytes += b
+			g.entries += e
+			g.mu.Unlock()
+			return nil
+		}
+		wake := g.wake
+		g.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-closed:
+			return ErrClosed
+		}
+	}
+}
+
+func (g *gate) release(b, e int64) {
+	g.mu.Lock()
+	g.bytes -= b
+	g.entries -= e
+	close(g.wake)
+	g.wake = make(chan struct{})
+	g.mu.Unlock()
+}

@@ -1,0 +1,106 @@
+package oplog
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// BenchmarkLocalAppend appends 200-byte payloads from 1 and 16
+// concurrent appenders. The same run measures its baseline: a raw
+// write+fdatasync loop of the same record bytes to a file in the same
+// directory, one fdatasync per entry (what durability costs without group
+// commit), and reports the ratio.
+func BenchmarkLocalAppend(b *testing.B) {
+	for _, appenders := range []int{1, 16} {
+		b.Run(fmt.Sprintf("appenders=%d", appenders), func(b *testing.B) {
+			dir := b.TempDir()
+			l, err := OpenLocal(dir, LocalOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer l.Close()
+			const size = 200
+			es := mkEntries(1, b.N, 1, size)
+			recBytes := len(appendRecord(nil, &es[0]))
+			b.SetBytes(size)
+			b.ReportAllocs()
+			before := l.Stats()
+			var (
+				mu   sync.Mutex
+				next int
+				wg   sync.WaitGroup
+				errc = make(chan error, appenders)
+			)
+			b.ResetTimer()
+			start := time.Now()
+			for g := 0; g < appenders; g++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						mu.Lock()
+						if next == b.N {
+							mu.Unlock()
+							return
+						}
+						i := next
+						next++
+						c, err := l.AppendAsync(ctx, 1, es[i:i+1])
+						mu.Unlock()
+						if err == nil {
+							err = <-c
+						}
+						if err != nil {
+							errc <- err
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			close(errc)
+			for err := range errc {
+				b.Fatal(err)
+			}
+			st := l.Stats()
+			rate := float64(b.N) / elapsed.Seconds()
+			b.ReportMetric(rate, "entries/s")
+			b.ReportMetric(float64(st.Fsyncs-before.Fsyncs)/float64(b.N), "fsyncs/entry")
+			b.ReportMetric(float64(st.Entries-before.Entries)/float64(st.Batches-before.Batches), "entries/batch")
+
+			base := rawFsyncRate(b, dir, recBytes, min(b.N, 2000))
+			b.ReportMetric(base, "baseline_entries/s")
+			b.ReportMetric(rate/base, "ratio")
+			b.Logf("appenders=%d n=%d: %.0f entries/s, baseline (write+fdatasync per %d-byte record) %.0f entries/s, ratio %.2f",
+				appenders, b.N, rate, recBytes, base, rate/base)
+		})
+	}
+}
+
+// rawFsyncRate is entries/s of a plain write+fdatasync loop.
+func rawFsyncRate(b *testing.B, dir string, recBytes, n int) float64 {
+	f, err := os.OpenFile(filepath.Join(dir, "baseline"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	rec := make([]byte, recBytes)
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		if _, err := f.Write(rec); err != nil {
+			b.Fatal(err)
+		}
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
