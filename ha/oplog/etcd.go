@@ -79,6 +79,8 @@ type Etcd struct {
 	wPrefix etcdPrefix
 	wRev    int64
 
+	deleteChunk int // batch keys per compaction delete (tests lower it)
+
 	txns, batches, entries atomic.Uint64
 }
 
@@ -246,12 +248,13 @@ func OpenEtcd(ctx context.Context, cli *clientv3.Client, opts EtcdOptions) (*Etc
 	}
 	base := opts.Prefix + "/" + opts.ClusterID + "/"
 	s := &Etcd{
-		cli:       cli,
-		opts:      opts,
-		prefixKey: base + "durable_prefix",
-		batchDir:  base + "batches/",
-		wake:      make(chan struct{}, 1),
-		done:      make(chan struct{}),
+		cli:         cli,
+		opts:        opts,
+		prefixKey:   base + "durable_prefix",
+		batchDir:    base + "batches/",
+		wake:        make(chan struct{}, 1),
+		done:        make(chan struct{}),
+		deleteChunk: etcdDeleteChunk,
 	}
 	p, rev, index, err := s.load(ctx)
 	if err != nil {
@@ -761,7 +764,8 @@ func (s *Etcd) Read(ctx context.Context, from uint64, max int) ([]Entry, error) 
 	if err != nil {
 		return nil, err
 	}
-	if from > p.last || from < p.first {
+	// Past what this store knows: another writer may have appended.
+	if from < p.first || from > p.last || uint64(max) > p.last-from+1 {
 		if err := s.refresh(ctx); err != nil {
 			return nil, err
 		}
@@ -879,7 +883,7 @@ func (s *Etcd) compact(ctx context.Context, before uint64) error {
 	}
 	start := s.batchKey(0)
 	for done := 0; done < keep; {
-		n := min(keep-done, etcdDeleteChunk)
+		n := min(keep-done, s.deleteChunk)
 		end := s.batchDir + "\xff"
 		if done+n < len(index) {
 			end = s.batchKey(index[done+n])
