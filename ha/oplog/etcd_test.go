@@ -652,14 +652,15 @@ func BenchmarkEtcdAppend(b *testing.B) {
 func cluster3(t *testing.T) ([]*embed.Etcd, []func()) {
 	t.Helper()
 	// Members in one process dial each other over HTTP; the peer
-	// transports keep idle keep-alive connections (both ends here) past
-	// Close until their idle timeout.
+	// transports' keep-alive connections (both ends here) end a few
+	// seconds after Close: wait for them, longer than goleak's default.
 	t.Cleanup(func() {
-		goleak.VerifyNone(t, append(testsvc.GoleakIgnores(),
-			goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
-			goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
-			goleak.IgnoreAnyFunction("net/http.(*conn).serve"),
-			goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"))...)
+		for end := time.Now().Add(time.Minute); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			if goleak.Find(testsvc.GoleakIgnores()...) == nil {
+				break
+			}
+		}
+		goleak.VerifyNone(t, testsvc.GoleakIgnores()...)
 	})
 	var cfgs []*embed.Config
 	var initial []string
