@@ -942,3 +942,42 @@ func (s *Etcd) Close() error {
 }
 
 var _ Store = (*Etcd)(nil)
+
+// ParseEtcdURL splits "etcd://host:port[,host2:port2...]" (';' also
+// separates, as in the reference's master addresses) into endpoints.
+func ParseEtcdURL(s string) ([]string, error) {
+	rest, ok := strings.CutPrefix(s, "etcd://")
+	if !ok {
+		return nil, fmt.Errorf("oplog: %q: want etcd://host:port[,host:port...]", s)
+	}
+	var eps []string
+	for _, ep := range strings.FieldsFunc(rest, func(r rune) bool { return r == ',' || r == ';' }) {
+		h, p, found := strings.Cut(ep, ":")
+		if !found || h == "" || p == "" || strings.ContainsAny(ep, "/ ") {
+			return nil, fmt.Errorf("oplog: %q: endpoint %q is not host:port", s, ep)
+		}
+		if _, err := strconv.ParseUint(p, 10, 16); err != nil {
+			return nil, fmt.Errorf("oplog: %q: endpoint %q: bad port", s, ep)
+		}
+		eps = append(eps, ep)
+	}
+	if len(eps) == 0 {
+		return nil, fmt.Errorf("oplog: %q: no endpoints", s)
+	}
+	return eps, nil
+}
+
+// EtcdClientConfig is a client configuration suited to the log: dial
+// keep-alives so a hung member is left (the reference's stalled-view
+// bug), and responses bounded to what the log ever reads (a batch of at
+// most EtcdMaxBatchBytes, or a page of keys).
+func EtcdClientConfig(endpoints []string) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          5 * time.Second,
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
+		MaxCallSendMsgSize:   2 << 20,
+		MaxCallRecvMsgSize:   4 << 20,
+	}
+}

@@ -460,12 +460,19 @@ func TestEtcdCorrupt(t *testing.T) {
 		encs = append(encs, b)
 	}
 	entryFlip := encodeBatch(1, 1, encs)
+	// A well-formed record over MaxBatchBytes.
+	var bigEncs [][]byte
+	for _, e := range ents(1, 2, 1, 5000) {
+		b, err := e.MarshalMsg(nil)
+		require.NoError(t, err)
+		bigEncs = append(bigEncs, b)
+	}
 	for name, val := range map[string][]byte{
 		"record bit flip": flip,
 		"entry bit flip":  entryFlip,
 		"truncated":       good[:len(good)-5],
 		"garbage":         []byte("hello"),
-		"oversized":       make([]byte, 9<<10),
+		"oversized":       encodeBatch(1, 1, bigEncs),
 	} {
 		_, err := cli.Put(ctx, key, string(val))
 		require.NoError(t, err)
@@ -707,7 +714,9 @@ func TestEtcdLeaderKilled(t *testing.T) {
 	for _, m := range members {
 		eps = append(eps, m.Clients[0].Addr().String())
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: eps, Logger: zap.NewNop(), DialTimeout: 5 * time.Second})
+	cfg := EtcdClientConfig(eps)
+	cfg.Logger = zap.NewNop()
+	cli, err := clientv3.New(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { cli.Close() })
 	ctx := ctxT(t)
@@ -745,4 +754,17 @@ func TestEtcdLeaderKilled(t *testing.T) {
 	for i, e := range got {
 		require.EqualValues(t, i+1, e.Seq)
 	}
+}
+
+func TestParseEtcdURL(t *testing.T) {
+	eps, err := ParseEtcdURL("etcd://h1:2379,10.0.0.2:2380;h3:1")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"h1:2379", "10.0.0.2:2380", "h3:1"}, eps)
+	for _, bad := range []string{"", "etcd://", "http://h:1", "etcd://h", "etcd://h:x", "etcd://h:1/p", "etcd://:1", "etcd://h:70000"} {
+		_, err := ParseEtcdURL(bad)
+		assert.Error(t, err, bad)
+	}
+	cfg := EtcdClientConfig(eps)
+	assert.Equal(t, eps, cfg.Endpoints)
+	assert.Greater(t, cfg.MaxCallRecvMsgSize, EtcdMaxBatchBytes)
 }
