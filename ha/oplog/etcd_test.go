@@ -580,6 +580,8 @@ func TestEtcdClientClosedAfterSend(t *testing.T) {
 	assert.Equal(t, ents(1, 2, 1, 10), readAll(t, r, 1), "it had landed; only never acknowledged")
 }
 
+var benchLogs atomic.Int64 // a fresh log per benchmark run
+
 func BenchmarkEtcdAppend(b *testing.B) {
 	e := testsvc.StartEtcd(b)
 	for _, conc := range []int{1, 16} {
@@ -609,7 +611,7 @@ func BenchmarkEtcdAppend(b *testing.B) {
 			wg.Wait()
 			raw := float64(b.N) / time.Since(start).Seconds()
 
-			s := openEtcd(b, cli, EtcdOptions{ClusterID: fmt.Sprintf("bench-%d-%d", conc, b.N)})
+			s := openEtcd(b, cli, EtcdOptions{ClusterID: fmt.Sprintf("bench-%d", benchLogs.Add(1))})
 			es := ents(1, b.N, 1, 200)
 			var (
 				mu   sync.Mutex
