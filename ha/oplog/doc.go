@@ -13,9 +13,16 @@
 //     A store that has seen a higher term, or an entry already persisted
 //     under the same seq with different bytes, refuses with ErrFenced:
 //     a deposed leader acknowledges nothing.
-//   - After an error other than ErrGap the store is failed: every later
-//     Append returns ErrFailed wrapping the first error (fail-stop, never
-//     a silent loss). Reads keep working where they can.
+//   - After a failed write, fsync or etcd transaction, or ErrFenced, the
+//     store is failed: every later Append returns ErrFailed wrapping the
+//     first error (fail-stop, never a silent loss). Reads keep working
+//     where they can. Whether input refused before anything was written
+//     (a bad entry, an ended context) also fails the store is the
+//     backend's choice: Local does not, Etcd does.
+//   - Append blocks until durable, so concurrent producers cannot order
+//     their seqs through it: feed one Store from one goroutine (Sink), or
+//     use a backend's AppendAsync, which queues in call order.
+//   - FirstSeq of an empty or fully compacted log is LastSeq()+1.
 //   - Read returns durable entries in order, each verified against its
 //     checksum (ErrCorrupt otherwise).
 //   - Compact deletes entries below a seq (covered by a snapshot); Read of
@@ -151,4 +158,68 @@
 // order and returns a channel for the result: producers that assign seqs
 // under a lock call it under that lock and wait outside it, which is how
 // concurrent producers share an fsync.
+//
+// # etcd format
+//
+// OpenEtcd keeps a log under <Prefix>/<ClusterID>/ (Prefix defaults to
+// "crescent/oplog"):
+//
+//	batches/<id>    one batch record; id is the seq of its first entry,
+//	                20 decimal digits, so keys sort in log order
+//	durable_prefix  what is durable: the last batch, first/last seq, term
+//
+// durable_prefix, 44 bytes, integers big-endian:
+//
+//	0   4  magic "CRLP"
+//	4   2  schema version, 1
+//	6   2  reserved, 0
+//	8   8  batch_id: id of the last batch written (0: none yet)
+//	16  8  first_seq: first seq still held (1 for a new log; compaction
+//	       raises it; first_seq = last_seq+1 when the log holds nothing)
+//	24  8  last_seq: last durable seq (0: none)
+//	32  8  term: the highest producer term written
+//	40  4  CRC32C (Castagnoli) of bytes 0..39
+//
+// A batch record, header of 32 bytes then the entries:
+//
+//	0   4  magic "CRLB"
+//	4   2  schema version, 1
+//	6   2  reserved, 0
+//	8   8  term of the append
+//	16  8  first seq (equals the id in the key)
+//	24  4  count of entries (at least 1)
+//	28  4  CRC32C of bytes 0..27 followed by the entries
+//	32  .. count entries, each in the Entry msgp layout above, back to back
+//
+// Entries of a batch carry consecutive seqs; batch ids are increasing and
+// a batch ends where the next begins (the last one at last_seq). A record
+// is at most EtcdOptions.MaxBatchBytes (default 1 MiB, at most 1.25 MiB,
+// under etcd's 1.5 MiB request limit); a larger value is ErrCorrupt
+// before it is decoded, and an entry whose encoding does not fit a batch
+// is ErrTooLarge.
+//
+// Writes: a batch record and the new prefix go in one transaction whose
+// compare is the prefix's ModRevision as this writer last wrote or read
+// it (0 when absent). One writer goroutine commits one batch at a time,
+// taking every queued entry up to MaxBatchEntries (1024) and
+// MaxBatchBytes (group commit); a batch holds one term. A failed compare
+// is success only when the stored prefix equals the one written and the
+// stored batch is byte-identical (an earlier attempt landed); otherwise
+// ErrFenced. A transport error (timeout, lost connection) is retried with
+// the same bytes until WriteTimeout; then the store is failed. Appending
+// with a term below the prefix's is ErrFenced; EtcdOptions.Term claims the
+// log at open by rewriting the prefix with a higher term, fencing the old
+// writer before the new one reads to the end.
+//
+// Compaction first raises first_seq in the prefix (guarded the same way),
+// then deletes the batches wholly below it by key range, 256 keys per
+// transaction, each guarded by the prefix; a batch holding first_seq
+// stays. Batches left below first_seq by an interrupted compaction are
+// ignored at open and deleted by the next Compact.
+//
+// Reads: OpenEtcd lists the batch keys (keys only, 10000 a page) at the
+// prefix's revision into an index id -> position; Read fetches the batch
+// holding the seq, checks the record crc, each entry's crc and seq
+// continuity. LastSeq, FirstSeq and a Read past the known end re-read the
+// prefix, so a non-writing store follows another writer.
 package oplog

@@ -66,20 +66,6 @@ func openT(t *testing.T, dir string, opts LocalOptions) *Local {
 	return l
 }
 
-func readAll(t *testing.T, l *Local, from uint64) []Entry {
-	t.Helper()
-	var out []Entry
-	for {
-		es, err := l.Read(context.Background(), from, 37)
-		require.NoError(t, err)
-		if len(es) == 0 {
-			return out
-		}
-		out = append(out, es...)
-		from = es[len(es)-1].Seq + 1
-	}
-}
-
 func lastSeq(t *testing.T, l *Local) uint64 {
 	s, err := l.LastSeq(context.Background())
 	require.NoError(t, err)
