@@ -22,7 +22,13 @@ import (
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		main() // the crash test's master process
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestLoadDefaults(t *testing.T) {
 	c, err := load(nil)
