@@ -31,7 +31,7 @@ const childEnv = "CRESCENT_MASTER_TEST_CHILD"
 
 // masterProc is a crescent-master child process.
 type masterProc struct {
-	cmd    *exec.Cmd
+	cmd     *exec.Cmd
 	lines   chan string   // its stderr, line by line; closed at EOF
 	done    chan struct{} // closed once it exited; then waitErr is set
 	waitErr error
@@ -167,10 +167,12 @@ func TestCrashRecovery(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for wctx.Err() == nil {
+				count := func() { // an op was sent
 					if ops.Add(1) == killAt {
 						close(reached)
 					}
+				}
+				for wctx.Err() == nil {
 					if wr.IntN(4) == 0 {
 						var victim string
 						mu.Lock()
@@ -183,6 +185,7 @@ func TestCrashRecovery(t *testing.T) {
 						if victim == "" {
 							continue
 						}
+						count()
 						err := cl.Remove(wctx, victim, true)
 						mu.Lock()
 						switch {
@@ -195,6 +198,7 @@ func TestCrashRecovery(t *testing.T) {
 						continue
 					}
 					key := fmt.Sprintf("r%d/k%d", round, next.Add(1))
+					count()
 					if err := cl.Put(wctx, key, crashValue(key), rc); err == nil {
 						mu.Lock()
 						acked[key] = true

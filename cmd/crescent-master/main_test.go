@@ -44,13 +44,14 @@ func TestLoadDefaults(t *testing.T) {
 
 func TestLoadYAMLAndFlags(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "master.yaml")
-	os.WriteFile(path, []byte("rpc_port: 6000\nclient_ttl: 3\nallocation_strategy: free_ratio_first\neviction_ratio: 0.2\n"), 0o600)
+	os.WriteFile(path, []byte("rpc_port: 6000\nclient_ttl: 3\nallocation_strategy: free_ratio_first\neviction_ratio: 0.2\ndata_dir: /var/lib/crescent\n"), 0o600)
 	c, err := load([]string{"--config", path, "--client_ttl=7", "--metrics_port", "9100"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// From the file, except where the command line says otherwise.
-	if c.RPCPort != 6000 || c.AllocationStrategy != "free_ratio_first" || c.EvictionRatio != 0.2 || c.ClientTTL != 7 || c.MetricsPort != 9100 {
+	if c.RPCPort != 6000 || c.AllocationStrategy != "free_ratio_first" || c.EvictionRatio != 0.2 || c.ClientTTL != 7 || c.MetricsPort != 9100 ||
+		c.DataDir != "/var/lib/crescent" {
 		t.Fatalf("merged %+v", c)
 	}
 	// Keys the file leaves out keep their defaults.
