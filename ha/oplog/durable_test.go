@@ -285,3 +285,58 @@ func TestDurableFailsClosed(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.Close())
 }
+
+// "Hide before durable, free after": space a remove frees can be handed
+// to a new put at once, but the put's answer (the address its writer
+// will overwrite) waits until the remove is durable too, since every
+// RPC waits for all that was logged before it answers and the remove is
+// logged before the space is reused. A crash can therefore never bring
+// back the removed key over bytes a client has overwritten.
+func TestDurableFreedSpaceReusedAfterDurable(t *testing.T) {
+	leakCheck(t)
+	ctx := context.Background()
+	fs := newHoldFS()
+	d, err := OpenDurable(ctx, t.TempDir(), master.Config{Shards: 4}, LocalOptions{FS: fs})
+	require.NoError(t, err)
+	defer func() { require.NoError(t, d.Close()) }()
+	mc, _ := serveDurable(t, d)
+	_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
+	require.NoError(t, err)
+	// "a" fills the segment: "b" can only go where "a" was.
+	ra, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Key: "a", Size: durSeg.Size})
+	require.NoError(t, err)
+	_, err = mc.PutEnd(ctx, &storepb.PutEndRequest{ClientId: durClient, Key: "a"})
+	require.NoError(t, err)
+
+	fs.hold()
+	removed := make(chan error, 1)
+	go func() {
+		_, err := mc.Remove(ctx, &storepb.RemoveRequest{Key: "a"})
+		removed <- err
+	}()
+	<-fs.entered // the remove is logged (and a's space free), not durable
+	removeSeq := d.Sink.Appended()
+	type answer struct {
+		resp    *storepb.PutStartResponse
+		err     error
+		durable uint64
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Key: "b", Size: durSeg.Size})
+		got <- answer{r, err, d.Sink.Durable()}
+	}()
+	require.Eventually(t, func() bool { return d.Sink.Appended() > removeSeq }, 10*time.Second, time.Millisecond,
+		"b's PutStart is logged")
+	select {
+	case a := <-got:
+		t.Fatalf("b's address handed out (%v) before a's remove (seq %d) was durable (durable %d)", a.err, removeSeq, a.durable)
+	case <-time.After(100 * time.Millisecond):
+	}
+	fs.unhold()
+	require.NoError(t, <-removed)
+	a := <-got
+	require.NoError(t, a.err)
+	require.Equal(t, ra.Replicas[0].Memory.BufferAddress, a.resp.Replicas[0].Memory.BufferAddress, "b reuses a's space")
+	require.GreaterOrEqual(t, a.durable, removeSeq, "b's address was handed out before a's remove was durable")
+}
