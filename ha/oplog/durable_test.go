@@ -34,6 +34,7 @@ type holdFS struct {
 	held    bool
 	entered chan struct{} // a Sync is being held (buffered 1)
 	release chan struct{}
+	once    sync.Once
 }
 
 func newHoldFS() *holdFS {
@@ -46,7 +47,7 @@ func (h *holdFS) unhold() {
 	h.mu.Lock()
 	h.held = false
 	h.mu.Unlock()
-	close(h.release)
+	h.once.Do(func() { close(h.release) })
 }
 
 func (h *holdFS) OpenFile(name string, flag int, perm os.FileMode) (vfs.File, error) {
@@ -125,6 +126,7 @@ func TestDurableRPCWaitsForFsync(t *testing.T) {
 	d, err := OpenDurable(ctx, t.TempDir(), master.Config{Shards: 4}, LocalOptions{FS: fs})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.Close()) }()
+	defer fs.unhold() // a failing test must not leave the sink's fsync held
 	mc, _ := serveDurable(t, d)
 	_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
 	require.NoError(t, err)
@@ -299,6 +301,7 @@ func TestDurableFreedSpaceReusedAfterDurable(t *testing.T) {
 	d, err := OpenDurable(ctx, t.TempDir(), master.Config{Shards: 4}, LocalOptions{FS: fs})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, d.Close()) }()
+	defer fs.unhold() // a failing test must not leave the sink's fsync held
 	mc, _ := serveDurable(t, d)
 	_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
 	require.NoError(t, err)
