@@ -151,6 +151,7 @@ func TestCrashRecovery(t *testing.T) {
 		mu      sync.Mutex
 		acked   = map[string]bool{} // put acknowledged, not removed
 		removed = map[string]bool{} // remove acknowledged
+		unsure  = map[string]bool{} // put answered with an error
 		next    atomic.Int64
 	)
 	rc := store.ReplicateConfig{Replicas: 1}
@@ -199,11 +200,14 @@ func TestCrashRecovery(t *testing.T) {
 					}
 					key := fmt.Sprintf("r%d/k%d", round, next.Add(1))
 					count()
-					if err := cl.Put(wctx, key, crashValue(key), rc); err == nil {
-						mu.Lock()
+					err := cl.Put(wctx, key, crashValue(key), rc)
+					mu.Lock()
+					if err == nil {
 						acked[key] = true
-						mu.Unlock()
+					} else {
+						unsure[key] = true
 					}
+					mu.Unlock()
 				}
 			}()
 		}
@@ -238,6 +242,15 @@ func TestCrashRecovery(t *testing.T) {
 			_, err := getRetry(ctx, cl, k)
 			require.ErrorIs(t, err, errcode.ErrObjectNotFound, "round %d: removed key %s came back", round, k)
 		}
+		// A put that was not acknowledged is there whole or not at all.
+		mu.Lock()
+		for k := range unsure {
+			if got, err := getRetry(ctx, cl, k); err == nil {
+				require.True(t, bytes.Equal(crashValue(k), got), "round %d: unacknowledged key %s half-visible", round, k)
+			}
+			delete(unsure, k)
+		}
+		mu.Unlock()
 	}
 	t.Logf("%d rounds, %d acknowledged puts checked (summed over rounds), %d removes", rounds, totalAcked, len(removed))
 	require.NoError(t, cl.Close())
