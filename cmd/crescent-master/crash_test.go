@@ -252,7 +252,8 @@ func TestCrashRecovery(t *testing.T) {
 		}
 		mu.Unlock()
 	}
-	t.Logf("%d rounds, %d acknowledged puts checked (summed over rounds), %d removes", rounds, totalAcked, len(removed))
+	t.Logf("%d rounds, %d acknowledged puts checked (summed over rounds), %d removes; the client remounted %d times",
+		rounds, totalAcked, len(removed), cl.Stats().Remounts)
 	require.NoError(t, cl.Close())
 	proc.cmd.Process.Signal(syscall.SIGTERM)
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/crescent-kv/crescent/event"
+	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -196,5 +197,21 @@ func TestRun(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not stop")
+	}
+}
+
+// A data directory another master holds refuses to start, with the
+// reason (never a second writer on one log).
+func TestRunDataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	st, err := oplog.OpenLocal(dir, oplog.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	c := defaults()
+	c.RPCAddress, c.RPCPort, c.MetricsPort, c.DataDir, c.LogLevel = "127.0.0.1", freePort(t), 0, dir, "error"
+	if err := run(context.Background(), c); !errors.Is(err, oplog.ErrLocked) {
+		t.Fatalf("run on a held data_dir: %v", err)
 	}
 }
