@@ -21,6 +21,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine/metadata/httpmeta"
 	"github.com/crescent-kv/crescent/event"
+	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
@@ -63,6 +64,10 @@ type config struct {
 	KVEventsBatchIntervalMs  float64 `yaml:"kv_events_batch_interval_ms"`
 	KVEventsOverflow         string  `yaml:"kv_events_overflow"`
 	KVEventsReplayBufferSize int     `yaml:"kv_events_replay_buffer_size"`
+
+	// DataDir, when set, makes the master durable: its operation log
+	// lives there and is replayed at start.
+	DataDir string `yaml:"data_dir"`
 
 	LogLevel string `yaml:"log_level"`
 }
@@ -117,6 +122,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.KVEventsBatchIntervalMs, "kv_events_batch_interval_ms", c.KVEventsBatchIntervalMs, "longest wait before a partial batch is sent, ms")
 	fs.StringVar(&c.KVEventsOverflow, "kv_events_overflow", c.KVEventsOverflow, "drop_oldest (puts never wait) or block")
 	fs.IntVar(&c.KVEventsReplayBufferSize, "kv_events_replay_buffer_size", c.KVEventsReplayBufferSize, "batches kept for replay")
+	fs.StringVar(&c.DataDir, "data_dir", c.DataDir, "directory of the operation log: every change is durable there before it is acknowledged, and a restart replays it (empty: state in memory only)")
 	fs.StringVar(&c.LogLevel, "log_level", c.LogLevel, "debug, info, warn or error")
 }
 
@@ -229,8 +235,24 @@ func run(ctx context.Context, cfg config) error {
 		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
 	}
 
-	m, err := master.New(mc)
-	if err != nil {
+	var (
+		m       *master.Master
+		svcOpts []master.ServiceOption
+		err     error
+	)
+	if cfg.DataDir != "" {
+		d, err := oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log})
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if cerr := d.Close(); cerr != nil {
+				log.Error("closing the operation log", "err", cerr)
+			}
+		}()
+		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "entries", d.Replayed, "took", d.Took)
+		m, svcOpts = d.Master, []master.ServiceOption{d.ServiceOption()}
+	} else if m, err = master.New(mc); err != nil {
 		return err
 	}
 	if err := m.Start(); err != nil {
@@ -239,11 +261,11 @@ func run(ctx context.Context, cfg config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var metrics *master.Metrics
-	svc := master.NewService(m, master.WithObserver(func(rpc string, d time.Duration, err error) {
+	svc := master.NewService(m, append(svcOpts, master.WithObserver(func(rpc string, d time.Duration, err error) {
 		metrics.Observe(rpc, d, err)
 	}), master.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
 		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
-		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))
+		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))...)
 	metrics = master.NewMetrics(m, svc)
 	reg.MustRegister(metrics)
 	if pub != nil {

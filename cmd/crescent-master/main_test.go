@@ -18,11 +18,18 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/crescent-kv/crescent/event"
+	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		main() // the crash test's master process
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestLoadDefaults(t *testing.T) {
 	c, err := load(nil)
@@ -38,13 +45,14 @@ func TestLoadDefaults(t *testing.T) {
 
 func TestLoadYAMLAndFlags(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "master.yaml")
-	os.WriteFile(path, []byte("rpc_port: 6000\nclient_ttl: 3\nallocation_strategy: free_ratio_first\neviction_ratio: 0.2\n"), 0o600)
+	os.WriteFile(path, []byte("rpc_port: 6000\nclient_ttl: 3\nallocation_strategy: free_ratio_first\neviction_ratio: 0.2\ndata_dir: /var/lib/crescent\n"), 0o600)
 	c, err := load([]string{"--config", path, "--client_ttl=7", "--metrics_port", "9100"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// From the file, except where the command line says otherwise.
-	if c.RPCPort != 6000 || c.AllocationStrategy != "free_ratio_first" || c.EvictionRatio != 0.2 || c.ClientTTL != 7 || c.MetricsPort != 9100 {
+	if c.RPCPort != 6000 || c.AllocationStrategy != "free_ratio_first" || c.EvictionRatio != 0.2 || c.ClientTTL != 7 || c.MetricsPort != 9100 ||
+		c.DataDir != "/var/lib/crescent" {
 		t.Fatalf("merged %+v", c)
 	}
 	// Keys the file leaves out keep their defaults.
@@ -189,5 +197,21 @@ func TestRun(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("run did not stop")
+	}
+}
+
+// A data directory another master holds refuses to start, with the
+// reason (never a second writer on one log).
+func TestRunDataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	st, err := oplog.OpenLocal(dir, oplog.LocalOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	c := defaults()
+	c.RPCAddress, c.RPCPort, c.MetricsPort, c.DataDir, c.LogLevel = "127.0.0.1", freePort(t), 0, dir, "error"
+	if err := run(context.Background(), c); !errors.Is(err, oplog.ErrLocked) {
+		t.Fatalf("run on a held data_dir: %v", err)
 	}
 }

@@ -89,6 +89,30 @@
 // acknowledged (a handler waiting for Appended() after its call never
 // gets nil for an op that was dropped).
 //
+// # A durable master (OpenDurable)
+//
+// OpenDurable(ctx, dir, cfg, opts) is crescent-master's --data_dir: it
+// opens the local store in dir, builds a master from cfg, replays every
+// entry into it (DecodeOp + Master.Replay, which never logs again) and
+// then starts a Sink numbering from the store's LastSeq, which the master
+// logs to from then on (Config.OpLog is a forwarder set before the
+// master is handed out). Any error fails the open (fail closed): an
+// entry that does not decode, a replay that diverges, a log compacted
+// with no snapshot to start from. Replayed clients are seen at the
+// restart (a grace of ClientTTL), leases start empty, unfinished puts
+// stay unfinished (not readable; released on PutReleaseTimeout).
+//
+// Durable.ServiceOption installs master.WithDurability: every RPC,
+// reads included, answers only once all that was logged before its
+// answer is durable (Durable.Wait: Sink.WaitDurable(Appended()), at once
+// when nothing is pending); after a failure of the log every RPC
+// answers INTERNAL_ERROR and /health 503 with the cause (fail-stop).
+// Since an op is logged under the locks of what it changes, before any
+// other op can reuse space it frees, a put's answer (the address its
+// writer will overwrite) implies every earlier remove or eviction of
+// that space is durable: a crash never brings back a key over bytes a
+// client has overwritten.
+//
 // # Local files (OpenLocal)
 //
 // A data directory holds segment files, a META file and a LOCK file.

@@ -168,6 +168,10 @@
 // release ids first (unknown ones are ignored), carry the reservation TTL
 // (PutDiscardTimeout) and take at most 64 specs of at most 64 each.
 // ReportFailedSegments (Crescent's) takes at most 64 segment ids.
+// WithDurability (an operation log's wait) makes every RPC, reads
+// included, answer only once all the master logged before the answer is
+// durable, and INTERNAL_ERROR when the log failed (/health then answers
+// 503 with the cause); the wait runs in UnaryInterceptor.
 // Service.Counts and WithObserver feed metrics, counted in one place:
 // Service.UnaryInterceptor, which Serve installs on both of its servers
 // (a server given the service through Register alone needs it too).

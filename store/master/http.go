@@ -159,6 +159,12 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 	})
 	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := svc.Healthy(); err != nil {
+			// Fail-stop: nothing more is acknowledged.
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "UNAVAILABLE:", err)
+			return
+		}
 		fmt.Fprintln(w, "OK")
 	})
 	mux.HandleFunc("/query_key", func(w http.ResponseWriter, r *http.Request) {

@@ -77,6 +77,8 @@ type Service struct {
 	grace   time.Duration
 	crpc    crpc.ServerConfig
 	conns   netx.Config
+	durable func(ctx context.Context) error // nil: no log to wait for
+	health  func() error
 }
 
 // ServiceOption configures NewService.
@@ -100,6 +102,25 @@ func WithGracePeriod(d time.Duration) ServiceOption { return func(s *Service) { 
 // given) and, with conns, the port's accept loop (connection caps).
 func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) ServiceOption {
 	return func(s *Service) { s.crpc, s.conns = cfg, conns }
+}
+
+// WithDurability makes every RPC answer only once wait returns nil: wait
+// blocks until everything the master logged so far is durable (a read
+// that saw a change must not be answered before the change is durable
+// either) and returns at once when nothing is pending. When wait fails
+// the RPC answers INTERNAL_ERROR with the cause (or the caller's context error) instead of its result.
+// failed, when set, reports the log's failure (nil while healthy): the
+// admin /health answers 503 with it (fail-stop).
+func WithDurability(wait func(ctx context.Context) error, failed func() error) ServiceOption {
+	return func(s *Service) { s.durable, s.health = wait, failed }
+}
+
+// Healthy is nil unless the durability hook reports a failure.
+func (s *Service) Healthy() error {
+	if s == nil || s.health == nil {
+		return nil
+	}
+	return s.health()
 }
 
 // NewService returns the gRPC service for m.
@@ -155,6 +176,16 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		}
 		start := time.Now()
 		resp, err := h(ctx, req)
+		if s.durable != nil {
+			// Answer nothing (success or failure) from a state that is
+			// not durable yet.
+			if werr := s.durable(ctx); werr != nil {
+				if ctx.Err() == nil {
+					werr = &errcode.Error{Code: errcode.InternalError, Msg: "master: operation log not durable: " + werr.Error()}
+				}
+				resp, err = nil, errcode.ToStatus(werr)
+			}
+		}
 		items, bad := batchItems(resp)
 		s.done(rpc, start, err, items, bad)
 		return resp, err

@@ -1,0 +1,166 @@
+package oplog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// replayBatch is how many entries recovery reads at a time.
+const replayBatch = 1024
+
+// Durable is a master made durable by a local data directory: the store,
+// the master rebuilt from it and the sink logging the master's changes.
+type Durable struct {
+	Master *master.Master
+	Sink   *Sink
+	Store  *Local
+	// Replayed is how many entries recovery applied, Took how long
+	// opening the directory and replaying them took.
+	Replayed uint64
+	Took     time.Duration
+}
+
+// OpenDurable opens (or creates) the data directory dir, builds a master
+// from cfg with the log as its OpLog, replays every entry into it and
+// returns it, not started. Any error (an entry that does not decode, a
+// replay that diverges, a log compacted with no snapshot to start from)
+// fails the whole open: a master never serves a partial state. cfg.OpLog
+// must be nil.
+//
+// Config.OpLog is taken at construction, so the master gets a
+// forwarder to the sink, which is created after the replay and numbers
+// from the store's last seq; Replay never logs, so the replayed entries
+// are not appended again.
+func OpenDurable(ctx context.Context, dir string, cfg master.Config, opts LocalOptions) (*Durable, error) {
+	if cfg.OpLog != nil {
+		return nil, errors.New("oplog: OpenDurable: cfg.OpLog is set")
+	}
+	start := time.Now()
+	st, err := OpenLocal(dir, opts)
+	if err != nil {
+		return nil, err
+	}
+	d := &Durable{Store: st}
+	if err := d.open(ctx, cfg); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("oplog: recover %s: %w", dir, err)
+	}
+	d.Took = time.Since(start)
+	return d, nil
+}
+
+func (d *Durable) open(ctx context.Context, cfg master.Config) error {
+	st := d.Store
+	first, err := st.FirstSeq(ctx)
+	if err != nil {
+		return err
+	}
+	last, err := st.LastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	if first > 1 && first <= last {
+		return fmt.Errorf("log starts at seq %d and no snapshot covers the seqs before it", first)
+	}
+	lazy := &lazySink{}
+	cfg.OpLog = lazy
+	m, err := master.New(cfg)
+	if err != nil {
+		return err
+	}
+	d.Master = m
+	term := uint64(1)
+	st.metaMu.Lock()
+	term = max(term, st.metaTerm)
+	st.metaMu.Unlock()
+	for next := uint64(1); next <= last; {
+		es, err := st.Read(ctx, next, replayBatch)
+		if err != nil {
+			return fmt.Errorf("read seq %d: %w", next, err)
+		}
+		if len(es) == 0 {
+			return fmt.Errorf("seq %d missing (last %d)", next, last)
+		}
+		for i := range es {
+			e := &es[i]
+			if e.Seq != next {
+				return fmt.Errorf("seq %d where %d was expected", e.Seq, next)
+			}
+			op, err := DecodeOp(e)
+			if err != nil {
+				return fmt.Errorf("seq %d: %w", e.Seq, err)
+			}
+			if err := m.Replay(op); err != nil {
+				return fmt.Errorf("replay seq %d (%v %q): %w", e.Seq, op.Kind, op.Key, err)
+			}
+			term = max(term, e.Term)
+			next++
+			d.Replayed++
+		}
+	}
+	sink, err := NewSink(ctx, st, SinkConfig{Term: term})
+	if err != nil {
+		return err
+	}
+	d.Sink = sink
+	lazy.s = sink
+	return nil
+}
+
+// lazySink lets the master be built before the sink exists; it is set
+// before the master is started or handed out, and replay never appends.
+type lazySink struct{ s *Sink }
+
+func (l *lazySink) Append(op *master.Op) {
+	if l.s == nil {
+		panic("oplog: an op was logged during recovery")
+	}
+	l.s.Append(op)
+}
+
+// Wait returns once everything the master logged so far is durable, at
+// once when nothing is pending; after a failure of the log it returns
+// the failure, so nothing more is acknowledged (fail-stop).
+func (d *Durable) Wait(ctx context.Context) error {
+	if err := d.Sink.Failed(); err != nil {
+		return err
+	}
+	seq := d.Sink.Appended()
+	if d.Sink.Durable() >= seq {
+		return nil
+	}
+	return d.Sink.WaitDurable(ctx, seq)
+}
+
+// Failed is the log's failure, nil while healthy.
+func (d *Durable) Failed() error {
+	if err := d.Sink.Failed(); err != nil {
+		return err
+	}
+	return d.Store.Err()
+}
+
+// ServiceOption makes a master.Service answer every RPC only once the
+// changes it may have seen are durable, and report the log's failure
+// on /health.
+func (d *Durable) ServiceOption() master.ServiceOption {
+	return master.WithDurability(d.Wait, d.Failed)
+}
+
+// Close closes the master, then the sink (writing what is queued), then
+// the store; it returns the first error.
+func (d *Durable) Close() error {
+	var errs []error
+	if d.Master != nil {
+		errs = append(errs, d.Master.Close())
+	}
+	if d.Sink != nil {
+		errs = append(errs, d.Sink.Close())
+	}
+	errs = append(errs, d.Store.Close())
+	return errors.Join(errs...)
+}
