@@ -74,9 +74,7 @@ func (d *Durable) open(ctx context.Context, cfg master.Config) error {
 	}
 	d.Master = m
 	term := uint64(1)
-	st.metaMu.Lock()
-	term = max(term, st.metaTerm)
-	st.metaMu.Unlock()
+	term = max(term, st.Term())
 	for next := uint64(1); next <= last; {
 		es, err := st.Read(ctx, next, replayBatch)
 		if err != nil {

@@ -1192,3 +1192,10 @@ func (g *gate) release(b, e int64) {
 	g.wake = make(chan struct{})
 	g.mu.Unlock()
 }
+
+// Term is the highest leadership term recorded in META.
+func (l *Local) Term() uint64 {
+	l.metaMu.Lock()
+	defer l.metaMu.Unlock()
+	return l.metaTerm
+}
