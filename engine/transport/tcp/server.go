@@ -90,6 +90,9 @@ func (s *serverConn) loop() error {
 				s.status(StatusRejected)
 			}
 			s.flush()
+			if h.IsWrite() {
+				s.linger(h.Size)
+			}
 			return err
 		}
 		// A stalled peer must not pin memory forever.
@@ -178,4 +181,21 @@ func (s *serverConn) releaseAll() {
 	clear(s.leases)
 	clear(s.iov)
 	s.leases, s.iov, s.out, s.outRun, s.bytes = s.leases[:0], s.iov[:0], s.out[:0], 0, 0
+}
+
+// Bounds of the drain after a refused WRITE.
+const (
+	lingerBytes = 64 << 20
+	lingerTime  = 2 * time.Second
+)
+
+// linger ends a connection whose refused WRITE payload is still arriving
+// without resetting it: closing with unread bytes sends an RST, which
+// can destroy the refusal before the client reads it. Our half is shut
+// (FIN after the reply) and the payload read and dropped, bounded in
+// bytes and time.
+func (s *serverConn) linger(size uint64) {
+	s.c.CloseWrite()
+	s.c.SetReadDeadline(time.Now().Add(lingerTime))
+	io.CopyN(io.Discard, s.br, int64(min(size, lingerBytes)))
 }
