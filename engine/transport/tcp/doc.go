@@ -15,7 +15,9 @@
 // high half, s = 0 OK, 1 rejected): for a READ before the data, for a
 // WRITE after the payload has landed in target memory. A request whose
 // range is not inside one registered buffer is rejected (status 1 for v2)
-// and the connection closes. The server serves any number of requests per
+// and the connection closes (after a refused WRITE the server shuts its
+// half and drops the payload, up to 64 MiB or 2 s, so the refusal is not
+// lost to a reset). The server serves any number of requests per
 // connection, in order, so it accepts both the reference's
 // one-connection-per-transfer clients and pipelined ones. The client uses
 // v2 when the target's descriptor says tcp_proto_version >= 2.
