@@ -103,6 +103,23 @@ func serveDurable(t *testing.T, d *Durable) (storepb.MasterClient, *master.Servi
 	return storepb.NewMasterClient(conn), svc
 }
 
+// openHeld opens a durable master whose log's fsync the test can hold,
+// serves it and mounts durSeg. Cleanup releases the fsync first (a
+// failing test must not leave it held), then stops the server, then
+// closes the master.
+func openHeld(t *testing.T) (*Durable, *holdFS, storepb.MasterClient) {
+	t.Helper()
+	fs := newHoldFS()
+	d, err := OpenDurable(context.Background(), t.TempDir(), master.Config{Shards: 4}, LocalOptions{FS: fs})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, d.Close()) })
+	mc, _ := serveDurable(t, d)
+	t.Cleanup(fs.unhold)
+	_, err = mc.MountSegment(context.Background(), &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
+	require.NoError(t, err)
+	return d, fs, mc
+}
+
 var (
 	durClient = &storepb.UUID{High: 7, Low: 1}
 	durSeg    = &storepb.Segment{Id: &storepb.UUID{High: 9, Low: 1}, Name: "127.0.0.1:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
@@ -122,14 +139,7 @@ func durPut(ctx context.Context, mc storepb.MasterClient, key string) error {
 func TestDurableRPCWaitsForFsync(t *testing.T) {
 	leakCheck(t)
 	ctx := context.Background()
-	fs := newHoldFS()
-	d, err := OpenDurable(ctx, t.TempDir(), master.Config{Shards: 4}, LocalOptions{FS: fs})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, d.Close()) }()
-	defer fs.unhold() // a failing test must not leave the sink's fsync held
-	mc, _ := serveDurable(t, d)
-	_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
-	require.NoError(t, err)
+	d, fs, mc := openHeld(t)
 	require.Equal(t, d.Sink.Appended(), d.Sink.Durable(), "acknowledged, so durable")
 
 	fs.hold()
@@ -154,7 +164,7 @@ func TestDurableRPCWaitsForFsync(t *testing.T) {
 	require.NoError(t, a.err)
 	require.GreaterOrEqual(t, a.durable, seq, "answered before its entry was durable")
 	// Nothing pending: a read answers at once.
-	_, err = mc.ExistKey(ctx, &storepb.ExistKeyRequest{Key: "k"})
+	_, err := mc.ExistKey(ctx, &storepb.ExistKeyRequest{Key: "k"})
 	require.NoError(t, err)
 }
 
@@ -297,14 +307,7 @@ func TestDurableFailsClosed(t *testing.T) {
 func TestDurableFreedSpaceReusedAfterDurable(t *testing.T) {
 	leakCheck(t)
 	ctx := context.Background()
-	fs := newHoldFS()
-	d, err := OpenDurable(ctx, t.TempDir(), master.Config{Shards: 4}, LocalOptions{FS: fs})
-	require.NoError(t, err)
-	defer func() { require.NoError(t, d.Close()) }()
-	defer fs.unhold() // a failing test must not leave the sink's fsync held
-	mc, _ := serveDurable(t, d)
-	_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
-	require.NoError(t, err)
+	d, fs, mc := openHeld(t)
 	// "a" fills the segment: "b" can only go where "a" was.
 	ra, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Key: "a", Size: durSeg.Size})
 	require.NoError(t, err)
