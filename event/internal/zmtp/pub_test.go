@@ -98,3 +98,19 @@ func TestPubBoundsSubscriptionCount(t *testing.T) {
 	closedByPeer(t, c)
 	require.Eventually(t, func() bool { return p.Subscribers() == 0 }, 10*time.Second, time.Millisecond)
 }
+
+// A connection DialConn returned stays open when the caller cancels the
+// dial's context right after (its watcher used to pick ctx.Done or the
+// handshake's end at random, and then close the connection).
+func TestDialConnSurvivesCancelAfterReturn(t *testing.T) {
+	_, e := servePub(t, PubConfig{})
+	for i := range 100 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := DialConn(ctx, e, zmq4.Sub)
+		require.NoError(t, err)
+		cancel()
+		time.Sleep(time.Millisecond) // let a stray watcher run
+		require.NoError(t, c.raw.SetReadDeadline(time.Now().Add(time.Second)), "dial %d: closed after cancel", i)
+		c.Close()
+	}
+}

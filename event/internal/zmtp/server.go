@@ -74,9 +74,16 @@ func DialConn(ctx context.Context, e Endpoint, typ zmq4.SocketType) (*Conn, erro
 		timeout = time.Until(dl)
 	}
 	stop := make(chan struct{})
-	go closeOnDone(ctx, raw, stop)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		closeOnDone(ctx, raw, stop)
+	}()
 	c, err := Handshake(raw, typ, false, timeout)
 	close(stop)
+	// Wait for the watcher to decide: a caller that cancels ctx once we
+	// return (a dial timeout) must not find its connection closed.
+	<-watched
 	if err != nil {
 		_ = raw.Close()
 		return nil, err
