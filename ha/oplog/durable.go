@@ -12,12 +12,13 @@ import (
 // replayBatch is how many entries recovery reads at a time.
 const replayBatch = 1024
 
-// Durable is a master made durable by a local data directory: the store,
-// the master rebuilt from it and the sink logging the master's changes.
+// Durable is a master made durable by an operation log (a local data
+// directory or etcd): the store, the master rebuilt from it and the sink
+// logging the master's changes.
 type Durable struct {
 	Master *master.Master
 	Sink   *Sink
-	Store  *Local
+	Store  Store
 	// Replayed is how many entries recovery applied, Took how long
 	// opening the directory and replaying them took.
 	Replayed uint64
@@ -44,14 +45,40 @@ func OpenDurable(ctx context.Context, dir string, cfg master.Config, opts LocalO
 	if err != nil {
 		return nil, err
 	}
+	d, err := open(ctx, st, cfg, start)
+	if err != nil {
+		return nil, fmt.Errorf("oplog: recover %s: %w", dir, err)
+	}
+	return d, nil
+}
+
+// Open is OpenDurable over any Store (etcd, say), which the Durable then
+// owns: Close closes it, also when Open fails.
+func Open(ctx context.Context, st Store, cfg master.Config) (*Durable, error) {
+	d, err := open(ctx, st, cfg, time.Now())
+	if err != nil {
+		return nil, fmt.Errorf("oplog: recover: %w", err)
+	}
+	return d, nil
+}
+
+func open(ctx context.Context, st Store, cfg master.Config, start time.Time) (*Durable, error) {
+	if cfg.OpLog != nil {
+		st.Close()
+		return nil, errors.New("cfg.OpLog is set")
+	}
 	d := &Durable{Store: st}
 	if err := d.open(ctx, cfg); err != nil {
 		d.Close()
-		return nil, fmt.Errorf("oplog: recover %s: %w", dir, err)
+		return nil, err
 	}
 	d.Took = time.Since(start)
 	return d, nil
 }
+
+// termed and failing are what Local and Etcd add to Store.
+type termed interface{ Term() uint64 }
+type failing interface{ Err() error }
 
 func (d *Durable) open(ctx context.Context, cfg master.Config) error {
 	st := d.Store
@@ -74,7 +101,9 @@ func (d *Durable) open(ctx context.Context, cfg master.Config) error {
 	}
 	d.Master = m
 	term := uint64(1)
-	term = max(term, st.Term())
+	if t, ok := st.(termed); ok {
+		term = max(term, t.Term())
+	}
 	for next := uint64(1); next <= last; {
 		es, err := st.Read(ctx, next, replayBatch)
 		if err != nil {
@@ -139,7 +168,10 @@ func (d *Durable) Failed() error {
 	if err := d.Sink.Failed(); err != nil {
 		return err
 	}
-	return d.Store.Err()
+	if f, ok := d.Store.(failing); ok {
+		return f.Err()
+	}
+	return nil
 }
 
 // ServiceOption makes a master.Service answer every RPC only once the

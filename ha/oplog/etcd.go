@@ -981,3 +981,21 @@ func EtcdClientConfig(endpoints []string) clientv3.Config {
 		MaxCallRecvMsgSize:   4 << 20,
 	}
 }
+
+// Term is the highest term in the stored prefix, as last read or written.
+func (s *Etcd) Term() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.view.term
+}
+
+// Err is the store's failure (ErrFailed wrapping the cause, or ErrClosed),
+// nil while it works.
+func (s *Etcd) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failErr == nil && !s.closed {
+		return nil
+	}
+	return s.failedErrLocked()
+}
