@@ -640,3 +640,40 @@ func binDown(size uint64) uint32 {
 }
 
 func alignUp(x, a uint64) uint64 { return (x + a - 1) &^ (a - 1) }
+
+// Range is one range of the address space, as Ranges reports it.
+type Range struct {
+	Offset, Size uint64
+	Free         bool
+	// Rank is a free range's place in its size class's list (0: the one
+	// the next Alloc of that class takes). Offsets, sizes and ranks fix
+	// the result of every later Alloc and Free, so a copy rebuilt from
+	// them (allocate everything in address order, then free the free
+	// ranges by descending rank) behaves as this allocator does.
+	Rank uint32
+}
+
+// Ranges returns every range, used and free, in address order. O(nodes).
+func (a *Allocator) Ranges() []Range {
+	rank := make(map[uint32]uint32, a.ranges)
+	for b := range uint32(NumClasses) {
+		r := uint32(0)
+		for i := a.binHead[b]; i != none; i = a.nodes[i].binNext {
+			rank[i] = r
+			r++
+		}
+	}
+	head := none
+	for i := range a.nodes {
+		if n := &a.nodes[i]; n.size != 0 && n.nbrPrev == none {
+			head = uint32(i)
+			break
+		}
+	}
+	out := make([]Range, 0, a.allocs+a.ranges)
+	for i := head; i != none; i = a.nodes[i].nbrNext {
+		n := &a.nodes[i]
+		out = append(out, Range{Offset: n.off, Size: n.size, Free: !n.used, Rank: rank[i]})
+	}
+	return out
+}
