@@ -21,7 +21,7 @@ TOOLS := $(CURDIR)/bin/tools
 PROTOS := store/storepb/master.proto
 MSGP := github.com/tinylib/msgp@v1.6.5
 # Packages whose msgp code is generated (go:generate msgp).
-MSGP_PKGS := ha/oplog
+MSGP_PKGS := ha/oplog ha/snapshot
 
 all: build
 
