@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/crescent-kv/crescent/ha/snapshot"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
@@ -19,14 +20,17 @@ type Durable struct {
 	Master *master.Master
 	Sink   *Sink
 	Store  Store
-	// Replayed is how many entries recovery applied, Took how long
-	// opening the directory and replaying them took.
+	// Snapshot is the snapshot recovery started from (zero ID: none),
+	// Replayed how many entries it applied after it, Took how long
+	// opening the directory, loading the snapshot and replaying took.
+	Snapshot snapshot.Meta
 	Replayed uint64
 	Took     time.Duration
 }
 
 // OpenDurable opens (or creates) the data directory dir, builds a master
-// from cfg with the log as its OpLog, replays every entry into it and
+// from cfg with the log as its OpLog, loads the latest snapshot into it
+// when WithSnapshots gives a source, replays every entry after it and
 // returns it, not started. Any error (an entry that does not decode, a
 // replay that diverges, a log compacted with no snapshot to start from)
 // fails the whole open: a master never serves a partial state. cfg.OpLog
@@ -36,7 +40,7 @@ type Durable struct {
 // forwarder to the sink, which is created after the replay and numbers
 // from the store's last seq; Replay never logs, so the replayed entries
 // are not appended again.
-func OpenDurable(ctx context.Context, dir string, cfg master.Config, opts LocalOptions) (*Durable, error) {
+func OpenDurable(ctx context.Context, dir string, cfg master.Config, opts LocalOptions, more ...DurableOption) (*Durable, error) {
 	if cfg.OpLog != nil {
 		return nil, errors.New("oplog: OpenDurable: cfg.OpLog is set")
 	}
@@ -45,7 +49,7 @@ func OpenDurable(ctx context.Context, dir string, cfg master.Config, opts LocalO
 	if err != nil {
 		return nil, err
 	}
-	d, err := open(ctx, st, cfg, start)
+	d, err := open(ctx, st, cfg, start, more)
 	if err != nil {
 		return nil, fmt.Errorf("oplog: recover %s: %w", dir, err)
 	}
@@ -54,21 +58,25 @@ func OpenDurable(ctx context.Context, dir string, cfg master.Config, opts LocalO
 
 // Open is OpenDurable over any Store (etcd, say), which the Durable then
 // owns: Close closes it, also when Open fails.
-func Open(ctx context.Context, st Store, cfg master.Config) (*Durable, error) {
-	d, err := open(ctx, st, cfg, time.Now())
+func Open(ctx context.Context, st Store, cfg master.Config, more ...DurableOption) (*Durable, error) {
+	d, err := open(ctx, st, cfg, time.Now(), more)
 	if err != nil {
 		return nil, fmt.Errorf("oplog: recover: %w", err)
 	}
 	return d, nil
 }
 
-func open(ctx context.Context, st Store, cfg master.Config, start time.Time) (*Durable, error) {
+func open(ctx context.Context, st Store, cfg master.Config, start time.Time, more []DurableOption) (*Durable, error) {
 	if cfg.OpLog != nil {
 		st.Close()
 		return nil, errors.New("cfg.OpLog is set")
 	}
+	var o durableOptions
+	for _, f := range more {
+		f(&o)
+	}
 	d := &Durable{Store: st}
-	if err := d.open(ctx, cfg); err != nil {
+	if err := d.open(ctx, cfg, o); err != nil {
 		d.Close()
 		return nil, err
 	}
@@ -80,8 +88,18 @@ func open(ctx context.Context, st Store, cfg master.Config, start time.Time) (*D
 type termed interface{ Term() uint64 }
 type failing interface{ Err() error }
 
-func (d *Durable) open(ctx context.Context, cfg master.Config) error {
+func (d *Durable) open(ctx context.Context, cfg master.Config, o durableOptions) error {
 	st := d.Store
+	var snap snapshot.Meta
+	if o.catalog != nil {
+		meta, ok, err := latestSnapshot(ctx, o.catalog)
+		if err != nil {
+			return err
+		}
+		if ok {
+			snap = meta
+		}
+	}
 	first, err := st.FirstSeq(ctx)
 	if err != nil {
 		return err
@@ -90,8 +108,13 @@ func (d *Durable) open(ctx context.Context, cfg master.Config) error {
 	if err != nil {
 		return err
 	}
-	if first > 1 && first <= last {
+	switch {
+	case last > snap.Seq && first > snap.Seq+1 && snap.ID == "":
 		return fmt.Errorf("log starts at seq %d and no snapshot covers the seqs before it", first)
+	case last > snap.Seq && first > snap.Seq+1:
+		return fmt.Errorf("log starts at seq %d, after snapshot %s (seq %d): seqs %d..%d are lost", first, snap.ID, snap.Seq, snap.Seq+1, first-1)
+	case last < snap.Seq:
+		return fmt.Errorf("log ends at seq %d, before snapshot %s (seq %d)", last, snap.ID, snap.Seq)
 	}
 	lazy := &lazySink{}
 	cfg.OpLog = lazy
@@ -104,31 +127,19 @@ func (d *Durable) open(ctx context.Context, cfg master.Config) error {
 	if t, ok := st.(termed); ok {
 		term = max(term, t.Term())
 	}
-	for next := uint64(1); next <= last; {
-		es, err := st.Read(ctx, next, replayBatch)
-		if err != nil {
-			return fmt.Errorf("read seq %d: %w", next, err)
+	if snap.ID != "" {
+		if err := loadSnapshot(ctx, o.payloads, snap, m); err != nil {
+			return err
 		}
-		if len(es) == 0 {
-			return fmt.Errorf("seq %d missing (last %d)", next, last)
-		}
-		for i := range es {
-			e := &es[i]
-			if e.Seq != next {
-				return fmt.Errorf("seq %d where %d was expected", e.Seq, next)
-			}
-			op, err := DecodeOp(e)
-			if err != nil {
-				return fmt.Errorf("seq %d: %w", e.Seq, err)
-			}
-			if err := m.Replay(op); err != nil {
-				return fmt.Errorf("replay seq %d (%v %q): %w", e.Seq, op.Kind, op.Key, err)
-			}
-			term = max(term, e.Term)
-			next++
-			d.Replayed++
-		}
+		d.Snapshot = snap
+		term = max(term, snap.Term)
 	}
+	t, n, err := replayLog(ctx, st, m, snap.Seq+1, last)
+	d.Replayed = n
+	if err != nil {
+		return err
+	}
+	term = max(term, t)
 	sink, err := NewSink(ctx, st, SinkConfig{Term: term})
 	if err != nil {
 		return err
