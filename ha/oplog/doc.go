@@ -102,6 +102,32 @@
 // restart (a grace of ClientTTL), leases start empty, unfinished puts
 // stay unfinished (not readable; released on PutReleaseTimeout).
 //
+// With WithSnapshots(payloads, catalog), recovery starts from the
+// catalog's latest snapshot (ha/snapshot's format, imported with
+// master.Import) and replays from its Seq+1 to LastSeq. No snapshot yet
+// (snapshot.ErrNoSnapshot) replays from seq 1; any other catalog or
+// payload error, a log whose FirstSeq is above Seq+1 (a gap), or a log
+// that ends before Seq fails the open: an unreachable catalog never
+// yields an empty master. Without it, recovery is as before.
+//
+// # Snapshots and compaction (Snapshotter)
+//
+// A snapshot is built from the log, never from the serving master (which
+// is never paused): Take loads the latest snapshot into a scratch
+// master, replays the log from its Seq+1 to the store's durable LastSeq,
+// exports the scratch master (the state at exactly that seq), writes the
+// body (Payloads.Create, Commit), publishes its Meta (id = seq and term,
+// snapshot.IDFor's format), then compacts the log below
+// Seq+1-LogRetain (keeping LogRetain entries for lagging followers) and
+// prunes the snapshots beyond Retain, each from the catalog before its
+// payload. A crash between any two steps leaves a recoverable state: an
+// unpublished body is an orphan (cleared before an id is written again),
+// compaction happens only behind a published snapshot, and a pruned
+// catalog entry loses at most an orphan body. One Take runs at a time
+// (TryTake answers ErrSnapshotBusy meanwhile). Its result reports the
+// serving master's longest pause (0) and the scratch export's longest
+// hold of one lock.
+//
 // Durable.ServiceOption installs master.WithDurability: every RPC,
 // reads included, answers only once all that was logged before its
 // answer is durable (Durable.Wait: Sink.WaitDurable(Appended()), at once

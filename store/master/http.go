@@ -1,8 +1,11 @@
 package master
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sort"
 	"strings"
@@ -148,10 +151,14 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 
 // AdminHandler serves the master's HTTP admin endpoints: /metrics
 // (Prometheus, reg), /metrics/summary (text), /health, /query_key?key=,
-// /get_all_keys, /get_all_segments. extra, when set, receives every other
-// path (the engine's HTTP metadata store at /metadata, for example).
-func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.Handler) http.Handler {
+// /get_all_keys, /get_all_segments, and with WithSnapshotHook POST
+// /snapshot. extra, when set, receives every other path (the engine's
+// HTTP metadata store at /metadata, for example).
+func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.Handler, opts ...AdminOption) http.Handler {
 	mux := http.NewServeMux()
+	for _, o := range opts {
+		o(mux)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/metrics/summary", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -204,6 +211,54 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 		mux.Handle("/", extra)
 	}
 	return mux
+}
+
+// AdminOption adds an endpoint to AdminHandler.
+type AdminOption func(*http.ServeMux)
+
+// SnapshotInfo is what POST /snapshot answers.
+type SnapshotInfo struct {
+	ID             string  `json:"id"`
+	Seq            uint64  `json:"seq"`
+	Size           int64   `json:"size"`
+	TookMs         float64 `json:"took_ms"`
+	LongestPauseMs float64 `json:"longest_pause_ms"`
+	// ScratchLongestHoldMs: the longest one lock of the replica the
+	// snapshot was exported from was held.
+	ScratchLongestHoldMs float64 `json:"scratch_longest_hold_ms"`
+	Unchanged            bool    `json:"unchanged,omitempty"` // nothing new since the latest snapshot
+}
+
+// ErrAdminBusy, from an admin hook, answers 409 Conflict.
+var ErrAdminBusy = errors.New("master: busy")
+
+// WithSnapshotHook serves POST /snapshot: take runs a snapshot now. Only
+// loopback peers may call it (admin operations need a credential, and
+// none is configured on this port); a snapshot already running answers
+// 409 (take returns ErrAdminBusy).
+func WithSnapshotHook(take func(context.Context) (SnapshotInfo, error)) AdminOption {
+	return func(mux *http.ServeMux) {
+		mux.HandleFunc("/snapshot", func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost {
+				w.Header().Set("Allow", http.MethodPost)
+				http.Error(w, "POST only", http.StatusMethodNotAllowed)
+				return
+			}
+			if host, _, err := net.SplitHostPort(r.RemoteAddr); err != nil || !net.ParseIP(host).IsLoopback() {
+				http.Error(w, "admin operations are served to loopback peers only", http.StatusForbidden)
+				return
+			}
+			info, err := take(r.Context())
+			switch {
+			case errors.Is(err, ErrAdminBusy):
+				http.Error(w, err.Error(), http.StatusConflict)
+			case err != nil:
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+			default:
+				writeJSON(w, info)
+			}
+		})
+	}
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
