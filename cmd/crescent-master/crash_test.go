@@ -126,6 +126,13 @@ func TestCrashRecovery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
 	}
+	runCrashRecovery(t)
+}
+
+// runCrashRecovery is TestCrashRecovery with extra master flags; it
+// returns the "recovered" log line of every restart.
+func runCrashRecovery(t *testing.T, extra ...string) []string {
+	var lines []string
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CRASH_SEED"); s != "" {
 		seed, _ = strconv.ParseUint(s, 10, 64)
@@ -136,6 +143,7 @@ func TestCrashRecovery(t *testing.T) {
 	port := freePort(t)
 	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", "0",
 		"--data_dir", dir, "--client_ttl", "60", "--log_level", "info"}
+	args = append(args, extra...)
 	proc, recovered := startMaster(t, args...)
 	require.Contains(t, recovered, "entries=0")
 
@@ -219,6 +227,7 @@ func TestCrashRecovery(t *testing.T) {
 
 		proc, recovered = startMaster(t, args...)
 		t.Logf("round %d: killed after %d ops; %s", round, ops.Load(), recovered)
+		lines = append(lines, recovered)
 		require.Contains(t, recovered, "entries=")
 
 		mu.Lock()
@@ -256,6 +265,7 @@ func TestCrashRecovery(t *testing.T) {
 		rounds, totalAcked, len(removed), cl.Stats().Remounts)
 	require.NoError(t, cl.Close())
 	proc.cmd.Process.Signal(syscall.SIGTERM)
+	return lines
 }
 
 // getRetry reads key, retrying while the restarted master is not

@@ -68,6 +68,11 @@ type config struct {
 	// DataDir, when set, makes the master durable: its operation log
 	// lives there and is replayed at start.
 	DataDir string `yaml:"data_dir"`
+	// Snapshots of a durable master (snapshots.go).
+	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
+	SnapshotRetain   int           `yaml:"snapshot_retain"`
+	SnapshotDir      string        `yaml:"snapshot_dir"`
+	OplogRetain      int64         `yaml:"oplog_retain"`
 
 	LogLevel string `yaml:"log_level"`
 }
@@ -85,6 +90,7 @@ func defaults() config {
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
 		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
+		SnapshotInterval:     10 * time.Minute, SnapshotRetain: oplog.DefaultSnapshotRetain, OplogRetain: oplog.DefaultLogRetain,
 	}
 }
 
@@ -123,6 +129,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.KVEventsOverflow, "kv_events_overflow", c.KVEventsOverflow, "drop_oldest (puts never wait) or block")
 	fs.IntVar(&c.KVEventsReplayBufferSize, "kv_events_replay_buffer_size", c.KVEventsReplayBufferSize, "batches kept for replay")
 	fs.StringVar(&c.DataDir, "data_dir", c.DataDir, "directory of the operation log: every change is durable there before it is acknowledged, and a restart replays it (empty: state in memory only)")
+	c.snapshotFlags(fs)
 	fs.StringVar(&c.LogLevel, "log_level", c.LogLevel, "debug, info, warn or error")
 }
 
@@ -185,7 +192,7 @@ func (c *config) validate() error {
 	if _, err := alloc.ParseStrategy(c.AllocationStrategy); err != nil {
 		return err
 	}
-	return nil
+	return c.validateSnapshots()
 }
 
 func main() {
@@ -240,8 +247,14 @@ func run(ctx context.Context, cfg config) error {
 		svcOpts []master.ServiceOption
 		err     error
 	)
+	var adminOpts []master.AdminOption
 	if cfg.DataDir != "" {
-		d, err := oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log})
+		snaps, err := openSnapshots(cfg, log)
+		if err != nil {
+			return err
+		}
+		defer snaps.close()
+		d, err := oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log}, snaps.recovery()...)
 		if err != nil {
 			return err
 		}
@@ -250,8 +263,13 @@ func run(ctx context.Context, cfg config) error {
 				log.Error("closing the operation log", "err", cerr)
 			}
 		}()
-		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "entries", d.Replayed, "took", d.Took)
+		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "snapshot", d.Snapshot.ID,
+			"snapshot_seq", d.Snapshot.Seq, "entries", d.Replayed, "took", d.Took)
 		m, svcOpts = d.Master, []master.ServiceOption{d.ServiceOption()}
+		if adminOpts, err = snaps.start(cfg, d, mc); err != nil {
+			return err
+		}
+		defer snaps.stop() // before the log closes
 	} else if m, err = master.New(mc); err != nil {
 		return err
 	}
@@ -291,7 +309,7 @@ func run(ctx context.Context, cfg config) error {
 		return nil
 	}
 	if cfg.MetricsPort > 0 {
-		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), master.AdminHandler(m, svc, reg, nil)); err != nil {
+		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), master.AdminHandler(m, svc, reg, nil, adminOpts...)); err != nil {
 			lis.Close()
 			m.Close()
 			return err

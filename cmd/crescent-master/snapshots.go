@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/crescent-kv/crescent/ha/oplog"
+	"github.com/crescent-kv/crescent/ha/snapshot"
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// localSnapshots opens the local payload store and catalog kept in dir.
+// It is nil until ha/snapshot's local backends are in the tree; then it
+// is snapshot.NewLocalPayloads(dir/payloads) and
+// snapshot.NewLocalCatalog(dir/catalog). While nil, a durable master
+// takes no snapshots (and never compacts its log).
+var localSnapshots func(dir string) (snapshot.Payloads, snapshot.Catalog, error)
+
+func (c *config) snapshotFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.SnapshotInterval, "snapshot_interval", c.SnapshotInterval, "with --data_dir, take a snapshot this often (0: only on POST /snapshot)")
+	fs.IntVar(&c.SnapshotRetain, "snapshot_retain", c.SnapshotRetain, "snapshots kept (older ones are deleted)")
+	fs.StringVar(&c.SnapshotDir, "snapshot_dir", c.SnapshotDir, "directory of the snapshots (default DATA_DIR/snapshots)")
+	fs.Int64Var(&c.OplogRetain, "oplog_retain", c.OplogRetain, "log entries kept below the latest snapshot for lagging followers; older ones are compacted away")
+}
+
+func (c *config) validateSnapshots() error {
+	switch {
+	case c.SnapshotInterval < 0:
+		return fmt.Errorf("snapshot_interval %v is negative", c.SnapshotInterval)
+	case c.SnapshotRetain < 1:
+		return fmt.Errorf("snapshot_retain %d, want at least 1", c.SnapshotRetain)
+	case c.OplogRetain < 0:
+		return fmt.Errorf("oplog_retain %d is negative", c.OplogRetain)
+	case c.SnapshotDir != "" && c.DataDir == "":
+		return errors.New("snapshot_dir needs data_dir")
+	}
+	return nil
+}
+
+// snapshots is a durable master's snapshot source and taker.
+type snapshots struct {
+	log      *slog.Logger
+	payloads snapshot.Payloads
+	catalog  snapshot.Catalog
+	sn       *oplog.Snapshotter
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+func openSnapshots(cfg config, log *slog.Logger) (*snapshots, error) {
+	s := &snapshots{log: log}
+	if localSnapshots == nil {
+		log.Warn("snapshots unavailable in this build: the log is replayed whole and never compacted")
+		return s, nil
+	}
+	dir := cfg.SnapshotDir
+	if dir == "" {
+		dir = filepath.Join(cfg.DataDir, "snapshots")
+	}
+	p, c, err := localSnapshots(dir)
+	if err != nil {
+		return nil, fmt.Errorf("snapshots in %s: %w", dir, err)
+	}
+	s.payloads, s.catalog = p, c
+	return s, nil
+}
+
+// recovery is the open option that starts from the latest snapshot.
+func (s *snapshots) recovery() []oplog.DurableOption {
+	if s.catalog == nil {
+		return nil
+	}
+	return []oplog.DurableOption{oplog.WithSnapshots(s.payloads, s.catalog)}
+}
+
+// start takes a snapshot every interval and returns the admin option
+// serving POST /snapshot.
+func (s *snapshots) start(cfg config, d *oplog.Durable, mc master.Config) ([]master.AdminOption, error) {
+	if s.catalog == nil {
+		return nil, nil
+	}
+	mc.Logger, mc.Events = nil, nil
+	logRetain := cfg.OplogRetain
+	if logRetain == 0 {
+		logRetain = -1 // SnapshotConfig's "keep none"
+	}
+	sn, err := oplog.NewSnapshotter(d.Store, oplog.SnapshotConfig{Payloads: s.payloads, Catalog: s.catalog, Master: mc,
+		Retain: cfg.SnapshotRetain, LogRetain: logRetain})
+	if err != nil {
+		return nil, err
+	}
+	s.sn = sn
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	if cfg.SnapshotInterval > 0 {
+		s.wg.Add(1)
+		go s.loop(ctx, cfg.SnapshotInterval)
+	}
+	take := func(ctx context.Context) (master.SnapshotInfo, error) {
+		res, err := s.take(ctx, sn.TryTake)
+		if errors.Is(err, oplog.ErrSnapshotBusy) {
+			err = fmt.Errorf("%w: %w", master.ErrAdminBusy, err)
+		}
+		if err != nil {
+			return master.SnapshotInfo{}, err
+		}
+		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+		return master.SnapshotInfo{ID: res.Meta.ID, Seq: res.Meta.Seq, Size: res.Meta.Size, TookMs: ms(res.Took),
+			LongestPauseMs: ms(res.LongestPause), ScratchLongestHoldMs: ms(res.ScratchLongestHold), Unchanged: res.Unchanged}, nil
+	}
+	return []master.AdminOption{master.WithSnapshotHook(take)}, nil
+}
+
+func (s *snapshots) take(ctx context.Context, f func(context.Context) (oplog.SnapshotResult, error)) (oplog.SnapshotResult, error) {
+	res, err := f(ctx)
+	switch {
+	case errors.Is(err, oplog.ErrSnapshotBusy):
+	case err != nil:
+		s.log.Error("snapshot failed", "err", err)
+	case res.Unchanged:
+		s.log.Debug("snapshot: nothing new", "id", res.Meta.ID)
+	default:
+		s.log.Info("snapshot taken", "id", res.Meta.ID, "seq", res.Meta.Seq, "size", res.Meta.Size, "records", res.Records,
+			"replayed", res.Replayed, "took", res.Took, "longest_pause", res.LongestPause,
+			"scratch_longest_hold", res.ScratchLongestHold, "log_first_seq", res.FirstSeq, "pruned", len(res.Pruned))
+	}
+	return res, err
+}
+
+func (s *snapshots) loop(ctx context.Context, every time.Duration) {
+	defer s.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.take(ctx, s.sn.Take)
+		}
+	}
+}
+
+// stop ends the periodic snapshots and waits for one running.
+func (s *snapshots) stop() {
+	if s.cancel != nil {
+		s.cancel()
+		s.wg.Wait()
+	}
+}
+
+func (s *snapshots) close() {
+	if s.catalog != nil {
+		if err := s.catalog.Close(); err != nil {
+			s.log.Warn("closing the snapshot catalog", "err", err)
+		}
+	}
+}
