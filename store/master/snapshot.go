@@ -203,6 +203,34 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 	return st, nil
 }
 
+// ExportCount is how many records Export would write now (a snapshot's
+// header announces it before the records).
+func (m *Master) ExportCount() int {
+	n := 1
+	m.segMu.Lock()
+	for _, s := range m.alloc.Segments() {
+		rs, _ := m.alloc.Layout(s.Index)
+		n += 1 + (len(rs)+MaxRangesPerRecord-1)/MaxRangesPerRecord
+	}
+	m.segMu.Unlock()
+	m.clientMu.RLock()
+	n += len(m.clients)
+	m.clientMu.RUnlock()
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += len(sh.index)
+		sh.mu.Unlock()
+	}
+	m.resvMu.Lock()
+	n += len(m.resv)
+	m.resvMu.Unlock()
+	m.discardMu.Lock()
+	n += len(m.discarded)
+	m.discardMu.Unlock()
+	return n
+}
+
 func objectRecord(o *object) *Record {
 	r := &Record{Size: o.size, Complete: o.complete(), Leased: o.flags&fLeased != 0, SoftPin: o.flags&fSoftPin != 0,
 		HardPin: o.flags&fHardPin != 0, Gen: o.gen, Lease: o.lease, Pin: o.pin}
@@ -446,12 +474,12 @@ func (im *Importer) object(r *Record) (object, error) {
 			o.flags |= f.f
 		}
 	}
-	o.ext = &objExt{owner: r.Owner, pinTTL: r.PinTTL, hashes: slices.Clone(r.Hashes)}
-	if len(ps) > 1 {
-		o.ext.more = ps[1:]
-	}
-	if o.complete() {
-		o.trimExt()
+	// Unfinished objects always have ext (pendingObject's shape).
+	if !o.complete() || !r.Owner.IsZero() || r.PinTTL != 0 || len(r.Hashes) > 0 || len(ps) > 1 {
+		o.ext = &objExt{owner: r.Owner, pinTTL: r.PinTTL, hashes: slices.Clone(r.Hashes)}
+		if len(ps) > 1 {
+			o.ext.more = ps[1:]
+		}
 	}
 	return o, nil
 }

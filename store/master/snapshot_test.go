@@ -16,8 +16,11 @@ import (
 func exportAll(t testing.TB, m *Master) ([]*Record, ExportStats) {
 	t.Helper()
 	var recs []*Record
+	n := m.ExportCount()
 	st, err := m.Export(func(r *Record) error { recs = append(recs, r); return nil })
 	require.NoError(t, err)
+	require.Len(t, recs, n, "ExportCount")
+	require.Equal(t, n, st.Records)
 	return recs, st
 }
 
