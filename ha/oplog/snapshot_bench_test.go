@@ -26,7 +26,7 @@ func BenchmarkSnapshot(b *testing.B) {
 	keys := *snapBenchKeys
 	dir := b.TempDir()
 	cfg := master.Config{Shards: 1024}
-	d, err := OpenDurable(ctx, dir, cfg, LocalOptions{})
+	d, err := OpenDurable(ctx, dir, cfg, LocalOptions{SegmentBytes: 8 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.Fatal(err)
 	}
 	runtime.GC()
-	full, err := OpenDurable(ctx, dir, cfg, LocalOptions{})
+	full, err := OpenDurable(ctx, dir, cfg, LocalOptions{SegmentBytes: 8 << 20})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func BenchmarkSnapshot(b *testing.B) {
 			b.Fatal(err)
 		}
 		runtime.GC()
-		r, err := OpenDurable(ctx, dir, cfg, LocalOptions{}, WithSnapshots(snaps, cat))
+		r, err := OpenDurable(ctx, dir, cfg, LocalOptions{SegmentBytes: 8 << 20}, WithSnapshots(snaps, cat))
 		if err != nil {
 			b.Fatal(err)
 		}
