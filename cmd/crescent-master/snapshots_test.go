@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/store"
+)
+
+func TestLoadSnapshotSettings(t *testing.T) {
+	c, err := load(nil)
+	require.NoError(t, err)
+	require.Equal(t, 10*time.Minute, c.SnapshotInterval)
+	require.Equal(t, 3, c.SnapshotRetain)
+	require.Equal(t, int64(100000), c.OplogRetain)
+	require.Empty(t, c.SnapshotDir)
+
+	path := filepath.Join(t.TempDir(), "master.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("data_dir: /d\nsnapshot_interval: 30s\nsnapshot_retain: 5\nsnapshot_dir: /s\noplog_retain: 7\n"), 0o600))
+	c, err = load([]string{"--config", path, "--snapshot_retain", "2"})
+	require.NoError(t, err)
+	require.Equal(t, 30*time.Second, c.SnapshotInterval)
+	require.Equal(t, 2, c.SnapshotRetain)
+	require.Equal(t, "/s", c.SnapshotDir)
+	require.Equal(t, int64(7), c.OplogRetain)
+
+	for _, args := range [][]string{
+		{"--snapshot_interval", "-1s"},
+		{"--snapshot_retain", "0"},
+		{"--oplog_retain", "-1"},
+		{"--snapshot_dir", "/s"}, // without --data_dir
+	} {
+		_, err := load(args)
+		require.Error(t, err, "%v", args)
+	}
+}
+
+// TestSnapshotEndpoint: POST /snapshot on the admin port of a durable
+// master takes a snapshot at the durable seq and answers its id, seq,
+// size and timings; a restart recovers from it.
+func TestSnapshotEndpoint(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	dir := t.TempDir()
+	port, admin := freePort(t), freePort(t)
+	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
+		"--data_dir", dir, "--snapshot_interval", "0", "--log_level", "info"}
+	proc, _ := startMaster(t, args...)
+	ctx := context.Background()
+	cl, err := store.New(ctx, store.Config{MasterAddr: "127.0.0.1:" + strconv.Itoa(port), GlobalSegmentSize: 16 << 20,
+		LocalBufferSize: 4 << 20, Protocols: []string{"tcp"}, LocalHostname: "127.0.0.1"})
+	require.NoError(t, err)
+	defer cl.Close()
+	for i := range 20 {
+		require.NoError(t, cl.Put(ctx, "k"+strconv.Itoa(i), []byte(strings.Repeat("v", 100+i)), store.ReplicateConfig{Replicas: 1}))
+	}
+	url := "http://127.0.0.1:" + strconv.Itoa(admin) + "/snapshot"
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
+	resp, err = http.Post(url, "", nil)
+	require.NoError(t, err)
+	var info struct {
+		ID             string  `json:"id"`
+		Seq            uint64  `json:"seq"`
+		Size           int64   `json:"size"`
+		TookMs         float64 `json:"took_ms"`
+		LongestPauseMs float64 `json:"longest_pause_ms"`
+	}
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
+	resp.Body.Close()
+	require.NotEmpty(t, info.ID)
+	require.GreaterOrEqual(t, info.Seq, uint64(41), "a mount and 20 puts (two entries each)")
+	require.Positive(t, info.Size)
+	require.Zero(t, info.LongestPauseMs)
+	_, err = os.Stat(filepath.Join(dir, "snapshots"))
+	require.NoError(t, err, "snapshots default to DATA_DIR/snapshots")
+
+	proc.kill9(t)
+	_, recovered := startMaster(t, args...)
+	require.Contains(t, recovered, "snapshot="+info.ID)
+	v, err := getRetry(ctx, cl, "k7")
+	require.NoError(t, err)
+	require.Equal(t, strings.Repeat("v", 107), string(v))
+}
