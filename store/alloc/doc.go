@@ -34,6 +34,11 @@
 //   - AllocateOn / AllocateSet are deterministic: the same sequence of
 //     allocations and frees on a segment since its Mount yields the same
 //     addresses, so a replayed operation log reproduces them.
+//   - Layout and Indices describe a segment's ranges (with each free
+//     range's rank in its size class) and the table's released indices;
+//     RestoreIndices and Restore rebuild them in a fresh allocator, which
+//     then gives every later AllocateOn, Free and Mount the same result
+//     (snapshots).
 //   - Unmount stops placement on a segment (allocations on it fail from
 //     then on; frees still work); Release removes it once the caller has
 //     dropped every placement on it.

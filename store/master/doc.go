@@ -131,6 +131,19 @@
 // pins at their PutEnd deadline, and every client freshly seen. Replay
 // neither logs nor emits events.
 //
+// # Export and Import (snapshots)
+//
+// Export writes the replicated state (what DumpState covers, plus each
+// segment's ranges with their free-list order and the segment table's
+// released indices) as Records; Import loads them into a fresh master
+// before Start. The imported master's DumpState is byte-identical and it
+// places every later allocation and mount exactly where the exporter
+// would, so Replay of the log past the snapshot never diverges. Export
+// takes one lock at a time and reports the longest hold; it is exact only
+// on a master no change runs on (ha/oplog builds snapshots on a scratch
+// master replayed from the log). Import refuses (ErrBadSnapshot) records
+// out of order and replicas that are not exactly the allocated ranges.
+//
 // # Events
 //
 // With Config.Events set, the sink gets Stored at PutEnd (with the
