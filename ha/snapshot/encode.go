@@ -151,7 +151,14 @@ func toRecord(r *master.Record) (*record, error) {
 }
 
 func fromRecord(w *record) (*master.Record, error) {
-	r := &master.Record{Kind: master.RecordKind(w.Kind), PutGen: w.PutGen, ResvNext: w.ResvNext, TableLen: w.TableLen,
+	r := &master.Record{}
+	return r, fillRecord(r, w)
+}
+
+// fillRecord sets r from w; r shares w's slices.
+func fillRecord(r *master.Record, w *record) error {
+	ranges := r.Ranges[:0]
+	*r = master.Record{Kind: master.RecordKind(w.Kind), PutGen: w.PutGen, ResvNext: w.ResvNext, TableLen: w.TableLen,
 		FreeIndices: w.FreeIndices, Mounts: w.Mounts, Index: w.Index, Unmounting: w.Unmounting,
 		Client: master.UUID{Hi: w.ClientHi, Lo: w.ClientLo}, Key: w.Key, ID: w.ID, Size: w.Size,
 		Complete: w.Complete, Leased: w.Leased, SoftPin: w.SoftPin, HardPin: w.HardPin, Gen: w.Gen,
@@ -162,26 +169,26 @@ func fromRecord(w *record) (*master.Record, error) {
 			Client: alloc.UUID{Hi: s.ClientHi, Lo: s.ClientLo}, Protocol: s.Protocol, TEEndpoint: s.TEEndpoint}
 	}
 	if len(w.RangeFree) != len(w.RangeRank) {
-		return nil, corrupt("%d free ranges, %d ranks", len(w.RangeFree), len(w.RangeRank))
+		return corrupt("%d free ranges, %d ranks", len(w.RangeFree), len(w.RangeRank))
 	}
 	if len(w.RangeSizes) > 0 {
-		r.Ranges = make([]alloc.Range, len(w.RangeSizes))
+		r.Ranges = ranges
 		at := w.RangeStart
-		for i, sz := range w.RangeSizes {
-			r.Ranges[i] = alloc.Range{Addr: at, Size: sz}
+		for _, sz := range w.RangeSizes {
+			r.Ranges = append(r.Ranges, alloc.Range{Addr: at, Size: sz})
 			if at+sz < at {
-				return nil, corrupt("ranges wrap the address space")
+				return corrupt("ranges wrap the address space")
 			}
 			at += sz
 		}
 		for i, j := range w.RangeFree {
 			if int(j) >= len(r.Ranges) {
-				return nil, corrupt("free range %d of %d", j, len(r.Ranges))
+				return corrupt("free range %d of %d", j, len(r.Ranges))
 			}
 			r.Ranges[j].Free, r.Ranges[j].Rank = true, w.RangeRank[i]
 		}
 	}
-	return r, nil
+	return nil
 }
 
 // Encoder writes a snapshot body: NewEncoder writes the header, Write
@@ -321,6 +328,9 @@ type Decoder struct {
 	frame []byte
 	left  uint32 // records left in frame
 	done  bool
+	// Reused by Next: a record lives until the next call.
+	w   record
+	rec master.Record
 }
 
 // NewDecoder reads and checks the header.
@@ -369,7 +379,8 @@ func (d *Decoder) read(b []byte, what string) error {
 func (d *Decoder) Header() Header { return d.h }
 
 // Next returns the next record, or nil, nil after the last one once the
-// trailer's count and whole-body checksum are verified.
+// trailer's count and whole-body checksum are verified. The record (and
+// its slices) is valid until the next call.
 func (d *Decoder) Next() (*master.Record, error) {
 	if d.done {
 		return nil, nil
@@ -382,7 +393,10 @@ func (d *Decoder) Next() (*master.Record, error) {
 	if err := checkFields(d.frame); err != nil {
 		return nil, corrupt("record %d: %v", d.n, err)
 	}
-	var w record
+	// Fields a record omits are zero; slices keep their room.
+	w := &d.w
+	*w = record{FreeIndices: w.FreeIndices[:0], Mounts: w.Mounts[:0], RangeSizes: w.RangeSizes[:0],
+		RangeFree: w.RangeFree[:0], RangeRank: w.RangeRank[:0], Hashes: w.Hashes[:0], Segs: w.Segs[:0], Addrs: w.Addrs[:0]}
 	rest, err := w.UnmarshalMsg(d.frame)
 	if err != nil {
 		return nil, corrupt("record %d: %v", d.n, err)
@@ -393,7 +407,10 @@ func (d *Decoder) Next() (*master.Record, error) {
 	if d.left == 0 && len(rest) != 0 {
 		return nil, corrupt("%d bytes after a frame's last record", len(rest))
 	}
-	return fromRecord(&w)
+	if err := fillRecord(&d.rec, w); err != nil {
+		return nil, err
+	}
+	return &d.rec, nil
 }
 
 func (d *Decoder) nextFrame() error {

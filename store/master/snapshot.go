@@ -450,7 +450,7 @@ func (im *Importer) placements(r *Record) ([]alloc.Placement, error) {
 		if s == nil {
 			return nil, badSnap("%v %q/%d: replica on unknown segment %d", r.Kind, r.Key, r.ID, seg)
 		}
-		j, ok := slices.BinarySearchFunc(s.used, r.Addrs[i], func(p alloc.Placement, a uint64) int { return cmpU64(p.Addr, a) })
+		j, ok := findAddr(s.used, r.Addrs[i])
 		if !ok || s.taken[j] || s.size[j] != alloc.Reserved(r.Size) {
 			return nil, badSnap("%v %q/%d: replica %d:%#x is not an allocated range of its size", r.Kind, r.Key, r.ID, seg, r.Addrs[i])
 		}
@@ -458,6 +458,30 @@ func (im *Importer) placements(r *Record) ([]alloc.Placement, error) {
 		ps[i] = s.used[j]
 	}
 	return ps, nil
+}
+
+// findAddr finds addr among ps (by ascending address): a guess by
+// interpolation (replicas are spread evenly enough), then a gallop and a
+// binary search around it. Objects arrive in hash order, so a plain
+// binary search misses the cache at every step.
+func findAddr(ps []alloc.Placement, addr uint64) (int, bool) {
+	n := len(ps)
+	if n == 0 || addr < ps[0].Addr || addr > ps[n-1].Addr {
+		return 0, false
+	}
+	g := 0
+	if span := ps[n-1].Addr - ps[0].Addr; span > 0 {
+		g = min(int(float64(addr-ps[0].Addr)/float64(span)*float64(n-1)), n-1)
+	}
+	lo, hi := g, g+1 // the answer is in [lo, hi)
+	for step := 1; lo > 0 && ps[lo].Addr > addr; step *= 2 {
+		hi, lo = lo, max(lo-step, 0)
+	}
+	for step := 1; hi < n && ps[hi-1].Addr < addr; step *= 2 {
+		lo, hi = hi, min(hi+step, n)
+	}
+	j, ok := slices.BinarySearchFunc(ps[lo:hi], addr, func(p alloc.Placement, a uint64) int { return cmpU64(p.Addr, a) })
+	return lo + j, ok
 }
 
 func (im *Importer) object(r *Record) (object, error) {
@@ -476,7 +500,10 @@ func (im *Importer) object(r *Record) (object, error) {
 	}
 	// Unfinished objects always have ext (pendingObject's shape).
 	if !o.complete() || !r.Owner.IsZero() || r.PinTTL != 0 || len(r.Hashes) > 0 || len(ps) > 1 {
-		o.ext = &objExt{owner: r.Owner, pinTTL: r.PinTTL, hashes: slices.Clone(r.Hashes)}
+		o.ext = &objExt{owner: r.Owner, pinTTL: r.PinTTL}
+		if len(r.Hashes) > 0 {
+			o.ext.hashes = slices.Clone(r.Hashes)
+		}
 		if len(ps) > 1 {
 			o.ext.more = ps[1:]
 		}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/store/alloc"
 )
 
 func exportAll(t testing.TB, m *Master) ([]*Record, ExportStats) {
@@ -178,4 +180,27 @@ func TestAdminSnapshotHook(t *testing.T) {
 	busy <- struct{}{} // one is running
 	require.Equal(t, http.StatusConflict, do(http.MethodPost, "[::1]:4000").Code)
 	<-busy
+}
+
+func TestFindAddr(t *testing.T) {
+	var ps []alloc.Placement
+	addr := uint64(1 << 30)
+	for i := range 1000 {
+		addr += uint64(64 * (1 + i%7 + (i/100)*50)) // uneven spacing
+		ps = append(ps, alloc.Placement{Addr: addr})
+	}
+	for i, p := range ps {
+		j, ok := findAddr(ps, p.Addr)
+		require.True(t, ok)
+		require.Equal(t, i, j)
+		_, ok = findAddr(ps, p.Addr+1)
+		require.False(t, ok)
+		_, ok = findAddr(ps, p.Addr-1)
+		require.False(t, ok)
+	}
+	_, ok := findAddr(nil, 5)
+	require.False(t, ok)
+	j, ok := findAddr(ps[:1], ps[0].Addr)
+	require.True(t, ok)
+	require.Zero(t, j)
 }
