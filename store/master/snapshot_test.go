@@ -204,3 +204,40 @@ func TestFindAddr(t *testing.T) {
 	require.True(t, ok)
 	require.Zero(t, j)
 }
+
+// TestExportWhileServing exports a master while puts and removes run on
+// it: no lock is held across the export (each hold is measured), and
+// the export finishes with the load running.
+func TestExportWhileServing(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.OpLog = nil; c.Events = nil })
+	e.mount(cl(1), "h1", 64<<20)
+	e.mount(cl(2), "h2", 64<<20)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			k := fmt.Sprint("k", i%500)
+			if _, err := e.m.PutStart(cl(1), k, 4096, ReplicateConfig{Replicas: 2}); err == nil {
+				_ = e.m.PutEnd(cl(1), k, Memory, nil)
+			} else {
+				_ = e.m.Remove(k, true)
+			}
+		}
+	}()
+	for range 20 {
+		n := 0
+		st, err := e.m.Export(func(*Record) error { n++; return nil })
+		require.NoError(t, err)
+		require.Equal(t, n, st.Records)
+		require.Positive(t, st.LongestHold)
+		require.LessOrEqual(t, st.LongestHold, st.Took)
+	}
+	close(stop)
+	<-done
+}
