@@ -24,13 +24,11 @@ import (
 // loss: nothing is fsynced).
 func init() {
 	if localSnapshots == nil {
-		localSnapshots = func(dir string) (snapshot.Payloads, snapshot.Catalog, error) {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return nil, nil, err
-			}
-			d := &dirSnaps{dir: dir}
-			return d, dirCatalog{d}, nil
-		}
+		localSnapshots = localBackends(func(dir string) (*dirSnaps, error) {
+			return &dirSnaps{dir: dir}, os.MkdirAll(dir, 0o755)
+		}, func(dir string) (dirCatalog, error) {
+			return dirCatalog{&dirSnaps{dir: dir}}, nil
+		})
 	}
 }
 

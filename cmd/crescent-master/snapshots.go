@@ -17,10 +17,26 @@ import (
 
 // localSnapshots opens the local payload store and catalog kept in dir.
 // It is nil until ha/snapshot's local backends are in the tree; then it
-// is snapshot.NewLocalPayloads(dir/payloads) and
-// snapshot.NewLocalCatalog(dir/catalog). While nil, a durable master
-// takes no snapshots (and never compacts its log).
+// is localBackends(snapshot.NewLocalPayloads, snapshot.NewLocalCatalog).
+// While nil, a durable master takes no snapshots (and never compacts its
+// log).
 var localSnapshots func(dir string) (snapshot.Payloads, snapshot.Catalog, error)
+
+// localBackends opens a payload store and a catalog sharing one
+// directory.
+func localBackends[P snapshot.Payloads, C snapshot.Catalog](payloads func(string) (P, error), catalog func(string) (C, error)) func(string) (snapshot.Payloads, snapshot.Catalog, error) {
+	return func(dir string) (snapshot.Payloads, snapshot.Catalog, error) {
+		p, err := payloads(dir)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := catalog(dir)
+		if err != nil {
+			return nil, nil, err
+		}
+		return p, c, nil
+	}
+}
 
 func (c *config) snapshotFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SnapshotInterval, "snapshot_interval", c.SnapshotInterval, "with --data_dir, take a snapshot this often (0: only on POST /snapshot)")

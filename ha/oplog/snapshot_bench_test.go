@@ -12,10 +12,15 @@ import (
 	"github.com/crescent-kv/crescent/store/master"
 )
 
-var snapBenchKeys = flag.Int("snapbench.keys", 1_000_000, "objects in BenchmarkSnapshot's master")
+var (
+	snapBenchKeys  = flag.Int("snapbench.keys", 1_000_000, "objects in BenchmarkSnapshot's master")
+	snapBenchChurn = flag.Int("snapbench.churn", 0, "times each key is put and removed before its last put (the log grows, the state does not)")
+)
 
 // BenchmarkSnapshot builds a durable master holding -snapbench.keys
-// complete objects (a PutStart and a PutEnd entry each) and measures, in
+// complete objects (a PutStart and a PutEnd entry each; with
+// -snapbench.churn=N each key is first put and removed N times, 3 more
+// entries each) and measures, in
 // the same run: a first snapshot (the whole log replayed into a scratch
 // master, exported, encoded), a steady-state one (the previous snapshot
 // loaded, a short tail replayed), the body's size, and recovery from the
@@ -46,7 +51,14 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	}
 	for i := range keys {
-		put(fmt.Sprintf("bench/%09d", i))
+		k := fmt.Sprintf("bench/%09d", i)
+		for range *snapBenchChurn {
+			put(k)
+			if err := d.Master.Remove(k, true); err != nil {
+				b.Fatal(err)
+			}
+		}
+		put(k)
 	}
 	if err := d.Wait(ctx); err != nil {
 		b.Fatal(err)

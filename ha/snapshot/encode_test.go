@@ -155,8 +155,8 @@ func TestEncodeManyFrames(t *testing.T) {
 		require.NotNil(t, r, "record %d", i)
 		require.Equal(t, recs[i].Kind, r.Kind)
 		require.Equal(t, recs[i].Client, r.Client)
+		require.Equal(t, recs[i].Hashes, r.Hashes, "record %d", i)
 	}
-	require.Equal(t, big.Hashes, func() []uint64 { return big.Hashes }())
 	r, err := d.Next()
 	require.NoError(t, err)
 	require.Nil(t, r)
