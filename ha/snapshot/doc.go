@@ -72,7 +72,7 @@
 //
 // Decoding checks every length before allocating: the cluster id, each
 // frame (4 MiB), each list (its limit, by the generated decoder), and a
-// torn, reordered or altered body fails with ErrCorrupt (frame and body
+// torn, reordered or altered body fails with ErrCorruptBody (frame and body
 // checksums, counts). testdata/v1.snap is a body written by the first
 // encoder from a fixed scenario; TestGoldenV1 decodes it and checks the
 // state it restores.

@@ -38,16 +38,16 @@ const (
 	trailerMark = 0xFFFFFFFF
 )
 
-// ErrCorrupt is returned for a snapshot body that does not decode: a bad
-// magic, version or checksum, a frame or list over its limit, a torn
-// tail, a record that is not one.
-var ErrCorrupt = errors.New("snapshot: corrupt")
+// ErrCorruptBody is returned for a snapshot body that does not decode:
+// a bad magic, version or checksum, a frame or list over its limit, a
+// torn tail, a record that is not one.
+var ErrCorruptBody = errors.New("snapshot: corrupt body")
 
 func corrupt(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrCorrupt, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", ErrCorruptBody, fmt.Sprintf(format, args...))
 }
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+var bodyCRC = crc32.MakeTable(crc32.Castagnoli)
 
 // Header opens a snapshot body.
 type Header struct {
@@ -209,7 +209,7 @@ func NewEncoder(w io.Writer, h Header) (*Encoder, error) {
 	if len(h.ClusterID) > MaxClusterID {
 		return nil, fmt.Errorf("snapshot: cluster id of %d bytes (max %d)", len(h.ClusterID), MaxClusterID)
 	}
-	e := &Encoder{w: bufio.NewWriterSize(w, 256<<10), crc: crc32.New(castagnoli), want: h.Records}
+	e := &Encoder{w: bufio.NewWriterSize(w, 256<<10), crc: crc32.New(bodyCRC), want: h.Records}
 	b := make([]byte, 0, headerFixed+len(h.ClusterID)+4)
 	b = append(b, Magic...)
 	b = binary.LittleEndian.AppendUint32(b, Version)
@@ -219,7 +219,7 @@ func NewEncoder(w io.Writer, h Header) (*Encoder, error) {
 	b = binary.LittleEndian.AppendUint64(b, h.Records)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(h.ClusterID)))
 	b = append(b, h.ClusterID...)
-	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, bodyCRC))
 	if err := e.write(b); err != nil {
 		return nil, err
 	}
@@ -280,7 +280,7 @@ func (e *Encoder) flush() error {
 	var h [12]byte
 	binary.LittleEndian.PutUint32(h[0:], uint32(len(e.frame)))
 	binary.LittleEndian.PutUint32(h[4:], e.inFrm)
-	binary.LittleEndian.PutUint32(h[8:], crc32.Checksum(e.frame, castagnoli))
+	binary.LittleEndian.PutUint32(h[8:], crc32.Checksum(e.frame, bodyCRC))
 	if err := e.write(h[:]); err != nil {
 		return err
 	}
@@ -335,7 +335,7 @@ type Decoder struct {
 
 // NewDecoder reads and checks the header.
 func NewDecoder(r io.Reader) (*Decoder, error) {
-	d := &Decoder{r: bufio.NewReaderSize(r, 256<<10), crc: crc32.New(castagnoli)}
+	d := &Decoder{r: bufio.NewReaderSize(r, 256<<10), crc: crc32.New(bodyCRC)}
 	b := make([]byte, headerFixed, headerFixed+MaxClusterID+4)
 	if err := d.read(b, "header"); err != nil {
 		return nil, err
@@ -357,7 +357,7 @@ func NewDecoder(r io.Reader) (*Decoder, error) {
 	if err := d.read(b[headerFixed:], "header"); err != nil {
 		return nil, err
 	}
-	if got, want := le.Uint32(b[headerFixed+n:]), crc32.Checksum(b[:headerFixed+n], castagnoli); got != want {
+	if got, want := le.Uint32(b[headerFixed+n:]), crc32.Checksum(b[:headerFixed+n], bodyCRC); got != want {
 		return nil, corrupt("header checksum %#x, computed %#x", got, want)
 	}
 	d.h.ClusterID = string(b[headerFixed : headerFixed+n])
@@ -460,7 +460,7 @@ func (d *Decoder) nextFrame() error {
 	if err := d.read(d.frame, "frame"); err != nil {
 		return err
 	}
-	if got, want := le.Uint32(h[8:]), crc32.Checksum(d.frame, castagnoli); got != want {
+	if got, want := le.Uint32(h[8:]), crc32.Checksum(d.frame, bodyCRC); got != want {
 		return corrupt("frame checksum %#x, computed %#x (record %d)", got, want, d.n)
 	}
 	d.left = cnt

@@ -175,7 +175,7 @@ func TestEncoderCountsRecords(t *testing.T) {
 }
 
 // TestDecodeRefusesDamage: every torn prefix and every flipped byte of a
-// body is refused with ErrCorrupt (or, for a flip inside a record that
+// body is refused with ErrCorruptBody (or, for a flip inside a record that
 // still checks out, never silently: the checksums catch it).
 func TestDecodeRefusesDamage(t *testing.T) {
 	body := encode(t, scenario(t), Header{Seq: 5, Created: t0})
@@ -193,14 +193,14 @@ func TestDecodeRefusesDamage(t *testing.T) {
 	}
 	require.NoError(t, drain(body))
 	for n := 0; n < len(body); n += 1 + n/50 {
-		require.ErrorIs(t, drain(body[:n]), ErrCorrupt, "torn at %d of %d", n, len(body))
+		require.ErrorIs(t, drain(body[:n]), ErrCorruptBody, "torn at %d of %d", n, len(body))
 	}
 	for i := 0; i < len(body); i += 1 + i/40 {
 		b := bytes.Clone(body)
 		b[i] ^= 0x20
-		require.ErrorIs(t, drain(b), ErrCorrupt, "byte %d of %d flipped", i, len(body))
+		require.ErrorIs(t, drain(b), ErrCorruptBody, "byte %d of %d flipped", i, len(body))
 	}
-	require.ErrorIs(t, drain(append(bytes.Clone(body), 0)), ErrCorrupt, "a byte after the trailer")
+	require.ErrorIs(t, drain(append(bytes.Clone(body), 0)), ErrCorruptBody, "a byte after the trailer")
 }
 
 // TestDecodeBoundsFrames: a frame or list length far beyond the limits
@@ -215,7 +215,7 @@ func TestDecodeBoundsFrames(t *testing.T) {
 		out := bytes.Clone(hdr)
 		out = binary.LittleEndian.AppendUint32(out, n)
 		out = binary.LittleEndian.AppendUint32(out, records)
-		out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(payload, castagnoli))
+		out = binary.LittleEndian.AppendUint32(out, crc32.Checksum(payload, bodyCRC))
 		return append(out, payload...)
 	}
 	next := func(body []byte) error {
@@ -232,7 +232,7 @@ func TestDecodeBoundsFrames(t *testing.T) {
 	p = msgp.AppendString(p, "hashes")
 	p = msgp.AppendArrayHeader(p, 1<<32-1)
 	err = next(frame(p, uint32(len(p)), 1))
-	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorIs(t, err, ErrCorruptBody)
 	// The generated decoder checks the limit before allocating.
 	var w record
 	_, err = w.UnmarshalMsg(p)
