@@ -55,7 +55,7 @@ func badID(id string) error {
 }
 
 // checkMeta refuses a Meta that cannot be published: an id that is not
-// IDFor(Seq, Term), or a negative size.
+// IDFor(Seq, Term), a negative size, or a time JSON cannot hold.
 func checkMeta(m Meta) error {
 	seq, term, err := ParseID(m.ID)
 	if err != nil {
@@ -63,6 +63,9 @@ func checkMeta(m Meta) error {
 	}
 	if seq != m.Seq || term != m.Term {
 		return fmt.Errorf("%w: %s does not name seq %d term %d", ErrBadID, m.ID, m.Seq, m.Term)
+	}
+	if y := m.Created.UTC().Year(); y < 0 || y > 9999 {
+		return fmt.Errorf("snapshot: meta %s: created time %v is outside years 0-9999", m.ID, m.Created)
 	}
 	if m.Size < 0 {
 		return fmt.Errorf("snapshot: meta %s: negative size %d", m.ID, m.Size)

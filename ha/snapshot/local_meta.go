@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -39,12 +38,16 @@ type metaRecord struct {
 func encodeMeta(m Meta) []byte {
 	b, err := json.Marshal(metaRecord{V: metaVersion, ID: m.ID, Seq: m.Seq, Term: m.Term,
 		Created: m.Created.UTC(), Size: m.Size, Checksum: m.Checksum})
-	if err != nil { // only fails for a year outside [0, 9999]
+	if err != nil { // checkMeta refused what would fail
 		panic(fmt.Sprintf("snapshot: encode meta %s: %v", m.ID, err))
 	}
 	b = append(b, '\n')
-	b = fmt.Appendf(b, "%08x\n", crc32.Checksum(b[:len(b)-1], castagnoli))
-	return b
+	return append(b, encodeCRC(b[:len(b)-1])...)
+}
+
+// encodeCRC is the checksum line of body.
+func encodeCRC(body []byte) []byte {
+	return fmt.Appendf(nil, "%08x\n", crc32.Checksum(body, castagnoli))
 }
 
 // decodeMeta checks and decodes encodeMeta's bytes; want, when not
@@ -75,8 +78,7 @@ func decodeMeta(b []byte, want string) (Meta, error) {
 		return bad("checksum mismatch: stored %08x, computed %08x", crc, got)
 	}
 	var r metaRecord
-	d := json.NewDecoder(bytes.NewReader(body))
-	if err := d.Decode(&r); err != nil {
+	if err := json.Unmarshal(body, &r); err != nil {
 		return bad("%v", err)
 	}
 	if r.V != metaVersion {
