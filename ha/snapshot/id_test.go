@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"math"
 	"strings"
 	"testing"
@@ -72,12 +73,16 @@ func TestMetaCodecRefusesCorruption(t *testing.T) {
 	good := encodeMeta(testMeta(12, 3))
 	flip := append([]byte(nil), good...)
 	flip[10] ^= 0x01
+	// Still valid JSON of a valid Meta: only the checksum tells.
+	sizeFlip := bytes.Replace(good, []byte(`"size":120`), []byte(`"size":121`), 1)
+	require.NotEqual(t, good, sizeFlip)
 	other := encodeMeta(testMeta(13, 3))
 	mismatch := testMeta(12, 3)
 	mismatch.Seq = 99 // the id says 12
 	for name, b := range map[string][]byte{
 		"empty":         nil,
 		"bit flip":      flip,
+		"size changed":  sizeFlip,
 		"truncated":     good[:len(good)-3],
 		"no newline":    good[:len(good)-1],
 		"no crc line":   append([]byte(`{"v":1}`), '\n'),

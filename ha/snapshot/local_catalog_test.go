@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -257,10 +258,10 @@ func TestLocalCatalogCorruption(t *testing.T) {
 		damage func(t *testing.T, dir string)
 		list   bool // List still works
 	}{
-		{"meta bit flip", func(t *testing.T, dir string) {
+		{"meta size changed", func(t *testing.T, dir string) {
 			b, err := os.ReadFile(metaFile(dir, 2))
 			require.NoError(t, err)
-			b[20] ^= 0x04
+			b = bytes.Replace(b, []byte(`"size":20`), []byte(`"size":30`), 1) // valid JSON: only the CRC tells
 			require.NoError(t, os.WriteFile(metaFile(dir, 2), b, 0o644))
 		}, false},
 		{"meta truncated", func(t *testing.T, dir string) {
@@ -305,6 +306,17 @@ func TestLocalCatalogCorruption(t *testing.T) {
 			} else {
 				require.ErrorIs(t, err, ErrCorrupt)
 			}
+			// Reopening does not paper over it, except a missing LATEST
+			// with whole metas: that is a crash inside the first Publish.
+			require.NoError(t, cat.Close())
+			cat = openLocalCatalog(t, dir)
+			m, err := cat.Latest(ctx)
+			if c.name == "marker gone, metas left" {
+				require.NoError(t, err)
+				assert.Equal(t, IDFor(2, 1), m.ID)
+				return
+			}
+			require.ErrorIs(t, err, ErrCorrupt)
 		})
 	}
 }

@@ -13,7 +13,7 @@ import (
 
 // maxListed bounds how many snapshots List returns from Redis (a
 // catalog under retention holds a handful).
-const maxListed = 1 << 14
+const maxListed = 4096
 
 // RedisCatalog keeps the catalog in Redis, for masters that share no
 // disk (doc.go, "Catalogs"). Its three keys carry the hash tag

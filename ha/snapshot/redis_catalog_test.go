@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -142,6 +143,10 @@ func TestRedisCatalogCorruption(t *testing.T) {
 		list   bool // List still works
 	}{
 		{"meta garbage", func(z, l, h string) { cli.HSet(ctx, h, IDFor(2, 1), "garbage") }, false},
+		{"meta size changed", func(z, l, h string) {
+			b := bytes.Replace(encodeMeta(testMeta(2, 1)), []byte(`"size":20`), []byte(`"size":30`), 1)
+			cli.HSet(ctx, h, IDFor(2, 1), b)
+		}, false},
 		{"meta of another id", func(z, l, h string) { cli.HSet(ctx, h, IDFor(2, 1), encodeMeta(testMeta(1, 1))) }, false},
 		{"meta huge", func(z, l, h string) { cli.HSet(ctx, h, IDFor(2, 1), big) }, false},
 		{"meta missing", func(z, l, h string) { cli.HDel(ctx, h, IDFor(2, 1)) }, false},
