@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/crescent-kv/crescent/ha/internal/vfs"
 	"github.com/crescent-kv/crescent/ha/internal/vfs/errorfs"
 	"github.com/crescent-kv/crescent/internal/testutil"
 )
@@ -257,5 +256,3 @@ func TestLocalPayloadsConcurrentWriters(t *testing.T) {
 	require.NotEqual(t, -1, won)
 	assert.Equal(t, []byte{byte(won)}, readPayload(t, p, id))
 }
-
-var _ vfs.FS = (*errorfs.FS)(nil)
