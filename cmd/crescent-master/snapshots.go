@@ -15,12 +15,10 @@ import (
 	"github.com/crescent-kv/crescent/store/master"
 )
 
-// localSnapshots opens the local payload store and catalog kept in dir.
-// It is nil until ha/snapshot's local backends are in the tree; then it
-// is localBackends(snapshot.NewLocalPayloads, snapshot.NewLocalCatalog).
-// While nil, a durable master takes no snapshots (and never compacts its
-// log).
-var localSnapshots func(dir string) (snapshot.Payloads, snapshot.Catalog, error)
+// localSnapshots opens the local payload store and catalog, sharing dir.
+// A variable so that a build without them could set it to nil (no
+// snapshots, the log is never compacted).
+var localSnapshots = localBackends(snapshot.NewLocalPayloads, snapshot.NewLocalCatalog)
 
 // localBackends opens a payload store and a catalog sharing one
 // directory.

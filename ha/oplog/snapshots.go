@@ -40,10 +40,6 @@ func WithSnapshots(p snapshot.Payloads, c snapshot.Catalog) DurableOption {
 	return func(o *durableOptions) { o.payloads, o.catalog = p, c }
 }
 
-// snapshotID is the catalog id of the snapshot at seq (snapshot.IDFor's
-// format: seq and term as 20 decimal digits).
-func snapshotID(seq, term uint64) string { return fmt.Sprintf("%020d-%020d", seq, term) }
-
 // latestSnapshot is the catalog's latest, ok false when none was ever
 // published.
 func latestSnapshot(ctx context.Context, c snapshot.Catalog) (snapshot.Meta, bool, error) {
@@ -141,7 +137,7 @@ type SnapshotResult struct {
 	LongestPause       time.Duration
 	ScratchLongestHold time.Duration
 	// FirstSeq is the log's first seq after compaction; Pruned the ids
-	// of the snapshots deleted beyond retention.
+	// of the snapshots deleted beyond retention (and of orphan bodies).
 	FirstSeq uint64
 	Pruned   []string
 }
@@ -157,7 +153,7 @@ type Snapshotter struct {
 	cfg SnapshotConfig
 	mu  sync.Mutex
 	// fail, in tests, injects a failure after a step: "payload",
-	// "publish", "compact", "prune-catalog".
+	// "publish", "compact".
 	fail func(step string) error
 }
 
@@ -263,8 +259,17 @@ func (s *Snapshotter) take(ctx context.Context) (SnapshotResult, error) {
 	if err := s.step("compact"); err != nil {
 		return res, err
 	}
-	if res.Pruned, err = s.prune(ctx); err != nil {
-		return res, err
+	if res.Pruned, err = snapshot.Prune(ctx, s.cfg.Catalog, s.cfg.Payloads, s.cfg.Retain); err != nil {
+		return res, fmt.Errorf("oplog: snapshot: %w", err)
+	}
+	// Bodies an earlier crash orphaned (between Commit and Publish, or
+	// inside Prune); no other snapshot is being written now.
+	if lp, ok := s.cfg.Payloads.(snapshot.ListablePayloads); ok {
+		gone, err := snapshot.CleanOrphans(ctx, s.cfg.Catalog, lp)
+		res.Pruned = append(res.Pruned, gone...)
+		if err != nil {
+			return res, fmt.Errorf("oplog: snapshot: %w", err)
+		}
 	}
 	res.Took = time.Since(start)
 	return res, nil
@@ -286,7 +291,7 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 
 // write exports m as the snapshot at seq and commits its body.
 func (s *Snapshotter) write(ctx context.Context, m *master.Master, seq, term uint64) (snapshot.Meta, int, time.Duration, error) {
-	meta := snapshot.Meta{ID: snapshotID(seq, term), Seq: seq, Term: term, Created: s.cfg.Now()}
+	meta := snapshot.Meta{ID: snapshot.IDFor(seq, term), Seq: seq, Term: term, Created: s.cfg.Now()}
 	n := uint64(m.ExportCount())
 	// An uncommitted body of this id (a crash before its publish) is
 	// not in the catalog: ids above the latest are never published.
@@ -318,29 +323,4 @@ func (s *Snapshotter) write(ctx context.Context, m *master.Master, seq, term uin
 	}
 	meta.Size, meta.Checksum = cw.n, cw.crc.Sum32()
 	return meta, st.Records, st.LongestHold, nil
-}
-
-// prune deletes the snapshots beyond retention, oldest first, each from
-// the catalog before its payload: a crash in between leaves an orphan
-// body, never a published id without one.
-func (s *Snapshotter) prune(ctx context.Context) ([]string, error) {
-	ms, err := s.cfg.Catalog.List(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("oplog: snapshot: list: %w", err)
-	}
-	var gone []string
-	for i := 0; i < len(ms)-s.cfg.Retain; i++ {
-		id := ms[i].ID
-		if err := s.cfg.Catalog.Delete(ctx, id); err != nil {
-			return gone, fmt.Errorf("oplog: snapshot: prune %s: %w", id, err)
-		}
-		if err := s.step("prune-catalog"); err != nil {
-			return gone, err
-		}
-		if err := s.cfg.Payloads.Delete(ctx, id); err != nil {
-			return gone, fmt.Errorf("oplog: snapshot: prune %s (catalog entry gone): %w", id, err)
-		}
-		gone = append(gone, id)
-	}
-	return gone, nil
 }

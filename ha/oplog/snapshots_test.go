@@ -27,6 +27,9 @@ type memSnaps struct {
 	bodies map[string][]byte
 	metas  []snapshot.Meta
 	fail   error
+	// delFail, when set, may fail a payload Delete (a crash between
+	// pruning a catalog entry and its body).
+	delFail func(id string) error
 }
 
 func newMemSnaps() *memSnaps { return &memSnaps{bodies: map[string][]byte{}} }
@@ -68,6 +71,11 @@ func (s *memSnaps) Open(_ context.Context, id string) (io.ReadCloser, error) {
 func (s *memSnaps) Delete(_ context.Context, id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.delFail != nil {
+		if err := s.delFail(id); err != nil {
+			return err
+		}
+	}
 	delete(s.bodies, id)
 	return nil
 }
@@ -286,13 +294,23 @@ func TestSnapshotCrashBetweenSteps(t *testing.T) {
 			driveMaster(t, d.Master, clk, 5, 3000, func() {
 				require.NoError(t, d.Wait(ctx))
 				n++
-				sn.fail = nil
+				sn.fail, snaps.delFail = nil, nil
 				if n%2 == 0 {
 					sn.fail = func(s string) error {
 						if s == step {
 							return boom
 						}
 						return nil
+					}
+					if step == "prune-catalog" {
+						// Only old bodies are pruned; the new one's id is the highest.
+						last, _ := d.Store.LastSeq(ctx)
+						snaps.delFail = func(id string) error {
+							if id < snapshot.IDFor(last, 0) {
+								return boom
+							}
+							return nil
+						}
 					}
 				}
 				_, err := sn.Take(ctx)
@@ -348,7 +366,66 @@ func TestOpenWithSnapshotsFailsClosed(t *testing.T) {
 	snaps.bodies[res.Meta.ID] = body
 
 	// A catalog whose latest is older than the log's start: a gap.
-	snaps.metas = []snapshot.Meta{{ID: snapshotID(1, 1), Seq: 1, Term: 1}}
+	snaps.metas = []snapshot.Meta{{ID: snapshot.IDFor(1, 1), Seq: 1, Term: 1}}
 	_, err = OpenDurable(ctx, dir, snapCfg(clk), opts, WithSnapshots(snaps, cat))
 	require.ErrorContains(t, err, "are lost")
+}
+
+// TestSnapshotLocalBackends runs the snapshotter on the local payload
+// store and catalog: a body orphaned by a crash before its publish is
+// cleaned by a later snapshot, retention holds, recovery matches.
+func TestSnapshotLocalBackends(t *testing.T) {
+	leakCheck(t)
+	ctx := context.Background()
+	dir, sdir := t.TempDir(), t.TempDir()
+	clk := clock.NewFake(t1)
+	pl, err := snapshot.NewLocalPayloads(sdir)
+	require.NoError(t, err)
+	cat, err := snapshot.NewLocalCatalog(sdir)
+	require.NoError(t, err)
+	defer cat.Close()
+	opts := LocalOptions{SegmentBytes: 8 << 10}
+	d, err := OpenDurable(ctx, dir, snapCfg(clk), opts, WithSnapshots(pl, cat))
+	require.NoError(t, err)
+	sn, err := NewSnapshotter(d.Store, SnapshotConfig{Payloads: pl, Catalog: cat, Master: snapCfg(clk), Retain: 2, LogRetain: 10})
+	require.NoError(t, err)
+	var orphan string
+	n := 0
+	driveMaster(t, d.Master, clk, 11, 3000, func() {
+		require.NoError(t, d.Wait(ctx))
+		n++
+		sn.fail = nil
+		if n == 2 {
+			sn.fail = func(s string) error {
+				if s == "payload" {
+					return errors.New("crash before publish")
+				}
+				return nil
+			}
+		}
+		res, err := sn.Take(ctx)
+		if n == 2 {
+			require.Error(t, err)
+			orphan = res.Meta.ID
+			require.NotEmpty(t, orphan)
+			return
+		}
+		require.NoError(t, err)
+	})
+	require.NoError(t, d.Wait(ctx))
+	want := dumpMaster(t, d.Master)
+	require.NoError(t, d.Close())
+	ids, err := pl.IDs(ctx)
+	require.NoError(t, err)
+	require.NotContains(t, ids, orphan, "the orphan body was cleaned")
+	ms, err := cat.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, ms, 2)
+	require.ElementsMatch(t, []string{ms[0].ID, ms[1].ID}, ids)
+
+	d, err = OpenDurable(ctx, dir, snapCfg(clk), opts, WithSnapshots(pl, cat))
+	require.NoError(t, err)
+	defer d.Close()
+	require.Equal(t, ms[1].ID, d.Snapshot.ID)
+	require.Equal(t, want, dumpMaster(t, d.Master))
 }
