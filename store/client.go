@@ -54,7 +54,8 @@ type Config struct {
 	// (default the engine's: shm, tcp).
 	Protocols []string
 	// MetadataServer is the engine's metadata connection string (default
-	// P2PHANDSHAKE).
+	// P2PHANDSHAKE); other schemes need their backend imported, as for
+	// engine.Config.MetadataServer.
 	MetadataServer string
 	// HeartbeatInterval between Pings while a segment is mounted
 	// (default 1 s).
