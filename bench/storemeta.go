@@ -13,6 +13,7 @@ import (
 
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -50,7 +51,7 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 	_, err := mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: client, Segment: seg})
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("bench: mount: %w", errcode.FromStatus(err))
+		return nil, fmt.Errorf("bench: mount: %w", rpcerr.FromStatus(err))
 	}
 	defer func() {
 		// Unmounting drops the objects: the next run starts empty.
@@ -101,7 +102,7 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 				r1, err := mc.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: client, Keys: keys, Sizes: sizes,
 					Config: &storepb.ReplicateConfig{PreferredSegments: []string{seg.Name}}})
 				if err != nil {
-					return stepResult{}, fmt.Errorf("bench: BatchPutStart: %w", errcode.FromStatus(err))
+					return stepResult{}, fmt.Errorf("bench: BatchPutStart: %w", rpcerr.FromStatus(err))
 				}
 				if err := itemErrors("BatchPutStart", keys, len(r1.Results), func(i int) (int32, string) {
 					return r1.Results[i].ErrorCode, r1.Results[i].Message
@@ -110,7 +111,7 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 				}
 				r2, err := mc.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: client, Keys: keys, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY})
 				if err != nil {
-					return stepResult{}, fmt.Errorf("bench: BatchPutEnd: %w", errcode.FromStatus(err))
+					return stepResult{}, fmt.Errorf("bench: BatchPutEnd: %w", rpcerr.FromStatus(err))
 				}
 				if err := itemErrors("BatchPutEnd", keys, len(r2.Results), func(i int) (int32, string) {
 					return r2.Results[i].ErrorCode, r2.Results[i].Message

@@ -55,4 +55,21 @@
 // documented in engine/metadata (handshake, descriptor), engine/transport/
 // tcp, shm, cxl, rdma and efa. With an etcd or Redis metadata store, an
 // opened segment's descriptor is followed by a watch.
+//
+// # Metadata backends
+//
+// The engine itself speaks only the P2P handshake (Config.MetadataServer
+// "" or P2PHANDSHAKE). The store backends are opt-in imports, so a
+// program links only what it uses:
+//
+//	import _ "github.com/crescent-kv/crescent/engine/metadata/etcdmeta"  // etcd://h:p[,h2:p2], bare h:p
+//	import _ "github.com/crescent-kv/crescent/engine/metadata/redismeta" // redis://, rediss://
+//	import _ "github.com/crescent-kv/crescent/engine/metadata/httpmeta"  // http://, https://
+//	import _ "github.com/crescent-kv/crescent/engine/metadata/all"       // all of them (the binaries)
+//
+// New refuses a connection string whose scheme no imported package
+// registered: the error is ErrInvalidConfig wrapping a
+// metadata.SchemeError that names the import to add, such as
+//
+//	metadata: scheme "etcd" not registered: import _ "github.com/crescent-kv/crescent/engine/metadata/etcdmeta"
 package engine

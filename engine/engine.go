@@ -36,8 +36,9 @@ type Config struct {
 	// address). Port 0 or no port picks a free port in PortRange. In P2P
 	// mode the segment name is the resulting "host:port".
 	LocalServerName string
-	// MetadataServer is the metadata connection string
-	// (default P2PHANDSHAKE).
+	// MetadataServer is the metadata connection string (default
+	// P2PHANDSHAKE). Other schemes need their backend package imported
+	// (see "Metadata backends" in the package doc).
 	MetadataServer string
 	// Protocols lists the transports to start, in order of preference
 	// (default: shm, cxl, rdma, efa, tcp). Unknown names are an error; a transport

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -291,7 +292,7 @@ func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int) {
 			Release: a.takeRelease()})
 		cancel()
 		if err != nil {
-			c.log.Debug("reserving space ahead of puts failed", "err", errcode.FromStatus(err))
+			c.log.Debug("reserving space ahead of puts failed", "err", rpcerr.FromStatus(err))
 		} else if len(resp.Results) == 1 {
 			res, ttl = resp.Results[0], time.Duration(resp.TtlMs)*time.Millisecond
 		}
@@ -309,7 +310,7 @@ func (c *Client) giveBack(ctx context.Context) {
 	defer cancel()
 	if _, err := c.master.ReservePut(rctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Release: ids}); err != nil {
 		// The master frees them at its release timeout.
-		c.log.Debug("giving reservations back failed", "n", len(ids), "err", errcode.FromStatus(err))
+		c.log.Debug("giving reservations back failed", "n", len(ids), "err", rpcerr.FromStatus(err))
 	}
 }
 
@@ -388,7 +389,7 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 		a.got(k, asked[j], res, ttl)
 	}
 	if err != nil {
-		fill(errs, errcode.FromStatus(err))
+		fill(errs, rpcerr.FromStatus(err))
 		return make([]struct{}, len(qs)), errs
 	}
 	for i, r := range resp.Results {

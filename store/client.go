@@ -14,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -53,7 +54,8 @@ type Config struct {
 	// (default the engine's: shm, tcp).
 	Protocols []string
 	// MetadataServer is the engine's metadata connection string (default
-	// P2PHANDSHAKE).
+	// P2PHANDSHAKE); other schemes need their backend imported, as for
+	// engine.Config.MetadataServer.
 	MetadataServer string
 	// HeartbeatInterval between Pings while a segment is mounted
 	// (default 1 s).
@@ -197,7 +199,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		_, err := c.master.ServiceReady(rctx, &storepb.ServiceReadyRequest{})
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("store: master %s: %w", cfg.MasterAddr, errcode.FromStatus(err))
+			return nil, fmt.Errorf("store: master %s: %w", cfg.MasterAddr, rpcerr.FromStatus(err))
 		}
 		ok = true
 		return c, nil
@@ -302,7 +304,7 @@ func (c *Client) mount(ctx context.Context) error {
 		_, err := c.master.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: c.id.pb(), Segment: seg.pb()})
 		cancel()
 		if err != nil {
-			return fmt.Errorf("store: mount segment: %w", errcode.FromStatus(err))
+			return fmt.Errorf("store: mount segment: %w", rpcerr.FromStatus(err))
 		}
 		seg.mounted = true
 	}
@@ -365,7 +367,7 @@ func (c *Client) heartbeat(ctx context.Context) error {
 	resp, err := c.master.Ping(ctx, &storepb.PingRequest{ClientId: c.id.pb()})
 	if err != nil {
 		c.stats.heartbeatFail.Add(1)
-		return errcode.FromStatus(err)
+		return rpcerr.FromStatus(err)
 	}
 	if old := c.viewV.Swap(resp.ViewVersion); old != 0 && old != resp.ViewVersion {
 		c.log.Info("master view changed", "old", old, "new", resp.ViewVersion)
@@ -383,7 +385,7 @@ func (c *Client) remount(ctx context.Context) error {
 		req.Segments = append(req.Segments, s.pb())
 	}
 	if _, err := c.master.ReMountSegment(ctx, req); err != nil {
-		return fmt.Errorf("store: remount: %w", errcode.FromStatus(err))
+		return fmt.Errorf("store: remount: %w", rpcerr.FromStatus(err))
 	}
 	c.stats.remounts.Add(1)
 	c.log.Info("segments re-mounted after NEED_REMOUNT", "segments", len(req.Segments))
@@ -419,7 +421,7 @@ func (c *Client) SegmentStatus(ctx context.Context, id UUID) (SegmentStatus, err
 	defer cancel()
 	r, err := c.master.QuerySegmentStatus(rctx, &storepb.QuerySegmentStatusRequest{SegmentId: id.pb()})
 	if err != nil {
-		return SegmentStatus{}, errcode.FromStatus(err)
+		return SegmentStatus{}, rpcerr.FromStatus(err)
 	}
 	return SegmentStatus{Status: r.Status, Name: r.Name, Capacity: r.Capacity, Used: r.Used}, nil
 }
@@ -433,7 +435,7 @@ func (c *Client) Ready(ctx context.Context) error {
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
 	_, err := c.master.ServiceReady(rctx, &storepb.ServiceReadyRequest{})
-	return errcode.FromStatus(err)
+	return rpcerr.FromStatus(err)
 }
 
 // Stats returns a snapshot of the client's counters.
@@ -532,8 +534,8 @@ func (c *Client) teardown() error {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
 		_, err := c.master.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), SegmentId: s.info.ID.pb()})
 		cancel()
-		if err != nil && !errors.Is(errcode.FromStatus(err), errcode.ErrSegmentNotFound) {
-			errs = append(errs, fmt.Errorf("store: unmount segment %s: %w", s.info.ID, errcode.FromStatus(err)))
+		if err != nil && !errors.Is(rpcerr.FromStatus(err), errcode.ErrSegmentNotFound) {
+			errs = append(errs, fmt.Errorf("store: unmount segment %s: %w", s.info.ID, rpcerr.FromStatus(err)))
 		}
 	}
 	if c.eng != nil {

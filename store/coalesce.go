@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -185,7 +186,7 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 	if len(keys) == 1 {
 		resp, err := c.master.PutStart(rctx, &storepb.PutStartRequest{ClientId: c.id.pb(), Key: keys[0], Size: sizes[0], Config: rc})
 		if err != nil {
-			errs[0] = errcode.FromStatus(err)
+			errs[0] = rpcerr.FromStatus(err)
 		} else {
 			rs[0] = putStarted{resp.Replicas, resp.Generation}
 		}
@@ -217,7 +218,7 @@ func (c *Client) rpcPutEnd(ctx context.Context, keys []string, gens []uint64, bl
 			block = blocks[0]
 		}
 		if _, err := c.master.PutEnd(rctx, &storepb.PutEndRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Block: block, Generation: gens[0]}); err != nil {
-			errs[0] = errcode.FromStatus(err)
+			errs[0] = rpcerr.FromStatus(err)
 		}
 		return errs
 	}
@@ -240,7 +241,7 @@ func (c *Client) rpcGetReplicaList(ctx context.Context, keys []string) ([]getRes
 	if len(keys) == 1 {
 		resp, err := c.master.GetReplicaList(rctx, &storepb.GetReplicaListRequest{Key: keys[0]})
 		if err != nil {
-			errs[0] = errcode.FromStatus(err)
+			errs[0] = rpcerr.FromStatus(err)
 		} else {
 			rs[0] = getResult{resp.Replicas, time.Duration(resp.LeaseTtlMs) * time.Millisecond}
 		}
@@ -263,7 +264,7 @@ func (c *Client) rpcGetReplicaList(ctx context.Context, keys []string) ([]getRes
 // RPC's own error, or a result count that does not match the request.
 func batchErr(err error, rpc string, got, want int) error {
 	if err != nil {
-		return errcode.FromStatus(err)
+		return rpcerr.FromStatus(err)
 	}
 	if got != want {
 		return errcode.New(errcode.InternalError, "%s answered %d results for %d keys", rpc, got, want)

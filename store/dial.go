@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
-	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 )
 
 // MasterConn is a connection to a master, gRPC or crpc, for
@@ -52,7 +52,7 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 	case err == nil:
 		return cc, "crpc", nil
 	case proto == "crpc":
-		return nil, "", fmt.Errorf("store: master %s: %w", addr, errcode.FromStatus(err))
+		return nil, "", fmt.Errorf("store: master %s: %w", addr, rpcerr.FromStatus(err))
 	case errors.Is(err, crpc.ErrNotCRPC):
 		conn, err := dialGRPC(addr, intercept)
 		if err != nil {

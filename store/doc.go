@@ -71,7 +71,7 @@
 //     copy in user space; unregistered buffers work too, through staging.
 //   - Errors are store error codes (package store/errcode): test them with
 //     errors.Is(err, errcode.ErrObjectNotFound) and the like. Failed RPCs
-//     map through errcode.FromStatus (RPC_FAIL, RPC_TIMEOUT, or the code
+//     map through rpcerr.FromStatus (RPC_FAIL, RPC_TIMEOUT, or the code
 //     the master sent); bad arguments are refused before any RPC with
 //     INVALID_KEY / INVALID_PARAMS / BUFFER_OVERFLOW; transfer failures are
 //     TRANSFER_FAIL wrapping the engine's error.

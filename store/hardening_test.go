@@ -12,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -28,7 +29,7 @@ func TestMountOverlapRefusedEndToEnd(t *testing.T) {
 	sa := a.segments[0].info
 	dup := &storepb.Segment{Id: newUUID().pb(), Name: sa.Name, Base: sa.Base, Size: sa.Size, Protocol: sa.Protocol}
 	_, err := b.master.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: b.id.pb(), Segment: dup})
-	assert.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	assert.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
 
 	const n = 40
 	val := func(i int) []byte { return bytes.Repeat([]byte{byte(i + 1)}, 16<<10) }

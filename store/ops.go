@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -39,7 +40,7 @@ func (c *Client) IsExist(ctx context.Context, key string, opts ...ExistOption) (
 	defer cancel()
 	resp, err := c.master.ExistKey(rctx, &storepb.ExistKeyRequest{Key: key, NoLease: o.noLease})
 	if err != nil {
-		return false, errcode.FromStatus(err)
+		return false, rpcerr.FromStatus(err)
 	}
 	return resp.Exists, nil
 }
@@ -65,7 +66,7 @@ func (c *Client) BatchIsExist(ctx context.Context, keys []string, opts ...ExistO
 		err = errcode.New(errcode.InternalError, "BatchExistKey answered %d results for %d keys", len(resp.Results), len(items))
 	}
 	if err != nil {
-		err = errcode.FromStatus(err)
+		err = rpcerr.FromStatus(err)
 		for _, i := range items {
 			errs[i] = err
 		}
@@ -106,7 +107,7 @@ func (c *Client) Remove(ctx context.Context, key string, force bool) error {
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
 	_, err := c.master.Remove(rctx, &storepb.RemoveRequest{Key: key, Force: force})
-	return errcode.FromStatus(err)
+	return rpcerr.FromStatus(err)
 }
 
 // BatchRemove is Remove for many keys, answering per item.
@@ -129,7 +130,7 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 	}
 	for j, i := range items {
 		if err != nil {
-			errs[i] = errcode.FromStatus(err)
+			errs[i] = rpcerr.FromStatus(err)
 		} else {
 			errs[i] = errcode.FromCode(errcode.Code(resp.Results[j].ErrorCode), resp.Results[j].Message)
 		}
@@ -148,7 +149,7 @@ func (c *Client) RemoveByRegex(ctx context.Context, regex string, force bool) (u
 	defer cancel()
 	resp, err := c.master.RemoveByRegex(rctx, &storepb.RemoveByRegexRequest{Regex: regex, Force: force})
 	if err != nil {
-		return 0, errcode.FromStatus(err)
+		return 0, rpcerr.FromStatus(err)
 	}
 	return resp.Removed, nil
 }
@@ -164,7 +165,7 @@ func (c *Client) RemoveAll(ctx context.Context, force bool) (uint64, error) {
 	defer cancel()
 	resp, err := c.master.RemoveAll(rctx, &storepb.RemoveAllRequest{Force: force})
 	if err != nil {
-		return 0, errcode.FromStatus(err)
+		return 0, rpcerr.FromStatus(err)
 	}
 	return resp.Removed, nil
 }

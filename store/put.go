@@ -8,6 +8,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -189,7 +190,7 @@ func (c *Client) retryAfter(ctx context.Context, f segFault, attempt int) bool {
 		_, err := c.master.ReportFailedSegments(rctx, &storepb.ReportFailedSegmentsRequest{ClientId: c.id.pb(), SegmentIds: ids})
 		cancel()
 		if err != nil {
-			c.log.Debug("reporting segments that failed writes", "segments", len(ids), "err", errcode.FromStatus(err))
+			c.log.Debug("reporting segments that failed writes", "segments", len(ids), "err", rpcerr.FromStatus(err))
 		} else {
 			c.stats.segReports.Add(uint64(len(ids)))
 		}
@@ -261,13 +262,13 @@ func (c *Client) revoke(ctx context.Context, keys []string, gens []uint64) {
 	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
 	if len(keys) == 1 {
 		if _, err := c.master.PutRevoke(rctx, &storepb.PutRevokeRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Generation: gens[0]}); err != nil {
-			c.log.Warn("put revoke failed; the master reclaims the key after its discard timeout", "key", keys[0], "err", errcode.FromStatus(err))
+			c.log.Warn("put revoke failed; the master reclaims the key after its discard timeout", "key", keys[0], "err", rpcerr.FromStatus(err))
 		}
 		return
 	}
 	resp, err := c.master.BatchPutRevoke(rctx, &storepb.BatchPutRevokeRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem, Generations: gens})
 	if err != nil {
-		c.log.Warn("batch put revoke failed; the master reclaims the keys after its discard timeout", "keys", len(keys), "err", errcode.FromStatus(err))
+		c.log.Warn("batch put revoke failed; the master reclaims the keys after its discard timeout", "keys", len(keys), "err", rpcerr.FromStatus(err))
 		return
 	}
 	for i, r := range resp.Results {

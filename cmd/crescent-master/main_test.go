@@ -20,6 +20,7 @@ import (
 	"github.com/crescent-kv/crescent/event"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -147,7 +148,7 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = mc.GetReplicaList(rctx, &storepb.GetReplicaListRequest{Key: "missing"})
-	if !errors.Is(errcode.FromStatus(err), errcode.ErrObjectNotFound) {
+	if !errors.Is(rpcerr.FromStatus(err), errcode.ErrObjectNotFound) {
 		t.Fatalf("missing key: %v", err)
 	}
 

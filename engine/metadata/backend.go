@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -68,8 +71,10 @@ const DefaultTTL = 10 * time.Second
 
 // Open returns the backend for a connection string. Only P2PHANDSHAKE is
 // built in here; other schemes are added by the packages that implement
-// them through Register. A string without "scheme://" (other than
-// P2PHANDSHAKE) is an etcd endpoint list, as in the reference.
+// them, through Register, when the program imports them. A string without
+// "scheme://" (other than P2PHANDSHAKE) is an etcd endpoint list, as in
+// the reference. A scheme nobody registered is a *SchemeError naming the
+// package to import.
 func Open(conn string, opts Options) (Backend, error) {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
@@ -89,25 +94,81 @@ func Open(conn string, opts Options) (Backend, error) {
 	if conn == "" || strings.EqualFold(conn, P2PHandshake) {
 		return &p2p{opts: opts}, nil
 	}
-	scheme := "etcd"
-	if i := strings.Index(conn, "://"); i >= 0 {
-		scheme = conn[:i]
+	scheme, _, hasScheme := strings.Cut(conn, "://")
+	if !hasScheme {
+		scheme = "etcd"
 	}
-	if f, ok := backends[scheme]; ok {
-		return f(conn, opts)
+	registry.RLock()
+	open, ok := registry.open[scheme]
+	registry.RUnlock()
+	if !ok {
+		return nil, &SchemeError{Scheme: scheme, Bare: !hasScheme, Import: backendPackages[scheme]}
 	}
-	if !strings.Contains(conn, "://") {
-		return nil, fmt.Errorf("%w: %q (a bare host:port means etcd; is the etcd backend linked in?)", ErrUnknownServer, conn)
-	}
-	return nil, fmt.Errorf("%w: %q", ErrUnknownServer, conn)
+	return open(conn, opts)
 }
 
-var backends = map[string]func(conn string, opts Options) (Backend, error){}
+// backendPackages names, per scheme, the Crescent package whose import
+// registers it. engine/metadata/all imports them all.
+var backendPackages = map[string]string{
+	"etcd":   "github.com/crescent-kv/crescent/engine/metadata/etcdmeta",
+	"redis":  "github.com/crescent-kv/crescent/engine/metadata/redismeta",
+	"rediss": "github.com/crescent-kv/crescent/engine/metadata/redismeta",
+	"http":   "github.com/crescent-kv/crescent/engine/metadata/httpmeta",
+	"https":  "github.com/crescent-kv/crescent/engine/metadata/httpmeta",
+}
 
-// Register adds a backend for connection strings "scheme://...". It is
-// meant to be called from init functions.
+// SchemeError is returned by Open for a connection string whose scheme no
+// imported package registered. It matches ErrUnknownServer.
+type SchemeError struct {
+	Scheme string
+	// Bare: the string had no "scheme://", so it was read as etcd.
+	Bare bool
+	// Import is the package that provides the scheme, "" if none is known.
+	Import string
+}
+
+func (e *SchemeError) Error() string {
+	what := fmt.Sprintf("metadata: scheme %q", e.Scheme)
+	if e.Bare {
+		what += " (a connection string without scheme:// is an etcd endpoint list)"
+	}
+	if e.Import != "" {
+		return fmt.Sprintf("%s not registered: import _ %q", what, e.Import)
+	}
+	return fmt.Sprintf("%s not registered (registered: %s)", what, strings.Join(append([]string{P2PHandshake}, Schemes()...), ", "))
+}
+
+// Is makes a SchemeError match ErrUnknownServer.
+func (e *SchemeError) Is(target error) bool { return target == ErrUnknownServer }
+
+var registry struct {
+	sync.RWMutex
+	open map[string]func(conn string, opts Options) (Backend, error)
+}
+
+// Register adds a backend for connection strings "scheme://...", as
+// database/sql drivers do: a backend package calls it from its init
+// function, so importing the package (often as _) enables the scheme. A
+// later Register of the same scheme replaces the earlier one. It panics
+// on an empty scheme, one holding "://", or a nil open.
 func Register(scheme string, open func(conn string, opts Options) (Backend, error)) {
-	backends[scheme] = open
+	if scheme == "" || strings.Contains(scheme, "://") || open == nil {
+		panic(fmt.Sprintf("metadata: Register(%q) with an invalid scheme or a nil open", scheme))
+	}
+	registry.Lock()
+	defer registry.Unlock()
+	if registry.open == nil {
+		registry.open = map[string]func(conn string, opts Options) (Backend, error){}
+	}
+	registry.open[scheme] = open
+}
+
+// Schemes returns the registered schemes, sorted (P2PHANDSHAKE, built in,
+// is not among them).
+func Schemes() []string {
+	registry.RLock()
+	defer registry.RUnlock()
+	return slices.Sorted(maps.Keys(registry.open))
 }
 
 type p2p struct{ opts Options }

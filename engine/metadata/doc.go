@@ -77,7 +77,14 @@
 // Open picks a Backend by connection string: "" or P2PHANDSHAKE (built
 // in), or a scheme registered by a backend package (etcdmeta: etcd:// and
 // bare host:port; redismeta: redis://, rediss://; httpmeta: http://,
-// https://). Store backends share the reference's key names (Keys):
+// https://). Backends are opt-in, as database/sql drivers are: a backend
+// package calls Register from its init function, so a program enables a
+// scheme by importing the package (engine/metadata/all imports every
+// one; this package and the engine import none, so they link neither
+// etcd's client, go-redis nor gRPC). Open refuses a scheme nobody
+// registered with a *SchemeError (matching ErrUnknownServer) that names
+// the package to import; Schemes lists the registered ones. Store
+// backends share the reference's key names (Keys):
 //
 //	"mooncake/" [cluster id "/"] "ram/" <segment>   descriptor
 //	"mooncake/" [cluster id "/"] <segment>          descriptor, when the name holds '/'

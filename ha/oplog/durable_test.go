@@ -24,6 +24,7 @@ import (
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -196,12 +197,12 @@ func TestDurableFailStop(t *testing.T) {
 
 	fs.FailNth(errorfs.OpSync, 1, true, nil)
 	err = durPut(ctx, mc, "after")
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInternal, "%v", err)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInternal, "%v", err)
 	require.ErrorContains(t, err, "injected")
 	_, err = mc.Remove(ctx, &storepb.RemoveRequest{Key: "before"})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInternal, "%v", err)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInternal, "%v", err)
 	_, err = mc.ExistKey(ctx, &storepb.ExistKeyRequest{Key: "before"})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInternal, "a read is not answered either: %v", err)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInternal, "a read is not answered either: %v", err)
 	code, body := health()
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.Contains(t, body, "injected")

@@ -172,8 +172,8 @@
 // # gRPC
 //
 // Service implements storepb.MasterServer: it converts messages, calls the
-// core, and answers failures with errcode.ToStatus (the store code in the
-// status details; clients recover it with errcode.FromStatus). Batch RPCs
+// core, and answers failures with rpcerr.ToStatus (the store code in the
+// status details; clients recover it with rpcerr.FromStatus). Batch RPCs
 // answer every item in request order with its code (0 = OK); a malformed
 // batch (keys and sizes of different lengths, missing client_id) fails as
 // a whole with INVALID_PARAMS. Write, segment and Ping RPCs need client_id.

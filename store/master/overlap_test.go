@@ -9,6 +9,7 @@ import (
 
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -100,11 +101,11 @@ func TestServiceMountRefusesOverlap(t *testing.T) {
 	_, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a), Segment: seg(1, 1<<30, 1<<20)})
 	require.NoError(t, err)
 	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(2, 1<<30, 1<<20)})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
 	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(3, 1<<30+4096, 1<<20)})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
 	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(b), Segments: []*storepb.Segment{seg(4, 1<<30-4096, 8192)}})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
 	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(a), Segments: []*storepb.Segment{seg(1, 1<<30, 1<<20)}})
 	require.NoError(t, err, "a remount by the owner is idempotent")
 	require.Len(t, e.m.AllSegments(), 1)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -122,9 +123,9 @@ func TestServiceStalePutEnd(t *testing.T) {
 	require.NotEqual(t, s1.Generation, g2)
 
 	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrReplicaIsGone)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrReplicaIsGone)
 	_, err = c.PutRevoke(ctx, &storepb.PutRevokeRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrReplicaIsGone)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrReplicaIsGone)
 	be, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{s1.Generation}})
 	require.NoError(t, err)
 	require.Equal(t, int32(errcode.ReplicaIsGone), be.Results[0].ErrorCode)
@@ -132,9 +133,9 @@ func TestServiceStalePutEnd(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int32(errcode.ReplicaIsGone), br.Results[0].ErrorCode)
 	_, err = c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 	_, err = c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 	require.False(t, e.exists("k"))
 
 	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: g2})

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -134,8 +135,8 @@ func TestServiceRemoveByRegexBounds(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, err := c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: strings.Repeat("(.*){1000}x", 100)})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 	require.Less(t, len(err.Error()), 300)
 	_, err = c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: `(.*){1000}x`})
-	require.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -68,7 +69,7 @@ type RPCCount struct {
 type rpcCounter struct{ requests, failures, items, itemFailures atomic.Uint64 }
 
 // Service is the gRPC face of a Master: it converts messages, calls the
-// core and maps errors with errcode.ToStatus; batch RPCs answer per item.
+// core and maps errors with rpcerr.ToStatus; batch RPCs answer per item.
 type Service struct {
 	storepb.UnimplementedMasterServer
 	m       *Master
@@ -87,7 +88,7 @@ type ServiceOption func(*Service)
 // WithObserver calls fn after every RPC with its name, duration and the
 // error returned to the caller: nil on success (batch RPCs succeed as a
 // whole even when items fail), else a gRPC status from which
-// errcode.FromStatus recovers the store code. fn must be quick and safe
+// rpcerr.FromStatus recovers the store code. fn must be quick and safe
 // for concurrent use.
 func WithObserver(fn func(rpc string, d time.Duration, err error)) ServiceOption {
 	return func(s *Service) { s.observe = fn }
@@ -183,7 +184,7 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 				if ctx.Err() == nil {
 					werr = &errcode.Error{Code: errcode.InternalError, Msg: "master: operation log not durable: " + werr.Error()}
 				}
-				resp, err = nil, errcode.ToStatus(werr)
+				resp, err = nil, rpcerr.ToStatus(werr)
 			}
 		}
 		items, bad := batchItems(resp)
@@ -395,15 +396,15 @@ func items(errs []error) []*storepb.ItemResult {
 func (s *Service) PutStart(_ context.Context, r *storepb.PutStartRequest) (resp *storepb.PutStartResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	rc, err := configFromPB(r.Config)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	reps, gen, err := s.m.PutStartGen(c, r.Key, r.Size, rc)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.PutStartResponse{Replicas: replicasPB(reps), Generation: gen}, nil
 }
@@ -415,7 +416,7 @@ func (s *Service) PutEnd(_ context.Context, r *storepb.PutEndRequest) (_ *storep
 		err = s.m.PutEndGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType), blockFromPB(r.Block))
 	}
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.PutEndResponse{}, nil
 }
@@ -427,7 +428,7 @@ func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *
 		err = s.m.PutRevokeGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType))
 	}
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.PutRevokeResponse{}, nil
 }
@@ -436,15 +437,15 @@ func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *
 func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartRequest) (_ *storepb.BatchPutStartResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	rc, err := configFromPB(r.Config)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	res, err := s.m.BatchPutStart(c, r.Keys, r.Sizes, rc)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
 	for i, x := range res {
@@ -461,7 +462,7 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) (_ *storepb.BatchPutEndResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	var blocks []*BlockMeta
 	if len(r.Blocks) > 0 {
@@ -472,7 +473,7 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 	}
 	errs, err := s.m.BatchPutEndGen(c, r.Keys, r.Generations, ReplicaType(r.ReplicaType), blocks)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	out := &storepb.BatchPutEndResponse{Results: items(errs)}
 	return out, nil
@@ -482,11 +483,11 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeRequest) (_ *storepb.BatchPutRevokeResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	errs, err := s.m.BatchPutRevokeGen(c, r.Keys, r.Generations, ReplicaType(r.ReplicaType))
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	out := &storepb.BatchPutRevokeResponse{Results: items(errs)}
 	return out, nil
@@ -533,11 +534,11 @@ func (s *Service) reserveTTL() uint64 { return leaseMs(s.m.cfg.PutDiscardTimeout
 func (s *Service) ReservePut(_ context.Context, r *storepb.ReservePutRequest) (_ *storepb.ReservePutResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	res, err := s.reserve(c, r.Release, r.Specs)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.ReservePutResponse{Results: res, TtlMs: s.reserveTTL()}, nil
 }
@@ -546,10 +547,10 @@ func (s *Service) ReservePut(_ context.Context, r *storepb.ReservePutRequest) (_
 func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *storepb.CommitPutResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	if len(r.Reserve) > maxReserveSpecs {
-		return nil, errcode.ToStatus(errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(r.Reserve), maxReserveSpecs))
+		return nil, rpcerr.ToStatus(errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(r.Reserve), maxReserveSpecs))
 	}
 	commits := make([]CommitItem, len(r.Items))
 	for i, it := range r.Items {
@@ -568,7 +569,7 @@ func leaseMs(d time.Duration) uint64 { return uint64(d / time.Millisecond) }
 func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListRequest) (_ *storepb.GetReplicaListResponse, err error) {
 	reps, ttl, err := s.m.GetReplicaList(r.Key)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.GetReplicaListResponse{Replicas: replicasPB(reps), LeaseTtlMs: leaseMs(ttl)}, nil
 }
@@ -591,7 +592,7 @@ func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetRepl
 func (s *Service) ExistKey(_ context.Context, r *storepb.ExistKeyRequest) (_ *storepb.ExistKeyResponse, err error) {
 	ok, err := s.m.ExistKey(r.Key, r.NoLease)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.ExistKeyResponse{Exists: ok}, nil
 }
@@ -609,7 +610,7 @@ func (s *Service) BatchExistKey(_ context.Context, r *storepb.BatchExistKeyReque
 // Remove implements storepb.MasterServer.
 func (s *Service) Remove(_ context.Context, r *storepb.RemoveRequest) (_ *storepb.RemoveResponse, err error) {
 	if err = s.m.Remove(r.Key, r.Force); err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.RemoveResponse{}, nil
 }
@@ -625,7 +626,7 @@ func (s *Service) BatchRemove(_ context.Context, r *storepb.BatchRemoveRequest) 
 func (s *Service) RemoveByRegex(_ context.Context, r *storepb.RemoveByRegexRequest) (_ *storepb.RemoveByRegexResponse, err error) {
 	n, err := s.m.RemoveByRegex(r.Regex, r.Force)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.RemoveByRegexResponse{Removed: n}, nil
 }
@@ -634,7 +635,7 @@ func (s *Service) RemoveByRegex(_ context.Context, r *storepb.RemoveByRegexReque
 func (s *Service) RemoveAll(_ context.Context, r *storepb.RemoveAllRequest) (_ *storepb.RemoveAllResponse, err error) {
 	n, err := s.m.RemoveAll(r.Force)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.RemoveAllResponse{Removed: n}, nil
 }
@@ -650,7 +651,7 @@ func (s *Service) MountSegment(_ context.Context, r *storepb.MountSegmentRequest
 		err = s.m.MountSegment(c, seg)
 	}
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.MountSegmentResponse{}, nil
 }
@@ -659,16 +660,16 @@ func (s *Service) MountSegment(_ context.Context, r *storepb.MountSegmentRequest
 func (s *Service) ReMountSegment(_ context.Context, r *storepb.ReMountSegmentRequest) (_ *storepb.ReMountSegmentResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	segs := make([]alloc.Segment, len(r.Segments))
 	for i, ps := range r.Segments {
 		if segs[i], err = segmentFromPB(ps); err != nil {
-			return nil, errcode.ToStatus(err)
+			return nil, rpcerr.ToStatus(err)
 		}
 	}
 	if err = s.m.ReMountSegment(c, segs); err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.ReMountSegmentResponse{}, nil
 }
@@ -683,7 +684,7 @@ func (s *Service) UnmountSegment(_ context.Context, r *storepb.UnmountSegmentReq
 		err = s.m.UnmountSegment(c, fromPB(r.SegmentId))
 	}
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.UnmountSegmentResponse{}, nil
 }
@@ -692,11 +693,11 @@ func (s *Service) UnmountSegment(_ context.Context, r *storepb.UnmountSegmentReq
 func (s *Service) QuerySegmentStatus(_ context.Context, r *storepb.QuerySegmentStatusRequest) (_ *storepb.QuerySegmentStatusResponse, err error) {
 	if r.SegmentId == nil {
 		err = errcode.New(errcode.InvalidParams, "segment_id missing")
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	info, err := s.m.QuerySegmentStatus(fromPB(r.SegmentId))
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.QuerySegmentStatusResponse{Status: storepb.SegmentStatus(info.Status), Capacity: info.Capacity,
 		Used: info.Used, Name: info.Name}, nil
@@ -706,7 +707,7 @@ func (s *Service) QuerySegmentStatus(_ context.Context, r *storepb.QuerySegmentS
 func (s *Service) Ping(_ context.Context, r *storepb.PingRequest) (_ *storepb.PingResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	view, st := s.m.Ping(c)
 	return &storepb.PingResponse{ViewVersion: view, ClientStatus: storepb.ClientStatus(st)}, nil
@@ -724,7 +725,7 @@ func (s *Service) ReportFailedSegments(_ context.Context, r *storepb.ReportFaile
 		err = errcode.New(errcode.InvalidParams, "%d segments reported > %d", len(r.SegmentIds), MaxReportSegments)
 	}
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	ids := make([]UUID, len(r.SegmentIds))
 	for i, id := range r.SegmentIds {
@@ -732,7 +733,7 @@ func (s *Service) ReportFailedSegments(_ context.Context, r *storepb.ReportFaile
 	}
 	n, err := s.m.ReportFailedSegments(c, ids)
 	if err != nil {
-		return nil, errcode.ToStatus(err)
+		return nil, rpcerr.ToStatus(err)
 	}
 	return &storepb.ReportFailedSegmentsResponse{Marked: uint32(n)}, nil
 }

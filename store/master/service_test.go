@@ -16,6 +16,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -208,7 +209,7 @@ func TestServiceRoundTrip(t *testing.T) {
 			return err
 		}, errcode.ErrInvalidParams},
 	} {
-		err := errcode.FromStatus(tc.call())
+		err := rpcerr.FromStatus(tc.call())
 		if !errors.Is(err, tc.want) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.want)
 		}
@@ -404,7 +405,7 @@ func TestServiceReserveCommit(t *testing.T) {
 	if st := e.m.Stats(); st.Reservations != 0 || st.Keys != 1 {
 		t.Fatalf("stats %+v", st)
 	}
-	if _, err := c.CommitPut(ctx, &storepb.CommitPutRequest{Items: []*storepb.CommitItem{{Key: "x"}}}); !errors.Is(errcode.FromStatus(err), errcode.ErrInvalidParams) {
+	if _, err := c.CommitPut(ctx, &storepb.CommitPutRequest{Items: []*storepb.CommitItem{{Key: "x"}}}); !errors.Is(rpcerr.FromStatus(err), errcode.ErrInvalidParams) {
 		t.Fatalf("no client id: %v", err)
 	}
 	for _, rc := range svc.Counts() {

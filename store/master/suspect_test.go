@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -124,9 +125,9 @@ func TestReportFailedSegmentsService(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, uint32(1), resp.Marked)
 	_, err = cli.ReportFailedSegments(ctx, &storepb.ReportFailedSegmentsRequest{ClientId: toPB(w), SegmentIds: make([]*storepb.UUID, MaxReportSegments+1)})
-	assert.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	assert.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 	_, err = cli.ReportFailedSegments(ctx, &storepb.ReportFailedSegmentsRequest{})
-	assert.ErrorIs(t, errcode.FromStatus(err), errcode.ErrInvalidParams)
+	assert.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewMetrics(m, svc))

@@ -1,7 +1,9 @@
 // Package etcdmeta stores segment descriptors in etcd, as the reference
 // engine's etcd metadata plugin does, plus leases so that a dead owner's
 // entries disappear by themselves. Importing it registers the "etcd"
-// scheme with engine/metadata (package engine imports it).
+// scheme with engine/metadata; the engine does not import it, a program
+// that wants etcd does (import _ ".../engine/metadata/etcdmeta", or
+// engine/metadata/all for every backend).
 //
 // # Connection string
 //

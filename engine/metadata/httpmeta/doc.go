@@ -1,8 +1,8 @@
 // Package httpmeta is the reference's HTTP metadata protocol: a server
 // (an in-memory key/value map, standalone or embedded in the store
 // master) and the engine's client backend. Importing it registers the
-// "http" and "https" schemes with engine/metadata (package engine
-// imports it).
+// "http" and "https" schemes with engine/metadata; the engine does not
+// import it, a program that wants them does (or engine/metadata/all).
 //
 // # Protocol
 //

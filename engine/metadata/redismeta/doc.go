@@ -1,8 +1,9 @@
 // Package redismeta stores segment descriptors in Redis, as the
 // reference engine's Redis metadata plugin does, with expiring keys so
 // that a dead owner's entries disappear by themselves. Importing it
-// registers the "redis" and "rediss" (TLS) schemes with engine/metadata
-// (package engine imports it).
+// registers the "redis" and "rediss" (TLS) schemes with engine/metadata;
+// the engine does not import it, a program that wants Redis does (or
+// engine/metadata/all).
 //
 // # Connection string
 //

@@ -1,4 +1,4 @@
-package errcode
+package rpcerr
 
 import (
 	"context"
@@ -8,46 +8,47 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // grpcCode picks the gRPC code that best matches a store code, so generic
 // gRPC tooling reads failures sensibly; the exact store code travels in
 // the status details.
-func grpcCode(c Code) codes.Code {
+func grpcCode(c errcode.Code) codes.Code {
 	switch c {
-	case OK:
+	case errcode.OK:
 		return codes.OK
-	case ObjectNotFound, SegmentNotFound, ClientNotFound, ReplicaNotFound, FileNotFound, BucketNotFound, TaskNotFound, EtcdKeyNotExist:
+	case errcode.ObjectNotFound, errcode.SegmentNotFound, errcode.ClientNotFound, errcode.ReplicaNotFound, errcode.FileNotFound, errcode.BucketNotFound, errcode.TaskNotFound, errcode.EtcdKeyNotExist:
 		return codes.NotFound
-	case ObjectAlreadyExists, SegmentAlreadyExists, ReplicaAlreadyExists, BucketAlreadyExists:
+	case errcode.ObjectAlreadyExists, errcode.SegmentAlreadyExists, errcode.ReplicaAlreadyExists, errcode.BucketAlreadyExists:
 		return codes.AlreadyExists
-	case InvalidKey, InvalidParams, InvalidVersion, InvalidReplica, InvalidWrite, InvalidRead:
+	case errcode.InvalidKey, errcode.InvalidParams, errcode.InvalidVersion, errcode.InvalidReplica, errcode.InvalidWrite, errcode.InvalidRead:
 		return codes.InvalidArgument
-	case IllegalClient:
+	case errcode.IllegalClient:
 		return codes.PermissionDenied
-	case NoAvailableHandle, KeysUltraLimit, KeysExceedBucketLimit, TaskPendingLimitExceeded:
+	case errcode.NoAvailableHandle, errcode.KeysUltraLimit, errcode.KeysExceedBucketLimit, errcode.TaskPendingLimitExceeded:
 		return codes.ResourceExhausted
-	case ObjectHasLease, ReplicaIsNotReady, ObjectReplicaBusy, ObjectHasReplicationTask, UnavailableInCurrentStatus, UnavailableInCurrentMode:
+	case errcode.ObjectHasLease, errcode.ReplicaIsNotReady, errcode.ObjectReplicaBusy, errcode.ObjectHasReplicationTask, errcode.UnavailableInCurrentStatus, errcode.UnavailableInCurrentMode:
 		return codes.FailedPrecondition
-	case LeaseExpired, RPCTimeout:
+	case errcode.LeaseExpired, errcode.RPCTimeout:
 		return codes.DeadlineExceeded
-	case NotSupported:
+	case errcode.NotSupported:
 		return codes.Unimplemented
-	case RPCFail:
+	case errcode.RPCFail:
 		return codes.Unavailable
 	}
 	return codes.Internal
 }
 
 // ToStatus turns an error into a gRPC status error carrying its store code
-// (InternalError for errors without one). Context errors keep their gRPC
+// (INTERNAL_ERROR for errors without one). Context errors keep their gRPC
 // meaning.
 func ToStatus(err error) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok && CodeOf(err) == InternalError {
+	if _, ok := status.FromError(err); ok && errcode.CodeOf(err) == errcode.InternalError {
 		return err // already a status, e.g. from an interceptor
 	}
 	switch {
@@ -56,7 +57,7 @@ func ToStatus(err error) error {
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	}
-	c := CodeOf(err)
+	c := errcode.CodeOf(err)
 	st := status.New(grpcCode(c), err.Error())
 	if d, derr := st.WithDetails(&storepb.ErrorDetail{Code: int32(c), Name: c.String()}); derr == nil {
 		st = d
@@ -75,32 +76,32 @@ func FromStatus(err error) error {
 	st, ok := status.FromError(err)
 	if !ok {
 		if errors.Is(err, context.DeadlineExceeded) {
-			return &wrapped{e: Error{Code: RPCTimeout, Msg: err.Error()}, cause: err}
+			return &wrapped{e: errcode.Error{Code: errcode.RPCTimeout, Msg: err.Error()}, cause: err}
 		}
-		return &wrapped{e: Error{Code: RPCFail, Msg: err.Error()}, cause: err}
+		return &wrapped{e: errcode.Error{Code: errcode.RPCFail, Msg: err.Error()}, cause: err}
 	}
 	for _, d := range st.Details() {
 		if ed, ok := d.(*storepb.ErrorDetail); ok {
-			c := Code(ed.Code)
+			c := errcode.Code(ed.Code)
 			// The message is the sender's err.Error(); drop the prefix
 			// Error() adds again.
 			msg := strings.TrimPrefix(strings.TrimPrefix(st.Message(), "store: "+c.String()), ": ")
-			return &wrapped{e: Error{Code: c, Msg: msg}, cause: err}
+			return &wrapped{e: errcode.Error{Code: c, Msg: msg}, cause: err}
 		}
 	}
 	switch st.Code() {
 	case codes.DeadlineExceeded:
-		return &wrapped{e: Error{Code: RPCTimeout, Msg: st.Message()}, cause: err}
+		return &wrapped{e: errcode.Error{Code: errcode.RPCTimeout, Msg: st.Message()}, cause: err}
 	case codes.Canceled:
-		return &wrapped{e: Error{Code: RPCFail, Msg: st.Message()}, cause: context.Canceled}
+		return &wrapped{e: errcode.Error{Code: errcode.RPCFail, Msg: st.Message()}, cause: context.Canceled}
 	}
-	return &wrapped{e: Error{Code: RPCFail, Msg: st.Code().String() + ": " + st.Message()}, cause: err}
+	return &wrapped{e: errcode.Error{Code: errcode.RPCFail, Msg: st.Code().String() + ": " + st.Message()}, cause: err}
 }
 
 // wrapped is a store error that also unwraps to the gRPC error it came
 // from.
 type wrapped struct {
-	e     Error
+	e     errcode.Error
 	cause error
 }
 
@@ -112,7 +113,7 @@ func (w *wrapped) Is(target error) bool { return w.e.Is(target) }
 
 // As lets errors.As find the store error.
 func (w *wrapped) As(target any) bool {
-	if p, ok := target.(**Error); ok {
+	if p, ok := target.(**errcode.Error); ok {
 		*p = &w.e
 		return true
 	}
