@@ -126,7 +126,8 @@ func (s *snapshots) start(cfg config, d *oplog.Durable, mc master.Config) ([]mas
 		}
 		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 		return master.SnapshotInfo{ID: res.Meta.ID, Seq: res.Meta.Seq, Size: res.Meta.Size, TookMs: ms(res.Took),
-			LongestPauseMs: ms(res.LongestPause), ScratchLongestHoldMs: ms(res.ScratchLongestHold), Unchanged: res.Unchanged}, nil
+			LongestPauseMs: ms(res.LongestPause), ScratchLongestHoldMs: ms(res.ScratchLongestHold),
+			ScratchLongestShardHoldMs: ms(res.ScratchLongestShardHold), Unchanged: res.Unchanged}, nil
 	}
 	return []master.AdminOption{master.WithSnapshotHook(take)}, nil
 }
@@ -142,7 +143,7 @@ func (s *snapshots) take(ctx context.Context, f func(context.Context) (oplog.Sna
 	default:
 		s.log.Info("snapshot taken", "id", res.Meta.ID, "seq", res.Meta.Seq, "size", res.Meta.Size, "records", res.Records,
 			"replayed", res.Replayed, "took", res.Took, "longest_pause", res.LongestPause,
-			"scratch_longest_hold", res.ScratchLongestHold, "log_first_seq", res.FirstSeq, "pruned", len(res.Pruned))
+			"scratch_longest_hold", res.ScratchLongestHold, "scratch_longest_shard_hold", res.ScratchLongestShardHold, "log_first_seq", res.FirstSeq, "pruned", len(res.Pruned))
 	}
 	return res, err
 }

@@ -113,6 +113,7 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.ReportMetric(float64(steady.Meta.Size)/(1<<20), "snapshot-MiB")
 		b.ReportMetric(float64(steady.Meta.Size)/float64(keys), "snapshot-B/key")
 		b.ReportMetric(ms(steady.ScratchLongestHold), "scratch-longest-hold-ms")
+		b.ReportMetric(ms(steady.ScratchLongestShardHold), "scratch-longest-shard-hold-ms")
 		b.ReportMetric(ms(r.Took), "recover-snapshot-ms")
 		b.ReportMetric(ms(fullTook), "recover-full-log-ms")
 		b.ReportMetric(float64(fullTook)/float64(r.Took), "speedup")

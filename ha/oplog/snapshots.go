@@ -132,10 +132,12 @@ type SnapshotResult struct {
 	Took      time.Duration
 	// LongestPause is the longest the serving master was paused: 0, it
 	// is never touched. ScratchLongestHold is the longest the scratch
-	// export held one lock, what a hot standby exporting its replica
-	// would make its shards wait.
-	LongestPause       time.Duration
-	ScratchLongestHold time.Duration
+	// export held one lock (master.ExportStats.LongestHold), and
+	// ScratchLongestShardHold one shard's: what a hot standby exporting
+	// its replica would make its control plane and its keys wait.
+	LongestPause            time.Duration
+	ScratchLongestHold      time.Duration
+	ScratchLongestShardHold time.Duration
 	// FirstSeq is the log's first seq after compaction; Pruned the ids
 	// of the snapshots deleted beyond retention (and of orphan bodies).
 	FirstSeq uint64
@@ -235,9 +237,11 @@ func (s *Snapshotter) take(ctx context.Context) (SnapshotResult, error) {
 		return res, fmt.Errorf("oplog: snapshot: %w", err)
 	}
 	res.Replayed, term = n, max(term, t)
-	if res.Meta, res.Records, res.ScratchLongestHold, err = s.write(ctx, m, last, term); err != nil {
+	var st master.ExportStats
+	if res.Meta, st, err = s.write(ctx, m, last, term); err != nil {
 		return res, err
 	}
+	res.Records, res.ScratchLongestHold, res.ScratchLongestShardHold = st.Records, st.LongestHold, st.LongestShardHold
 	if err := s.step("payload"); err != nil {
 		return res, err
 	}
@@ -290,17 +294,17 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 }
 
 // write exports m as the snapshot at seq and commits its body.
-func (s *Snapshotter) write(ctx context.Context, m *master.Master, seq, term uint64) (snapshot.Meta, int, time.Duration, error) {
+func (s *Snapshotter) write(ctx context.Context, m *master.Master, seq, term uint64) (snapshot.Meta, master.ExportStats, error) {
 	meta := snapshot.Meta{ID: snapshot.IDFor(seq, term), Seq: seq, Term: term, Created: s.cfg.Now()}
 	n := uint64(m.ExportCount())
 	// An uncommitted body of this id (a crash before its publish) is
 	// not in the catalog: ids above the latest are never published.
 	if err := s.cfg.Payloads.Delete(ctx, meta.ID); err != nil {
-		return meta, 0, 0, fmt.Errorf("oplog: snapshot: clear %s: %w", meta.ID, err)
+		return meta, master.ExportStats{}, fmt.Errorf("oplog: snapshot: clear %s: %w", meta.ID, err)
 	}
 	pw, err := s.cfg.Payloads.Create(ctx, meta.ID)
 	if err != nil {
-		return meta, 0, 0, fmt.Errorf("oplog: snapshot: create %s: %w", meta.ID, err)
+		return meta, master.ExportStats{}, fmt.Errorf("oplog: snapshot: create %s: %w", meta.ID, err)
 	}
 	cw := &countingWriter{w: pw, crc: crc32.New(crc32.MakeTable(crc32.Castagnoli))}
 	st, err := func() (master.ExportStats, error) {
@@ -319,8 +323,8 @@ func (s *Snapshotter) write(ctx context.Context, m *master.Master, seq, term uin
 		err = pw.Commit()
 	}
 	if err != nil {
-		return meta, 0, 0, errors.Join(fmt.Errorf("oplog: snapshot: write %s: %w", meta.ID, err), pw.Abort())
+		return meta, st, errors.Join(fmt.Errorf("oplog: snapshot: write %s: %w", meta.ID, err), pw.Abort())
 	}
 	meta.Size, meta.Checksum = cw.n, cw.crc.Sum32()
-	return meta, st.Records, st.LongestHold, nil
+	return meta, st, nil
 }

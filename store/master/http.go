@@ -223,10 +223,12 @@ type SnapshotInfo struct {
 	Size           int64   `json:"size"`
 	TookMs         float64 `json:"took_ms"`
 	LongestPauseMs float64 `json:"longest_pause_ms"`
-	// ScratchLongestHoldMs: the longest one lock of the replica the
-	// snapshot was exported from was held.
-	ScratchLongestHoldMs float64 `json:"scratch_longest_hold_ms"`
-	Unchanged            bool    `json:"unchanged,omitempty"` // nothing new since the latest snapshot
+	// ScratchLongestHoldMs, ScratchLongestShardHoldMs: the longest one
+	// lock, and one shard's, of the replica the snapshot was exported
+	// from was held.
+	ScratchLongestHoldMs      float64 `json:"scratch_longest_hold_ms"`
+	ScratchLongestShardHoldMs float64 `json:"scratch_longest_shard_hold_ms"`
+	Unchanged                 bool    `json:"unchanged,omitempty"` // nothing new since the latest snapshot
 }
 
 // ErrAdminBusy, from an admin hook, answers 409 Conflict.

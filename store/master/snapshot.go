@@ -81,9 +81,12 @@ type Record struct {
 type ExportStats struct {
 	Records, Objects int
 	// LongestHold is the longest any one lock (a shard, the segment
-	// table, the reservations, the quarantine, the clients) was held.
-	LongestHold time.Duration
-	Took        time.Duration
+	// table with the segments' range walks, the reservations, the
+	// quarantine, the clients) was held; LongestShardHold the longest a
+	// shard's (what puts and gets of its keys wait for).
+	LongestHold      time.Duration
+	LongestShardHold time.Duration
+	Took             time.Duration
 }
 
 // Export writes the master's replicated state (what DumpState covers,
@@ -97,7 +100,11 @@ type ExportStats struct {
 func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 	var st ExportStats
 	start := time.Now()
-	held := func(t time.Time) { st.LongestHold = max(st.LongestHold, time.Since(t)) }
+	held := func(t time.Time) time.Duration {
+		d := time.Since(t)
+		st.LongestHold = max(st.LongestHold, d)
+		return d
+	}
 	var recs []*Record
 	flush := func() error {
 		for _, r := range recs {
@@ -163,7 +170,7 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 			recs = append(recs, r)
 		}
 		sh.mu.Unlock()
-		held(t)
+		st.LongestShardHold = max(st.LongestShardHold, held(t))
 		st.Objects += len(recs)
 		if err := flush(); err != nil {
 			return st, err
