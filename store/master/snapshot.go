@@ -160,17 +160,39 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 		return st, err
 	}
 
+	// Under a shard's lock only copy its objects (ext included: the
+	// master replaces ext's slices, never writes into them); build the
+	// records after.
+	type copied struct {
+		key string
+		o   object
+		ext objExt
+	}
+	var objs []copied
 	for i := range m.shards {
 		sh := &m.shards[i]
 		t = time.Now()
 		sh.mu.Lock()
+		objs = slices.Grow(objs[:0], len(sh.index))
 		for k, j := range sh.index {
-			r := objectRecord(&sh.objs[j])
-			r.Kind, r.Key = RecordObject, k
-			recs = append(recs, r)
+			c := copied{key: k, o: sh.objs[j]}
+			if c.o.ext != nil {
+				c.ext = *c.o.ext
+			}
+			objs = append(objs, c)
 		}
 		sh.mu.Unlock()
 		st.LongestShardHold = max(st.LongestShardHold, held(t))
+		for i := range objs {
+			c := &objs[i]
+			if c.o.ext != nil {
+				c.o.ext = &c.ext
+			}
+			r := objectRecord(&c.o)
+			r.Kind, r.Key = RecordObject, c.key
+			recs = append(recs, r)
+		}
+		clear(objs)
 		st.Objects += len(recs)
 		if err := flush(); err != nil {
 			return st, err
