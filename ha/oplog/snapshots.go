@@ -125,7 +125,7 @@ type SnapshotConfig struct {
 type SnapshotResult struct {
 	Meta snapshot.Meta
 	// Unchanged: the log had nothing past the latest snapshot, which is
-	// Meta; nothing was written.
+	// Meta (zero for an empty log); nothing was written.
 	Unchanged bool
 	Records   int
 	Replayed  uint64 // log entries applied on top of the previous snapshot
@@ -216,7 +216,7 @@ func (s *Snapshotter) take(ctx context.Context) (SnapshotResult, error) {
 	if err != nil {
 		return res, err
 	}
-	if ok && base.Seq >= last {
+	if last == 0 || ok && base.Seq >= last { // nothing (new) to cover
 		res.Meta, res.Unchanged, res.Took = base, true, time.Since(start)
 		return res, nil
 	}

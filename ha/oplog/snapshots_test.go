@@ -346,11 +346,15 @@ func TestOpenWithSnapshotsFailsClosed(t *testing.T) {
 	opts := LocalOptions{SegmentBytes: 4 << 10}
 	d, err := OpenDurable(ctx, dir, snapCfg(clk), opts, WithSnapshots(snaps, cat))
 	require.NoError(t, err, "no snapshot yet: start from seq 1")
-	driveMaster(t, d.Master, clk, 3, 1500, nil)
-	require.NoError(t, d.Wait(ctx))
 	sn, err := NewSnapshotter(d.Store, SnapshotConfig{Payloads: snaps, Catalog: cat, Master: snapCfg(clk), LogRetain: -1})
 	require.NoError(t, err)
 	res, err := sn.Take(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Unchanged, "an empty log has nothing to snapshot")
+	require.Empty(t, snaps.ids())
+	driveMaster(t, d.Master, clk, 3, 1500, nil)
+	require.NoError(t, d.Wait(ctx))
+	res, err = sn.Take(ctx)
 	require.NoError(t, err)
 	require.NoError(t, d.Close())
 
