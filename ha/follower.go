@@ -227,6 +227,7 @@ func (f *Follower) kickLocked() {
 
 func (f *Follower) run() {
 	defer close(f.done)
+	defer f.stop(ErrClosed) // before done: a waiter then sees why
 	safety := time.NewTicker(f.opts.Safety)
 	defer safety.Stop()
 	paused := false

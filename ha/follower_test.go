@@ -64,8 +64,9 @@ func openEtcd(t testing.TB, cli *clientv3.Client, term uint64) *oplog.Etcd {
 
 // leader is a master logging to a store through a Sink.
 type leader struct {
-	m    *master.Master
-	sink *oplog.Sink
+	m       *master.Master
+	sink    *oplog.Sink
+	workers uint64 // started so far: each gets its own clients and segments
 }
 
 func newLeader(t *testing.T, st oplog.Store) *leader {
@@ -78,18 +79,20 @@ func newLeader(t *testing.T, st oplog.Store) *leader {
 		m.Close()
 		sink.Close()
 	})
-	return &leader{m, sink}
+	return &leader{m: m, sink: sink}
 }
 
 // load runs workers concurrently on the leader.
 func (l *leader) load(t *testing.T, workers, steps int, seed uint64) {
 	var wg sync.WaitGroup
 	var serial sync.Mutex
-	for w := range workers {
+	for range workers {
+		w := l.workers
+		l.workers++
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			drive(t, l.m, fakeOf(l.m), uint64(w), seed+uint64(w), steps, &serial)
+			drive(t, l.m, fakeOf(l.m), w, seed+w, steps, &serial)
 		}()
 	}
 	wg.Wait()
