@@ -169,9 +169,9 @@ func (f *Follower) Resume() error { return f.send(context.Background(), ctlResum
 
 // Handover catches the replica up to the store's last seq (as read now),
 // stops following and hands the master over with that seq: from then on
-// it is the caller's (to promote it). A paused follower is resumed for
-// it. On an error the follower keeps following, unless the error is its
-// own failure (Err).
+// it is the caller's (to promote it). It applies also when the follower
+// is paused. On an error the follower goes on as before (following, or
+// paused), unless the error is its own failure (Err).
 func (f *Follower) Handover(ctx context.Context) (*master.Master, uint64, error) {
 	if err := f.send(ctx, ctlHandover); err != nil {
 		return nil, 0, err
@@ -236,7 +236,7 @@ func (f *Follower) run() {
 		if more && !paused {
 			var err error
 			more, err = f.step(f.ctx)
-			if err != nil {
+			if err != nil && !isRetry(err) {
 				f.stop(err)
 				return
 			}
@@ -267,15 +267,15 @@ func (f *Follower) run() {
 			case ctlHandover:
 				hctx, cancel := context.WithCancel(r.ctx)
 				stop := context.AfterFunc(f.ctx, cancel)
-				err := f.catchUp(hctx)
+				fatal, err := f.catchUp(hctx)
 				stop()
 				cancel()
-				if err == nil {
+				switch {
+				case err == nil:
 					f.stop(ErrHandedOver)
 					r.res <- nil
 					return
-				}
-				if f.ap.Err() != nil || errors.Is(err, ErrResync) {
+				case fatal:
 					f.stop(err)
 					r.res <- err
 					return
@@ -292,21 +292,35 @@ func (f *Follower) run() {
 }
 
 // catchUp reads until the replica is at the store's last seq as read
-// now, within ctx.
-func (f *Follower) catchUp(ctx context.Context) error {
+// now, within ctx; fatal says the error stops the follower.
+func (f *Follower) catchUp(ctx context.Context) (fatal bool, err error) {
 	last, err := f.st.LastSeq(ctx)
 	if err != nil {
-		return fmt.Errorf("ha: handover: last seq: %w", err)
+		return false, fmt.Errorf("ha: handover: last seq: %w", err)
 	}
+	backoff := time.Millisecond
 	for f.Applied() < last {
-		if _, err := f.step(ctx); err != nil {
-			return err
+		_, err := f.step(ctx)
+		if err != nil && !isRetry(err) {
+			return true, err
 		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("ha: handover at seq %d of %d: %w", f.Applied(), last, err)
+		if cerr := ctx.Err(); cerr != nil {
+			if err == nil {
+				err = cerr
+			}
+			return false, fmt.Errorf("ha: handover at seq %d of %d: %w", f.Applied(), last, err)
 		}
+		if err == nil {
+			backoff = time.Millisecond
+			continue
+		}
+		select { // a failed read: the store may come back within ctx
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Second)
 	}
-	return nil
+	return false, nil
 }
 
 // step reads one batch after the applied seq and applies it. more says
@@ -365,5 +379,16 @@ func (f *Follower) readFailed(ctx context.Context, next uint64, err error) error
 		f.readErrs.Add(1)
 		f.log.Warn("ha: reading the log failed; retrying", "seq", next, "err", err)
 	}
-	return nil
+	return retry{err}
+}
+
+// retry marks a store error worth another attempt.
+type retry struct{ err error }
+
+func (r retry) Error() string { return r.err.Error() }
+func (r retry) Unwrap() error { return r.err }
+
+func isRetry(err error) bool {
+	var r retry
+	return errors.As(err, &r)
 }

@@ -1,6 +1,8 @@
 package ha
 
 import (
+	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -144,7 +146,10 @@ func TestFollowerTailsLoadedMaster(t *testing.T) {
 			<-done
 
 			last := ld.durable(t)
-			require.NoError(t, f.WaitApplied(ctxT(t), last))
+			if err := f.WaitApplied(ctxT(t), last); err != nil {
+				explain(t, lp.reader, err)
+				require.NoError(t, err)
+			}
 			assert.Equal(t, dump(t, ld.m), dump(t, replica))
 			require.NoError(t, f.Err())
 			st := f.Stats()
@@ -263,3 +268,77 @@ func TestFollowerCompactedLog(t *testing.T) {
 
 // fakeOf is the leader's fake clock.
 func fakeOf(m *master.Master) *clock.Fake { return m.Config().Clock.(*clock.Fake) }
+
+// A Handover that cannot finish in time leaves the follower following;
+// a later one succeeds.
+func TestFollowerHandoverCanceled(t *testing.T) {
+	st, err := oplog.OpenLocal(t.TempDir(), oplog.LocalOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { st.Close() })
+	ld := newLeader(t, st)
+	replica := newReplica(t, newClock())
+	f := newFollower(t, st, replica, 0, FollowerOptions{})
+	ld.load(t, 1, 300, 8)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	cancel()
+	_, _, err = f.Handover(ctx)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, f.Err())
+	last := ld.durable(t)
+	require.NoError(t, f.WaitApplied(ctxT(t), last), "still following")
+	m, seq, err := f.Handover(ctxT(t))
+	require.NoError(t, err)
+	assert.Equal(t, last, seq)
+	assert.Equal(t, dump(t, ld.m), dump(t, m))
+}
+
+// explain logs, when err is an applier's fault, the logged ops up to it
+// that touch its key, the reservations committed to that key, or their
+// segments: the history that diverged.
+func explain(t *testing.T, st oplog.Store, err error) {
+	var ae *ApplyError
+	if !errors.As(err, &ae) || ae.Seq == 0 {
+		return
+	}
+	var ops []*master.Op
+	for next := uint64(1); next <= ae.Seq; {
+		es, rerr := st.Read(ctxT(t), next, 1024)
+		if rerr != nil || len(es) == 0 {
+			return
+		}
+		for i := range es {
+			next = es[i].Seq + 1
+			if es[i].Seq > ae.Seq {
+				break
+			}
+			op, derr := oplog.DecodeOp(&es[i])
+			if derr != nil {
+				return
+			}
+			ops = append(ops, op)
+		}
+	}
+	key := ops[len(ops)-1].Key
+	ids, segs := map[uint64]bool{}, map[uint32]bool{}
+	for _, op := range ops {
+		if op.Kind == master.OpCommit && op.Key == key {
+			ids[op.ID] = true
+		}
+	}
+	for _, op := range ops {
+		if op.Key == key || (op.Kind == master.OpReserve && ids[op.ID]) {
+			for _, s := range op.Segments {
+				segs[s] = true
+			}
+		}
+	}
+	for i, op := range ops {
+		touches := op.Key != "" && op.Key == key || op.ID != 0 && ids[op.ID]
+		if op.Kind == master.OpMount || op.Kind == master.OpUnmountStart || op.Kind == master.OpUnmount {
+			touches = touches || len(op.Segments) > 0 && segs[op.Segments[0]]
+		}
+		if touches {
+			t.Logf("seq %d: %v %q client=%v segs=%v addrs=%#x id=%d", i+1, op.Kind, op.Key, op.Client, op.Segments, op.Addrs, op.ID)
+		}
+	}
+}

@@ -115,4 +115,3 @@ func TestFollowerEtcdMemberRestart(t *testing.T) {
 	require.NoError(t, f.Err())
 	t.Logf("stats after restarts: %+v", f.Stats())
 }
-
