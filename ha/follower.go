@@ -180,6 +180,9 @@ func (f *Follower) Handover(ctx context.Context) (*master.Master, uint64, error)
 }
 
 func (f *Follower) send(ctx context.Context, k ctlKind) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	r := ctlReq{kind: k, ctx: ctx, res: make(chan error, 1)}
 	select {
 	case f.ctl <- r:
@@ -191,8 +194,13 @@ func (f *Follower) send(ctx context.Context, k ctlKind) error {
 	select {
 	case err := <-r.res:
 		return err
-	case <-f.done: // Close while the request runs
-		return f.Err()
+	case <-f.done: // Close while the request ran, or the answer came last
+		select {
+		case err := <-r.res:
+			return err
+		default:
+			return f.Err()
+		}
 	}
 }
 
