@@ -351,16 +351,18 @@ func (f *Follower) step(ctx context.Context) (more bool, fatal error) {
 	if last < next {
 		return false, nil
 	}
-	es, err := f.st.Read(rctx, next, int(min(uint64(f.opts.Batch), last-next+1)))
-	if err != nil {
-		return false, f.readFailed(ctx, next, err)
-	}
+	es, rerr := f.st.Read(rctx, next, int(min(uint64(f.opts.Batch), last-next+1)))
 	end := next - 1
 	if len(es) > 0 {
 		end = es[len(es)-1].Seq
 	}
+	// What a failed read returned before its error is applied first, so
+	// the fault is pinned to the seq after it.
 	if err := f.ap.Apply(es...); err != nil {
 		return false, err
+	}
+	if rerr != nil {
+		return false, f.readFailed(ctx, f.Applied()+1, rerr)
 	}
 	if err := f.ap.Complete(max(end, next)); err != nil {
 		return false, err

@@ -115,3 +115,30 @@ func TestFollowerEtcdMemberRestart(t *testing.T) {
 	require.NoError(t, f.Err())
 	t.Logf("stats after restarts: %+v", f.Stats())
 }
+
+// A hole in the stored log (a batch record gone) stops the follower
+// with ErrChecksum before it: it never skips over it.
+func TestFollowerEtcdHole(t *testing.T) {
+	es, _ := sampleLog(t, 200)
+	e := testsvc.StartEtcd(t)
+	cli := newEtcdCli(t, e)
+	w := openEtcd(t, cli, 1)
+	for i := 0; i < 50; i += 10 {
+		require.NoError(t, w.Append(ctxT(t), 1, es[i:i+10])) // one batch each
+	}
+	_, err := cli.Delete(ctxT(t), "crescent/oplog/c1/batches/00000000000000000021")
+	require.NoError(t, err)
+
+	replica := newReplica(t, newClock())
+	f := newFollower(t, openEtcd(t, newEtcdCli(t, e), 0), replica, 0, FollowerOptions{})
+	err = f.WaitApplied(ctxT(t), 50)
+	require.ErrorIs(t, err, ErrChecksum)
+	require.ErrorIs(t, err, oplog.ErrCorrupt)
+	// The reader's index, listed after the delete, lacks batch 21, so the
+	// store already sees batch 11 end short of where it should.
+	assert.EqualValues(t, 10, f.Applied())
+	var ae *ApplyError
+	require.ErrorAs(t, err, &ae)
+	assert.EqualValues(t, 11, ae.Seq)
+	assert.EqualValues(t, 1, f.Stats().ApplyErrors)
+}
