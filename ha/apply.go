@@ -17,7 +17,8 @@ var (
 	// ErrRegression: a seq arrived again with other bytes than those
 	// applied (or buffered) for it: two histories of the log.
 	ErrRegression = errors.New("ha: seq regressed with different bytes")
-	// ErrChecksum: an entry failed its checksum or limits (oplog.Verify).
+	// ErrChecksum: an entry failed its checksum or limits (oplog.Verify),
+	// or the store found the log corrupt (oplog.ErrCorrupt).
 	ErrChecksum = errors.New("ha: entry checksum mismatch")
 	// ErrTermRegressed: an entry carries a lower term than one applied
 	// before it (a deposed leader's entry past a newer leader's).

@@ -41,7 +41,8 @@
 // error), an *ApplyError with the seq at fault and one reason:
 // ErrGap (a missing seq: Complete, or a full buffer), ErrRegression (a
 // seq seen again with other bytes, applied or buffered), ErrChecksum
-// (also matches oplog.ErrCorrupt), ErrTermRegressed (a lower term after a
+// (an entry failing its checksum, or a read the store found corrupt;
+// also matches oplog.ErrCorrupt), ErrTermRegressed (a lower term after a
 // higher one), ErrDiverged (an op that does not decode, oplog.ErrBadOp, or
 // that Replay refuses, master.ErrReplayDiverged; Replay leaves a refused
 // op unapplied). The replica then holds the state up to Applied() and
@@ -60,7 +61,9 @@
 // is a gap. A failed read (etcd unavailable) is counted and retried at
 // the next wake-up; a compacted one (oplog.ErrCompacted) stops the
 // follower with ErrResync (rebuild from a snapshot), a corrupt one with
-// ErrChecksum, an applier fault with its *ApplyError.
+// ErrChecksum, an applier fault with its *ApplyError. Entries a failed
+// read returned before its error are applied first. Handover retries
+// failed reads with backoff within its ctx.
 //
 // Applied is the last seq applied; Lag the store's last seq as last read
 // minus Applied; Err why it stopped (nil while it follows); WaitApplied
