@@ -37,7 +37,7 @@ func ExampleFollower() {
 	if _, err := leader.PutStart(c, "key", 4096, master.ReplicateConfig{}); err == nil {
 		leader.PutEnd(c, "key", master.Memory, nil)
 	}
-	_ = sink.WaitDurable(ctx, sink.Appended())
+	_ = sink.WaitDurable(ctx, sink.Appended()) // seqs 1-3: mount, put start, put end
 
 	m, seq, err := f.Handover(ctx)
 	if err != nil {
