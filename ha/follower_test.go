@@ -87,14 +87,13 @@ func newLeader(t *testing.T, st oplog.Store) *leader {
 // load runs workers concurrently on the leader.
 func (l *leader) load(t *testing.T, workers, steps int, seed uint64) {
 	var wg sync.WaitGroup
-	var serial sync.Mutex
 	for range workers {
 		w := l.workers
 		l.workers++
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			drive(t, l.m, fakeOf(l.m), w, seed+w, steps, &serial)
+			drive(t, l.m, fakeOf(l.m), w, seed+w, steps, nil)
 		}()
 	}
 	wg.Wait()
