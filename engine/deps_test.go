@@ -44,3 +44,14 @@ func TestNewMetadataSchemeNotRegistered(t *testing.T) {
 		assert.Contains(t, err.Error(), `not registered: import _ "github.com/crescent-kv/crescent/`+pkg+`"`, conn)
 	}
 }
+
+// A connection string's password must not reach the error (and so the
+// logs).
+func TestNewMetadataErrorHidesPassword(t *testing.T) {
+	e, err := engine.New(engine.Config{LocalServerName: "127.0.0.1",
+		MetadataServer: "redis://user:s3cr3t@127.0.0.1:6379", Protocols: []string{"tcp"}})
+	require.Nil(t, e)
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "s3cr3t")
+	assert.Contains(t, err.Error(), "redis://user:xxxxx@127.0.0.1:6379")
+}

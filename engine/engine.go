@@ -269,7 +269,7 @@ func New(cfg Config) (*Engine, error) {
 	})
 	if err != nil {
 		e.hs.Close()
-		return nil, fmt.Errorf("%w: metadata server %q: %w", ErrInvalidConfig, cfg.MetadataServer, err)
+		return nil, fmt.Errorf("%w: metadata server %q: %w", ErrInvalidConfig, metadata.Redact(cfg.MetadataServer), err)
 	}
 
 	env := transport.Env{LocalName: e.name, Host: host, HostID: e.hostID, Registry: e.reg, Logger: e.log, Handshake: handshake{e}}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -196,4 +197,14 @@ func (p *p2p) Get(ctx context.Context, name string) (*SegmentDesc, error) {
 		self = p.opts.Self()
 	}
 	return FetchDesc(ctx, addr, self)
+}
+
+// Redact hides the password of a connection string (redis://user:pass@h)
+// so it can go into errors and logs.
+func Redact(conn string) string {
+	u, err := url.Parse(conn)
+	if err != nil || u.User == nil {
+		return conn
+	}
+	return u.Redacted()
 }

@@ -982,6 +982,10 @@ func EtcdClientConfig(endpoints []string) clientv3.Config {
 	}
 }
 
+// Watched is what a follower watches to learn that the log grew: the
+// client and the durable prefix's key.
+func (s *Etcd) Watched() (*clientv3.Client, string) { return s.cli, s.prefixKey }
+
 // Term is the highest term in the stored prefix, as last read or written.
 func (s *Etcd) Term() uint64 {
 	s.mu.Lock()

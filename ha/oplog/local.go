@@ -105,6 +105,8 @@ type Local struct {
 	lastSeq   uint64
 	compacted uint64 // META's compaction point: seqs below are gone
 
+	grew chan struct{} // under mu: closed when lastSeq next grows (Notify); nil until asked
+
 	metaMu   sync.Mutex // serialises META writes (writer, Compact)
 	metaTerm uint64     // META's term
 
@@ -804,6 +806,10 @@ func (l *Local) flush() {
 		}
 		s.size = w.size
 		l.lastSeq = s.last
+		if l.grew != nil {
+			close(l.grew)
+			l.grew = nil
+		}
 		l.mu.Unlock()
 		l.st.batches.Add(1)
 		l.st.entries.Add(uint64(len(w.pending)))
@@ -980,6 +986,17 @@ func (l *Local) LastSeq(context.Context) (uint64, error) {
 		return 0, ErrClosed
 	}
 	return l.lastSeq, nil
+}
+
+// Notify returns a channel closed the next time the log grows, so a
+// follower in this process wakes without polling.
+func (l *Local) Notify() <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.grew == nil {
+		l.grew = make(chan struct{})
+	}
+	return l.grew
 }
 
 // FirstSeq is the first seq held; LastSeq()+1 when none is (an empty or

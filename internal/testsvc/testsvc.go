@@ -85,6 +85,10 @@ type Etcd struct {
 	Endpoint string // 127.0.0.1:port (clients)
 	e        *embed.Etcd
 	once     sync.Once
+
+	dir                  string // kept for Restart
+	clientPort, peerPort int
+	logs                 *syncbuf.Buffer
 }
 
 // URL is the "etcd://127.0.0.1:port" connection string.
@@ -103,8 +107,10 @@ func StartEtcd(t testing.TB) *Etcd {
 	})
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		e, err := startEtcd(t.TempDir(), FreePort(t), FreePort(t), logs)
+		dir, cp, pp := t.TempDir(), FreePort(t), FreePort(t)
+		e, err := startEtcd(dir, cp, pp, logs)
 		if err == nil {
+			e.dir, e.clientPort, e.peerPort, e.logs = dir, cp, pp, logs
 			t.Cleanup(e.Stop)
 			return e
 		}
@@ -142,6 +148,18 @@ func startEtcd(dir string, clientPort, peerPort int, logs *syncbuf.Buffer) (*Etc
 		return nil, fmt.Errorf("etcd on %s not ready after 60s", cu.Host)
 	}
 	return &Etcd{Endpoint: cu.Host, e: e}, nil
+}
+
+// Restart stops the member and starts it again on the same data dir and
+// ports, as a restarted etcd process would (not after Stop).
+func (e *Etcd) Restart() error {
+	e.e.Close()
+	n, err := startEtcd(e.dir, e.clientPort, e.peerPort, e.logs)
+	if err != nil {
+		return err
+	}
+	e.e = n.e
+	return nil
 }
 
 // Stop closes the server; safe to call more than once.

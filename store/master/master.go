@@ -35,6 +35,8 @@ type Master struct {
 
 	shards []shard
 
+	unmountHook func() // tests: runs between an unmount's phases
+
 	// segMu serialises the control plane: mount, remount, unmount and
 	// client expiry. Lock order (as the code takes them): segMu or evictMu
 	// (never both), then shard (one, or all in index order), resvMu,

@@ -81,9 +81,15 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 			var o object
 			m.resvMu.Lock()
 			err = m.apply(nil, op, &applyArgs{obj: &o, minReps: rc.MinReplicas})
+			var reps []Replica
+			if err == nil {
+				// Under resvMu: an unmount's DropReserved rewrites the
+				// placements o shares with the table.
+				reps = m.replicas(&o)
+			}
 			m.resvMu.Unlock()
 			if err == nil {
-				res.Reservations = append(res.Reservations, Reservation{ID: op.ID, Size: spec.Size, Replicas: m.replicas(&o)})
+				res.Reservations = append(res.Reservations, Reservation{ID: op.ID, Size: spec.Size, Replicas: reps})
 				continue
 			}
 		}

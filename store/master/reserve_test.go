@@ -4,6 +4,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
 )
 
@@ -209,4 +213,83 @@ func TestReservePins(t *testing.T) {
 		t.Fatalf("pins: %+v", st)
 	}
 	checkInvariants(t, e.m)
+}
+
+// A Commit landing while an unmount is under way must not leave a key
+// with a replica on the released segment: the next mount reuses its
+// index, and evicting the key would free a range of another client's
+// segment (and a standby replaying the log diverged).
+func TestCommitDuringUnmount(t *testing.T) {
+	e := newEnv(t, nil)
+	e.mount(cl(1), "a", 8<<20)
+	b := e.mount(cl(2), "b", 8<<20)
+	e.put(cl(2), "on-b", 1<<20, ReplicateConfig{Replicas: 2})
+	rs := e.reserve(cl(1), 1<<20, ReplicateConfig{Replicas: 2}, 1)
+	require.Len(t, rs[0].Replicas, 2)
+	var commitErr error
+	e.m.unmountHook = func() {
+		commitErr = e.m.Commit(cl(1), []CommitItem{{Key: "k", ID: rs[0].ID}})[0]
+	}
+	require.NoError(t, e.m.UnmountSegment(cl(2), b.ID))
+	e.m.unmountHook = nil
+	require.NoError(t, commitErr)
+	reps, _, err := e.m.GetReplicaList("k")
+	require.NoError(t, err)
+	for _, r := range reps {
+		assert.NotEqual(t, "b", r.SegmentName, "k kept a replica on the unmounted segment")
+	}
+	checkInvariants(t, e.m)
+	// The log replays on a standby, through a remount that reuses the
+	// index and an eviction of k.
+	e.mount(cl(3), "c", 8<<20)
+	require.NoError(t, e.m.Remove("k", true))
+	standby, err := New(Config{Shards: 3, Clock: e.clk, Seed: 99})
+	require.NoError(t, err)
+	defer standby.Close()
+	for i, op := range e.log.all() {
+		require.NoError(t, standby.Replay(op), "op %d %v %q", i, op.Kind, op.Key)
+	}
+	assert.Empty(t, diffState(dumpState(e.m), dumpState(standby)))
+}
+
+// Reserve reads the new reservation's replicas while an unmount drops
+// its replica on the segment going away (run with -race).
+func TestReserveRacesUnmount(t *testing.T) {
+	e := newEnv(t, nil)
+	e.mount(cl(1), "a", 64<<20)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 300 {
+			s := alloc.Segment{ID: UUID{Hi: 0xbb, Lo: uint64(i + 1)}, Name: "b", Base: 1 << 50, Size: 64 << 20, Protocol: "tcp"}
+			if err := e.m.MountSegment(cl(2), s); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := e.m.UnmountSegment(cl(2), s.ID); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			checkInvariants(t, e.m)
+			return
+		default:
+		}
+		res := e.m.Reserve(cl(1), ReserveSpec{Size: 4096, Config: ReplicateConfig{Replicas: 2}, Count: 4})
+		require.NoError(t, res.Err)
+		for _, r := range res.Reservations {
+			for _, rep := range r.Replicas {
+				assert.NotEmpty(t, rep.SegmentName)
+			}
+		}
+		var ids []uint64
+		for _, r := range res.Reservations {
+			ids = append(ids, r.ID)
+		}
+		e.m.Unreserve(cl(1), ids)
+	}
 }

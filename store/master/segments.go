@@ -108,6 +108,17 @@ func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 		return err
 	}
 	idx := start.Segments[0]
+	// Reservations first: a Commit moves a reservation's replicas into a
+	// key, so one landing after the shard walk passed its key's shard
+	// would keep a replica on the released segment. Once they are dropped
+	// nothing can place on it (UnmountStart stops placement), and the walk
+	// catches every key committed before.
+	if err := m.dropReserved(idx, clean); err != nil {
+		return err
+	}
+	if m.unmountHook != nil {
+		m.unmountHook()
+	}
 	// Walk only if something may still point at the segment.
 	if st, ok := m.alloc.Stat(idx); ok && st.Allocs > 0 {
 		for i := range m.shards {
@@ -126,9 +137,6 @@ func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 			sh.unlock()
 			m.flushEvents()
 		}
-	}
-	if err := m.dropReserved(idx, clean); err != nil {
-		return err
 	}
 	return m.apply(nil, &Op{Kind: OpUnmount, Time: m.now(), Client: s.Client, Segments: []uint32{idx}}, &applyArgs{})
 }

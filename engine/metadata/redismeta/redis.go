@@ -51,19 +51,19 @@ func ParseConn(conn string) (*redis.Options, error) {
 		return nil, fmt.Errorf("%w: not a URL: %w", metadata.ErrBadConnString, err)
 	}
 	if u.Scheme != "redis" && u.Scheme != "rediss" {
-		return nil, fmt.Errorf("%w: %q: scheme is not redis or rediss", metadata.ErrBadConnString, redact(conn))
+		return nil, fmt.Errorf("%w: %q: scheme is not redis or rediss", metadata.ErrBadConnString, metadata.Redact(conn))
 	}
 	if u.Hostname() == "" {
-		return nil, fmt.Errorf("%w: %q: no host", metadata.ErrBadConnString, redact(conn))
+		return nil, fmt.Errorf("%w: %q: no host", metadata.ErrBadConnString, metadata.Redact(conn))
 	}
 	if p := u.Port(); p != "" {
 		if n, err := strconv.Atoi(p); err != nil || n <= 0 || n > 65535 {
-			return nil, fmt.Errorf("%w: %q: bad port", metadata.ErrBadConnString, redact(conn))
+			return nil, fmt.Errorf("%w: %q: bad port", metadata.ErrBadConnString, metadata.Redact(conn))
 		}
 	}
 	o, err := redis.ParseURL(conn)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %w", metadata.ErrBadConnString, redact(conn), err)
+		return nil, fmt.Errorf("%w: %q: %w", metadata.ErrBadConnString, metadata.Redact(conn), err)
 	}
 	if u.User == nil {
 		o.Username = os.Getenv(UsernameEnv)
@@ -79,15 +79,6 @@ func ParseConn(conn string) (*redis.Options, error) {
 		}
 	}
 	return o, nil
-}
-
-// redact hides the password of a connection string in messages.
-func redact(conn string) string {
-	u, err := url.Parse(conn)
-	if err != nil || u.User == nil {
-		return conn
-	}
-	return u.Redacted()
 }
 
 // Backend keeps segment descriptors in Redis. Entries it publishes are
