@@ -126,7 +126,8 @@
 // catalog entry loses at most an orphan body. One Take runs at a time
 // (TryTake answers ErrSnapshotBusy meanwhile). Its result reports the
 // serving master's longest pause (0) and the scratch export's longest
-// hold of one lock.
+// hold of one lock. LoadLatest builds a master from the latest snapshot
+// alone, for a standby to follow the log from its Seq+1.
 //
 // Durable.ServiceOption installs master.WithDurability: every RPC,
 // reads included, answers only once all that was logged before its

@@ -73,6 +73,28 @@ func loadSnapshot(ctx context.Context, p snapshot.Payloads, meta snapshot.Meta, 
 	return nil
 }
 
+// LoadLatest builds a master from cfg (not started) holding the latest
+// published snapshot, for a standby to follow the log from meta.Seq+1
+// (ha.Follower). With nothing published it is empty and meta is zero;
+// any other catalog or payload error fails.
+func LoadLatest(ctx context.Context, p snapshot.Payloads, c snapshot.Catalog, cfg master.Config) (*master.Master, snapshot.Meta, error) {
+	meta, ok, err := latestSnapshot(ctx, c)
+	if err != nil {
+		return nil, meta, err
+	}
+	m, err := master.New(cfg)
+	if err != nil {
+		return nil, meta, err
+	}
+	if ok {
+		if err := loadSnapshot(ctx, p, meta, m); err != nil {
+			m.Close()
+			return nil, meta, err
+		}
+	}
+	return m, meta, nil
+}
+
 // replayLog applies entries from..to (inclusive) of st to m and returns
 // the highest term seen and how many were applied.
 func replayLog(ctx context.Context, st Store, m *master.Master, from, to uint64) (term, n uint64, err error) {

@@ -352,6 +352,11 @@ func TestOpenWithSnapshotsFailsClosed(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Unchanged, "an empty log has nothing to snapshot")
 	require.Empty(t, snaps.ids())
+	empty, meta, err := LoadLatest(ctx, snaps, cat, snapCfg(clk))
+	require.NoError(t, err, "nothing published: an empty master")
+	require.Zero(t, meta)
+	require.Empty(t, empty.AllKeys())
+	require.NoError(t, empty.Close())
 	driveMaster(t, d.Master, clk, 3, 1500, nil)
 	require.NoError(t, d.Wait(ctx))
 	res, err = sn.Take(ctx)
@@ -360,6 +365,8 @@ func TestOpenWithSnapshotsFailsClosed(t *testing.T) {
 
 	snaps.fail = errors.New("connection refused")
 	_, err = OpenDurable(ctx, dir, snapCfg(clk), opts, WithSnapshots(snaps, cat))
+	require.ErrorContains(t, err, "connection refused")
+	_, _, err = LoadLatest(ctx, snaps, cat, snapCfg(clk))
 	require.ErrorContains(t, err, "connection refused")
 	snaps.fail = nil
 
@@ -432,4 +439,15 @@ func TestSnapshotLocalBackends(t *testing.T) {
 	defer d.Close()
 	require.Equal(t, ms[1].ID, d.Snapshot.ID)
 	require.Equal(t, want, dumpMaster(t, d.Master))
+
+	// A standby starts from the latest snapshot and replays the rest.
+	m, meta, err := LoadLatest(ctx, pl, cat, snapCfg(clk))
+	require.NoError(t, err)
+	defer m.Close()
+	require.Equal(t, ms[1], meta)
+	last, err := d.Store.LastSeq(ctx)
+	require.NoError(t, err)
+	_, _, err = replayLog(ctx, d.Store, m, meta.Seq+1, last)
+	require.NoError(t, err)
+	require.Equal(t, want, dumpMaster(t, m))
 }
