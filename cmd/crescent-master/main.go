@@ -248,9 +248,9 @@ func run(ctx context.Context, cfg config) error {
 		err     error
 	)
 	var adminOpts []master.AdminOption
+	var snaps *snapshots
 	if cfg.DataDir != "" {
-		snaps, err := openSnapshots(cfg, log)
-		if err != nil {
+		if snaps, err = openSnapshots(cfg, log); err != nil {
 			return err
 		}
 		defer snaps.close()
@@ -286,6 +286,9 @@ func run(ctx context.Context, cfg config) error {
 		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))...)
 	metrics = master.NewMetrics(m, svc)
 	reg.MustRegister(metrics)
+	if snaps != nil {
+		reg.MustRegister(snaps.metrics.collectors()...)
+	}
 	if pub != nil {
 		reg.MustRegister(pub.Collector())
 	}

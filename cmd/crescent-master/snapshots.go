@@ -11,29 +11,23 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/ha/oplog"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/crescent-kv/crescent/ha/snapshot"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
 // localSnapshots opens the local payload store and catalog, sharing dir.
-// A variable so that a build without them could set it to nil (no
-// snapshots, the log is never compacted).
-var localSnapshots = localBackends(snapshot.NewLocalPayloads, snapshot.NewLocalCatalog)
-
-// localBackends opens a payload store and a catalog sharing one
-// directory.
-func localBackends[P snapshot.Payloads, C snapshot.Catalog](payloads func(string) (P, error), catalog func(string) (C, error)) func(string) (snapshot.Payloads, snapshot.Catalog, error) {
-	return func(dir string) (snapshot.Payloads, snapshot.Catalog, error) {
-		p, err := payloads(dir)
-		if err != nil {
-			return nil, nil, err
-		}
-		c, err := catalog(dir)
-		if err != nil {
-			return nil, nil, err
-		}
-		return p, c, nil
+func localSnapshots(dir string) (snapshot.Payloads, snapshot.Catalog, error) {
+	p, err := snapshot.NewLocalPayloads(dir)
+	if err != nil {
+		return nil, nil, err
 	}
+	c, err := snapshot.NewLocalCatalog(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, c, nil
 }
 
 func (c *config) snapshotFlags(fs *flag.FlagSet) {
@@ -63,16 +57,13 @@ type snapshots struct {
 	payloads snapshot.Payloads
 	catalog  snapshot.Catalog
 	sn       *oplog.Snapshotter
+	metrics  snapshotMetrics
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 }
 
 func openSnapshots(cfg config, log *slog.Logger) (*snapshots, error) {
-	s := &snapshots{log: log}
-	if localSnapshots == nil {
-		log.Warn("snapshots unavailable in this build: the log is replayed whole and never compacted")
-		return s, nil
-	}
+	s := &snapshots{log: log, metrics: newSnapshotMetrics()}
 	dir := cfg.SnapshotDir
 	if dir == "" {
 		dir = filepath.Join(cfg.DataDir, "snapshots")
@@ -137,10 +128,12 @@ func (s *snapshots) take(ctx context.Context, f func(context.Context) (oplog.Sna
 	switch {
 	case errors.Is(err, oplog.ErrSnapshotBusy):
 	case err != nil:
+		s.metrics.failed.Inc()
 		s.log.Error("snapshot failed", "err", err)
 	case res.Unchanged:
 		s.log.Debug("snapshot: nothing new", "id", res.Meta.ID)
 	default:
+		s.metrics.observe(res)
 		s.log.Info("snapshot taken", "id", res.Meta.ID, "seq", res.Meta.Seq, "size", res.Meta.Size, "records", res.Records,
 			"replayed", res.Replayed, "took", res.Took, "longest_pause", res.LongestPause,
 			"scratch_longest_hold", res.ScratchLongestHold, "scratch_longest_shard_hold", res.ScratchLongestShardHold, "log_first_seq", res.FirstSeq, "pruned", len(res.Pruned))
@@ -176,4 +169,35 @@ func (s *snapshots) close() {
 			s.log.Warn("closing the snapshot catalog", "err", err)
 		}
 	}
+}
+
+// snapshotMetrics are the snapshots' series on /metrics.
+type snapshotMetrics struct {
+	taken, failed       prometheus.Counter
+	seq, size, logFirst prometheus.Gauge
+	took                prometheus.Histogram
+}
+
+func newSnapshotMetrics() snapshotMetrics {
+	return snapshotMetrics{
+		taken:    prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_snapshot_taken_total", Help: "Snapshots published."}),
+		failed:   prometheus.NewCounter(prometheus.CounterOpts{Name: "crescent_snapshot_failed_total", Help: "Snapshots that failed."}),
+		seq:      prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_snapshot_last_seq", Help: "Last log seq the latest snapshot includes."}),
+		size:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_snapshot_last_size_bytes", Help: "Size of the latest snapshot."}),
+		logFirst: prometheus.NewGauge(prometheus.GaugeOpts{Name: "crescent_snapshot_log_first_seq", Help: "First seq the log holds after the latest compaction."}),
+		took: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "crescent_snapshot_duration_seconds", Help: "Time to build, write and publish a snapshot.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 14)}),
+	}
+}
+
+func (m snapshotMetrics) observe(res oplog.SnapshotResult) {
+	m.taken.Inc()
+	m.seq.Set(float64(res.Meta.Seq))
+	m.size.Set(float64(res.Meta.Size))
+	m.logFirst.Set(float64(res.FirstSeq))
+	m.took.Observe(res.Took.Seconds())
+}
+
+func (m snapshotMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.taken, m.failed, m.seq, m.size, m.logFirst, m.took}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store"
@@ -87,6 +89,15 @@ func TestSnapshotEndpoint(t *testing.T) {
 	require.Zero(t, info.LongestPauseMs)
 	_, err = os.Stat(filepath.Join(dir, "snapshots"))
 	require.NoError(t, err, "snapshots default to DATA_DIR/snapshots")
+	resp, err = http.Get("http://127.0.0.1:" + strconv.Itoa(admin) + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	metrics := string(body)
+	assert.Contains(t, metrics, "crescent_snapshot_taken_total 1")
+	assert.Contains(t, metrics, "crescent_snapshot_last_seq "+strconv.FormatUint(info.Seq, 10))
+	assert.Contains(t, metrics, "crescent_snapshot_duration_seconds_count 1")
 
 	proc.kill9(t)
 	_, recovered := startMaster(t, args...)
