@@ -179,7 +179,7 @@ func TestRunStoreVariants(t *testing.T) {
 // TestRunStoreExternalMaster runs against a master the test owns and
 // checks the bench leaves nothing on it.
 func TestRunStoreExternalMaster(t *testing.T) {
-	im, err := startMaster()
+	im, err := newMaster(context.Background(), &StoreConfig{}, OplogOff)
 	if err != nil {
 		t.Fatal(err)
 	}
