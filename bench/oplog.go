@@ -218,19 +218,36 @@ func (im *inProcessMaster) closeLog() {
 	}
 }
 
-// logStats are what the log wrote during a run: log bytes and group
-// commits (local only).
-func (im *inProcessMaster) logStats() (bytes, batches, entries uint64) {
+// logStats are the log's counters: record bytes (local only), group
+// commits, entries, fsyncs and their total time (local only).
+type logStats struct{ bytes, batches, entries, fsyncs, fsyncNanos uint64 }
+
+func (im *inProcessMaster) logStats() logStats {
 	if im == nil || im.d == nil {
-		return 0, 0, 0
+		return logStats{}
 	}
 	if l, ok := im.d.Store.(*oplog.Local); ok {
 		s := l.Stats()
-		return s.Bytes, s.Batches, s.Entries
+		return logStats{s.Bytes, s.Batches, s.Entries, s.Fsyncs, s.FsyncNanos}
 	}
 	if e, ok := im.d.Store.(*oplog.Etcd); ok {
 		s := e.Stats()
-		return 0, s.Batches, s.Entries
+		return logStats{batches: s.Batches, entries: s.Entries}
 	}
-	return 0, 0, 0
+	return logStats{}
+}
+
+// describeLog records what the log did since before in res.
+func (im *inProcessMaster) describeLog(res *StoreResult, before logStats, puts int64, elapsed time.Duration) {
+	after := im.logStats()
+	if after.bytes > before.bytes && puts > 0 {
+		res.OplogBytesPerPut = float64(after.bytes-before.bytes) / float64(puts)
+	}
+	if n := after.batches - before.batches; n > 0 {
+		res.OplogCommitsPerSec = float64(n) / elapsed.Seconds()
+		res.OplogEntriesPerCommit = float64(after.entries-before.entries) / float64(n)
+	}
+	if n := after.fsyncs - before.fsyncs; n > 0 {
+		res.OplogFsyncUs = float64(after.fsyncNanos-before.fsyncNanos) / float64(n) / 1e3
+	}
 }

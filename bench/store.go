@@ -263,6 +263,13 @@ type StoreResult struct {
 	// OplogBytesPerPut is the local log's record bytes per put measured
 	// (every op of the run, removes and reservations included).
 	OplogBytesPerPut float64 `json:"oplog_bytes_per_put,omitempty"`
+	// OplogCommitsPerSec and OplogEntriesPerCommit describe the log's
+	// group commit during the measurement (one fsync or etcd transaction
+	// per commit; the baseline's rounds fall in between).
+	OplogCommitsPerSec    float64 `json:"oplog_commits_per_sec,omitempty"`
+	OplogEntriesPerCommit float64 `json:"oplog_entries_per_commit,omitempty"`
+	// OplogFsyncUs is the local log's mean fdatasync time in the run.
+	OplogFsyncUs float64 `json:"oplog_fsync_us,omitempty"`
 	// EvictedKeys during the measurement (in-process master only).
 	EvictedKeys *uint64 `json:"evicted_keys,omitempty"`
 	// Master is the master's address ("in-process" when started here).
@@ -876,7 +883,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	if im != nil {
 		evicted0 = im.m.Stats().EvictedKeys
 	}
-	logBytes0, _, _ := im.logStats()
+	log0 := im.logStats()
 	rounds := max(1, int((c.Duration+time.Second/2)/time.Second))
 	d := c.Duration / time.Duration(rounds)
 	var tot, base roundStats
@@ -917,9 +924,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		ev := im.m.Stats().EvictedKeys - evicted0
 		res.EvictedKeys = &ev
 		im.describe(res)
-		if lb, _, _ := im.logStats(); lb > logBytes0 && tot.Puts > 0 {
-			res.OplogBytesPerPut = float64(lb-logBytes0) / float64(tot.Puts)
-		}
+		im.describeLog(res, log0, tot.Puts, tot.Elapsed)
 	}
 	res.OpsPerSec = float64(tot.Ops) / tot.Elapsed.Seconds()
 	res.ThroughputGBps = float64(tot.Bytes) / tot.Elapsed.Seconds() / 1e9

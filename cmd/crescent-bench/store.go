@@ -138,8 +138,9 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	}
 	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %s, %s, %s, protocol %s, master %s over %s, oplog %s\n",
 		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, replicas, path, ahead, r.Protocol, r.Master, r.MasterProtocol, r.Oplog)
-	if r.OplogBytesPerPut > 0 {
-		fmt.Fprintf(out, "oplog: %.0f bytes written per put\n", r.OplogBytesPerPut)
+	if r.OplogBytesPerPut > 0 || r.OplogCommitsPerSec > 0 {
+		fmt.Fprintf(out, "oplog: %.0f bytes written per put, %.0f commits/s of %.1f entries, fdatasync %.0f us on average\n",
+			r.OplogBytesPerPut, r.OplogCommitsPerSec, r.OplogEntriesPerCommit, r.OplogFsyncUs)
 	}
 	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)

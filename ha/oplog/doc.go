@@ -129,16 +129,21 @@
 //	24     4    reserved, zero
 //	28     4    CRC of bytes 0..27
 //
-// then records back to back up to the end of the file:
+// then records back to back, then zero bytes up to the end of the file
+// (the segment is allocated whole when created, LocalOptions.SegmentBytes
+// with fallocate, so that an fdatasync has no file size to journal; a
+// file that grows record by record, as without preallocation, has none):
 //
 //	offset size  field
 //	0      4     L, uint32: length of the entry; 1 <= L <= MaxKey+MaxPayload+256
 //	4      L     the Entry, msgp-encoded (layout above, its own crc included)
 //	4+L    4     CRC of bytes 0..4+L-1 (length and entry)
 //
+// Where a record would start, a run of zeros to the end of the file is
+// the segment's end (a length is never 0), not a torn tail.
 // The records of a segment carry consecutive seqs from its first seq;
 // the next segment starts at the seq after the last one of the previous.
-// A new segment is created (header written, fdatasync, directory fsync)
+// A new segment is created (header written, fdatasync, allocated, directory fsync)
 // before any record goes into it, when the active one would pass
 // LocalOptions.SegmentBytes; one Append never straddles two segments.
 //
@@ -157,7 +162,9 @@
 // Writing: one goroutine takes every queued Append (bounded by
 // MaxQueuedBytes/MaxQueuedEntries: callers block beyond), checks each in
 // order (term, gap, resend), appends their records with one write and
-// one fdatasync, then answers them all. A failed write or fdatasync is
+// one fdatasync, then answers them all. A Sink does this on its own
+// writer goroutine instead (after anything queued), saving two
+// goroutine handoffs per group commit. A failed write or fdatasync is
 // never retried (after a failed fsync the kernel may have dropped the
 // dirty pages): the store is failed from then on.
 //

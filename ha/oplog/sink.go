@@ -166,6 +166,12 @@ func (s *Sink) broadcast() {
 	s.changed = make(chan struct{})
 }
 
+// syncAppender is a store that can write on the caller's goroutine
+// (Local): the sink's writer then does the fsync itself.
+type syncAppender interface {
+	appendSync(term uint64, entries []Entry) error
+}
+
 // run writes what is queued, a batch at a time, until Close.
 func (s *Sink) run() {
 	defer close(s.done)
@@ -188,7 +194,12 @@ func (s *Sink) run() {
 			s.queue = s.queue[n:]
 			s.mu.Unlock()
 
-			err := s.store.Append(context.Background(), s.cfg.Term, batch)
+			var err error
+			if sa, ok := s.store.(syncAppender); ok {
+				err = sa.appendSync(s.cfg.Term, batch)
+			} else {
+				err = s.store.Append(context.Background(), s.cfg.Term, batch)
+			}
 			bytes := 0
 			for i := range batch {
 				bytes += len(batch[i].Key) + len(batch[i].Payload)
