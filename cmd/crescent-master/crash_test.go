@@ -126,16 +126,21 @@ func TestCrashRecovery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
 	}
+	crashRecovery(t, "--data_dir", t.TempDir())
+}
+
+// crashRecovery is TestCrashRecovery's harness over the log logArgs
+// configure.
+func crashRecovery(t *testing.T, logArgs ...string) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CRASH_SEED"); s != "" {
 		seed, _ = strconv.ParseUint(s, 10, 64)
 	}
 	t.Logf("seed %d (CRASH_SEED)", seed)
 	r := rand.New(rand.NewPCG(seed, 1))
-	dir := t.TempDir()
 	port := freePort(t)
-	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", "0",
-		"--data_dir", dir, "--client_ttl", "60", "--log_level", "info"}
+	args := append([]string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", "0",
+		"--client_ttl", "60", "--log_level", "info"}, logArgs...)
 	proc, recovered := startMaster(t, args...)
 	require.Contains(t, recovered, "entries=0")
 

@@ -11,11 +11,13 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"gopkg.in/yaml.v3"
 
@@ -68,6 +70,13 @@ type config struct {
 	// DataDir, when set, makes the master durable: its operation log
 	// lives there and is replayed at start.
 	DataDir string `yaml:"data_dir"`
+	// Oplog, when set (etcd://h:p[,h2:p2]), keeps the operation log in
+	// etcd under ClusterID instead.
+	Oplog     string `yaml:"oplog"`
+	ClusterID string `yaml:"cluster_id"`
+	// OplogWriteTimeoutSec bounds the retries of one etcd write; past it
+	// the log is failed (fail-stop).
+	OplogWriteTimeoutSec int64 `yaml:"oplog_write_timeout_sec"`
 
 	LogLevel string `yaml:"log_level"`
 }
@@ -81,7 +90,7 @@ func defaults() config {
 		AllocationStrategy: "random", HTTPMetadataServerPort: 8080, HTTPMetadataServerHost: "0.0.0.0",
 		KVEventsEndpoint: "tcp://*:5557", KVEventsReplayEndpoint: "tcp://*:5558", KVEventsEncoding: "map",
 		KVEventsQueueSize: 100000, KVEventsBatchSize: 64, KVEventsBatchIntervalMs: 1, KVEventsOverflow: "drop_oldest",
-		KVEventsReplayBufferSize: 10000, LogLevel: "info",
+		KVEventsReplayBufferSize: 10000, LogLevel: "info", ClusterID: "crescent", OplogWriteTimeoutSec: 30,
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
 		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
@@ -123,6 +132,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.KVEventsOverflow, "kv_events_overflow", c.KVEventsOverflow, "drop_oldest (puts never wait) or block")
 	fs.IntVar(&c.KVEventsReplayBufferSize, "kv_events_replay_buffer_size", c.KVEventsReplayBufferSize, "batches kept for replay")
 	fs.StringVar(&c.DataDir, "data_dir", c.DataDir, "directory of the operation log: every change is durable there before it is acknowledged, and a restart replays it (empty: state in memory only)")
+	fs.StringVar(&c.Oplog, "oplog", c.Oplog, "etcd://host:port[,host:port]: keep the operation log in etcd (under cluster_id) instead of --data_dir; every change is durable there before it is acknowledged")
+	fs.StringVar(&c.ClusterID, "cluster_id", c.ClusterID, "name of this master's cluster: the etcd operation log lives under crescent/oplog/<cluster_id>/")
+	fs.Int64Var(&c.OplogWriteTimeoutSec, "oplog_write_timeout_sec", c.OplogWriteTimeoutSec, "--oplog etcd: seconds one write may keep failing before the log is failed and the master stops acknowledging (fail-stop)")
 	fs.StringVar(&c.LogLevel, "log_level", c.LogLevel, "debug, info, warn or error")
 }
 
@@ -185,6 +197,21 @@ func (c *config) validate() error {
 	if _, err := alloc.ParseStrategy(c.AllocationStrategy); err != nil {
 		return err
 	}
+	if c.Oplog != "" {
+		// One log: two would each hold half the history.
+		if c.DataDir != "" {
+			return errors.New("data_dir and oplog are exclusive: the operation log is either local files or etcd")
+		}
+		if _, err := oplog.ParseEtcdURL(c.Oplog); err != nil {
+			return err
+		}
+		if c.ClusterID == "" || strings.Contains(c.ClusterID, "/") {
+			return fmt.Errorf("cluster_id %q: must be non-empty, without '/'", c.ClusterID)
+		}
+		if c.OplogWriteTimeoutSec < 1 {
+			return fmt.Errorf("oplog_write_timeout_sec %d must be positive", c.OplogWriteTimeoutSec)
+		}
+	}
 	return nil
 }
 
@@ -240,8 +267,8 @@ func run(ctx context.Context, cfg config) error {
 		svcOpts []master.ServiceOption
 		err     error
 	)
-	if cfg.DataDir != "" {
-		d, err := oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log})
+	if cfg.DataDir != "" || cfg.Oplog != "" {
+		d, err := openLog(ctx, cfg, mc, log)
 		if err != nil {
 			return err
 		}
@@ -250,7 +277,7 @@ func run(ctx context.Context, cfg config) error {
 				log.Error("closing the operation log", "err", cerr)
 			}
 		}()
-		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "entries", d.Replayed, "took", d.Took)
+		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "oplog", cfg.Oplog, "entries", d.Replayed, "took", d.Took)
 		m, svcOpts = d.Master, []master.ServiceOption{d.ServiceOption()}
 	} else if m, err = master.New(mc); err != nil {
 		return err
@@ -323,6 +350,39 @@ func run(ctx context.Context, cfg config) error {
 	}
 	return err
 }
+
+// openLog opens the durable master on the configured log: local files
+// (--data_dir) or etcd (--oplog), whose client the Durable's Close stops
+// last.
+func openLog(ctx context.Context, cfg config, mc master.Config, log *slog.Logger) (*oplog.Durable, error) {
+	if cfg.DataDir != "" {
+		return oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log})
+	}
+	eps, _ := oplog.ParseEtcdURL(cfg.Oplog) // validated
+	cli, err := clientv3.New(oplog.EtcdClientConfig(eps))
+	if err != nil {
+		return nil, fmt.Errorf("oplog %s: %w", cfg.Oplog, err)
+	}
+	st, err := oplog.OpenEtcd(ctx, cli, oplog.EtcdOptions{ClusterID: cfg.ClusterID,
+		WriteTimeout: time.Duration(cfg.OplogWriteTimeoutSec) * time.Second})
+	if err != nil {
+		cli.Close()
+		return nil, fmt.Errorf("oplog %s: %w", cfg.Oplog, err)
+	}
+	d, err := oplog.Open(ctx, closingStore{st, cli}, mc)
+	if err != nil {
+		return nil, fmt.Errorf("oplog %s: %w", cfg.Oplog, err)
+	}
+	return d, nil
+}
+
+// closingStore closes the etcd client after the store.
+type closingStore struct {
+	*oplog.Etcd
+	cli *clientv3.Client
+}
+
+func (c closingStore) Close() error { return errors.Join(c.Etcd.Close(), c.cli.Close()) }
 
 func newPublisher(cfg config, log *slog.Logger) (*event.Publisher, error) {
 	enc, err := event.ParseEncoding(cfg.KVEventsEncoding)
