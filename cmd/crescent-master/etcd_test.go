@@ -95,6 +95,13 @@ func TestRunEtcdFailStop(t *testing.T) {
 	require.NoError(t, err)
 	code, _ := health()
 	require.Equal(t, http.StatusOK, code)
+	resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(c.MetricsPort) + "/metrics")
+	require.NoError(t, err)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(b), "crescent_oplog_durable_seq 2", "the log's metrics are on /metrics")
+	assert.Contains(t, string(b), "crescent_oplog_etcd_txn_seconds_count")
+	assert.Contains(t, string(b), "crescent_oplog_failed 0")
 
 	e.Stop()
 	_, err = mc.PutStart(rctx, &storepb.PutStartRequest{ClientId: client, Key: "b", Size: 100})

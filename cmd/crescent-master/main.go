@@ -263,9 +263,10 @@ func run(ctx context.Context, cfg config) error {
 	}
 
 	var (
-		m       *master.Master
-		svcOpts []master.ServiceOption
-		err     error
+		m          *master.Master
+		svcOpts    []master.ServiceOption
+		logMetrics prometheus.Collector
+		err        error
 	)
 	if cfg.DataDir != "" || cfg.Oplog != "" {
 		d, err := openLog(ctx, cfg, mc, log)
@@ -278,7 +279,7 @@ func run(ctx context.Context, cfg config) error {
 			}
 		}()
 		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "oplog", cfg.Oplog, "entries", d.Replayed, "took", d.Took)
-		m, svcOpts = d.Master, []master.ServiceOption{d.ServiceOption()}
+		m, svcOpts, logMetrics = d.Master, []master.ServiceOption{d.ServiceOption()}, oplog.NewCollector(d)
 	} else if m, err = master.New(mc); err != nil {
 		return err
 	}
@@ -295,6 +296,9 @@ func run(ctx context.Context, cfg config) error {
 		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))...)
 	metrics = master.NewMetrics(m, svc)
 	reg.MustRegister(metrics)
+	if logMetrics != nil {
+		reg.MustRegister(logMetrics)
+	}
 	if pub != nil {
 		reg.MustRegister(pub.Collector())
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +66,36 @@ type Sink struct {
 	appended atomic.Uint64
 	durable  atomic.Uint64
 	done     chan struct{}
+
+	// Group commits by entries, in BatchBounds's buckets; errors are
+	// failed Store.Appends.
+	batchBuckets      [len(BatchBounds) + 1]atomic.Uint64
+	batches, batchSum atomic.Uint64
+	failures          atomic.Uint64
+}
+
+// BatchBounds are the upper bounds (entries) of SinkStats.BatchBuckets;
+// the last bucket counts the rest.
+var BatchBounds = [...]uint64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384}
+
+// SinkStats are a sink's cumulative counters, for metrics.
+type SinkStats struct {
+	Appended, Durable uint64 // seqs
+	Batches           uint64 // Store.Appends (group commits)
+	BatchEntries      uint64 // entries they carried
+	BatchBuckets      [len(BatchBounds) + 1]uint64
+	Errors            uint64 // Store.Appends that failed
+	Failed            bool
+}
+
+// Stats returns the counters.
+func (s *Sink) Stats() SinkStats {
+	st := SinkStats{Appended: s.Appended(), Durable: s.Durable(), Batches: s.batches.Load(),
+		BatchEntries: s.batchSum.Load(), Errors: s.failures.Load(), Failed: s.Failed() != nil}
+	for i := range st.BatchBuckets {
+		st.BatchBuckets[i] = s.batchBuckets[i].Load()
+	}
+	return st
 }
 
 // NewSink returns a Sink writing after the store's last seq.
@@ -199,6 +230,12 @@ func (s *Sink) run() {
 				err = sa.appendSync(s.cfg.Term, batch)
 			} else {
 				err = s.store.Append(context.Background(), s.cfg.Term, batch)
+			}
+			s.batches.Add(1)
+			s.batchSum.Add(uint64(len(batch)))
+			s.batchBuckets[sort.Search(len(BatchBounds), func(i int) bool { return uint64(len(batch)) <= BatchBounds[i] })].Add(1)
+			if err != nil {
+				s.failures.Add(1)
 			}
 			bytes := 0
 			for i := range batch {
