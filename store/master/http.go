@@ -150,8 +150,19 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 // (Prometheus, reg), /metrics/summary (text), /health, /query_key?key=,
 // /get_all_keys, /get_all_segments. extra, when set, receives every other
 // path (the engine's HTTP metadata store at /metadata, for example).
+//
+// The pages that show keys or segments answer, like the RPCs, only once
+// what they read is durable (Service.WaitDurable), so they never show a
+// change a crash would take back; 503 when the log failed.
 func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.Handler) http.Handler {
 	mux := http.NewServeMux()
+	durable := func(w http.ResponseWriter, r *http.Request) bool {
+		if err := svc.WaitDurable(r.Context()); err != nil {
+			http.Error(w, "operation log not durable: "+err.Error(), http.StatusServiceUnavailable)
+			return false
+		}
+		return true
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/metrics/summary", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -174,6 +185,9 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 			return
 		}
 		info, err := m.QueryKey(key)
+		if !durable(w, r) {
+			return
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusNotFound)
 			return
@@ -181,8 +195,11 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 		writeJSON(w, keyJSON(info))
 	})
 	mux.HandleFunc("/get_all_keys", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		keys := m.AllKeys()
+		if !durable(w, r) {
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		sort.Strings(keys)
 		for _, k := range keys {
 			fmt.Fprintln(w, k)
@@ -190,6 +207,9 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 	})
 	mux.HandleFunc("/get_all_segments", func(w http.ResponseWriter, r *http.Request) {
 		segs := m.AllSegments()
+		if !durable(w, r) {
+			return
+		}
 		out := make([]map[string]any, 0, len(segs))
 		for _, s := range segs {
 			out = append(out, map[string]any{
