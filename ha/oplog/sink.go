@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -60,8 +61,12 @@ type Sink struct {
 	next    uint64  // the seq the next op gets
 	failed  error
 	closed  bool
-	changed chan struct{} // closed and replaced when durable, failed or room changes
+	changed chan struct{} // closed and replaced when room changes, on failure and close
 	kick    chan struct{}
+	// waiters are WaitDurable's, by seq: a commit wakes only those it
+	// made durable (waking every handler for every commit costs CPU the
+	// puts need); a failure or the end of Close wakes all.
+	waiters []waiter
 
 	appended atomic.Uint64
 	durable  atomic.Uint64
@@ -195,6 +200,23 @@ func (s *Sink) fail(err error) {
 func (s *Sink) broadcast() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+	if s.failed != nil || s.closed && s.held == 0 {
+		s.wakeUpTo(^uint64(0))
+	}
+}
+
+type waiter struct {
+	seq uint64
+	ch  chan struct{}
+}
+
+// wakeUpTo wakes the waiters for seqs up to seq. s.mu is held.
+func (s *Sink) wakeUpTo(seq uint64) {
+	n := sort.Search(len(s.waiters), func(i int) bool { return s.waiters[i].seq > seq })
+	for _, w := range s.waiters[:n] {
+		close(w.ch)
+	}
+	s.waiters = append(s.waiters[:0], s.waiters[n:]...)
 }
 
 // syncAppender is a store that can write on the caller's goroutine
@@ -248,6 +270,7 @@ func (s *Sink) run() {
 				s.fail(fmt.Errorf("oplog: sink: append seqs %d-%d: %w", batch[0].Seq, batch[len(batch)-1].Seq, err))
 			} else {
 				s.durable.Store(batch[len(batch)-1].Seq)
+				s.wakeUpTo(batch[len(batch)-1].Seq)
 				s.broadcast()
 			}
 			s.mu.Unlock()
@@ -292,11 +315,18 @@ func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: seq %d not written", ErrClosed, seq)
 		}
-		ch := s.changed
+		w := waiter{seq, make(chan struct{})}
+		i := sort.Search(len(s.waiters), func(i int) bool { return s.waiters[i].seq > seq })
+		s.waiters = slices.Insert(s.waiters, i, w)
 		s.mu.Unlock()
 		select {
-		case <-ch:
+		case <-w.ch:
 		case <-ctx.Done():
+			s.mu.Lock()
+			if i := slices.IndexFunc(s.waiters, func(x waiter) bool { return x.ch == w.ch }); i >= 0 {
+				s.waiters = slices.Delete(s.waiters, i, i+1)
+			}
+			s.mu.Unlock()
 			return ctx.Err()
 		}
 	}
