@@ -58,8 +58,8 @@ func (c *StoreConfig) checkOplog() error {
 	if c.Oplog != OplogOff && c.MasterAddr != "" {
 		return bad("--oplog is the in-process master's log; it cannot be used with --master")
 	}
-	if c.OplogDir != "" && c.Oplog != OplogLocal {
-		return bad("--oplog_dir needs --oplog local")
+	if c.OplogDir != "" && c.Oplog != OplogLocal && c.Oplog != OplogEtcd {
+		return bad("--oplog_dir needs --oplog local or etcd (the embedded one's data)")
 	}
 	return nil
 }
@@ -98,6 +98,7 @@ func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaste
 		im.d, im.m, im.dir = d, d.Master, dir
 		opts = append(opts, d.ServiceOption())
 	default: // etcd
+		im.etcdDir = c.OplogDir
 		eps, err := im.etcdEndpoints(c.Oplog)
 		if err != nil {
 			return fail(err)
@@ -140,7 +141,7 @@ func (im *inProcessMaster) etcdEndpoints(spec string) ([]string, error) {
 	if spec != OplogEtcd {
 		return oplog.ParseEtcdURL(spec)
 	}
-	dir, err := os.MkdirTemp(".", ".crescent-bench-etcd-")
+	dir, err := os.MkdirTemp(cmp.Or(im.etcdDir, "."), ".crescent-bench-etcd-")
 	if err != nil {
 		return nil, fmt.Errorf("bench: etcd dir: %w", err)
 	}

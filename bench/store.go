@@ -118,8 +118,9 @@ type StoreConfig struct {
 	// Oplog is the in-process master's operation log: off (default),
 	// local (files in OplogDir, default a temporary directory in the
 	// working directory), etcd (a single-member etcd the bench starts,
-	// data on disk in the working directory, fsync on) or
-	// etcd://host:port[,host:port] (an external one).
+	// data on disk in a temporary directory in OplogDir or the working
+	// directory, fsync on) or etcd://host:port[,host:port] (an external
+	// one). With the log on, the default baseline is "oplog_off".
 	Oplog    string `json:"oplog,omitempty"`
 	OplogDir string `json:"oplog_dir,omitempty"`
 	// Progress, when set, receives a line per round.
@@ -781,16 +782,19 @@ func (w *redisWorker) step(ctx context.Context, h *Histogram) (stepResult, error
 // inProcessMaster is a master (with its operation log, if any) and its
 // gRPC service on a loopback port.
 type inProcessMaster struct {
-	m      *master.Master
-	d      *oplog.Durable // nil with the log off
-	oplog  string         // off, local or etcd...
-	dir    string         // the local log's directory
-	cli    *clientv3.Client
-	etcd   *embed.Etcd
-	tmp    []string // directories to remove
-	addr   string
-	cancel context.CancelFunc
-	done   chan error
+	m     *master.Master
+	d     *oplog.Durable // nil with the log off
+	oplog string         // off, local or etcd...
+	dir   string         // the local log's directory
+	cli   *clientv3.Client
+	etcd  *embed.Etcd
+	// etcdDir is where the embedded etcd's data goes (default: the
+	// working directory).
+	etcdDir string
+	tmp     []string // directories to remove
+	addr    string
+	cancel  context.CancelFunc
+	done    chan error
 }
 
 func (im *inProcessMaster) close() error {
