@@ -72,7 +72,12 @@
 // master's locks, so in a valid serialisation order) gives the op the
 // next seq after the store's LastSeq, encodes and seals it and queues it;
 // one goroutine hands everything queued (at most SinkConfig.MaxBatch) to
-// one Store.Append: group commit. Appended and Durable are the last seq
+// one Store.Append: group commit. It starts when a handler waits
+// (WaitDurable: the ops of one RPC, logged before it waits, then share a
+// commit instead of straddling two), when 4096 entries are queued, or 1
+// ms after an op was queued with nobody waiting; a commit wakes only the
+// waiters whose seqs it made durable. Over Local it writes and
+// fdatasyncs on its own goroutine. Appended and Durable are the last seq
 // numbered and made durable; WaitDurable(ctx, seq) is how an RPC answers
 // only once its op is durable (wait for Appended() read after the master
 // call returned).

@@ -18,6 +18,12 @@ const (
 	DefaultSinkQueue     = 1 << 16  // entries queued or being written
 	DefaultSinkBytes     = 64 << 20 // their payload and key bytes
 	DefaultSinkFullDelay = 5 * time.Second
+	// sinkLinger is how long an op nobody waits for may stay queued
+	// before the writer starts anyway.
+	sinkLinger = time.Millisecond
+	// sinkKickAt starts the writer without a waiter once this many
+	// entries are queued.
+	sinkKickAt = 4096
 )
 
 // ErrQueueFull is the failure of a Sink whose queue stayed full for
@@ -62,7 +68,8 @@ type Sink struct {
 	failed  error
 	closed  bool
 	changed chan struct{} // closed and replaced when room changes, on failure and close
-	kick    chan struct{}
+	kick    chan struct{} // cap 1: start writing
+	linger  *time.Timer   // kicks sinkLinger after the queue stopped being empty
 	// waiters are WaitDurable's, by seq: a commit wakes only those it
 	// made durable (waking every handler for every commit costs CPU the
 	// puts need); a failure or the end of Close wakes all.
@@ -122,8 +129,25 @@ func NewSink(ctx context.Context, st Store, cfg SinkConfig) (*Sink, error) {
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	s.appended.Store(last)
 	s.durable.Store(last)
+	s.linger = time.AfterFunc(time.Hour, func() {
+		s.mu.Lock()
+		s.kickLocked()
+		s.mu.Unlock()
+	})
+	s.linger.Stop()
 	go s.run()
 	return s, nil
+}
+
+// kickLocked starts the writer. s.mu is held (kick is closed under it).
+func (s *Sink) kickLocked() {
+	if s.closed {
+		return
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Append implements master.OpSink.
@@ -147,6 +171,7 @@ func (s *Sink) Append(op *master.Op) {
 			deadline = time.NewTimer(s.cfg.FullDelay)
 			defer deadline.Stop()
 		}
+		s.kickLocked()
 		ch := s.changed
 		s.mu.Unlock()
 		select {
@@ -170,9 +195,15 @@ func (s *Sink) Append(op *master.Op) {
 	s.held++
 	s.bytes += size
 	s.appended.Store(e.Seq)
-	select {
-	case s.kick <- struct{}{}:
-	default:
+	// The writer starts when a handler waits (WaitDurable), so the ops
+	// of one RPC, appended before it waits, share one commit instead of
+	// straddling two (two fsyncs on the RPC's path); an op nobody waits
+	// for is written after sinkLinger.
+	switch len(s.queue) {
+	case 1:
+		s.linger.Reset(sinkLinger)
+	case sinkKickAt:
+		s.kickLocked()
 	}
 }
 
@@ -228,7 +259,8 @@ type syncAppender interface {
 // run writes what is queued, a batch at a time, until Close.
 func (s *Sink) run() {
 	defer close(s.done)
-	for range s.kick {
+	for open := true; open; {
+		_, open = <-s.kick // closed by Close: write what is left, stop
 		for {
 			s.mu.Lock()
 			if s.failed != nil || len(s.queue) == 0 {
@@ -315,6 +347,7 @@ func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: seq %d not written", ErrClosed, seq)
 		}
+		s.kickLocked()
 		w := waiter{seq, make(chan struct{})}
 		i := sort.Search(len(s.waiters), func(i int) bool { return s.waiters[i].seq > seq })
 		s.waiters = slices.Insert(s.waiters, i, w)
@@ -344,5 +377,6 @@ func (s *Sink) Close() error {
 	}
 	s.mu.Unlock()
 	<-s.done
+	s.linger.Stop()
 	return s.Failed()
 }
