@@ -118,6 +118,16 @@
 // that space is durable: a crash never brings back a key over bytes a
 // client has overwritten.
 //
+// # Metrics
+//
+// NewCollector(d) exports a Durable's log for Prometheus (crescent-master
+// registers it on /metrics): crescent_oplog_appended_seq and
+// durable_seq, failed (1 once fail-stopped), errors_total (failed group
+// commits), commit_entries (histogram of entries per commit),
+// entries_total, bytes_written_total, fsync_seconds (Local's fdatasync)
+// and, for etcd, etcd_txn_seconds (each append transaction attempt) and
+// etcd_txns_total.
+//
 // # Local files (OpenLocal)
 //
 // A data directory holds segment files, a META file and a LOCK file.
