@@ -17,7 +17,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"gopkg.in/yaml.v3"
 
@@ -354,39 +353,6 @@ func run(ctx context.Context, cfg config) error {
 	}
 	return err
 }
-
-// openLog opens the durable master on the configured log: local files
-// (--data_dir) or etcd (--oplog), whose client the Durable's Close stops
-// last.
-func openLog(ctx context.Context, cfg config, mc master.Config, log *slog.Logger) (*oplog.Durable, error) {
-	if cfg.DataDir != "" {
-		return oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log})
-	}
-	eps, _ := oplog.ParseEtcdURL(cfg.Oplog) // validated
-	cli, err := clientv3.New(oplog.EtcdClientConfig(eps))
-	if err != nil {
-		return nil, fmt.Errorf("oplog %s: %w", cfg.Oplog, err)
-	}
-	st, err := oplog.OpenEtcd(ctx, cli, oplog.EtcdOptions{ClusterID: cfg.ClusterID,
-		WriteTimeout: time.Duration(cfg.OplogWriteTimeoutSec) * time.Second})
-	if err != nil {
-		cli.Close()
-		return nil, fmt.Errorf("oplog %s: %w", cfg.Oplog, err)
-	}
-	d, err := oplog.Open(ctx, closingStore{st, cli}, mc)
-	if err != nil {
-		return nil, fmt.Errorf("oplog %s: %w", cfg.Oplog, err)
-	}
-	return d, nil
-}
-
-// closingStore closes the etcd client after the store.
-type closingStore struct {
-	*oplog.Etcd
-	cli *clientv3.Client
-}
-
-func (c closingStore) Close() error { return errors.Join(c.Etcd.Close(), c.cli.Close()) }
 
 func newPublisher(cfg config, log *slog.Logger) (*event.Publisher, error) {
 	enc, err := event.ParseEncoding(cfg.KVEventsEncoding)
