@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -37,6 +39,16 @@ func TestLoadOplog(t *testing.T) {
 	assert.Equal(t, "etcd://127.0.0.1:2379,127.0.0.2:2379", c.Oplog)
 	assert.Equal(t, "c1", c.ClusterID)
 	assert.Equal(t, int64(30), c.OplogWriteTimeoutSec)
+	path := filepath.Join(t.TempDir(), "m.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("oplog: etcd://10.0.0.1:2379;10.0.0.2:2379\ncluster_id: prod\noplog_write_timeout_sec: 5\n"), 0o600))
+	c, err = load([]string{"--config", path})
+	require.NoError(t, err)
+	assert.Equal(t, "etcd://10.0.0.1:2379;10.0.0.2:2379", c.Oplog)
+	assert.Equal(t, "prod", c.ClusterID)
+	assert.Equal(t, int64(5), c.OplogWriteTimeoutSec)
+	require.NoError(t, os.WriteFile(path, []byte("oplog: etcd://10.0.0.1:2379\ndata_dir: /var/lib/crescent\n"), 0o600))
+	_, err = load([]string{"--config", path})
+	assert.ErrorContains(t, err, "exclusive")
 	for _, args := range [][]string{
 		{"--oplog", "etcd://127.0.0.1:2379", "--data_dir", t.TempDir()}, // one log only
 		{"--oplog", "http://127.0.0.1:2379"},
