@@ -37,6 +37,17 @@
 // and Crescent. Ops count keys; latency is per call; ratio is Crescent's
 // throughput over Redis's.
 //
+// With StoreConfig.Oplog the in-process master is durable: local files
+// (OplogDir, default a temporary directory in the working directory) or
+// etcd (an embedded single-member etcd with its data on disk and fsync
+// on, or an external one given as etcd://host:port). The default
+// baseline is then "oplog_off": a second in-process master with the log
+// off and its own Clients clients with the same plan, run in rounds
+// alternating with the measured ones (meta: Objects objects to each, in
+// rounds of Objects/rounds). The result adds the log's group commit
+// (commits/s, entries per commit), its mean fdatasync and its bytes per
+// put (local).
+//
 // Client processes are driven by JSON lines: the parent writes one object
 // per command on the child's stdin, the child answers each with one object
 // on stdout, and exits when stdin closes:

@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
-	"net"
 	"os"
 	"strconv"
 	"sync"
@@ -21,7 +20,11 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+
 	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -112,6 +115,14 @@ type StoreConfig struct {
 	MasterProtocol string `json:"master_protocol,omitempty"`
 	// Objects is the number of objects meta stores (default 1,000,000).
 	Objects int `json:"objects,omitempty"`
+	// Oplog is the in-process master's operation log: off (default),
+	// local (files in OplogDir, default a temporary directory in the
+	// working directory), etcd (a single-member etcd the bench starts,
+	// data on disk in a temporary directory in OplogDir or the working
+	// directory, fsync on) or etcd://host:port[,host:port] (an external
+	// one). With the log on, the default baseline is "oplog_off".
+	Oplog    string `json:"oplog,omitempty"`
+	OplogDir string `json:"oplog_dir,omitempty"`
 	// Progress, when set, receives a line per round.
 	Progress io.Writer `json:"-"`
 	// Logger for the clients (default: warnings and errors to stderr).
@@ -171,17 +182,26 @@ func (c *StoreConfig) setDefaults() error {
 	case c.ClientProcesses && len(c.ClientCommand) == 0:
 		return bad("client processes need a ClientCommand")
 	}
+	if err := c.checkOplog(); err != nil {
+		return err
+	}
 	switch c.Baseline {
 	case "":
 		c.Baseline = "none"
-		if c.Operation != "meta" && RedisAvailable(c.RedisServer) {
+		if c.Oplog != OplogOff {
+			c.Baseline = BaselineOplogOff
+		} else if c.Operation != "meta" && RedisAvailable(c.RedisServer) {
 			c.Baseline = "redis"
 		}
 	case "redis", "none":
+	case BaselineOplogOff:
+		if c.Oplog == OplogOff {
+			return bad("--baseline oplog_off needs --oplog")
+		}
 	default:
-		return bad("--baseline must be redis or none, not %q", c.Baseline)
+		return bad("--baseline must be redis, oplog_off or none, not %q", c.Baseline)
 	}
-	if c.Operation == "meta" {
+	if c.Operation == "meta" && c.Baseline == "redis" {
 		c.Baseline = "none"
 	}
 	return nil
@@ -226,8 +246,9 @@ type StoreResult struct {
 	// BatchRemove each time round).
 	GetKeys  int `json:"get_keys"`
 	RingKeys int `json:"ring_keys"`
-	// Baseline is "redis" or "none", measured in the same run with
-	// Clients*Threads connections, interleaved in rounds.
+	// Baseline is "redis", "oplog_off" (a master with the log off, the
+	// same clients and workers) or "none", measured in the same run,
+	// interleaved in rounds.
 	Baseline          string  `json:"baseline"`
 	BaselineOpsPerSec float64 `json:"baseline_ops_per_sec"`
 	BaselineGBps      float64 `json:"baseline_gbps"`
@@ -237,6 +258,19 @@ type StoreResult struct {
 	// Ratio is ThroughputGBps / BaselineGBps (ops for meta; 0 without a
 	// baseline).
 	Ratio float64 `json:"ratio"`
+	// Oplog is the master's operation log: off, local, etcd, etcd://...,
+	// or "external" for a master given by address.
+	Oplog string `json:"oplog"`
+	// OplogBytesPerPut is the local log's record bytes per put measured
+	// (every op of the run, removes and reservations included).
+	OplogBytesPerPut float64 `json:"oplog_bytes_per_put,omitempty"`
+	// OplogCommitsPerSec and OplogEntriesPerCommit describe the log's
+	// group commit during the measurement (one fsync or etcd transaction
+	// per commit; the baseline's rounds fall in between).
+	OplogCommitsPerSec    float64 `json:"oplog_commits_per_sec,omitempty"`
+	OplogEntriesPerCommit float64 `json:"oplog_entries_per_commit,omitempty"`
+	// OplogFsyncUs is the local log's mean fdatasync time in the run.
+	OplogFsyncUs float64 `json:"oplog_fsync_us,omitempty"`
 	// EvictedKeys during the measurement (in-process master only).
 	EvictedKeys *uint64 `json:"evicted_keys,omitempty"`
 	// Master is the master's address ("in-process" when started here).
@@ -745,61 +779,62 @@ func (w *redisWorker) step(ctx context.Context, h *Histogram) (stepResult, error
 	return stepResult{keys: n, bytes: int64(n) * int64(vs), get: get}, nil
 }
 
-// inProcessMaster is a master and its gRPC service on a loopback port.
+// inProcessMaster is a master (with its operation log, if any) and its
+// gRPC service on a loopback port.
 type inProcessMaster struct {
-	m      *master.Master
-	addr   string
-	cancel context.CancelFunc
-	done   chan error
-}
-
-func startMaster() (*inProcessMaster, error) {
-	m, err := master.New(master.Config{})
-	if err != nil {
-		return nil, err
-	}
-	if err := m.Start(); err != nil {
-		m.Close()
-		return nil, err
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	im := &inProcessMaster{m: m, addr: lis.Addr().String(), cancel: cancel, done: make(chan error, 1)}
-	go func() { im.done <- master.NewService(m).Serve(ctx, lis) }()
-	return im, nil
+	m     *master.Master
+	d     *oplog.Durable // nil with the log off
+	oplog string         // off, local or etcd...
+	dir   string         // the local log's directory
+	cli   *clientv3.Client
+	etcd  *embed.Etcd
+	// etcdDir is where the embedded etcd's data goes (default: the
+	// working directory).
+	etcdDir string
+	tmp     []string // directories to remove
+	addr    string
+	cancel  context.CancelFunc
+	done    chan error
 }
 
 func (im *inProcessMaster) close() error {
 	im.cancel()
 	err := <-im.done
-	return errors.Join(err, im.m.Close())
+	err = errors.Join(err, im.closeMaster())
+	im.closeLog()
+	return err
 }
 
 // RunStore runs the store benchmark: a master (in this process unless
-// MasterAddr is set), Clients clients, and, in the same run, the Redis
-// baseline, alternating with the measurement in rounds of about a
-// second so drift on a noisy machine weighs on both.
+// MasterAddr is set, with the operation log Oplog), Clients clients, and,
+// in the same run, the baseline (Redis, or with the log on the same
+// workload against a second in-process master with the log off),
+// alternating with the measurement in rounds of about a second so drift
+// on a noisy machine weighs on both.
 func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) {
 	if err := c.setDefaults(); err != nil {
 		return nil, err
 	}
 	addr, where := c.MasterAddr, c.MasterAddr
-	var im *inProcessMaster
+	var im, bm *inProcessMaster
 	if addr == "" {
-		if im, err = startMaster(); err != nil {
+		if im, err = newMaster(ctx, &c, c.Oplog); err != nil {
 			return nil, fmt.Errorf("bench: start master: %w", err)
 		}
 		defer func() { err = errors.Join(err, im.close()) }()
 		addr, where = im.addr, "in-process"
 	}
+	if c.Baseline == BaselineOplogOff {
+		if bm, err = newMaster(ctx, &c, OplogOff); err != nil {
+			return nil, fmt.Errorf("bench: start baseline master: %w", err)
+		}
+		defer func() { err = errors.Join(err, bm.close()) }()
+	}
 	if c.Operation == "meta" {
-		res, err := runMeta(ctx, &c, addr)
+		res, err := runMeta(ctx, &c, addr, bm)
 		if res != nil {
 			res.Master = where
+			im.describe(res)
 		}
 		return res, err
 	}
@@ -808,71 +843,42 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		return nil, err
 	}
 	p := &storePlan{RunID: runID(), GetKeys: gets, Ring: ring}
-
-	clients := make([]benchClient, 0, c.Clients)
-	defer func() {
-		for _, bc := range clients {
-			err = errors.Join(err, bc.close())
-		}
-	}()
-	for i := 0; i < c.Clients; i++ {
-		var bc benchClient
-		if c.ClientProcesses {
-			bc, err = startRemoteClient(ctx, &c, i, addr)
-		} else {
-			bc, err = newLocalClient(ctx, &c, i, addr)
-		}
-		if err != nil {
-			return nil, err
-		}
-		clients = append(clients, bc)
-		p.Peers = append(p.Peers, bc.segment())
-	}
-	if err := eachClient(clients, func(_ int, bc benchClient) error { return bc.prepare(ctx, p) }); err != nil {
+	clients, err := startClients(ctx, &c, addr, p)
+	defer func() { err = errors.Join(err, closeClients(clients)) }()
+	if err != nil {
 		return nil, err
 	}
-	var rs *redisSide
-	if c.Baseline == "redis" {
+	// baseline runs one round of the baseline; nil: none.
+	var baseline func(d time.Duration) (*roundStats, error)
+	switch c.Baseline {
+	case "redis":
 		srv, err := StartRedis(c.RedisServer)
 		if err != nil {
 			return nil, err
 		}
 		defer srv.Close()
-		if rs, err = newRedisSide(ctx, srv.Addr, &c, p); err != nil {
-			return nil, err
-		}
-		defer rs.close()
-	}
-
-	crescent := func(d time.Duration) (*roundStats, error) {
-		parts := make([]*roundStats, len(clients))
-		err := eachClient(clients, func(i int, bc benchClient) error {
-			var err error
-			parts[i], err = bc.run(ctx, d)
-			return err
-		})
+		rs, err := newRedisSide(ctx, srv.Addr, &c, p)
 		if err != nil {
 			return nil, err
 		}
-		out := &roundStats{}
-		for _, p := range parts {
-			out.add(p)
-			out.Elapsed = max(out.Elapsed, p.Elapsed)
-			for n, k := range p.Stored {
-				if n >= len(out.Stored) {
-					out.Stored = append(out.Stored, make([]uint64, n+1-len(out.Stored))...)
-				}
-				out.Stored[n] += k
-			}
-		}
-		return out, nil
-	}
-	if c.Warmup > 0 {
-		if _, err := crescent(c.Warmup); err != nil {
+		defer rs.close()
+		baseline = func(d time.Duration) (*roundStats, error) { return drive(ctx, d, rs.steps) }
+	case BaselineOplogOff:
+		bp := &storePlan{RunID: p.RunID, GetKeys: gets, Ring: ring}
+		bcs, err := startClients(ctx, &c, bm.addr, bp)
+		defer func() { err = errors.Join(err, closeClients(bcs)) }()
+		if err != nil {
 			return nil, err
 		}
-		if rs != nil {
-			if _, err := drive(ctx, c.Warmup, rs.steps); err != nil {
+		baseline = func(d time.Duration) (*roundStats, error) { return runClients(ctx, bcs, d) }
+	}
+
+	if c.Warmup > 0 {
+		if _, err := runClients(ctx, clients, c.Warmup); err != nil {
+			return nil, err
+		}
+		if baseline != nil {
+			if _, err := baseline(c.Warmup); err != nil {
 				return nil, err
 			}
 		}
@@ -881,14 +887,15 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	if im != nil {
 		evicted0 = im.m.Stats().EvictedKeys
 	}
+	log0 := im.logStats()
 	rounds := max(1, int((c.Duration+time.Second/2)/time.Second))
 	d := c.Duration / time.Duration(rounds)
 	var tot, base roundStats
 	var stored []uint64 // as of the last round
 	for r := 0; r < rounds; r++ {
 		var bg float64
-		if rs != nil {
-			b, err := drive(ctx, d, rs.steps)
+		if baseline != nil {
+			b, err := baseline(d)
 			if err != nil {
 				return nil, err
 			}
@@ -896,7 +903,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 			base.Elapsed += b.Elapsed
 			bg = float64(b.Bytes) / b.Elapsed.Seconds() / 1e9
 		}
-		s, err := crescent(d)
+		s, err := runClients(ctx, clients, d)
 		if err != nil {
 			return nil, err
 		}
@@ -920,11 +927,13 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	if im != nil {
 		ev := im.m.Stats().EvictedKeys - evicted0
 		res.EvictedKeys = &ev
+		im.describe(res)
+		im.describeLog(res, log0, tot.Puts, tot.Elapsed)
 	}
 	res.OpsPerSec = float64(tot.Ops) / tot.Elapsed.Seconds()
 	res.ThroughputGBps = float64(tot.Bytes) / tot.Elapsed.Seconds() / 1e9
 	res.P50us, res.P99us, res.P999us = percentiles(&tot.Hist)
-	if rs != nil && base.Elapsed > 0 {
+	if baseline != nil && base.Elapsed > 0 {
 		res.BaselineOpsPerSec = float64(base.Ops) / base.Elapsed.Seconds()
 		res.BaselineGBps = float64(base.Bytes) / base.Elapsed.Seconds() / 1e9
 		res.BaselineP50us, res.BaselineP99us, res.BaselineP999us = percentiles(&base.Hist)
@@ -933,6 +942,70 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		}
 	}
 	return res, nil
+}
+
+// describe records the in-process master's log in res.
+func (im *inProcessMaster) describe(res *StoreResult) {
+	if im == nil {
+		res.Oplog = "external"
+		return
+	}
+	res.Oplog = im.oplog
+}
+
+// startClients starts Clients clients of the master at addr and prepares
+// them with p (whose Peers it fills). On error the clients started so
+// far are returned for closeClients.
+func startClients(ctx context.Context, c *StoreConfig, addr string, p *storePlan) ([]benchClient, error) {
+	clients := make([]benchClient, 0, c.Clients)
+	for i := 0; i < c.Clients; i++ {
+		var bc benchClient
+		var err error
+		if c.ClientProcesses {
+			bc, err = startRemoteClient(ctx, c, i, addr)
+		} else {
+			bc, err = newLocalClient(ctx, c, i, addr)
+		}
+		if err != nil {
+			return clients, err
+		}
+		clients = append(clients, bc)
+		p.Peers = append(p.Peers, bc.segment())
+	}
+	return clients, eachClient(clients, func(_ int, bc benchClient) error { return bc.prepare(ctx, p) })
+}
+
+func closeClients(cs []benchClient) error {
+	var err error
+	for _, bc := range cs {
+		err = errors.Join(err, bc.close())
+	}
+	return err
+}
+
+// runClients runs one round of every client's workers.
+func runClients(ctx context.Context, clients []benchClient, d time.Duration) (*roundStats, error) {
+	parts := make([]*roundStats, len(clients))
+	err := eachClient(clients, func(i int, bc benchClient) error {
+		var err error
+		parts[i], err = bc.run(ctx, d)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &roundStats{}
+	for _, p := range parts {
+		out.add(p)
+		out.Elapsed = max(out.Elapsed, p.Elapsed)
+		for n, k := range p.Stored {
+			if n >= len(out.Stored) {
+				out.Stored = append(out.Stored, make([]uint64, n+1-len(out.Stored))...)
+			}
+			out.Stored[n] += k
+		}
+	}
+	return out, nil
 }
 
 // replicaRange summarises puts by replicas stored: the fewest and most

@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // storeChildEnv makes this test binary a store client process
@@ -94,9 +97,9 @@ func checkResult(t *testing.T, c StoreConfig, res *StoreResult) {
 	if res.Baseline != c.Baseline {
 		t.Fatalf("baseline %q, asked %q", res.Baseline, c.Baseline)
 	}
-	if c.Baseline == "redis" {
+	if c.Baseline == "redis" || c.Baseline == BaselineOplogOff {
 		if res.BaselineGBps <= 0 || res.BaselineOpsPerSec <= 0 || res.BaselineP50us <= 0 {
-			t.Fatalf("redis baseline empty: %+v", res)
+			t.Fatalf("%s baseline empty: %+v", c.Baseline, res)
 		}
 		if math.Abs(res.Ratio-res.ThroughputGBps/res.BaselineGBps) > 1e-9 {
 			t.Fatalf("ratio %v != %v / %v", res.Ratio, res.ThroughputGBps, res.BaselineGBps)
@@ -179,7 +182,7 @@ func TestRunStoreVariants(t *testing.T) {
 // TestRunStoreExternalMaster runs against a master the test owns and
 // checks the bench leaves nothing on it.
 func TestRunStoreExternalMaster(t *testing.T) {
-	im, err := startMaster()
+	im, err := newMaster(context.Background(), &StoreConfig{}, OplogOff)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,5 +338,62 @@ func TestServeStoreClientBadCommands(t *testing.T) {
 		if err != nil || json.Unmarshal(b, &reply) != nil || reply.Error == "" {
 			t.Fatalf("%q: err %v, reply %q", in, err, b)
 		}
+	}
+}
+
+// TestRunStoreOplog runs put and meta with the in-process master's log on
+// (local files, an embedded etcd) against the same run's log-off
+// baseline.
+func TestRunStoreOplog(t *testing.T) {
+	for _, log := range []string{OplogLocal, OplogEtcd} {
+		for _, op := range []string{"put", "meta"} {
+			t.Run(log+"/"+op, func(t *testing.T) {
+				c := smallStore(op, "")
+				c.Oplog, c.OplogDir, c.Objects = log, t.TempDir(), 2000
+				res, err := RunStore(context.Background(), c)
+				require.NoError(t, err)
+				assert.Equal(t, BaselineOplogOff, res.Baseline, "the default baseline with the log on")
+				assert.Equal(t, log, res.Oplog)
+				assert.Positive(t, res.OpsPerSec)
+				assert.Positive(t, res.BaselineOpsPerSec)
+				assert.Positive(t, res.Ratio)
+				if op == "meta" {
+					assert.Equal(t, int64(2000), res.Ops)
+					assert.InDelta(t, res.OpsPerSec/res.BaselineOpsPerSec, res.Ratio, 1e-9)
+					return
+				}
+				c.Batch, c.Baseline = 1, BaselineOplogOff
+				checkResult(t, c, res)
+				assert.Positive(t, res.BaselineGBps)
+				assert.InDelta(t, res.ThroughputGBps/res.BaselineGBps, res.Ratio, 1e-9)
+				assert.Positive(t, res.OplogCommitsPerSec)
+				assert.Positive(t, res.OplogEntriesPerCommit)
+				if log == OplogLocal {
+					assert.Positive(t, res.OplogBytesPerPut)
+					assert.Positive(t, res.OplogFsyncUs)
+				}
+			})
+		}
+	}
+}
+
+func TestStoreConfigOplogErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*StoreConfig)
+	}{
+		{"backend", func(c *StoreConfig) { c.Oplog = "tape" }},
+		{"etcd url", func(c *StoreConfig) { c.Oplog = "etcd://nowhere" }},
+		{"with an external master", func(c *StoreConfig) { c.Oplog, c.MasterAddr = OplogLocal, "127.0.0.1:1" }},
+		{"dir without a log", func(c *StoreConfig) { c.OplogDir = t.TempDir() }},
+		{"dir with external etcd", func(c *StoreConfig) { c.Oplog, c.OplogDir = "etcd://127.0.0.1:2379", t.TempDir() }},
+		{"oplog_off baseline without a log", func(c *StoreConfig) { c.Baseline = BaselineOplogOff }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := smallStore("put", "none")
+			tc.edit(&c)
+			_, err := RunStore(context.Background(), c)
+			require.ErrorIs(t, err, ErrStoreConfig)
+		})
 	}
 }

@@ -22,19 +22,93 @@ import (
 // ValueSize bytes with BatchPutStart + BatchPutEnd of Batch keys, on a
 // segment mounted for the run (the master never touches memory, so the
 // segment is an address range and nothing is written). Unmounting it at
-// the end drops every object.
-func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, error) {
+// the end drops every object. With a baseline master (bm, the log off)
+// the same number of objects goes to each, in alternating rounds of
+// Objects/rounds.
+func runMeta(ctx context.Context, c *StoreConfig, addr string, bm *inProcessMaster) (res *StoreResult, err error) {
+	ms, err := newMetaSide(ctx, c, addr)
+	if err != nil {
+		return nil, err
+	}
+	defer ms.close()
+	var bs *metaSide
+	if bm != nil {
+		if bs, err = newMetaSide(ctx, c, bm.addr); err != nil {
+			return nil, err
+		}
+		defer bs.close()
+	}
+	rounds := 1
+	if bs != nil {
+		rounds = max(1, min(c.Objects, int((c.Duration+time.Second/2)/time.Second)))
+	}
+	var tot, base roundStats
+	for r := range rounds {
+		upto := int64(c.Objects) * int64(r+1) / int64(rounds)
+		if bs != nil {
+			b, err := bs.round(ctx, upto)
+			if err != nil {
+				return nil, err
+			}
+			base.add(b)
+			base.Elapsed += b.Elapsed
+		}
+		s, err := ms.round(ctx, upto)
+		if err != nil {
+			return nil, err
+		}
+		tot.add(s)
+		tot.Elapsed += s.Elapsed
+		if c.Progress != nil && bs != nil {
+			fmt.Fprintf(c.Progress, "round %d/%d: crescent %.0f objects/s, %s %.0f objects/s\n", r+1, rounds,
+				float64(s.Ops)/s.Elapsed.Seconds(), c.Baseline, float64(base.Ops)/base.Elapsed.Seconds())
+		}
+	}
+	if got := ms.stored.Load(); got != int64(c.Objects) {
+		return nil, fmt.Errorf("bench: stored %d objects of %d", got, c.Objects)
+	}
+	res = &StoreResult{
+		Operation: "meta", ValueSize: c.ValueSize, Clients: c.Clients, Threads: c.Threads, Batch: c.Batch,
+		Replicas: 1, MasterProtocol: c.MasterProtocol, Baseline: c.Baseline,
+		DurationS: tot.Elapsed.Seconds(), Ops: tot.Ops, Puts: tot.Puts,
+		OpsPerSec: float64(tot.Ops) / tot.Elapsed.Seconds(),
+	}
+	res.P50us, res.P99us, res.P999us = percentiles(&tot.Hist)
+	if bs != nil && base.Elapsed > 0 {
+		res.BaselineOpsPerSec = float64(base.Ops) / base.Elapsed.Seconds()
+		res.BaselineP50us, res.BaselineP99us, res.BaselineP999us = percentiles(&base.Hist)
+		if res.BaselineOpsPerSec > 0 {
+			res.Ratio = res.OpsPerSec / res.BaselineOpsPerSec
+		}
+	}
+	return res, nil
+}
+
+// metaSide is one master's meta workload: connections, a mounted
+// segment kept alive by heartbeats, and the workers.
+type metaSide struct {
+	conns  []store.MasterConn
+	mc     storepb.MasterClient
+	client *storepb.UUID
+	segID  *storepb.UUID
+	next   atomic.Int64 // the next object handed out
+	upto   atomic.Int64 // the round stops before this object
+	stored atomic.Int64
+	steps  []stepFunc
+	hbStop context.CancelFunc
+	hbWG   sync.WaitGroup
+}
+
+func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide, err error) {
 	run := runID()
-	client, segID := randomUUID(), randomUUID()
+	ms := &metaSide{client: randomUUID(), segID: randomUUID()}
 	// Room for every object twice over, at least 1 TiB, so no put is
 	// refused or evicted.
 	size := max(uint64(1)<<40, 2*uint64(c.Objects)*uint64(reserved(c.ValueSize)))
-	seg := &storepb.Segment{Id: segID, Name: "crescent-bench-meta-" + run + ":1", Base: 1 << 48, Size: size, Protocol: "tcp"}
-
-	var conns []store.MasterConn
+	seg := &storepb.Segment{Id: ms.segID, Name: "crescent-bench-meta-" + run + ":1", Base: 1 << 48, Size: size, Protocol: "tcp"}
 	defer func() {
-		for _, cc := range conns {
-			cc.Close()
+		if err != nil {
+			ms.close()
 		}
 	}()
 	var proto string
@@ -43,28 +117,22 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 		if err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
-		conns, proto = append(conns, cc), p
+		ms.conns, proto = append(ms.conns, cc), p
 	}
 	c.MasterProtocol = proto
-	mc := storepb.NewMasterClient(conns[0])
+	ms.mc = storepb.NewMasterClient(ms.conns[0])
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	_, err := mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: client, Segment: seg})
+	_, err = ms.mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: ms.client, Segment: seg})
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("bench: mount: %w", rpcerr.FromStatus(err))
 	}
-	defer func() {
-		// Unmounting drops the objects: the next run starts empty.
-		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		mc.UnmountSegment(uctx, &storepb.UnmountSegmentRequest{ClientId: client, SegmentId: segID})
-	}()
 	// Heartbeats keep the segment alive past the client TTL.
 	hbCtx, hbStop := context.WithCancel(ctx)
-	var hbWG sync.WaitGroup
-	hbWG.Add(1)
+	ms.hbStop = hbStop
+	ms.hbWG.Add(1)
 	go func() {
-		defer hbWG.Done()
+		defer ms.hbWG.Done()
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		for {
@@ -73,24 +141,19 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 				return
 			case <-t.C:
 				pctx, cancel := context.WithTimeout(hbCtx, 5*time.Second)
-				mc.Ping(pctx, &storepb.PingRequest{ClientId: client})
+				ms.mc.Ping(pctx, &storepb.PingRequest{ClientId: ms.client})
 				cancel()
 			}
 		}
 	}()
-	defer func() { hbStop(); hbWG.Wait() }()
-
-	var next, stored atomic.Int64
-	var steps []stepFunc
 	for ci := range c.Clients {
-		mc := storepb.NewMasterClient(conns[ci])
+		mc := storepb.NewMasterClient(ms.conns[ci])
 		for range c.Threads {
 			keys := make([]string, 0, c.Batch)
 			sizes := make([]uint64, 0, c.Batch)
-			steps = append(steps, func(ctx context.Context, h *Histogram) (stepResult, error) {
-				base := next.Add(int64(c.Batch)) - int64(c.Batch)
-				n := min(int64(c.Batch), int64(c.Objects)-base)
-				if n <= 0 {
+			ms.steps = append(ms.steps, func(ctx context.Context, h *Histogram) (stepResult, error) {
+				base, n := ms.take(int64(c.Batch))
+				if n == 0 {
 					return stepResult{}, errMetaDone
 				}
 				keys, sizes = keys[:0], sizes[:0]
@@ -99,7 +162,7 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 					sizes = append(sizes, uint64(c.ValueSize))
 				}
 				t0 := time.Now()
-				r1, err := mc.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: client, Keys: keys, Sizes: sizes,
+				r1, err := mc.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: ms.client, Keys: keys, Sizes: sizes,
 					Config: &storepb.ReplicateConfig{PreferredSegments: []string{seg.Name}}})
 				if err != nil {
 					return stepResult{}, fmt.Errorf("bench: BatchPutStart: %w", rpcerr.FromStatus(err))
@@ -109,7 +172,7 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 				}); err != nil {
 					return stepResult{}, err
 				}
-				r2, err := mc.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: client, Keys: keys, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY})
+				r2, err := mc.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: ms.client, Keys: keys, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY})
 				if err != nil {
 					return stepResult{}, fmt.Errorf("bench: BatchPutEnd: %w", rpcerr.FromStatus(err))
 				}
@@ -119,27 +182,51 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string) (*StoreResult, er
 					return stepResult{}, err
 				}
 				h.Record(time.Since(t0))
-				stored.Add(n)
+				ms.stored.Add(n)
 				return stepResult{keys: int(n)}, nil
 			})
 		}
 	}
-	// No deadline: the workers stop when every object is stored.
-	s, err := drive(ctx, 1<<62, steps)
+	return ms, nil
+}
+
+// round stores the objects up to upto; no deadline: the workers stop
+// when every object of the round is stored.
+func (ms *metaSide) round(ctx context.Context, upto int64) (*roundStats, error) {
+	ms.upto.Store(upto)
+	s, err := drive(ctx, 1<<62, ms.steps)
 	if err != nil && !errors.Is(err, errMetaDone) {
 		return nil, err
 	}
-	if got := stored.Load(); got != int64(c.Objects) {
-		return nil, fmt.Errorf("bench: stored %d objects of %d", got, c.Objects)
+	return s, nil
+}
+
+// take hands out the next objects of the round, at most batch.
+func (ms *metaSide) take(batch int64) (base, n int64) {
+	for {
+		base = ms.next.Load()
+		n = min(batch, ms.upto.Load()-base)
+		if n <= 0 {
+			return base, 0
+		}
+		if ms.next.CompareAndSwap(base, base+n) {
+			return base, n
+		}
 	}
-	res := &StoreResult{
-		Operation: "meta", ValueSize: c.ValueSize, Clients: c.Clients, Threads: c.Threads, Batch: c.Batch,
-		Replicas: 1, MasterProtocol: c.MasterProtocol, Baseline: "none",
-		DurationS: s.Elapsed.Seconds(), Ops: s.Ops, Puts: s.Puts,
-		OpsPerSec: float64(s.Ops) / s.Elapsed.Seconds(),
+}
+
+func (ms *metaSide) close() {
+	if ms.hbStop != nil {
+		// Unmounting drops the objects: the next run starts empty.
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		ms.mc.UnmountSegment(uctx, &storepb.UnmountSegmentRequest{ClientId: ms.client, SegmentId: ms.segID})
+		cancel()
+		ms.hbStop()
+		ms.hbWG.Wait()
 	}
-	res.P50us, res.P99us, res.P999us = percentiles(&s.Hist)
-	return res, nil
+	for _, cc := range ms.conns {
+		cc.Close()
+	}
 }
 
 // errMetaDone ends a meta worker once every object is handed out.

@@ -21,7 +21,10 @@ import (
 // one round trip each.
 //
 // A class gets reservations after its second put that found none, so
-// one-off sizes never hold space. Reservations are used only while
+// one-off sizes never hold space. A class keeps perClass reservations,
+// one more for every put that found none while replacements were on
+// their way (more puts of it run at once than perClass covers), up to
+// maxAheadPerClass and the bytes budget; an idle class starts over. Reservations are used only while
 // younger than half the master's TTL and given back when older, when the
 // client closes, and when the pool is full (a put that fails with
 // NO_AVAILABLE_HANDLE gives every reservation back and retries).
@@ -49,7 +52,16 @@ type resvQueue struct {
 	inflight int        // asked for, not answered yet
 	misses   int        // puts that found none
 	noRoom   time.Time  // the master had no room: ask again after this
+	// extra raises the class's target above perClass: more puts of it
+	// run at once than perClass covers (each found none while
+	// replacements were on their way and paid two round trips, two
+	// durability waits on a durable master).
+	extra int
 }
+
+// maxAheadPerClass bounds a class's adaptive target (perClass+extra);
+// maxBytes bounds it too.
+const maxAheadPerClass = 256
 
 type putAhead struct {
 	perClass int
@@ -103,6 +115,9 @@ func (a *putAhead) take(k resvClass) (h heldResv, ok bool, refill int) {
 		a.dropLocked(k, h)
 	}
 	q.misses++
+	if q.inflight > 0 && a.perClass+q.extra < maxAheadPerClass {
+		q.extra++ // the next commit asks for one more
+	}
 	if q.misses < 2 || q.inflight > 0 {
 		return heldResv{}, false, 0
 	}
@@ -112,7 +127,7 @@ func (a *putAhead) take(k resvClass) (h heldResv, ok bool, refill int) {
 // room is how many more reservations of k fit the budgets.
 func (a *putAhead) room(k resvClass) int {
 	q := a.classes[k]
-	n := a.perClass - len(q.free) - q.inflight
+	n := a.perClass + q.extra - len(q.free) - q.inflight
 	if a.bytes >= a.maxBytes {
 		return 0
 	}
@@ -170,7 +185,7 @@ func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl t
 func (a *putAhead) putBack(k resvClass, h heldResv) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if q := a.classes[k]; q != nil && !a.closed && a.usable(h, time.Now()) && len(q.free)+q.inflight < a.perClass {
+	if q := a.classes[k]; q != nil && !a.closed && a.usable(h, time.Now()) && len(q.free)+q.inflight < a.perClass+q.extra {
 		q.free = append([]heldResv{h}, q.free...)
 		a.bytes += k.size
 		return

@@ -6,9 +6,14 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // warmAhead puts values of size until the client holds reservations for
@@ -325,4 +330,34 @@ func TestPutAheadConcurrent(t *testing.T) {
 	if st := tm.m.Stats(); st.Reservations != 0 {
 		t.Fatalf("%d reservations after Close", st.Reservations)
 	}
+}
+
+// A class whose puts find no reservation while replacements are on their
+// way (more puts of it at once than PutAhead covers) gets more: each such
+// miss raises its target by one, so the next CommitPut asks for an
+// extra one, and the client converges to one round trip per put instead
+// of paying two (two durability waits on a durable master) for the
+// overflow. The bytes budget still bounds it.
+func TestPutAheadGrowsWithConcurrency(t *testing.T) {
+	a := newPutAhead(2, 1<<30)
+	k := resvClass{size: 100}
+	_, ok, refill := a.take(k)
+	require.False(t, ok)
+	require.Zero(t, refill, "a first miss asks for nothing")
+	_, ok, refill = a.take(k)
+	require.False(t, ok)
+	require.Equal(t, 2, refill, "the second miss books perClass")
+	for range 3 { // three puts while the two are asked for
+		_, ok, _ = a.take(k)
+		require.False(t, ok)
+	}
+	a.got(k, 2, &storepb.ReserveResult{Reservations: []*storepb.Reservation{{Id: 1, Size: 100}, {Id: 2, Size: 100}}}, 10*time.Second)
+	assert.Equal(t, 3, a.ask(k), "the next commit asks for one more per miss")
+
+	small := newPutAhead(2, 350) // room for 3 of 100 bytes (and what is held)
+	for range 6 {
+		small.take(k)
+	}
+	assert.Equal(t, 1, small.ask(k), "two asked for, one more fits the budget")
+	assert.Equal(t, 0, small.ask(k), "the budget is full")
 }

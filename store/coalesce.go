@@ -22,8 +22,16 @@ import (
 // Leadership passes from caller to caller: the goroutine that runs a batch
 // is always one whose own call is in it, so no goroutine works for others
 // after its call is done.
+//
+// Up to depth batches are in flight at once. With one, a call that
+// arrives while a batch is out waits for its answer and then for its own
+// batch's, which on a durable master (each answer waits for an fsync)
+// costs two durability waits, and the master never sees more than one of
+// a client's batches per group commit; a second batch in flight lets
+// the calls queued meanwhile join the master's next commit.
 type coalescer[Q, R any] struct {
-	max int
+	max   int
+	depth int
 	// send runs one RPC for qs and returns one result and one error per
 	// item (a failed RPC fails every item).
 	send func(ctx context.Context, qs []Q) ([]R, []error)
@@ -31,7 +39,7 @@ type coalescer[Q, R any] struct {
 	same func(a, b Q) bool
 
 	mu   sync.Mutex
-	busy bool
+	busy int // batches in flight
 	q    []*pending[Q, R]
 }
 
@@ -44,7 +52,7 @@ type pending[Q, R any] struct {
 }
 
 func newCoalescer[Q, R any](max int, same func(a, b Q) bool, send func(context.Context, []Q) ([]R, []error)) *coalescer[Q, R] {
-	return &coalescer[Q, R]{max: max, same: same, send: send}
+	return &coalescer[Q, R]{max: max, depth: coalesceDepth, same: same, send: send}
 }
 
 // do runs q, alone or in a batch. A queued call does not give up when ctx
@@ -53,7 +61,7 @@ func newCoalescer[Q, R any](max int, same func(a, b Q) bool, send func(context.C
 func (c *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 	p := &pending[Q, R]{q: q}
 	c.mu.Lock()
-	if c.busy {
+	if c.busy >= c.depth {
 		p.done = make(chan struct{})
 		c.q = append(c.q, p)
 		c.mu.Unlock()
@@ -62,7 +70,7 @@ func (c *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 			return p.r, p.err
 		}
 	} else {
-		c.busy = true
+		c.busy++
 		c.mu.Unlock()
 	}
 	c.run(ctx, p)
@@ -102,7 +110,7 @@ func (c *coalescer[Q, R]) run(ctx context.Context, p *pending[Q, R]) {
 
 	c.mu.Lock()
 	if len(c.q) == 0 {
-		c.busy = false
+		c.busy--
 		c.mu.Unlock()
 		return
 	}
@@ -113,8 +121,12 @@ func (c *coalescer[Q, R]) run(ctx context.Context, p *pending[Q, R]) {
 	close(next.done)
 }
 
-// maxCoalesce bounds one coalesced batch RPC.
-const maxCoalesce = 128
+// maxCoalesce bounds one coalesced batch RPC; coalesceDepth is how many
+// of a coalescer's batches may be in flight at once.
+const (
+	maxCoalesce   = 128
+	coalesceDepth = 2
+)
 
 type putStartQ struct {
 	key  string

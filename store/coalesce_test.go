@@ -7,6 +7,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // A blocking fake batch RPC: each send waits for a release, so tests
@@ -38,6 +41,7 @@ func (f *fakeRPC) send(_ context.Context, qs []int) ([]string, []error) {
 func TestCoalescerBatchesWhileBusy(t *testing.T) {
 	f := &fakeRPC{release: make(chan struct{}), started: make(chan int, 16)}
 	c := newCoalescer(4, func(a, b int) bool { return (a%2 == 0) == (b%2 == 0) }, f.send)
+	c.depth = 1 // one batch in flight: every later call queues
 	type out struct {
 		q   int
 		r   string
@@ -92,9 +96,45 @@ func TestCoalescerBatchesWhileBusy(t *testing.T) {
 			}
 		}
 	}
-	if c.busy || len(c.q) != 0 {
+	if c.busy != 0 || len(c.q) != 0 {
 		t.Fatal("coalescer not idle at the end")
 	}
+}
+
+// Two batches go out at once (coalesceDepth): a call that arrives while
+// one is in flight leaves at once in a second; only then do calls queue,
+// and the first batch to come back takes them.
+func TestCoalescerSecondBatchInFlight(t *testing.T) {
+	f := &fakeRPC{release: make(chan struct{}), started: make(chan int, 16)}
+	c := newCoalescer(8, func(a, b int) bool { return true }, f.send)
+	results := make(chan error, 16)
+	call := func(q int) {
+		_, err := c.do(context.Background(), q)
+		results <- err
+	}
+	go call(1)
+	require.Equal(t, 1, <-f.started)
+	go call(2)
+	select {
+	case n := <-f.started:
+		require.Equal(t, 1, n, "the second call leaves alone, not behind the first")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second call waits for the first batch's answer")
+	}
+	for q := 3; q <= 5; q++ {
+		go call(q)
+	}
+	waitQueued(t, c, 3)
+	f.release <- struct{}{} // one batch answers; its caller hands over
+	require.Equal(t, 3, <-f.started, "the queued calls share one batch")
+	close(f.release)
+	for range 5 {
+		require.NoError(t, <-results)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	assert.Zero(t, c.busy)
+	assert.Empty(t, c.q)
 }
 
 func waitQueued(t *testing.T, c *coalescer[int, string], n int) {

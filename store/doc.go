@@ -44,9 +44,14 @@
 //     off): after the second put of one value size and ReplicateConfig
 //     that found no reservation, the client reserves space for that class
 //     in the background (ReservePut), up to PutAhead reservations and
-//     Config.PutAheadBytes (64 MiB) in all. A put of a class with one at
+//     Config.PutAheadBytes (64 MiB) in all; each put of the class that
+//     finds none while replacements are on their way raises the class's
+//     count by one (more of its puts run at once than PutAhead covers),
+//     up to 256, until the class idles. A put of a class with one at
 //     hand writes into it and commits it with CommitPut, which asks for
 //     its replacement in the same RPC: one round trip instead of two.
+//     Concurrent single-key calls of one kind (PutStart, PutEnd, commits,
+//     GetReplicaList) are merged into batch RPCs, at most two in flight.
 //     A reservation is used only while younger than half the TTL the
 //     master gives; older ones, those of a failed write, and all of them
 //     at Close are given back (and, when a write fails at a segment,

@@ -35,7 +35,9 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas per value")
 	fs.IntVar(&c.Batch, "batch", 0, "keys per call: BatchPut/BatchGet when > 1 (default 1; meta 128)")
 	zeroCopy := fs.Bool("zero_copy", true, "PutFrom/GetInto on registered buffers; false: Put/Get on Go heap memory")
-	fs.StringVar(&c.Baseline, "baseline", "", "redis or none (default redis when redis-server is installed)")
+	fs.StringVar(&c.Baseline, "baseline", "", "redis, oplog_off (the same workload on a second in-process master with the log off) or none (default: oplog_off with --oplog, else redis when redis-server is installed)")
+	fs.StringVar(&c.Oplog, "oplog", "off", "the in-process master's operation log: off, local (files in --oplog_dir), etcd (a single-member etcd the bench starts, data on disk, fsync on) or etcd://host:port[,host:port]")
+	fs.StringVar(&c.OplogDir, "oplog_dir", "", "--oplog local: the log's directory (default: a temporary directory in the working directory, removed after)")
 	fs.StringVar(&c.RedisServer, "redis_server", "", "redis-server binary (default: $PATH)")
 	fs.StringVar(&c.LocalHostname, "local_server_name", "127.0.0.1", "clients' engine host")
 	fs.IntVar(&c.PutAhead, "put_ahead", 0, "reservations each client keeps per value size for one-round-trip puts (0: the client's default, -1: off)")
@@ -109,8 +111,13 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.Operation == "meta" {
 		fmt.Fprintf(out, "master metadata: %d objects of %d bytes, BatchPutStart+BatchPutEnd of %d keys, %d connections x %d workers, master %s over %s\n",
 			r.Ops, r.ValueSize, r.Batch, r.Clients, r.Threads, r.Master, r.MasterProtocol)
-		fmt.Fprintf(out, "%.0f objects/s in %.2f s; latency per RPC pair: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
-			r.OpsPerSec, r.DurationS, r.P50us, r.P99us, r.P999us)
+		fmt.Fprintf(out, "%.0f objects/s in %.2f s; latency per RPC pair: p50 %.0f us, p99 %.0f us, p999 %.0f us; oplog %s\n",
+			r.OpsPerSec, r.DurationS, r.P50us, r.P99us, r.P999us, r.Oplog)
+		if r.Baseline != "none" {
+			fmt.Fprintf(out, "%s (same run): %.0f objects/s; latency per RPC pair: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
+				r.Baseline, r.BaselineOpsPerSec, r.BaselineP50us, r.BaselineP99us, r.BaselineP999us)
+			fmt.Fprintf(out, "ratio crescent/%s: %.2f\n", r.Baseline, r.Ratio)
+		}
 		return
 	}
 	path := "zero copy (PutFrom/GetInto, registered buffers)"
@@ -129,8 +136,12 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.UnderReplicatedPuts > 0 {
 		replicas += fmt.Sprintf(" (%d puts under-replicated)", r.UnderReplicatedPuts)
 	}
-	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %s, %s, %s, protocol %s, master %s over %s\n",
-		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, replicas, path, ahead, r.Protocol, r.Master, r.MasterProtocol)
+	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %s, %s, %s, protocol %s, master %s over %s, oplog %s\n",
+		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, replicas, path, ahead, r.Protocol, r.Master, r.MasterProtocol, r.Oplog)
+	if r.OplogBytesPerPut > 0 || r.OplogCommitsPerSec > 0 {
+		fmt.Fprintf(out, "oplog: %.0f bytes written per put, %.0f commits/s of %.1f entries, fdatasync %.0f us on average\n",
+			r.OplogBytesPerPut, r.OplogCommitsPerSec, r.OplogEntriesPerCommit, r.OplogFsyncUs)
+	}
 	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)
 	if r.Baseline != "none" {

@@ -53,10 +53,32 @@ func TestStoreMainFlagErrors(t *testing.T) {
 		{"--duration", "0"},
 		{"--operation", "erase"},
 		{"--baseline", "memcached"},
+		{"--oplog", "tape"},
+		{"--baseline", "oplog_off"},
 		{"stray"},
 	} {
 		if err := storeMain(context.Background(), args, &bytes.Buffer{}); err == nil {
 			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
+// With the log on, the text names it and prints the log-off baseline
+// of the same run and the ratio.
+func TestStoreMainOplog(t *testing.T) {
+	for _, op := range []string{"put", "meta"} {
+		var out bytes.Buffer
+		err := storeMain(context.Background(), []string{
+			"--operation", op, "--objects", "1000", "--batch", "100", "--value_size", "64KiB", "--segment_size", "32MiB",
+			"--local_buffer_size", "8MiB", "--duration", "0.3", "--warmup", "0", "--oplog", "local", "--oplog_dir", t.TempDir(),
+		}, &out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"oplog local", "oplog_off (same run)", "ratio crescent/oplog_off"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s output lacks %q: %q", op, want, out.String())
+			}
 		}
 	}
 }

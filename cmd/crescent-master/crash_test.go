@@ -132,6 +132,13 @@ func TestCrashRecovery(t *testing.T) {
 // runCrashRecovery is TestCrashRecovery with extra master flags; it
 // returns the "recovered" log line of every restart.
 func runCrashRecovery(t *testing.T, extra ...string) []string {
+	return crashRecovery(t, append([]string{"--data_dir", t.TempDir()}, extra...)...)
+}
+
+// crashRecovery is TestCrashRecovery's harness over the log logArgs
+// configure (and any other flags); it returns the "recovered" log line
+// of every restart.
+func crashRecovery(t *testing.T, logArgs ...string) []string {
 	var lines []string
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CRASH_SEED"); s != "" {
@@ -139,11 +146,9 @@ func runCrashRecovery(t *testing.T, extra ...string) []string {
 	}
 	t.Logf("seed %d (CRASH_SEED)", seed)
 	r := rand.New(rand.NewPCG(seed, 1))
-	dir := t.TempDir()
 	port := freePort(t)
-	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", "0",
-		"--data_dir", dir, "--client_ttl", "60", "--log_level", "info"}
-	args = append(args, extra...)
+	args := append([]string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", "0",
+		"--client_ttl", "60", "--log_level", "info"}, logArgs...)
 	proc, recovered := startMaster(t, args...)
 	require.Contains(t, recovered, "entries=0")
 

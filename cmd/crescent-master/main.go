@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -73,6 +74,13 @@ type config struct {
 	SnapshotRetain   int           `yaml:"snapshot_retain"`
 	SnapshotDir      string        `yaml:"snapshot_dir"`
 	OplogRetain      int64         `yaml:"oplog_retain"`
+	// Oplog, when set (etcd://h:p[,h2:p2]), keeps the operation log in
+	// etcd under ClusterID instead.
+	Oplog     string `yaml:"oplog"`
+	ClusterID string `yaml:"cluster_id"`
+	// OplogWriteTimeoutSec bounds the retries of one etcd write; past it
+	// the log is failed (fail-stop).
+	OplogWriteTimeoutSec int64 `yaml:"oplog_write_timeout_sec"`
 
 	LogLevel string `yaml:"log_level"`
 }
@@ -86,7 +94,7 @@ func defaults() config {
 		AllocationStrategy: "random", HTTPMetadataServerPort: 8080, HTTPMetadataServerHost: "0.0.0.0",
 		KVEventsEndpoint: "tcp://*:5557", KVEventsReplayEndpoint: "tcp://*:5558", KVEventsEncoding: "map",
 		KVEventsQueueSize: 100000, KVEventsBatchSize: 64, KVEventsBatchIntervalMs: 1, KVEventsOverflow: "drop_oldest",
-		KVEventsReplayBufferSize: 10000, LogLevel: "info",
+		KVEventsReplayBufferSize: 10000, LogLevel: "info", ClusterID: "crescent", OplogWriteTimeoutSec: 30,
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
 		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
@@ -130,6 +138,9 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KVEventsReplayBufferSize, "kv_events_replay_buffer_size", c.KVEventsReplayBufferSize, "batches kept for replay")
 	fs.StringVar(&c.DataDir, "data_dir", c.DataDir, "directory of the operation log: every change is durable there before it is acknowledged, and a restart replays it (empty: state in memory only)")
 	c.snapshotFlags(fs)
+	fs.StringVar(&c.Oplog, "oplog", c.Oplog, "etcd://host:port[,host:port]: keep the operation log in etcd (under cluster_id) instead of --data_dir; every change is durable there before it is acknowledged")
+	fs.StringVar(&c.ClusterID, "cluster_id", c.ClusterID, "name of this master's cluster: the etcd operation log lives under crescent/oplog/<cluster_id>/")
+	fs.Int64Var(&c.OplogWriteTimeoutSec, "oplog_write_timeout_sec", c.OplogWriteTimeoutSec, "--oplog etcd: seconds one write may keep failing before the log is failed and the master stops acknowledging (fail-stop)")
 	fs.StringVar(&c.LogLevel, "log_level", c.LogLevel, "debug, info, warn or error")
 }
 
@@ -192,6 +203,21 @@ func (c *config) validate() error {
 	if _, err := alloc.ParseStrategy(c.AllocationStrategy); err != nil {
 		return err
 	}
+	if c.Oplog != "" {
+		// One log: two would each hold half the history.
+		if c.DataDir != "" {
+			return errors.New("data_dir and oplog are exclusive: the operation log is either local files or etcd")
+		}
+		if _, err := oplog.ParseEtcdURL(c.Oplog); err != nil {
+			return err
+		}
+		if c.ClusterID == "" || strings.Contains(c.ClusterID, "/") {
+			return fmt.Errorf("cluster_id %q: must be non-empty, without '/'", c.ClusterID)
+		}
+		if c.OplogWriteTimeoutSec < 1 {
+			return fmt.Errorf("oplog_write_timeout_sec %d must be positive", c.OplogWriteTimeoutSec)
+		}
+	}
 	return c.validateSnapshots()
 }
 
@@ -243,18 +269,23 @@ func run(ctx context.Context, cfg config) error {
 	}
 
 	var (
-		m       *master.Master
-		svcOpts []master.ServiceOption
-		err     error
+		m          *master.Master
+		svcOpts    []master.ServiceOption
+		logMetrics prometheus.Collector
+		err        error
 	)
 	var adminOpts []master.AdminOption
 	var snaps *snapshots
-	if cfg.DataDir != "" {
-		if snaps, err = openSnapshots(cfg, log); err != nil {
-			return err
+	if cfg.DataDir != "" || cfg.Oplog != "" {
+		var recovery []oplog.DurableOption
+		if cfg.DataDir != "" || cfg.SnapshotDir != "" {
+			if snaps, err = openSnapshots(cfg, log); err != nil {
+				return err
+			}
+			defer snaps.close()
+			recovery = snaps.recovery()
 		}
-		defer snaps.close()
-		d, err := oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log}, snaps.recovery()...)
+		d, err := openLog(ctx, cfg, mc, log, recovery...)
 		if err != nil {
 			return err
 		}
@@ -263,13 +294,15 @@ func run(ctx context.Context, cfg config) error {
 				log.Error("closing the operation log", "err", cerr)
 			}
 		}()
-		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "snapshot", d.Snapshot.ID,
+		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "oplog", cfg.Oplog, "snapshot", d.Snapshot.ID,
 			"snapshot_seq", d.Snapshot.Seq, "entries", d.Replayed, "took", d.Took)
-		m, svcOpts = d.Master, []master.ServiceOption{d.ServiceOption()}
-		if adminOpts, err = snaps.start(cfg, d, mc); err != nil {
-			return err
+		m, svcOpts, logMetrics = d.Master, []master.ServiceOption{d.ServiceOption()}, oplog.NewCollector(d)
+		if snaps != nil {
+			if adminOpts, err = snaps.start(cfg, d, mc); err != nil {
+				return err
+			}
+			defer snaps.stop() // before the log closes
 		}
-		defer snaps.stop() // before the log closes
 	} else if m, err = master.New(mc); err != nil {
 		return err
 	}
@@ -286,6 +319,9 @@ func run(ctx context.Context, cfg config) error {
 		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))...)
 	metrics = master.NewMetrics(m, svc)
 	reg.MustRegister(metrics)
+	if logMetrics != nil {
+		reg.MustRegister(logMetrics)
+	}
 	if snaps != nil {
 		reg.MustRegister(snaps.metrics.collectors()...)
 	}

@@ -45,8 +45,8 @@ func (c *config) validateSnapshots() error {
 		return fmt.Errorf("snapshot_retain %d, want at least 1", c.SnapshotRetain)
 	case c.OplogRetain < 0:
 		return fmt.Errorf("oplog_retain %d is negative", c.OplogRetain)
-	case c.SnapshotDir != "" && c.DataDir == "":
-		return errors.New("snapshot_dir needs data_dir")
+	case c.SnapshotDir != "" && c.DataDir == "" && c.Oplog == "":
+		return errors.New("snapshot_dir needs data_dir or oplog")
 	}
 	return nil
 }

@@ -72,7 +72,12 @@
 // master's locks, so in a valid serialisation order) gives the op the
 // next seq after the store's LastSeq, encodes and seals it and queues it;
 // one goroutine hands everything queued (at most SinkConfig.MaxBatch) to
-// one Store.Append: group commit. Appended and Durable are the last seq
+// one Store.Append: group commit. It starts when a handler waits
+// (WaitDurable: the ops of one RPC, logged before it waits, then share a
+// commit instead of straddling two), when 4096 entries are queued, or 1
+// ms after an op was queued with nobody waiting; a commit wakes only the
+// waiters whose seqs it made durable. Over Local it writes and
+// fdatasyncs on its own goroutine. Appended and Durable are the last seq
 // numbered and made durable; WaitDurable(ctx, seq) is how an RPC answers
 // only once its op is durable (wait for Appended() read after the master
 // call returned).
@@ -140,6 +145,16 @@
 // that space is durable: a crash never brings back a key over bytes a
 // client has overwritten.
 //
+// # Metrics
+//
+// NewCollector(d) exports a Durable's log for Prometheus (crescent-master
+// registers it on /metrics): crescent_oplog_appended_seq and
+// durable_seq, failed (1 once fail-stopped), errors_total (failed group
+// commits), commit_entries (histogram of entries per commit),
+// entries_total, bytes_written_total, fsync_seconds (Local's fdatasync)
+// and, for etcd, etcd_txn_seconds (each append transaction attempt) and
+// etcd_txns_total.
+//
 // # Local files (OpenLocal)
 //
 // A data directory holds segment files, a META file and a LOCK file.
@@ -156,16 +171,21 @@
 //	24     4    reserved, zero
 //	28     4    CRC of bytes 0..27
 //
-// then records back to back up to the end of the file:
+// then records back to back, then zero bytes up to the end of the file
+// (the segment is allocated whole when created, LocalOptions.SegmentBytes
+// with fallocate, so that an fdatasync has no file size to journal; a
+// file that grows record by record, as without preallocation, has none):
 //
 //	offset size  field
 //	0      4     L, uint32: length of the entry; 1 <= L <= MaxKey+MaxPayload+256
 //	4      L     the Entry, msgp-encoded (layout above, its own crc included)
 //	4+L    4     CRC of bytes 0..4+L-1 (length and entry)
 //
+// Where a record would start, a run of zeros to the end of the file is
+// the segment's end (a length is never 0), not a torn tail.
 // The records of a segment carry consecutive seqs from its first seq;
 // the next segment starts at the seq after the last one of the previous.
-// A new segment is created (header written, fdatasync, directory fsync)
+// A new segment is created (header written, fdatasync, allocated, directory fsync)
 // before any record goes into it, when the active one would pass
 // LocalOptions.SegmentBytes; one Append never straddles two segments.
 //
@@ -184,7 +204,9 @@
 // Writing: one goroutine takes every queued Append (bounded by
 // MaxQueuedBytes/MaxQueuedEntries: callers block beyond), checks each in
 // order (term, gap, resend), appends their records with one write and
-// one fdatasync, then answers them all. A failed write or fdatasync is
+// one fdatasync, then answers them all. A Sink does this on its own
+// writer goroutine instead (after anything queued), saving two
+// goroutine handoffs per group commit. A failed write or fdatasync is
 // never retried (after a failed fsync the kernel may have dropped the
 // dirty pages): the store is failed from then on.
 //

@@ -82,6 +82,8 @@ type Etcd struct {
 	deleteChunk int // batch keys per compaction delete (tests lower it)
 
 	txns, batches, entries atomic.Uint64
+	bytes, txnNanos        atomic.Uint64
+	txnBuckets             [len(FsyncBounds) + 1]atomic.Uint64
 }
 
 // EtcdStats counts the writer's work since open.
@@ -89,6 +91,11 @@ type EtcdStats struct {
 	Txns    uint64 // transactions sent for appends (retries included)
 	Batches uint64 // batch records committed
 	Entries uint64 // entries committed
+	Bytes   uint64 // batch record bytes committed
+	// TxnNanos and TxnBuckets time the append transactions (each
+	// attempt), in FsyncBounds's buckets.
+	TxnNanos   uint64
+	TxnBuckets [len(FsyncBounds) + 1]uint64
 }
 
 type etcdReq struct {
@@ -351,7 +358,12 @@ func (s *Etcd) listBatches(ctx context.Context, from uint64, p etcdPrefix, rev i
 
 // Stats reports the writer's counters.
 func (s *Etcd) Stats() EtcdStats {
-	return EtcdStats{Txns: s.txns.Load(), Batches: s.batches.Load(), Entries: s.entries.Load()}
+	st := EtcdStats{Txns: s.txns.Load(), Batches: s.batches.Load(), Entries: s.entries.Load(),
+		Bytes: s.bytes.Load(), TxnNanos: s.txnNanos.Load()}
+	for i := range st.TxnBuckets {
+		st.TxnBuckets[i] = s.txnBuckets[i].Load()
+	}
+	return st
 }
 
 // Append implements Store: it returns once every entry is committed in
@@ -582,6 +594,7 @@ func (s *Etcd) appendBatch(term, first uint64, encs [][]byte) error {
 	s.wPrefix, s.wRev = np, rev
 	s.batches.Add(1)
 	s.entries.Add(uint64(len(encs)))
+	s.bytes.Add(uint64(len(val)))
 	s.mu.Lock()
 	if rev > s.viewRev {
 		s.view, s.viewRev = np, rev
@@ -614,10 +627,16 @@ func (s *Etcd) commit(ctx context.Context, np etcdPrefix, key string, val []byte
 		if key != "" {
 			s.txns.Add(1)
 		}
+		t0 := time.Now()
 		resp, err := s.cli.Txn(actx).
 			If(clientv3.Compare(clientv3.ModRevision(s.prefixKey), "=", s.wRev)).
 			Then(then...).Else(els...).Commit()
 		cancel()
+		if key != "" {
+			d := time.Since(t0)
+			s.txnNanos.Add(uint64(d))
+			s.txnBuckets[sort.Search(len(FsyncBounds), func(i int) bool { return d <= FsyncBounds[i] })].Add(1)
+		}
 		if err == nil && resp.Succeeded {
 			return resp.Header.Revision, nil
 		}

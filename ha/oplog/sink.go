@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +18,12 @@ const (
 	DefaultSinkQueue     = 1 << 16  // entries queued or being written
 	DefaultSinkBytes     = 64 << 20 // their payload and key bytes
 	DefaultSinkFullDelay = 5 * time.Second
+	// sinkLinger is how long an op nobody waits for may stay queued
+	// before the writer starts anyway.
+	sinkLinger = time.Millisecond
+	// sinkKickAt starts the writer without a waiter once this many
+	// entries are queued.
+	sinkKickAt = 4096
 )
 
 // ErrQueueFull is the failure of a Sink whose queue stayed full for
@@ -59,12 +67,47 @@ type Sink struct {
 	next    uint64  // the seq the next op gets
 	failed  error
 	closed  bool
-	changed chan struct{} // closed and replaced when durable, failed or room changes
-	kick    chan struct{}
+	changed chan struct{} // closed and replaced when room changes, on failure and close
+	kick    chan struct{} // cap 1: start writing
+	linger  *time.Timer   // kicks sinkLinger after the queue stopped being empty
+	// waiters are WaitDurable's, by seq: a commit wakes only those it
+	// made durable (waking every handler for every commit costs CPU the
+	// puts need); a failure or the end of Close wakes all.
+	waiters []waiter
 
 	appended atomic.Uint64
 	durable  atomic.Uint64
 	done     chan struct{}
+
+	// Group commits by entries, in BatchBounds's buckets; errors are
+	// failed Store.Appends.
+	batchBuckets      [len(BatchBounds) + 1]atomic.Uint64
+	batches, batchSum atomic.Uint64
+	failures          atomic.Uint64
+}
+
+// BatchBounds are the upper bounds (entries) of SinkStats.BatchBuckets;
+// the last bucket counts the rest.
+var BatchBounds = [...]uint64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384}
+
+// SinkStats are a sink's cumulative counters, for metrics.
+type SinkStats struct {
+	Appended, Durable uint64 // seqs
+	Batches           uint64 // Store.Appends (group commits)
+	BatchEntries      uint64 // entries they carried
+	BatchBuckets      [len(BatchBounds) + 1]uint64
+	Errors            uint64 // Store.Appends that failed
+	Failed            bool
+}
+
+// Stats returns the counters.
+func (s *Sink) Stats() SinkStats {
+	st := SinkStats{Appended: s.Appended(), Durable: s.Durable(), Batches: s.batches.Load(),
+		BatchEntries: s.batchSum.Load(), Errors: s.failures.Load(), Failed: s.Failed() != nil}
+	for i := range st.BatchBuckets {
+		st.BatchBuckets[i] = s.batchBuckets[i].Load()
+	}
+	return st
 }
 
 // NewSink returns a Sink writing after the store's last seq.
@@ -86,8 +129,25 @@ func NewSink(ctx context.Context, st Store, cfg SinkConfig) (*Sink, error) {
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	s.appended.Store(last)
 	s.durable.Store(last)
+	s.linger = time.AfterFunc(time.Hour, func() {
+		s.mu.Lock()
+		s.kickLocked()
+		s.mu.Unlock()
+	})
+	s.linger.Stop()
 	go s.run()
 	return s, nil
+}
+
+// kickLocked starts the writer. s.mu is held (kick is closed under it).
+func (s *Sink) kickLocked() {
+	if s.closed {
+		return
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
 }
 
 // Append implements master.OpSink.
@@ -111,6 +171,7 @@ func (s *Sink) Append(op *master.Op) {
 			deadline = time.NewTimer(s.cfg.FullDelay)
 			defer deadline.Stop()
 		}
+		s.kickLocked()
 		ch := s.changed
 		s.mu.Unlock()
 		select {
@@ -134,9 +195,15 @@ func (s *Sink) Append(op *master.Op) {
 	s.held++
 	s.bytes += size
 	s.appended.Store(e.Seq)
-	select {
-	case s.kick <- struct{}{}:
-	default:
+	// The writer starts when a handler waits (WaitDurable), so the ops
+	// of one RPC, appended before it waits, share one commit instead of
+	// straddling two (two fsyncs on the RPC's path); an op nobody waits
+	// for is written after sinkLinger.
+	switch len(s.queue) {
+	case 1:
+		s.linger.Reset(sinkLinger)
+	case sinkKickAt:
+		s.kickLocked()
 	}
 }
 
@@ -164,12 +231,36 @@ func (s *Sink) fail(err error) {
 func (s *Sink) broadcast() {
 	close(s.changed)
 	s.changed = make(chan struct{})
+	if s.failed != nil || s.closed && s.held == 0 {
+		s.wakeUpTo(^uint64(0))
+	}
+}
+
+type waiter struct {
+	seq uint64
+	ch  chan struct{}
+}
+
+// wakeUpTo wakes the waiters for seqs up to seq. s.mu is held.
+func (s *Sink) wakeUpTo(seq uint64) {
+	n := sort.Search(len(s.waiters), func(i int) bool { return s.waiters[i].seq > seq })
+	for _, w := range s.waiters[:n] {
+		close(w.ch)
+	}
+	s.waiters = append(s.waiters[:0], s.waiters[n:]...)
+}
+
+// syncAppender is a store that can write on the caller's goroutine
+// (Local): the sink's writer then does the fsync itself.
+type syncAppender interface {
+	appendSync(term uint64, entries []Entry) error
 }
 
 // run writes what is queued, a batch at a time, until Close.
 func (s *Sink) run() {
 	defer close(s.done)
-	for range s.kick {
+	for open := true; open; {
+		_, open = <-s.kick // closed by Close: write what is left, stop
 		for {
 			s.mu.Lock()
 			if s.failed != nil || len(s.queue) == 0 {
@@ -188,7 +279,18 @@ func (s *Sink) run() {
 			s.queue = s.queue[n:]
 			s.mu.Unlock()
 
-			err := s.store.Append(context.Background(), s.cfg.Term, batch)
+			var err error
+			if sa, ok := s.store.(syncAppender); ok {
+				err = sa.appendSync(s.cfg.Term, batch)
+			} else {
+				err = s.store.Append(context.Background(), s.cfg.Term, batch)
+			}
+			s.batches.Add(1)
+			s.batchSum.Add(uint64(len(batch)))
+			s.batchBuckets[sort.Search(len(BatchBounds), func(i int) bool { return uint64(len(batch)) <= BatchBounds[i] })].Add(1)
+			if err != nil {
+				s.failures.Add(1)
+			}
 			bytes := 0
 			for i := range batch {
 				bytes += len(batch[i].Key) + len(batch[i].Payload)
@@ -200,6 +302,7 @@ func (s *Sink) run() {
 				s.fail(fmt.Errorf("oplog: sink: append seqs %d-%d: %w", batch[0].Seq, batch[len(batch)-1].Seq, err))
 			} else {
 				s.durable.Store(batch[len(batch)-1].Seq)
+				s.wakeUpTo(batch[len(batch)-1].Seq)
 				s.broadcast()
 			}
 			s.mu.Unlock()
@@ -244,11 +347,19 @@ func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: seq %d not written", ErrClosed, seq)
 		}
-		ch := s.changed
+		s.kickLocked()
+		w := waiter{seq, make(chan struct{})}
+		i := sort.Search(len(s.waiters), func(i int) bool { return s.waiters[i].seq > seq })
+		s.waiters = slices.Insert(s.waiters, i, w)
 		s.mu.Unlock()
 		select {
-		case <-ch:
+		case <-w.ch:
 		case <-ctx.Done():
+			s.mu.Lock()
+			if i := slices.IndexFunc(s.waiters, func(x waiter) bool { return x.ch == w.ch }); i >= 0 {
+				s.waiters = slices.Delete(s.waiters, i, i+1)
+			}
+			s.mu.Unlock()
 			return ctx.Err()
 		}
 	}
@@ -266,5 +377,6 @@ func (s *Sink) Close() error {
 	}
 	s.mu.Unlock()
 	<-s.done
+	s.linger.Stop()
 	return s.Failed()
 }

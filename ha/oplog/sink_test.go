@@ -454,3 +454,40 @@ func TestSinkConcurrent(t *testing.T) {
 		require.LessOrEqual(t, n, 7)
 	}
 }
+
+// TestSinkWakesOnlyDurableWaiters: a commit wakes the waiters of the
+// seqs it made durable and leaves the others asleep; a waiter that gives
+// up with its context is forgotten.
+func TestSinkWakesOnlyDurableWaiters(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	s := newSinkForTest(t, newMemStore(), SinkConfig{})
+	waiters := func() []uint64 {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		var out []uint64
+		for _, w := range s.waiters {
+			out = append(out, w.seq)
+		}
+		return out
+	}
+	far, near := make(chan error, 1), make(chan error, 1)
+	go func() { far <- s.WaitDurable(sinkTestCtx(t), 3) }()
+	go func() { near <- s.WaitDurable(sinkTestCtx(t), 1) }()
+	require.Eventually(t, func() bool { return len(waiters()) == 2 }, 10*time.Second, time.Millisecond)
+	require.Equal(t, []uint64{1, 3}, waiters(), "kept by seq")
+	s.Append(sinkOp(0))
+	require.NoError(t, <-near)
+	require.Equal(t, []uint64{3}, waiters(), "seq 3 is not durable: its waiter sleeps on")
+	s.Append(sinkOp(1))
+	s.Append(sinkOp(2))
+	require.NoError(t, <-far)
+
+	ctx, cancel := context.WithCancel(sinkTestCtx(t))
+	gone := make(chan error, 1)
+	go func() { gone <- s.WaitDurable(ctx, 10) }()
+	require.Eventually(t, func() bool { return len(waiters()) == 1 }, 10*time.Second, time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-gone, context.Canceled)
+	require.Empty(t, waiters())
+	require.NoError(t, s.Close())
+}

@@ -184,7 +184,9 @@
 // WithDurability (an operation log's wait) makes every RPC, reads
 // included, answer only once all the master logged before the answer is
 // durable, and INTERNAL_ERROR when the log failed (/health then answers
-// 503 with the cause); the wait runs in UnaryInterceptor.
+// 503 with the cause); the wait runs in UnaryInterceptor. The admin pages
+// that show keys or segments (AdminHandler) wait the same way
+// (Service.WaitDurable).
 // Service.Counts and WithObserver feed metrics, counted in one place:
 // Service.UnaryInterceptor, which Serve installs on both of its servers
 // (a server given the service through Register alone needs it too).

@@ -154,10 +154,21 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 // /get_all_keys, /get_all_segments, and with WithSnapshotHook POST
 // /snapshot. extra, when set, receives every other path (the engine's
 // HTTP metadata store at /metadata, for example).
+//
+// The pages that show keys or segments answer, like the RPCs, only once
+// what they read is durable (Service.WaitDurable), so they never show a
+// change a crash would take back; 503 when the log failed.
 func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.Handler, opts ...AdminOption) http.Handler {
 	mux := http.NewServeMux()
 	for _, o := range opts {
 		o(mux)
+	}
+	durable := func(w http.ResponseWriter, r *http.Request) bool {
+		if err := svc.WaitDurable(r.Context()); err != nil {
+			http.Error(w, "operation log not durable: "+err.Error(), http.StatusServiceUnavailable)
+			return false
+		}
+		return true
 	}
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/metrics/summary", func(w http.ResponseWriter, r *http.Request) {
@@ -181,6 +192,9 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 			return
 		}
 		info, err := m.QueryKey(key)
+		if !durable(w, r) {
+			return
+		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusNotFound)
 			return
@@ -188,8 +202,11 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 		writeJSON(w, keyJSON(info))
 	})
 	mux.HandleFunc("/get_all_keys", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		keys := m.AllKeys()
+		if !durable(w, r) {
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		sort.Strings(keys)
 		for _, k := range keys {
 			fmt.Fprintln(w, k)
@@ -197,6 +214,9 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 	})
 	mux.HandleFunc("/get_all_segments", func(w http.ResponseWriter, r *http.Request) {
 		segs := m.AllSegments()
+		if !durable(w, r) {
+			return
+		}
 		out := make([]map[string]any, 0, len(segs))
 		for _, s := range segs {
 			out = append(out, map[string]any{

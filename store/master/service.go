@@ -116,6 +116,17 @@ func WithDurability(wait func(ctx context.Context) error, failed func() error) S
 	return func(s *Service) { s.durable, s.health = wait, failed }
 }
 
+// WaitDurable returns once every change the master made so far is
+// durable (at once without a log, or when nothing is pending), the
+// log's failure, or ctx's error: what a reader outside the RPCs (the
+// admin HTTP pages) waits for before showing state.
+func (s *Service) WaitDurable(ctx context.Context) error {
+	if s == nil || s.durable == nil {
+		return nil
+	}
+	return s.durable(ctx)
+}
+
 // Healthy is nil unless the durability hook reports a failure.
 func (s *Service) Healthy() error {
 	if s == nil || s.health == nil {

@@ -1,0 +1,254 @@
+package bench
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+
+	"github.com/crescent-kv/crescent/ha/oplog"
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// Oplog backends of StoreConfig.Oplog.
+const (
+	OplogOff   = "off"
+	OplogLocal = "local"
+	OplogEtcd  = "etcd"
+)
+
+// BaselineOplogOff is the baseline of a run with the log on: the same
+// workload against a second in-process master with the log off.
+const BaselineOplogOff = "oplog_off"
+
+// oplogKind is off, local or etcd (etcd://... is etcd).
+func (c *StoreConfig) oplogKind() string {
+	if strings.HasPrefix(c.Oplog, "etcd://") {
+		return OplogEtcd
+	}
+	return c.Oplog
+}
+
+func (c *StoreConfig) checkOplog() error {
+	bad := func(f string, a ...any) error { return fmt.Errorf("%w: %s", ErrStoreConfig, fmt.Sprintf(f, a...)) }
+	if c.Oplog == "" {
+		c.Oplog = OplogOff
+	}
+	switch k := c.oplogKind(); {
+	case k == OplogOff, k == OplogLocal:
+	case k == OplogEtcd && c.Oplog != OplogEtcd:
+		if _, err := oplog.ParseEtcdURL(c.Oplog); err != nil {
+			return bad("--oplog: %v", err)
+		}
+	case k == OplogEtcd:
+	default:
+		return bad("--oplog must be off, local, etcd or etcd://host:port, not %q", c.Oplog)
+	}
+	if c.Oplog != OplogOff && c.MasterAddr != "" {
+		return bad("--oplog is the in-process master's log; it cannot be used with --master")
+	}
+	if c.OplogDir != "" && c.Oplog != OplogLocal && c.Oplog != OplogEtcd {
+		return bad("--oplog_dir needs --oplog local or etcd (the embedded one's data)")
+	}
+	return nil
+}
+
+// newMaster starts an in-process master with the log c.Oplog ("off" or
+// empty: none). A temporary directory it made (the local log, the
+// embedded etcd's data) is removed by close.
+func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaster, error) {
+	im := &inProcessMaster{oplog: cmp.Or(log, OplogOff)}
+	var opts []master.ServiceOption
+	fail := func(err error) (*inProcessMaster, error) {
+		im.closeLog()
+		return nil, err
+	}
+	switch im.oplog {
+	case OplogOff:
+		m, err := master.New(master.Config{})
+		if err != nil {
+			return nil, err
+		}
+		im.m = m
+	case OplogLocal:
+		dir := c.OplogDir
+		if dir == "" {
+			// The work tree's disk, where a master's --data_dir would be.
+			tmp, err := os.MkdirTemp(".", ".crescent-bench-oplog-")
+			if err != nil {
+				return nil, fmt.Errorf("bench: oplog dir: %w", err)
+			}
+			dir, im.tmp = tmp, append(im.tmp, tmp)
+		}
+		d, err := oplog.OpenDurable(ctx, dir, master.Config{}, oplog.LocalOptions{})
+		if err != nil {
+			return fail(err)
+		}
+		im.d, im.m, im.dir = d, d.Master, dir
+		opts = append(opts, d.ServiceOption())
+	default: // etcd
+		im.etcdDir = c.OplogDir
+		eps, err := im.etcdEndpoints(c.Oplog)
+		if err != nil {
+			return fail(err)
+		}
+		cli, err := clientv3.New(oplog.EtcdClientConfig(eps))
+		if err != nil {
+			return fail(fmt.Errorf("bench: etcd client: %w", err))
+		}
+		im.cli = cli
+		st, err := oplog.OpenEtcd(ctx, cli, oplog.EtcdOptions{ClusterID: "crescent-bench-" + runID()})
+		if err != nil {
+			return fail(fmt.Errorf("bench: etcd oplog: %w", err))
+		}
+		d, err := oplog.Open(ctx, st, master.Config{})
+		if err != nil {
+			return fail(err)
+		}
+		im.d, im.m = d, d.Master
+		opts = append(opts, d.ServiceOption())
+	}
+	if err := im.m.Start(); err != nil {
+		im.closeMaster()
+		return fail(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		im.closeMaster()
+		return fail(err)
+	}
+	sctx, cancel := context.WithCancel(context.Background())
+	im.addr, im.cancel, im.done = lis.Addr().String(), cancel, make(chan error, 1)
+	go func() { im.done <- master.NewService(im.m, opts...).Serve(sctx, lis) }()
+	return im, nil
+}
+
+// etcdEndpoints are the endpoints of an external etcd (etcd://...) or of
+// one the bench starts: a single member, data on disk in the work tree,
+// fsync on.
+func (im *inProcessMaster) etcdEndpoints(spec string) ([]string, error) {
+	if spec != OplogEtcd {
+		return oplog.ParseEtcdURL(spec)
+	}
+	dir, err := os.MkdirTemp(cmp.Or(im.etcdDir, "."), ".crescent-bench-etcd-")
+	if err != nil {
+		return nil, fmt.Errorf("bench: etcd dir: %w", err)
+	}
+	im.tmp = append(im.tmp, dir)
+	var lastErr error
+	for range 3 { // a port taken between picking and binding
+		e, ep, err := startEtcd(filepath.Join(dir, "member"))
+		if err == nil {
+			im.etcd = e
+			return []string{ep}, nil
+		}
+		lastErr = err
+		os.RemoveAll(filepath.Join(dir, "member"))
+	}
+	return nil, fmt.Errorf("bench: embedded etcd: %w", lastErr)
+}
+
+func startEtcd(dir string) (*embed.Etcd, string, error) {
+	ports := make([]int, 2)
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, "", err
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "crescent-bench"
+	cfg.Dir = dir
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	cu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))}
+	pu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
+	cfg.InitialCluster = cfg.Name + "=" + pu.String()
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, "", err
+	case <-time.After(60 * time.Second):
+		e.Close()
+		return nil, "", errors.New("not ready after 60s")
+	}
+	return e, cu.Host, nil
+}
+
+// closeMaster closes the master and its log.
+func (im *inProcessMaster) closeMaster() error {
+	if im.d != nil {
+		return im.d.Close()
+	}
+	if im.m != nil {
+		return im.m.Close()
+	}
+	return nil
+}
+
+// closeLog closes what holds the log up (etcd client and server) and
+// removes the temporary directories.
+func (im *inProcessMaster) closeLog() {
+	if im.cli != nil {
+		im.cli.Close()
+	}
+	if im.etcd != nil {
+		im.etcd.Close()
+	}
+	for _, d := range im.tmp {
+		os.RemoveAll(d)
+	}
+}
+
+// logStats are the log's counters: record bytes (local only), group
+// commits, entries, fsyncs and their total time (local only).
+type logStats struct{ bytes, batches, entries, fsyncs, fsyncNanos uint64 }
+
+func (im *inProcessMaster) logStats() logStats {
+	if im == nil || im.d == nil {
+		return logStats{}
+	}
+	if l, ok := im.d.Store.(*oplog.Local); ok {
+		s := l.Stats()
+		return logStats{s.Bytes, s.Batches, s.Entries, s.Fsyncs, s.FsyncNanos}
+	}
+	if e, ok := im.d.Store.(*oplog.Etcd); ok {
+		s := e.Stats()
+		return logStats{batches: s.Batches, entries: s.Entries}
+	}
+	return logStats{}
+}
+
+// describeLog records what the log did since before in res.
+func (im *inProcessMaster) describeLog(res *StoreResult, before logStats, puts int64, elapsed time.Duration) {
+	after := im.logStats()
+	if after.bytes > before.bytes && puts > 0 {
+		res.OplogBytesPerPut = float64(after.bytes-before.bytes) / float64(puts)
+	}
+	if n := after.batches - before.batches; n > 0 {
+		res.OplogCommitsPerSec = float64(n) / elapsed.Seconds()
+		res.OplogEntriesPerCommit = float64(after.entries-before.entries) / float64(n)
+	}
+	if n := after.fsyncs - before.fsyncs; n > 0 {
+		res.OplogFsyncUs = float64(after.fsyncNanos-before.fsyncNanos) / float64(n) / 1e3
+	}
+}
