@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/internal/testsvc"
 )
 
 // TestCrashRecoverySnapshots is TestCrashRecovery with snapshots every
@@ -16,6 +18,25 @@ func TestCrashRecoverySnapshots(t *testing.T) {
 		t.Skip("process test")
 	}
 	lines := runCrashRecovery(t, "--snapshot_interval", "50ms", "--oplog_retain", "20", "--snapshot_retain", "2")
+	fromSnap := 0
+	for _, l := range lines {
+		if !strings.Contains(l, "snapshot=\"\"") && !strings.Contains(l, "snapshot= ") {
+			fromSnap++
+		}
+	}
+	t.Logf("%d of %d restarts began from a snapshot", fromSnap, len(lines))
+	require.Greater(t, fromSnap, len(lines)/2, "restarts recovered from snapshots:\n%s", strings.Join(lines, "\n"))
+}
+
+// TestCrashRecoveryEtcdSnapshots: the same over the etcd log, with the
+// snapshots in --snapshot_dir and the etcd batches compacted under them.
+func TestCrashRecoveryEtcdSnapshots(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	e := testsvc.StartEtcd(t)
+	lines := crashRecovery(t, "--oplog", e.URL(), "--cluster_id", "crashsnap", "--snapshot_dir", t.TempDir(),
+		"--snapshot_interval", "50ms", "--oplog_retain", "20", "--snapshot_retain", "2")
 	fromSnap := 0
 	for _, l := range lines {
 		if !strings.Contains(l, "snapshot=\"\"") && !strings.Contains(l, "snapshot= ") {
