@@ -222,7 +222,7 @@ func (m *Master) Reservations() []Reservation {
 	defer m.resvMu.Unlock()
 	out := make([]Reservation, 0, len(m.resv))
 	for id, r := range m.resv {
-		out = append(out, Reservation{ID: id, Size: r.size, Replicas: m.replicas(&r)})
+		out = append(out, Reservation{ID: id, Size: r.size(), Replicas: m.replicas(&r)})
 	}
 	slices.SortFunc(out, func(a, b Reservation) int { return cmpU64(a.ID, b.ID) })
 	return out
@@ -268,7 +268,7 @@ func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
 		return diverged(op, "key exists")
 	}
 	delete(m.resv, op.ID)
-	m.reservedBytes.Add(-int64(r.size))
+	m.reservedBytes.Add(-int64(r.size()))
 	m.keys.Add(1)
 	if r.flags&fSoftPin != 0 {
 		m.softPinned.Add(1)
@@ -280,7 +280,7 @@ func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
 	sh.insert(op.Key, r)
 	m.append(op, a)
 	if m.ev != nil && !a.replay {
-		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: r.size, Replicas: m.replicas(&r), Block: op.Block})
+		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: r.size(), Replicas: m.replicas(&r), Block: op.Block})
 	}
 	return nil
 }
@@ -290,9 +290,9 @@ func (m *Master) applyUnreserve(op *Op, a *applyArgs) error {
 	if !ok || !op.Client.IsZero() && r.owner() != op.Client {
 		return diverged(op, "no reservation %d of this client", op.ID)
 	}
-	return m.alloc.FreeSet(r.placements(), r.size, func() {
+	return m.alloc.FreeSet(r.placements(), r.size(), func() {
 		delete(m.resv, op.ID)
-		m.reservedBytes.Add(-int64(r.size))
+		m.reservedBytes.Add(-int64(r.size()))
 		m.append(op, a)
 	})
 }
@@ -311,7 +311,7 @@ func (m *Master) applyDropReserved(op *Op, a *applyArgs) error {
 	if len(ps) == 1 {
 		// Its only space went with the segment.
 		delete(m.resv, op.ID)
-		m.reservedBytes.Add(-int64(r.size))
+		m.reservedBytes.Add(-int64(r.size()))
 	} else {
 		r.setPlacements(slices.Delete(ps, i, i+1))
 		m.resv[op.ID] = r

@@ -173,14 +173,15 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 		sh := &m.shards[i]
 		t = time.Now()
 		sh.mu.Lock()
-		objs = slices.Grow(objs[:0], len(sh.index))
-		for k, j := range sh.index {
-			c := copied{key: k, o: sh.objs[j]}
+		objs = slices.Grow(objs[:0], sh.len())
+		sh.each(func(k string, o *object) bool {
+			c := copied{key: k, o: *o}
 			if c.o.ext != nil {
 				c.ext = *c.o.ext
 			}
 			objs = append(objs, c)
-		}
+			return true
+		})
 		sh.mu.Unlock()
 		st.LongestShardHold = max(st.LongestShardHold, held(t))
 		for i := range objs {
@@ -248,7 +249,7 @@ func (m *Master) ExportCount() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += len(sh.index)
+		n += sh.len()
 		sh.mu.Unlock()
 	}
 	m.resvMu.Lock()
@@ -261,8 +262,8 @@ func (m *Master) ExportCount() int {
 }
 
 func objectRecord(o *object) *Record {
-	r := &Record{Size: o.size, Complete: o.complete(), Leased: o.flags&fLeased != 0, SoftPin: o.flags&fSoftPin != 0,
-		HardPin: o.flags&fHardPin != 0, Gen: o.gen, Lease: o.lease, Pin: o.pin}
+	r := &Record{Size: o.size(), Complete: o.complete(), Leased: o.has(fLeased), SoftPin: o.has(fSoftPin),
+		HardPin: o.has(fHardPin), Gen: o.gen, Lease: o.lease, Pin: o.pin()}
 	if e := o.ext; e != nil {
 		r.Owner, r.PinTTL, r.Hashes = e.owner, e.pinTTL, slices.Clone(e.hashes)
 	}
@@ -518,13 +519,13 @@ func (im *Importer) object(r *Record) (object, error) {
 	if err != nil {
 		return object{}, err
 	}
-	o := object{size: r.Size, lease: r.Lease, pin: r.Pin, r0: ps[0], gen: r.Gen}
+	o := newObject(r.Size, r.Lease, ps[0], r.Gen)
 	for _, f := range []struct {
 		on bool
 		f  uint8
 	}{{r.Complete, fComplete}, {r.Leased, fLeased}, {r.SoftPin, fSoftPin}, {r.HardPin, fHardPin}} {
 		if f.on {
-			o.flags |= f.f
+			o.set(f.f)
 		}
 	}
 	// Unfinished objects always have ext (pendingObject's shape).
@@ -537,6 +538,7 @@ func (im *Importer) object(r *Record) (object, error) {
 			o.ext.more = ps[1:]
 		}
 	}
+	o.setPin(r.Pin)
 	return o, nil
 }
 
