@@ -43,8 +43,8 @@ const (
 	keyOffBits = 12   // an arena reference is chunk<<12 | offset
 	maxChunks  = 1<<(32-keyOffBits) - 1
 	deadSlot   = ^uint32(0)
-	// The index grows by half when more than 13/16 full: between 54% and
-	// 81% full, 10 to 15 bytes a key.
+	// The index grows by a quarter when more than 13/16 full: between 65%
+	// and 81% full, 10 to 12 bytes a key.
 	tabMinLen = 8
 )
 
@@ -136,7 +136,7 @@ func (sh *shard) len() int { return sh.n }
 // insert adds key (not present) with record o.
 func (sh *shard) insert(key string, o object) {
 	if (sh.n+1)*16 > len(sh.tab)*13 {
-		sh.resize(max(tabMinLen, len(sh.tab)+len(sh.tab)/2))
+		sh.resize(max(tabMinLen, len(sh.tab)+len(sh.tab)/4))
 	}
 	var slot uint32
 	if n := len(sh.free); n > 0 {
