@@ -153,7 +153,7 @@ func (m *Master) evictPass(now int64, target uint64, soft bool, res *EvictResult
 		c.sh.mu.Lock()
 		now := m.now()
 		if o := c.sh.get(c.key); o != nil && o.r0 == c.r0 && m.evictable(o, now, soft) {
-			if err := m.apply(c.sh, &Op{Kind: OpEvict, Time: now, Key: c.key}, &applyArgs{}); err == nil {
+			if err := m.apply(c.sh, &Op{Kind: OpEvict, Time: now, Key: strings.Clone(c.key)}, &applyArgs{}); err == nil {
 				res.Keys++
 				res.Bytes += c.bytes
 			} else {
