@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -56,11 +57,23 @@ func heapInuse() uint64 {
 	return ms.HeapInuse
 }
 
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // BenchmarkBytesPerKey measures the master's memory per object: the
 // HeapInuse growth (after GC) from storing N one-replica objects with
 // keys like "model/layer/block-00000042" (26 bytes), divided by N. The
 // key strings are counted: the master keeps them. N is 1,000,000, or
-// CRESCENT_BENCH_KEYS.
+// CRESCENT_BENCH_KEYS. CRESCENT_BENCH_HEAPPROFILE=file writes a heap
+// profile of the full master (go tool pprof -sample_index=inuse_space).
 func BenchmarkBytesPerKey(b *testing.B) {
 	n := 1_000_000
 	if v, err := strconv.Atoi(os.Getenv("CRESCENT_BENCH_KEYS")); err == nil && v > 0 {
@@ -88,6 +101,11 @@ func BenchmarkBytesPerKey(b *testing.B) {
 			b.Fatal("keys missing")
 		}
 		b.ReportMetric(float64(after-before)/float64(n), "bytes/key")
+		if path := os.Getenv("CRESCENT_BENCH_HEAPPROFILE"); path != "" {
+			// What each structure costs, with the master still alive
+			// (-memprofile is written after it is gone).
+			writeHeapProfile(b, path)
+		}
 		runtime.KeepAlive(m)
 		m.Close()
 		b.StartTimer()
