@@ -160,7 +160,10 @@
 // shards by hash of the key, each with its own mutex. Lock order:
 // segMu (mount, unmount, expiry) or evictMu (one eviction round at a
 // time) -> shard (one at a time; RemoveAll takes all, in index order) ->
-// resvMu (reservations) -> allocator table -> discardMu (quarantine) -> segments (in index order);
+// one reservation table (64, by owner: a client's Reserve, Commit and
+// Unreserve take its table only; unmount and release walk them one at a
+// time, unmount before its shard walk) -> allocator table -> discardMu
+// (quarantine) -> segments (in index order);
 // clientMu and the event queue's mutex are leaves; the sink is called
 // with none of these held but segMu or evictMu. PutStart releases its shard before running an
 // eviction round. Whole-table

@@ -46,18 +46,21 @@ func (m *Master) DumpState(w io.Writer) error {
 			st.Segment.TEEndpoint, st.Used, st.Allocs, st.LargestFree, st.Unmounting, st.Segment.Client)
 		add(&b)
 	}
-	m.resvMu.Lock()
-	for id, o := range m.resv {
-		var b strings.Builder
-		fmt.Fprintf(&b, "reservation %d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size(), o.owner(),
-			o.lease, o.has(fSoftPin), o.has(fHardPin), o.ext.pinTTL)
-		for _, p := range o.placements() {
-			fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		for id, o := range rs.m {
+			var b strings.Builder
+			fmt.Fprintf(&b, "reservation %d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size(), o.owner(),
+				o.lease, o.has(fSoftPin), o.has(fHardPin), o.ext.pinTTL)
+			for _, p := range o.placements() {
+				fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
+			}
+			add(&b)
 		}
-		add(&b)
+		rs.mu.Unlock()
 	}
-	lines = append(lines, fmt.Sprint("reservation next=", m.resvNext))
-	m.resvMu.Unlock()
+	lines = append(lines, fmt.Sprint("reservation next=", m.resvNext.Load()))
 	m.discardMu.Lock()
 	for _, q := range m.discarded {
 		var b strings.Builder

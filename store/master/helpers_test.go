@@ -132,6 +132,24 @@ func wantErr(t testing.TB, what string, err, want error) {
 // reserved byte belongs to a live replica or a quarantined one, replicas
 // never overlap, replicas of one object are on distinct segments, and the
 // counters match the maps.
+// allResv copies the reservation tables (one lock at a time); with t, it
+// checks each reservation is in its owner's table.
+func allResv(t testing.TB, m *Master) map[uint64]object {
+	out := map[uint64]object{}
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		for id, o := range rs.m {
+			if t != nil && m.resvOf(o.owner()) != rs {
+				t.Errorf("reservation %d not in its owner's table", id)
+			}
+			out[id] = o
+		}
+		rs.mu.Unlock()
+	}
+	return out
+}
+
 func checkInvariants(t testing.TB, m *Master) {
 	t.Helper()
 	type iv struct {
@@ -194,9 +212,9 @@ func checkInvariants(t testing.TB, m *Master) {
 		}
 		sh.mu.Unlock()
 	}
-	m.resvMu.Lock()
+	resv := allResv(t, m)
 	var rbytes uint64
-	for id, o := range m.resv {
+	for id, o := range resv {
 		if o.complete() || o.owner().IsZero() {
 			t.Errorf("reservation %d: complete %v owner %v", id, o.complete(), o.owner())
 		}
@@ -211,12 +229,11 @@ func checkInvariants(t testing.TB, m *Master) {
 			sum += r
 			per[p.Seg] = append(per[p.Seg], iv{p.Addr, p.Addr + r, fmt.Sprint("reservation:", id)})
 		}
-		if id > m.resvNext {
-			t.Errorf("reservation %d above the last id given, %d", id, m.resvNext)
+		if id > m.resvNext.Load() {
+			t.Errorf("reservation %d above the last id given, %d", id, m.resvNext.Load())
 		}
 	}
-	nresv := len(m.resv)
-	m.resvMu.Unlock()
+	nresv := len(resv)
 	m.discardMu.Lock()
 	var q int64
 	for _, d := range m.discarded {
@@ -290,8 +307,7 @@ func dumpState(m *Master) state {
 		s.segs = append(s.segs, fmt.Sprintf("%d %v %s used=%d allocs=%d largest=%d unmounting=%v client=%v",
 			st.Index, st.Segment.ID, st.Segment.Name, st.Used, st.Allocs, st.LargestFree, st.Unmounting, st.Segment.Client))
 	}
-	m.resvMu.Lock()
-	for id, o := range m.resv {
+	for id, o := range allResv(nil, m) {
 		var b strings.Builder
 		fmt.Fprintf(&b, "%d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size(), o.owner(), o.lease,
 			o.has(fSoftPin), o.has(fHardPin), o.ext.pinTTL)
@@ -300,8 +316,7 @@ func dumpState(m *Master) state {
 		}
 		s.resv = append(s.resv, b.String())
 	}
-	s.resv = append(s.resv, fmt.Sprint("next=", m.resvNext))
-	m.resvMu.Unlock()
+	s.resv = append(s.resv, fmt.Sprint("next=", m.resvNext.Load()))
 	slices.Sort(s.resv)
 	m.discardMu.Lock()
 	for _, q := range m.discarded {

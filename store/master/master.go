@@ -39,7 +39,8 @@ type Master struct {
 
 	// segMu serialises the control plane: mount, remount, unmount and
 	// client expiry. Lock order (as the code takes them): segMu or evictMu
-	// (never both), then shard (one, or all in index order), resvMu,
+	// (never both), then shard (one, or all in index order), a
+	// reservation table (one),
 	// allocator table (only under segMu, with no shard held), discardMu,
 	// segments (index order). clientMu is a leaf (applyMount takes it
 	// inside the allocator table's lock), and so is evq.mu; the event sink
@@ -51,10 +52,10 @@ type Master struct {
 	discardMu sync.Mutex
 	discarded []quarantined
 
-	// Reservations (reserve.go): unfinished objects under no key, by id.
-	resvMu        sync.Mutex
-	resv          map[uint64]object
-	resvNext      uint64 // the last id given
+	// Reservations (reserve.go): unfinished objects under no key, by id,
+	// in tables by owner (resvOf) so clients do not queue on one mutex.
+	resv          []resvShard
+	resvNext      atomic.Uint64 // the last id given
 	reservedBytes atomic.Int64
 
 	putGen    atomic.Uint64 // the last put generation given (put.go)
@@ -226,11 +227,14 @@ func New(cfg Config) (*Master, error) {
 		view:    cfg.ViewVersion,
 		shards:  make([]shard, cfg.Shards),
 		clients: map[UUID]*client{},
-		resv:    map[uint64]object{},
+		resv:    make([]resvShard, resvShards),
 		stop:    make(chan struct{}),
 	}
 	for i := range m.shards {
 		m.shards[i].seed = m.seed
+	}
+	for i := range m.resv {
+		m.resv[i].m = map[uint64]object{}
 	}
 	if m.view == 0 {
 		var b [8]byte

@@ -134,6 +134,7 @@ type applyArgs struct {
 	// minReps: a live PutStart or Reserve placing fewer replicas (at
 	// least one) fails and places none.
 	minReps int
+	rs      *resvShard // the locked reservation table of a reservation op
 }
 
 func (m *Master) append(op *Op, a *applyArgs) {
@@ -148,8 +149,8 @@ func diverged(op *Op, format string, args ...any) error {
 
 // apply is the one place metadata changes. The caller holds the key's
 // shard lock for key operations (sh), segMu for segment and client
-// operations, resvMu for reservation operations (and the shard lock too
-// for OpCommit), nothing for OpDiscardFree. Live callers have checked the
+// operations, the owner's reservation table (a.rs) for reservation
+// operations (and the shard lock too for OpCommit), nothing for OpDiscardFree. Live callers have checked the
 // preconditions; on replay apply checks them and reports divergence.
 func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 	switch op.Kind {
@@ -570,12 +571,20 @@ func (m *Master) Replay(op *Op) error {
 		sh := m.shardOf(op.Key)
 		sh.mu.Lock()
 		defer sh.unlock()
-		m.resvMu.Lock()
-		defer m.resvMu.Unlock()
+		a.rs = m.resvOf(op.Client)
+		a.rs.mu.Lock()
+		defer a.rs.mu.Unlock()
 		return m.apply(sh, op, a)
 	case OpReserve, OpUnreserve, OpDropReserved:
-		m.resvMu.Lock()
-		defer m.resvMu.Unlock()
+		// Release and unmount log no client: find the id's table.
+		a.rs = m.resvOf(op.Client)
+		if op.Kind != OpReserve && op.Client.IsZero() {
+			if rs := m.resvHolding(op.ID); rs != nil {
+				a.rs = rs
+			}
+		}
+		a.rs.mu.Lock()
+		defer a.rs.mu.Unlock()
 		return m.apply(nil, op, a)
 	}
 	return m.apply(nil, op, a)

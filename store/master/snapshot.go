@@ -120,9 +120,7 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 
 	t := time.Now()
 	m.segMu.Lock()
-	m.resvMu.Lock()
-	next := m.resvNext
-	m.resvMu.Unlock()
+	next := m.resvNext.Load()
 	n, free := m.alloc.Indices()
 	segs := m.alloc.Segments()
 	tab := &Record{Kind: RecordTable, PutGen: m.putGen.Load(), ResvNext: next, TableLen: n, FreeIndices: free}
@@ -201,13 +199,16 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 	}
 
 	t = time.Now()
-	m.resvMu.Lock()
-	for id, o := range m.resv {
-		r := objectRecord(&o)
-		r.Kind, r.ID = RecordReservation, id
-		recs = append(recs, r)
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		for id, o := range rs.m {
+			r := objectRecord(&o)
+			r.Kind, r.ID = RecordReservation, id
+			recs = append(recs, r)
+		}
+		rs.mu.Unlock()
 	}
-	m.resvMu.Unlock()
 	held(t)
 	slices.SortFunc(recs, func(a, b *Record) int { return cmpU64(a.ID, b.ID) })
 	if err := flush(); err != nil {
@@ -252,9 +253,7 @@ func (m *Master) ExportCount() int {
 		n += sh.len()
 		sh.mu.Unlock()
 	}
-	m.resvMu.Lock()
-	n += len(m.resv)
-	m.resvMu.Unlock()
+	n += m.reservations()
 	m.discardMu.Lock()
 	n += len(m.discarded)
 	m.discardMu.Unlock()
@@ -316,7 +315,7 @@ func (m *Master) NewImporter() (*Importer, error) {
 	m.clientMu.RLock()
 	nc := len(m.clients)
 	m.clientMu.RUnlock()
-	if started || n != 0 || m.keys.Load() != 0 || nc != 0 || len(m.resv) != 0 {
+	if started || n != 0 || m.keys.Load() != 0 || nc != 0 || m.reservations() != 0 {
 		return nil, errors.New("master: import into a master that is started or not empty")
 	}
 	return &Importer{m: m, segs: map[uint32]*importSeg{}}, nil
@@ -340,7 +339,7 @@ func (im *Importer) Add(r *Record) error {
 			return badSnap("segment table: %v", err)
 		}
 		m.putGen.Store(r.PutGen)
-		m.resvNext = r.ResvNext
+		m.resvNext.Store(r.ResvNext)
 		im.table = true
 		return nil
 	case RecordSegment:
@@ -407,19 +406,20 @@ func (im *Importer) Add(r *Record) error {
 		}
 		return nil
 	case RecordReservation:
-		if r.Complete || r.ID == 0 || r.ID > m.resvNext {
-			return badSnap("reservation %d (last id %d, complete %v)", r.ID, m.resvNext, r.Complete)
+		if r.Complete || r.ID == 0 || r.ID > m.resvNext.Load() {
+			return badSnap("reservation %d (last id %d, complete %v)", r.ID, m.resvNext.Load(), r.Complete)
 		}
 		o, err := im.object(r)
 		if err != nil {
 			return err
 		}
-		m.resvMu.Lock()
-		defer m.resvMu.Unlock()
-		if _, ok := m.resv[r.ID]; ok {
+		if m.resvHolding(r.ID) != nil {
 			return badSnap("reservation %d twice", r.ID)
 		}
-		m.resv[r.ID] = o
+		rs := m.resvOf(o.owner())
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		rs.m[r.ID] = o
 		m.reservedBytes.Add(int64(r.Size))
 		return nil
 	case RecordQuarantined:
