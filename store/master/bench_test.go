@@ -281,9 +281,10 @@ func BenchmarkGetReplicaList(b *testing.B) {
 
 // BenchmarkReserveCommit16 is 16 clients each doing Reserve (one
 // reservation) + Commit (to a new key) in a loop on 4 segments: the load
-// on resvMu, the reservation table's one mutex. "putstart" is the same
-// load through PutStart + PutEnd, which never takes resvMu, for
-// comparison. Run with -mutexprofile to see where the clients wait.
+// on the reservation tables (one mutex until they were split by owner).
+// "putstart" is the same load through PutStart + PutEnd, which takes no
+// reservation table, for comparison. Run with -mutexprofile to see where
+// the clients wait.
 func BenchmarkReserveCommit16(b *testing.B) {
 	const clients = 16
 	for _, mode := range []string{"reserve", "putstart"} {
