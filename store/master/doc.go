@@ -190,9 +190,10 @@
 //
 // The slab is compacted when more than three quarters of it (and 1024
 // slots) are free. At a million 26-byte keys with one replica a key costs
-// about 149 bytes (BenchmarkBytesPerKey; 144 at ten million): 58 for the
-// record, 34 for the arena entry, 12 for the index and 43 for the
-// allocator's range node (store/alloc, internal/offalloc).
+// about 149 bytes (BenchmarkBytesPerKey; 140 to 144 at ten million): 58
+// for the record, 34 for the arena entry, 12 for the index and 43 for the
+// allocator's range node (store/alloc, internal/offalloc). A soft-pinned
+// object also has ext (its pin deadline), 80 bytes more.
 //
 // # gRPC
 //
