@@ -412,13 +412,17 @@ func (a *Allocator) reserve(k int) error {
 	if len(a.nodes)+k > maxNodes {
 		return ErrTooManyRanges
 	}
-	a.grow(min(max(len(a.nodes), k), maxNodes-len(a.nodes)))
+	// By an eighth, not double: the table is most of a store master's
+	// per-object memory, and the cost stays amortised O(1).
+	a.grow(min(max(len(a.nodes)/8, k, 16), maxNodes-len(a.nodes)))
 	return nil
 }
 
 func (a *Allocator) grow(k int) {
 	old := len(a.nodes)
-	a.nodes = append(a.nodes, make([]node, k)...)
+	nodes := make([]node, old+k) // exactly: append would round up by a quarter
+	copy(nodes, a.nodes)
+	a.nodes = nodes
 	for i := len(a.nodes) - 1; i >= old; i-- {
 		a.nodes[i].gen = a.seed
 		a.releaseNode(uint32(i))

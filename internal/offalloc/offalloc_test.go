@@ -552,3 +552,18 @@ func mustValidate(t testing.TB, a *Allocator) {
 		t.Fatal(err)
 	}
 }
+
+// TestNodeTableGrowth: the node table grows by an eighth, so it never
+// holds much more than the ranges it has needed (it was doubled: up to
+// half of it unused, most of a store master's memory per object).
+func TestNodeTableGrowth(t *testing.T) {
+	a := mustNew(t, 1<<40)
+	for i := range 200_000 {
+		if _, err := a.Alloc(4096); err != nil {
+			t.Fatal(err)
+		}
+		if n := a.Stats().Nodes; n > (i+2)*9/8+16 {
+			t.Fatalf("%d nodes for %d ranges", n, i+2)
+		}
+	}
+}

@@ -19,19 +19,19 @@ func (m *Master) QueryKey(key string) (KeyInfo, error) {
 		return KeyInfo{}, errcode.New(errcode.ObjectNotFound, "key %q", key)
 	}
 	now := m.now()
-	ki := KeyInfo{Key: key, Size: o.size, Complete: o.complete(), Replicas: m.replicas(o),
-		SoftPin: o.flags&fSoftPin != 0, HardPin: o.flags&fHardPin != 0}
+	ki := KeyInfo{Key: key, Size: o.size(), Complete: o.complete(), Replicas: m.replicas(o),
+		SoftPin: o.has(fSoftPin), HardPin: o.has(fHardPin)}
 	if !o.complete() {
 		ki.Owner = o.owner()
 		ki.Started = time.Unix(0, o.lease)
 		return ki, nil
 	}
-	if o.flags&fLeased != 0 {
+	if o.has(fLeased) {
 		ki.LeaseDeadline = time.Unix(0, o.lease)
 		ki.Leased = o.leased(now)
 	}
 	if ki.SoftPin {
-		ki.SoftPinDeadline = time.Unix(0, o.pin)
+		ki.SoftPinDeadline = time.Unix(0, o.pin())
 	}
 	return ki, nil
 }
@@ -43,13 +43,15 @@ func (m *Master) WalkKeys(fn func(key string, complete bool) bool) {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for k, i := range sh.index {
-			if !fn(k, sh.objs[i].complete()) {
-				sh.unlock()
-				return
-			}
-		}
+		stop := false
+		sh.each(func(k string, o *object) bool {
+			stop = !fn(k, o.complete())
+			return !stop
+		})
 		sh.unlock()
+		if stop {
+			return
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -56,11 +57,23 @@ func heapInuse() uint64 {
 	return ms.HeapInuse
 }
 
+func writeHeapProfile(b *testing.B, path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // BenchmarkBytesPerKey measures the master's memory per object: the
 // HeapInuse growth (after GC) from storing N one-replica objects with
 // keys like "model/layer/block-00000042" (26 bytes), divided by N. The
 // key strings are counted: the master keeps them. N is 1,000,000, or
-// CRESCENT_BENCH_KEYS.
+// CRESCENT_BENCH_KEYS. CRESCENT_BENCH_HEAPPROFILE=file writes a heap
+// profile of the full master (go tool pprof -sample_index=inuse_space).
 func BenchmarkBytesPerKey(b *testing.B) {
 	n := 1_000_000
 	if v, err := strconv.Atoi(os.Getenv("CRESCENT_BENCH_KEYS")); err == nil && v > 0 {
@@ -88,6 +101,11 @@ func BenchmarkBytesPerKey(b *testing.B) {
 			b.Fatal("keys missing")
 		}
 		b.ReportMetric(float64(after-before)/float64(n), "bytes/key")
+		if path := os.Getenv("CRESCENT_BENCH_HEAPPROFILE"); path != "" {
+			// What each structure costs, with the master still alive
+			// (-memprofile is written after it is gone).
+			writeHeapProfile(b, path)
+		}
 		runtime.KeepAlive(m)
 		m.Close()
 		b.StartTimer()
@@ -259,4 +277,47 @@ func BenchmarkGetReplicaList(b *testing.B) {
 			}
 		})
 	})
+}
+
+// BenchmarkReserveCommit16 is 16 clients each doing Reserve (one
+// reservation) + Commit (to a new key) in a loop on 4 segments: the load
+// on the reservation tables (one mutex until they were split by owner).
+// "putstart" is the same load through PutStart + PutEnd, which takes no
+// reservation table, for comparison. Run with -mutexprofile to see where
+// the clients wait.
+func BenchmarkReserveCommit16(b *testing.B) {
+	const clients = 16
+	for _, mode := range []string{"reserve", "putstart"} {
+		b.Run(mode, func(b *testing.B) {
+			m := benchMaster(b, 4)
+			var next, id atomic.Int64
+			b.SetParallelism((clients + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+			b.ReportAllocs()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				c := cl(uint64(id.Add(1)))
+				spec := ReserveSpec{Size: 4096, Count: 1}
+				for pb.Next() {
+					k := blockKey(nil, int(next.Add(1)))
+					if mode == "putstart" {
+						if _, err := m.PutStart(c, k, 4096, ReplicateConfig{}); err != nil {
+							b.Fatal(err)
+						}
+						if err := m.PutEnd(c, k, Memory, nil); err != nil {
+							b.Fatal(err)
+						}
+						continue
+					}
+					r := m.Reserve(c, spec)
+					if r.Err != nil {
+						b.Fatal(r.Err)
+					}
+					if err := m.Commit(c, []CommitItem{{Key: k, ID: r.Reservations[0].ID}})[0]; err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(next.Load())/time.Since(start).Seconds(), "objects/s")
+		})
+	}
 }

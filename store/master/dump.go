@@ -21,11 +21,10 @@ func (m *Master) DumpState(w io.Writer) error {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for k, j := range sh.index {
-			o := sh.objs[j]
+		sh.each(func(k string, o *object) bool {
 			var b strings.Builder
-			fmt.Fprintf(&b, "key %q size=%d complete=%v soft=%v hard=%v gen=%d", k, o.size, o.complete(),
-				o.flags&fSoftPin != 0, o.flags&fHardPin != 0, o.gen)
+			fmt.Fprintf(&b, "key %q size=%d complete=%v soft=%v hard=%v gen=%d", k, o.size(), o.complete(),
+				o.has(fSoftPin), o.has(fHardPin), o.gen)
 			if !o.complete() {
 				fmt.Fprintf(&b, " owner=%v start=%d", o.owner(), o.lease)
 			}
@@ -36,7 +35,8 @@ func (m *Master) DumpState(w io.Writer) error {
 				fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
 			}
 			add(&b)
-		}
+			return true
+		})
 		sh.mu.Unlock()
 	}
 	for _, st := range m.alloc.Segments() {
@@ -46,18 +46,21 @@ func (m *Master) DumpState(w io.Writer) error {
 			st.Segment.TEEndpoint, st.Used, st.Allocs, st.LargestFree, st.Unmounting, st.Segment.Client)
 		add(&b)
 	}
-	m.resvMu.Lock()
-	for id, o := range m.resv {
-		var b strings.Builder
-		fmt.Fprintf(&b, "reservation %d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size, o.owner(),
-			o.lease, o.flags&fSoftPin != 0, o.flags&fHardPin != 0, o.ext.pinTTL)
-		for _, p := range o.placements() {
-			fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		for id, o := range rs.m {
+			var b strings.Builder
+			fmt.Fprintf(&b, "reservation %d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size(), o.owner(),
+				o.lease, o.has(fSoftPin), o.has(fHardPin), o.ext.pinTTL)
+			for _, p := range o.placements() {
+				fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
+			}
+			add(&b)
 		}
-		add(&b)
+		rs.mu.Unlock()
 	}
-	lines = append(lines, fmt.Sprint("reservation next=", m.resvNext))
-	m.resvMu.Unlock()
+	lines = append(lines, fmt.Sprint("reservation next=", m.resvNext.Load()))
 	m.discardMu.Lock()
 	for _, q := range m.discarded {
 		var b strings.Builder

@@ -2,6 +2,7 @@ package master
 
 import (
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/crescent-kv/crescent/store/alloc"
@@ -77,7 +78,7 @@ type candidate struct {
 }
 
 func (m *Master) evictable(o *object, now int64, soft bool) bool {
-	return o.complete() && o.flags&fHardPin == 0 && !o.leased(now) && (soft || !o.softPinned(now))
+	return o.complete() && !o.has(fHardPin) && !o.leased(now) && (soft || !o.softPinned(now))
 }
 
 // evictPass selects the oldest evictable objects worth target bytes, one
@@ -116,15 +117,14 @@ func (m *Master) evictPass(now int64, target uint64, soft bool, res *EvictResult
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for k, i := range sh.index {
-			o := &sh.objs[i]
+		sh.each(func(k string, o *object) bool {
 			if !m.evictable(o, now, soft) {
-				continue
+				return true
 			}
-			c := candidate{key: k, sh: sh, age: age{o.flags&fLeased != 0, o.lease},
-				bytes: alloc.Reserved(o.size) * uint64(o.nrep()), r0: o.r0}
+			c := candidate{key: k, sh: sh, age: age{o.has(fLeased), o.lease},
+				bytes: alloc.Reserved(o.size()) * uint64(o.nrep()), r0: o.r0}
 			if sum >= target && !c.age.less(h[0].age) {
-				continue
+				return true
 			}
 			h = append(h, c)
 			up(len(h) - 1)
@@ -136,7 +136,8 @@ func (m *Master) evictPass(now int64, target uint64, soft bool, res *EvictResult
 				h = h[:len(h)-1]
 				down(0)
 			}
-		}
+			return true
+		})
 		sh.unlock()
 	}
 	slices.SortFunc(h, func(a, b candidate) int {
@@ -152,7 +153,7 @@ func (m *Master) evictPass(now int64, target uint64, soft bool, res *EvictResult
 		c.sh.mu.Lock()
 		now := m.now()
 		if o := c.sh.get(c.key); o != nil && o.r0 == c.r0 && m.evictable(o, now, soft) {
-			if err := m.apply(c.sh, &Op{Kind: OpEvict, Time: now, Key: c.key}, &applyArgs{}); err == nil {
+			if err := m.apply(c.sh, &Op{Kind: OpEvict, Time: now, Key: strings.Clone(c.key)}, &applyArgs{}); err == nil {
 				res.Keys++
 				res.Bytes += c.bytes
 			} else {
@@ -172,14 +173,16 @@ func (m *Master) releaseStale(now int64) {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		if sh.pending > 0 {
-			for k, i := range sh.index {
-				if o := &sh.objs[i]; !o.complete() && now-o.lease >= limit {
+			sh.each(func(k string, o *object) bool {
+				if !o.complete() && now-o.lease >= limit {
 					m.releasedPuts.Add(1)
+					k = strings.Clone(k) // the op outlives the arena's chunk
 					if err := m.apply(sh, &Op{Kind: OpPutRelease, Time: now, Key: k}, &applyArgs{}); err != nil {
 						m.cfg.Logger.Error("master: releasing a stale put", "key", k, "err", err)
 					}
 				}
-			}
+				return true
+			})
 		}
 		sh.unlock()
 	}

@@ -132,6 +132,24 @@ func wantErr(t testing.TB, what string, err, want error) {
 // reserved byte belongs to a live replica or a quarantined one, replicas
 // never overlap, replicas of one object are on distinct segments, and the
 // counters match the maps.
+// allResv copies the reservation tables (one lock at a time); with t, it
+// checks each reservation is in its owner's table.
+func allResv(t testing.TB, m *Master) map[uint64]object {
+	out := map[uint64]object{}
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		for id, o := range rs.m {
+			if t != nil && m.resvOf(o.owner()) != rs {
+				t.Errorf("reservation %d not in its owner's table", id)
+			}
+			out[id] = o
+		}
+		rs.mu.Unlock()
+	}
+	return out
+}
+
 func checkInvariants(t testing.TB, m *Master) {
 	t.Helper()
 	type iv struct {
@@ -145,25 +163,36 @@ func checkInvariants(t testing.TB, m *Master) {
 		sh := &m.shards[i]
 		sh.mu.Lock()
 		shPending := 0
-		if len(sh.index)+len(sh.free) != len(sh.objs) {
-			t.Errorf("shard %d: %d keys + %d free slots != slab of %d", i, len(sh.index), len(sh.free), len(sh.objs))
+		if sh.len()+len(sh.free) != sh.nslots {
+			t.Errorf("shard %d: %d keys + %d free slots != slab of %d", i, sh.len(), len(sh.free), sh.nslots)
 		}
 		for _, f := range sh.free {
-			if sh.objs[f] != (object{}) {
+			if *sh.obj(f) != (object{}) {
 				t.Errorf("shard %d: free slot %d not cleared", i, f)
 			}
 		}
-		for k, j := range sh.index {
-			o := sh.objs[j]
+		live := 0
+		for _, e := range sh.tab {
+			if e != 0 {
+				live++
+			}
+		}
+		if live != sh.len() {
+			t.Errorf("shard %d: %d index entries for %d keys", i, live, sh.len())
+		}
+		sh.each(func(k string, o *object) bool {
+			if sh.get(k) != o {
+				t.Errorf("shard %d: key %q not found at its slot", i, k)
+			}
 			keys++
 			if !o.complete() {
 				pending++
 				shPending++
 			}
-			if o.flags&fSoftPin != 0 {
+			if o.has(fSoftPin) {
 				soft++
 			}
-			if o.flags&fHardPin != 0 {
+			if o.has(fHardPin) {
 				hard++
 			}
 			segs := map[uint32]bool{}
@@ -172,39 +201,39 @@ func checkInvariants(t testing.TB, m *Master) {
 					t.Errorf("key %q: two replicas on segment %d", k, p.Seg)
 				}
 				segs[p.Seg] = true
-				r := alloc.Reserved(o.size)
+				r := alloc.Reserved(o.size())
 				sum += r
-				per[p.Seg] = append(per[p.Seg], iv{p.Addr, p.Addr + r, k})
+				per[p.Seg] = append(per[p.Seg], iv{p.Addr, p.Addr + r, strings.Clone(k)})
 			}
-		}
+			return true
+		})
 		if shPending != sh.pending {
 			t.Errorf("shard %d: pending %d, counted %d", i, sh.pending, shPending)
 		}
 		sh.mu.Unlock()
 	}
-	m.resvMu.Lock()
+	resv := allResv(t, m)
 	var rbytes uint64
-	for id, o := range m.resv {
+	for id, o := range resv {
 		if o.complete() || o.owner().IsZero() {
 			t.Errorf("reservation %d: complete %v owner %v", id, o.complete(), o.owner())
 		}
-		rbytes += o.size
+		rbytes += o.size()
 		segs := map[uint32]bool{}
 		for _, p := range o.placements() {
 			if segs[p.Seg] {
 				t.Errorf("reservation %d: two replicas on segment %d", id, p.Seg)
 			}
 			segs[p.Seg] = true
-			r := alloc.Reserved(o.size)
+			r := alloc.Reserved(o.size())
 			sum += r
 			per[p.Seg] = append(per[p.Seg], iv{p.Addr, p.Addr + r, fmt.Sprint("reservation:", id)})
 		}
-		if id > m.resvNext {
-			t.Errorf("reservation %d above the last id given, %d", id, m.resvNext)
+		if id > m.resvNext.Load() {
+			t.Errorf("reservation %d above the last id given, %d", id, m.resvNext.Load())
 		}
 	}
-	nresv := len(m.resv)
-	m.resvMu.Unlock()
+	nresv := len(resv)
 	m.discardMu.Lock()
 	var q int64
 	for _, d := range m.discarded {
@@ -257,10 +286,9 @@ func dumpState(m *Master) state {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		for k, j := range sh.index {
-			o := sh.objs[j]
+		sh.each(func(k string, o *object) bool {
 			var b strings.Builder
-			fmt.Fprintf(&b, "size=%d complete=%v soft=%v hard=%v gen=%d", o.size, o.complete(), o.flags&fSoftPin != 0, o.flags&fHardPin != 0, o.gen)
+			fmt.Fprintf(&b, "size=%d complete=%v soft=%v hard=%v gen=%d", o.size(), o.complete(), o.has(fSoftPin), o.has(fHardPin), o.gen)
 			if !o.complete() {
 				fmt.Fprintf(&b, " owner=%v start=%d", o.owner(), o.lease)
 			}
@@ -271,25 +299,24 @@ func dumpState(m *Master) state {
 				fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
 			}
 			s.objs[k] = b.String()
-		}
+			return true
+		})
 		sh.mu.Unlock()
 	}
 	for _, st := range m.alloc.Segments() {
 		s.segs = append(s.segs, fmt.Sprintf("%d %v %s used=%d allocs=%d largest=%d unmounting=%v client=%v",
 			st.Index, st.Segment.ID, st.Segment.Name, st.Used, st.Allocs, st.LargestFree, st.Unmounting, st.Segment.Client))
 	}
-	m.resvMu.Lock()
-	for id, o := range m.resv {
+	for id, o := range allResv(nil, m) {
 		var b strings.Builder
-		fmt.Fprintf(&b, "%d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size, o.owner(), o.lease,
-			o.flags&fSoftPin != 0, o.flags&fHardPin != 0, o.ext.pinTTL)
+		fmt.Fprintf(&b, "%d size=%d owner=%v start=%d soft=%v hard=%v pinttl=%d", id, o.size(), o.owner(), o.lease,
+			o.has(fSoftPin), o.has(fHardPin), o.ext.pinTTL)
 		for _, p := range o.placements() {
 			fmt.Fprintf(&b, " %d:%#x", p.Seg, p.Addr)
 		}
 		s.resv = append(s.resv, b.String())
 	}
-	s.resv = append(s.resv, fmt.Sprint("next=", m.resvNext))
-	m.resvMu.Unlock()
+	s.resv = append(s.resv, fmt.Sprint("next=", m.resvNext.Load()))
 	slices.Sort(s.resv)
 	m.discardMu.Lock()
 	for _, q := range m.discarded {

@@ -39,7 +39,8 @@ type Master struct {
 
 	// segMu serialises the control plane: mount, remount, unmount and
 	// client expiry. Lock order (as the code takes them): segMu or evictMu
-	// (never both), then shard (one, or all in index order), resvMu,
+	// (never both), then shard (one, or all in index order), a
+	// reservation table (one),
 	// allocator table (only under segMu, with no shard held), discardMu,
 	// segments (index order). clientMu is a leaf (applyMount takes it
 	// inside the allocator table's lock), and so is evq.mu; the event sink
@@ -51,10 +52,10 @@ type Master struct {
 	discardMu sync.Mutex
 	discarded []quarantined
 
-	// Reservations (reserve.go): unfinished objects under no key, by id.
-	resvMu        sync.Mutex
-	resv          map[uint64]object
-	resvNext      uint64 // the last id given
+	// Reservations (reserve.go): unfinished objects under no key, by id,
+	// in tables by owner (resvOf) so clients do not queue on one mutex.
+	resv          []resvShard
+	resvNext      atomic.Uint64 // the last id given
 	reservedBytes atomic.Int64
 
 	putGen    atomic.Uint64 // the last put generation given (put.go)
@@ -78,88 +79,24 @@ type Master struct {
 	wg      sync.WaitGroup
 }
 
-// shard holds the objects of the keys that hash to it. Records live in a
-// slab (objs) and the map holds slot numbers: a map slot is then 24 bytes
-// instead of 80, which matters because Go's maps run between 44% and 87%
-// full. Pointers into objs are valid only until the next insert.
-type shard struct {
-	mu      sync.Mutex
-	index   map[string]uint32 // key -> slot in objs
-	objs    []object          // free slots are zero and listed in free
-	free    []uint32
-	pending int // unfinished puts, so the release scan skips idle shards
-	_       [8]byte
-}
-
-func (sh *shard) get(key string) *object {
-	if i, ok := sh.index[key]; ok {
-		return &sh.objs[i]
-	}
-	return nil
-}
-
-func (sh *shard) insert(key string, o object) {
-	if n := len(sh.free); n > 0 {
-		i := sh.free[n-1]
-		sh.free = sh.free[:n-1]
-		sh.objs[i] = o
-		sh.index[key] = i
-		return
-	}
-	sh.index[key] = uint32(len(sh.objs))
-	sh.objs = append(sh.objs, o)
-}
-
-func (sh *shard) remove(key string) {
-	i, ok := sh.index[key]
-	if !ok {
-		return
-	}
-	delete(sh.index, key)
-	sh.objs[i] = object{}
-	sh.free = append(sh.free, i)
-}
-
-// unlock compacts a slab that is mostly free (never during an iteration,
-// which always runs under the lock) and unlocks.
-func (sh *shard) unlock() {
-	if n := len(sh.free); n > 0 && (len(sh.index) == 0 || n > 1024 && n > 3*len(sh.index)) {
-		sh.compact()
-	}
-	sh.mu.Unlock()
-}
-
-func (sh *shard) compact() {
-	if len(sh.index) == 0 {
-		sh.objs, sh.free = nil, nil
-		return
-	}
-	objs := make([]object, 0, len(sh.index))
-	for k, i := range sh.index {
-		sh.index[k] = uint32(len(objs))
-		objs = append(objs, sh.objs[i])
-	}
-	sh.objs, sh.free = objs, nil
-}
-
-// object is the per-key record, kept small (64 bytes) because the master
-// holds tens of millions of them: a value map, the first replica inline,
-// times as unix nanoseconds, one byte of flags; everything rare lives in
+// object is the per-key record, kept small (56 bytes) because the master
+// holds tens of millions of them: the first replica inline, times as unix
+// nanoseconds, one byte of flags; the key is in the shard's arena
+// (shard.go); everything rare (the soft-pin deadline included) lives in
 // ext.
 type object struct {
-	size uint64
+	sz uint64
 	// lease is overloaded by state: while unfinished, the PutStart time;
 	// once complete, the lease deadline if fLeased, else the PutEnd time
 	// (the eviction order treats never-leased objects as oldest by it).
 	lease int64
-	pin   int64 // soft-pin deadline (fSoftPin, once complete)
 	ext   *objExt
 	r0    alloc.Placement
-	flags uint8
 	// gen is the low 32 bits of the put generation that created the
 	// object (0 for a committed reservation): PutEnd and PutRevoke of
-	// another put are refused. It fits the record's padding.
-	gen uint32
+	// another put are refused.
+	gen   uint32
+	flags uint8
 }
 
 const (
@@ -174,17 +111,47 @@ type objExt struct {
 	owner  UUID              // the writer, while unfinished
 	more   []alloc.Placement // replicas after the first
 	pinTTL int64             // soft-pin TTL other than the default
+	pin    int64             // soft-pin deadline (fSoftPin, once complete)
 	hashes []uint64          // block hashes for Removed events
 }
 
-func (o *object) complete() bool { return o.flags&fComplete != 0 }
+func (o *object) size() uint64 { return o.sz }
+
+func (o *object) has(f uint8) bool { return o.flags&f != 0 }
+
+func (o *object) set(f uint8) { o.flags |= f }
+
+func newObject(size uint64, lease int64, r0 alloc.Placement, gen uint32) object {
+	return object{sz: size, lease: lease, r0: r0, gen: gen}
+}
+
+// pin is the soft-pin deadline (0 if none).
+func (o *object) pin() int64 {
+	if o.ext == nil {
+		return 0
+	}
+	return o.ext.pin
+}
+
+// setPin sets the soft-pin deadline (a soft-pinned object keeps ext).
+func (o *object) setPin(p int64) {
+	if o.ext == nil {
+		if p == 0 {
+			return
+		}
+		o.ext = &objExt{}
+	}
+	o.ext.pin = p
+}
+
+func (o *object) complete() bool { return o.has(fComplete) }
 
 // isGen reports whether gen (0: unchecked) is the object's put generation.
 func (o *object) isGen(gen uint64) bool { return gen == 0 || uint32(gen) == o.gen }
 
-func (o *object) leased(now int64) bool { return o.flags&fLeased != 0 && o.lease > now }
+func (o *object) leased(now int64) bool { return o.has(fLeased) && o.lease > now }
 
-func (o *object) softPinned(now int64) bool { return o.flags&fSoftPin != 0 && o.pin > now }
+func (o *object) softPinned(now int64) bool { return o.has(fSoftPin) && o.pin() > now }
 
 func (o *object) nrep() int {
 	if o.ext == nil {
@@ -221,7 +188,7 @@ func (o *object) setPlacements(ps []alloc.Placement) {
 
 // trimExt drops ext when it holds nothing.
 func (o *object) trimExt() {
-	if e := o.ext; e != nil && e.owner.IsZero() && len(e.more) == 0 && e.pinTTL == 0 && e.hashes == nil {
+	if e := o.ext; e != nil && e.owner.IsZero() && len(e.more) == 0 && e.pinTTL == 0 && e.pin == 0 && e.hashes == nil {
 		o.ext = nil
 	}
 }
@@ -260,11 +227,14 @@ func New(cfg Config) (*Master, error) {
 		view:    cfg.ViewVersion,
 		shards:  make([]shard, cfg.Shards),
 		clients: map[UUID]*client{},
-		resv:    map[uint64]object{},
+		resv:    make([]resvShard, resvShards),
 		stop:    make(chan struct{}),
 	}
 	for i := range m.shards {
-		m.shards[i].index = map[string]uint32{}
+		m.shards[i].seed = m.seed
+	}
+	for i := range m.resv {
+		m.resv[i].m = map[uint64]object{}
 	}
 	if m.view == 0 {
 		var b [8]byte
@@ -373,13 +343,13 @@ func (m *Master) softPinTTL(o *object) int64 {
 // grantLease extends the lease (and a soft pin) of a complete object.
 func (m *Master) grantLease(o *object, now int64) {
 	d := now + int64(m.cfg.LeaseTTL)
-	if o.flags&fLeased == 0 || o.lease < d {
+	if !o.has(fLeased) || o.lease < d {
 		o.lease = d
 	}
-	o.flags |= fLeased
-	if o.flags&fSoftPin != 0 {
-		if p := now + m.softPinTTL(o); p > o.pin {
-			o.pin = p
+	o.set(fLeased)
+	if o.has(fSoftPin) {
+		if p := now + m.softPinTTL(o); p > o.pin() {
+			o.setPin(p)
 		}
 	}
 }
@@ -394,7 +364,7 @@ func (m *Master) replicas(o *object) []Replica {
 	add := func(p alloc.Placement) {
 		s, _ := m.alloc.Segment(p.Seg)
 		out = append(out, Replica{Type: Memory, Status: st, SegmentName: s.Name, SegmentID: s.ID,
-			Addr: p.Addr, Size: o.size, Protocol: s.Protocol})
+			Addr: p.Addr, Size: o.size(), Protocol: s.Protocol})
 	}
 	add(o.r0)
 	if o.ext != nil {

@@ -915,8 +915,8 @@ func TestSlabCompaction(t *testing.T) {
 	}
 	sh := &e.m.shards[0]
 	// Free slots stay below max(1024, 3 * live) after every unlock.
-	if free := len(sh.objs) - len(sh.index); free > max(1024, 3*len(sh.index)) || len(sh.objs) >= n/2 {
-		t.Fatalf("slab of %d slots for %d keys", len(sh.objs), len(sh.index))
+	if free := sh.nslots - sh.len(); free > max(1024, 3*sh.len()) || sh.nslots >= n/2 {
+		t.Fatalf("slab of %d slots for %d keys", sh.nslots, sh.len())
 	}
 	checkInvariants(t, e.m)
 	for i := 0; i < n; i += 10 {
@@ -924,8 +924,8 @@ func TestSlabCompaction(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, _ := e.m.RemoveAll(true); n != 500 || len(sh.objs) != 0 {
-		t.Fatalf("RemoveAll %d, slab %d", n, len(sh.objs))
+	if n, _ := e.m.RemoveAll(true); n != 500 || sh.nslots != 0 {
+		t.Fatalf("RemoveAll %d, slab %d", n, sh.nslots)
 	}
 }
 

@@ -134,6 +134,7 @@ type applyArgs struct {
 	// minReps: a live PutStart or Reserve placing fewer replicas (at
 	// least one) fails and places none.
 	minReps int
+	rs      *resvShard // the locked reservation table of a reservation op
 }
 
 func (m *Master) append(op *Op, a *applyArgs) {
@@ -148,8 +149,8 @@ func diverged(op *Op, format string, args ...any) error {
 
 // apply is the one place metadata changes. The caller holds the key's
 // shard lock for key operations (sh), segMu for segment and client
-// operations, resvMu for reservation operations (and the shard lock too
-// for OpCommit), nothing for OpDiscardFree. Live callers have checked the
+// operations, the owner's reservation table (a.rs) for reservation
+// operations (and the shard lock too for OpCommit), nothing for OpDiscardFree. Live callers have checked the
 // preconditions; on replay apply checks them and reports divergence.
 func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 	switch op.Kind {
@@ -200,10 +201,10 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 		sh.pending++
 		m.keys.Add(1)
 		m.pending.Add(1)
-		if o.flags&fSoftPin != 0 {
+		if o.has(fSoftPin) {
 			m.softPinned.Add(1)
 		}
-		if o.flags&fHardPin != 0 {
+		if o.has(fHardPin) {
 			m.hardPinned.Add(1)
 		}
 	})
@@ -272,16 +273,16 @@ func (m *Master) placed(op *Op, ps []alloc.Placement, a *applyArgs) error {
 
 // pendingObject is the unfinished object a PutStart or Reserve creates.
 func (m *Master) pendingObject(op *Op, ps []alloc.Placement) object {
-	o := object{size: op.Size, lease: op.Time, r0: ps[0], gen: uint32(op.Gen)}
+	o := newObject(op.Size, op.Time, ps[0], uint32(op.Gen))
 	o.ext = &objExt{owner: op.Client, pinTTL: int64(op.SoftPinTTL)}
 	if len(ps) > 1 {
 		o.ext.more = slices.Clone(ps[1:])
 	}
 	if op.SoftPin {
-		o.flags |= fSoftPin
+		o.set(fSoftPin)
 	}
 	if op.HardPin {
-		o.flags |= fHardPin
+		o.set(fHardPin)
 	}
 	return o
 }
@@ -289,10 +290,10 @@ func (m *Master) pendingObject(op *Op, ps []alloc.Placement) object {
 // complete makes an unfinished object COMPLETE at op.Time (PutEnd,
 // Commit).
 func (m *Master) complete(o *object, op *Op) {
-	o.flags |= fComplete
+	o.set(fComplete)
 	o.lease = op.Time
-	if o.flags&fSoftPin != 0 {
-		o.pin = op.Time + m.softPinTTL(o)
+	if o.has(fSoftPin) {
+		o.setPin(op.Time + m.softPinTTL(o))
 	}
 	o.ext.owner = UUID{}
 	if m.ev != nil && op.Block != nil && len(op.Block.BlockHashes) > 0 {
@@ -311,7 +312,7 @@ func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
 	m.pending.Add(-1)
 	m.append(op, a)
 	if m.ev != nil && !a.replay {
-		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: o.size, Replicas: m.replicas(o), Block: op.Block})
+		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: o.size(), Replicas: m.replicas(o), Block: op.Block})
 	}
 	return nil
 }
@@ -354,14 +355,14 @@ func (m *Master) applyDelete(sh *shard, op *Op, a *applyArgs) error {
 	// space until the put's release time instead of reusing it now.
 	if op.Kind == OpDiscard || op.Kind == OpRemove && !o.complete() {
 		m.discardMu.Lock()
-		m.discarded = append(m.discarded, quarantined{key: op.Key, ps: ps, size: o.size,
+		m.discarded = append(m.discarded, quarantined{key: op.Key, ps: ps, size: o.size(),
 			releaseAt: o.lease + int64(m.cfg.PutReleaseTimeout)})
 		m.quarantinedN.Add(int64(len(ps)))
 		commit()
 		m.discardMu.Unlock()
 		return nil
 	}
-	if err := m.alloc.FreeSet(ps, o.size, commit); err != nil {
+	if err := m.alloc.FreeSet(ps, o.size(), commit); err != nil {
 		return fmt.Errorf("master: %v %q: freeing replicas: %w", op.Kind, op.Key, err)
 	}
 	return nil
@@ -375,16 +376,16 @@ func (m *Master) forget(sh *shard, key string, o *object) {
 		sh.pending--
 		m.pending.Add(-1)
 	}
-	if o.flags&fSoftPin != 0 {
+	if o.has(fSoftPin) {
 		m.softPinned.Add(-1)
 	}
-	if o.flags&fHardPin != 0 {
+	if o.has(fHardPin) {
 		m.hardPinned.Add(-1)
 	}
 }
 
 func (m *Master) removedEvent(key string, o *object, reason RemoveReason) *Event {
-	e := &Event{Kind: EventRemoved, Reason: reason, Key: key, Size: o.size, Replicas: m.replicas(o)}
+	e := &Event{Kind: EventRemoved, Reason: reason, Key: key, Size: o.size(), Replicas: m.replicas(o)}
 	if o.ext != nil && o.ext.hashes != nil {
 		e.Block = &BlockMeta{BlockHashes: o.ext.hashes}
 	}
@@ -570,12 +571,20 @@ func (m *Master) Replay(op *Op) error {
 		sh := m.shardOf(op.Key)
 		sh.mu.Lock()
 		defer sh.unlock()
-		m.resvMu.Lock()
-		defer m.resvMu.Unlock()
+		a.rs = m.resvOf(op.Client)
+		a.rs.mu.Lock()
+		defer a.rs.mu.Unlock()
 		return m.apply(sh, op, a)
 	case OpReserve, OpUnreserve, OpDropReserved:
-		m.resvMu.Lock()
-		defer m.resvMu.Unlock()
+		// Release and unmount log no client: find the id's table.
+		a.rs = m.resvOf(op.Client)
+		if op.Kind != OpReserve && op.Client.IsZero() {
+			if rs := m.resvHolding(op.ID); rs != nil {
+				a.rs = rs
+			}
+		}
+		a.rs.mu.Lock()
+		defer a.rs.mu.Unlock()
 		return m.apply(nil, op, a)
 	}
 	return m.apply(nil, op, a)

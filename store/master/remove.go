@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"regexp/syntax"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -140,11 +141,12 @@ func (m *Master) removeMatching(match func(string) bool, force bool, over func()
 		keys = keys[:0]
 		sh.mu.Lock()
 		now := m.now()
-		for k, j := range sh.index {
-			if o := &sh.objs[j]; o.complete() && (force || !o.leased(now)) {
+		sh.each(func(k string, o *object) bool {
+			if o.complete() && (force || !o.leased(now)) {
 				keys = append(keys, k)
 			}
-		}
+			return true
+		})
 		sh.unlock()
 		hit = hit[:0]
 		for j, k := range keys {
@@ -152,7 +154,7 @@ func (m *Master) removeMatching(match func(string) bool, force bool, over func()
 				return n, stop(i)
 			}
 			if match(k) {
-				hit = append(hit, k)
+				hit = append(hit, strings.Clone(k)) // the op outlives the arena's chunk
 			}
 		}
 		if len(hit) == 0 {
@@ -203,11 +205,12 @@ func (m *Master) RemoveAll(force bool) (uint64, error) {
 	now := m.now()
 	all := true
 	for i := range m.shards {
-		for _, j := range m.shards[i].index {
-			if o := &m.shards[i].objs[j]; o.complete() && !force && o.leased(now) {
-				all = false
-				break
-			}
+		m.shards[i].each(func(_ string, o *object) bool {
+			all = !(o.complete() && !force && o.leased(now))
+			return all
+		})
+		if !all {
+			break
 		}
 	}
 	if !all {
@@ -218,13 +221,18 @@ func (m *Master) RemoveAll(force bool) (uint64, error) {
 	a := &applyArgs{quiet: true}
 	for i := range m.shards {
 		sh := &m.shards[i]
-		for k, j := range sh.index {
-			if o := &sh.objs[j]; o.complete() {
-				if err := m.apply(sh, &Op{Kind: OpRemove, Time: now, Key: k}, a); err != nil {
-					return n, err
+		var err error
+		sh.each(func(k string, o *object) bool {
+			if o.complete() {
+				if err = m.apply(sh, &Op{Kind: OpRemove, Time: now, Key: strings.Clone(k)}, a); err != nil {
+					return false
 				}
 				n++
 			}
+			return true
+		})
+		if err != nil {
+			return n, err
 		}
 	}
 	if n > 0 {

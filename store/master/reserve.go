@@ -2,6 +2,7 @@ package master
 
 import (
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/crescent-kv/crescent/store/alloc"
@@ -20,6 +21,38 @@ import (
 // replicas with their segment like an unfinished put, may be committed
 // until PutDiscardTimeout after it was placed, and is freed at
 // PutReleaseTimeout if nobody gave it back (Unreserve) by then.
+
+// resvShards is the number of reservation tables. A reservation lives in
+// its owner's (resvOf), so Reserve, Commit and Unreserve take one table's
+// lock and clients hashed to different tables do not wait on each other
+// (BenchmarkReserveCommit16).
+const resvShards = 64
+
+type resvShard struct {
+	mu sync.Mutex
+	m  map[uint64]object
+	_  [48]byte // a cache line each
+}
+
+func (m *Master) resvOf(client UUID) *resvShard {
+	h := (client.Hi ^ client.Lo*0x9e3779b97f4a7c15) * 0xbf58476d1ce4e5b9
+	return &m.resv[(h>>32)%uint64(len(m.resv))]
+}
+
+// resvHolding returns the table holding reservation id, or nil; it
+// takes the tables' locks one at a time, none held after.
+func (m *Master) resvHolding(id uint64) *resvShard {
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		_, ok := rs.m[id]
+		rs.mu.Unlock()
+		if ok {
+			return rs
+		}
+	}
+	return nil
+}
 
 // MaxReserveCount bounds the reservations one spec may ask for.
 const MaxReserveCount = 64
@@ -79,15 +112,16 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 			op := &Op{Kind: OpReserve, Time: m.now(), Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
 				SoftPinTTL: m.pinTTL(&rc), HardPin: rc.HardPin, Segments: segs}
 			var o object
-			m.resvMu.Lock()
-			err = m.apply(nil, op, &applyArgs{obj: &o, minReps: rc.MinReplicas})
+			rs := m.resvOf(client)
+			rs.mu.Lock()
+			err = m.apply(nil, op, &applyArgs{obj: &o, minReps: rc.MinReplicas, rs: rs})
 			var reps []Replica
 			if err == nil {
-				// Under resvMu: an unmount's DropReserved rewrites the
-				// placements o shares with the table.
+				// Under the table's lock: an unmount's DropReserved
+				// rewrites the placements o shares with the table.
 				reps = m.replicas(&o)
 			}
-			m.resvMu.Unlock()
+			rs.mu.Unlock()
 			if err == nil {
 				res.Reservations = append(res.Reservations, Reservation{ID: op.ID, Size: spec.Size, Replicas: reps})
 				continue
@@ -124,15 +158,21 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 	sh := m.shardOf(it.Key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	m.resvMu.Lock()
-	defer m.resvMu.Unlock()
+	rs := m.resvOf(client)
+	rs.mu.Lock()
 	now := m.now()
 	// Check the reservation before the key: a stale one must not take an
 	// old put's key over.
-	r, ok := m.resv[it.ID]
-	switch {
-	case !ok:
+	r, ok := rs.m[it.ID]
+	if !ok {
+		rs.mu.Unlock() // one table at a time
+		if m.resvHolding(it.ID) != nil {
+			return errcode.New(errcode.IllegalClient, "reservation %d belongs to another client", it.ID)
+		}
 		return errcode.New(errcode.ReplicaIsGone, "reservation %d does not exist", it.ID)
+	}
+	defer rs.mu.Unlock()
+	switch {
 	case r.owner() != client:
 		return errcode.New(errcode.IllegalClient, "reservation %d belongs to another client", it.ID)
 	case now-r.lease >= int64(m.cfg.PutDiscardTimeout):
@@ -141,7 +181,7 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 	if err := m.claimKey(sh, it.Key, now); err != nil {
 		return err
 	}
-	return m.apply(sh, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{})
+	return m.apply(sh, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{rs: rs})
 }
 
 // Unreserve gives reservations back: their space is free at once (the
@@ -149,11 +189,12 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 // clients' reservations are skipped; the count freed is returned.
 func (m *Master) Unreserve(client UUID, ids []uint64) int {
 	n := 0
-	m.resvMu.Lock()
-	defer m.resvMu.Unlock()
+	rs := m.resvOf(client)
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
 	for _, id := range ids {
-		if r, ok := m.resv[id]; ok && r.owner() == client {
-			if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: m.now(), Client: client, ID: id}, &applyArgs{}); err != nil {
+		if r, ok := rs.m[id]; ok && r.owner() == client {
+			if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: m.now(), Client: client, ID: id}, &applyArgs{rs: rs}); err != nil {
 				m.cfg.Logger.Error("master: giving a reservation back", "id", id, "err", err)
 				continue
 			}
@@ -172,57 +213,76 @@ func (m *Master) pinTTL(rc *ReplicateConfig) time.Duration {
 }
 
 // dropReserved forgets reservation replicas on segment idx (being
-// unmounted; clean says by UnmountSegment); segMu is held.
+// unmounted; clean says by UnmountSegment); segMu is held. It takes the
+// tables one at a time: no new reservation is placed on an unmounting
+// segment, so each table is clean once done.
 func (m *Master) dropReserved(idx uint32, clean bool) error {
-	m.resvMu.Lock()
-	defer m.resvMu.Unlock()
 	var ids []uint64
-	for id, r := range m.resv {
-		if slices.ContainsFunc(r.placements(), func(p alloc.Placement) bool { return p.Seg == idx }) {
-			ids = append(ids, id)
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		ids = ids[:0]
+		for id, r := range rs.m {
+			if slices.ContainsFunc(r.placements(), func(p alloc.Placement) bool { return p.Seg == idx }) {
+				ids = append(ids, id)
+			}
 		}
-	}
-	slices.Sort(ids) // a deterministic log
-	for _, id := range ids {
-		if err := m.apply(nil, &Op{Kind: OpDropReserved, Time: m.now(), ID: id, Segments: []uint32{idx}}, &applyArgs{unmount: clean}); err != nil {
-			return err
+		slices.Sort(ids) // a deterministic log
+		for _, id := range ids {
+			if err := m.apply(nil, &Op{Kind: OpDropReserved, Time: m.now(), ID: id, Segments: []uint32{idx}}, &applyArgs{unmount: clean, rs: rs}); err != nil {
+				rs.mu.Unlock()
+				return err
+			}
 		}
+		rs.mu.Unlock()
 	}
 	return nil
 }
 
 // releaseStaleReserved frees reservations older than PutReleaseTimeout.
 func (m *Master) releaseStaleReserved(now int64) {
-	m.resvMu.Lock()
-	defer m.resvMu.Unlock()
 	var ids []uint64
-	for id, r := range m.resv {
-		if now-r.lease >= int64(m.cfg.PutReleaseTimeout) {
-			ids = append(ids, id)
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		ids = ids[:0]
+		for id, r := range rs.m {
+			if now-r.lease >= int64(m.cfg.PutReleaseTimeout) {
+				ids = append(ids, id)
+			}
 		}
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		m.releasedPuts.Add(1)
-		if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: now, ID: id}, &applyArgs{}); err != nil {
-			m.cfg.Logger.Error("master: releasing a stale reservation", "id", id, "err", err)
+		slices.Sort(ids)
+		for _, id := range ids {
+			m.releasedPuts.Add(1)
+			if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: now, ID: id}, &applyArgs{rs: rs}); err != nil {
+				m.cfg.Logger.Error("master: releasing a stale reservation", "id", id, "err", err)
+			}
 		}
+		rs.mu.Unlock()
 	}
 }
 
 func (m *Master) reservations() int {
-	m.resvMu.Lock()
-	defer m.resvMu.Unlock()
-	return len(m.resv)
+	n := 0
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		n += len(rs.m)
+		rs.mu.Unlock()
+	}
+	return n
 }
 
 // Reservations lists the reservations in force (for admin and tests).
 func (m *Master) Reservations() []Reservation {
-	m.resvMu.Lock()
-	defer m.resvMu.Unlock()
-	out := make([]Reservation, 0, len(m.resv))
-	for id, r := range m.resv {
-		out = append(out, Reservation{ID: id, Size: r.size, Replicas: m.replicas(&r)})
+	var out []Reservation
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		for id, r := range rs.m {
+			out = append(out, Reservation{ID: id, Size: r.size(), Replicas: m.replicas(&r)})
+		}
+		rs.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b Reservation) int { return cmpU64(a.ID, b.ID) })
 	return out
@@ -238,37 +298,37 @@ func cmpU64(a, b uint64) int {
 	return 0
 }
 
-// The apply functions below run with resvMu held (and, for OpCommit, the
-// key's shard lock).
+// The apply functions below run with the lock of a.rs held, the table of
+// the reservation's owner (and, for OpCommit, the key's shard lock).
 
 func (m *Master) applyReserve(op *Op, a *applyArgs) error {
 	if a.replay {
-		if _, ok := m.resv[op.ID]; ok || op.ID == 0 {
+		if _, ok := a.rs.m[op.ID]; ok || op.ID == 0 {
 			return diverged(op, "reservation %d exists", op.ID)
 		}
 	}
 	return m.place(op, a, func(o object) {
 		if a.replay {
-			m.resvNext = max(m.resvNext, op.ID)
+			for n := m.resvNext.Load(); n < op.ID && !m.resvNext.CompareAndSwap(n, op.ID); n = m.resvNext.Load() {
+			}
 		} else {
-			m.resvNext++
-			op.ID = m.resvNext
+			op.ID = m.resvNext.Add(1)
 		}
-		m.resv[op.ID] = o
+		a.rs.m[op.ID] = o
 		m.reservedBytes.Add(int64(op.Size))
 	})
 }
 
 func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
-	r, ok := m.resv[op.ID]
+	r, ok := a.rs.m[op.ID]
 	switch {
 	case !ok || r.owner() != op.Client:
 		return diverged(op, "no reservation %d of this client", op.ID)
 	case sh.get(op.Key) != nil:
 		return diverged(op, "key exists")
 	}
-	delete(m.resv, op.ID)
-	m.reservedBytes.Add(-int64(r.size))
+	delete(a.rs.m, op.ID)
+	m.reservedBytes.Add(-int64(r.size()))
 	m.keys.Add(1)
 	if r.flags&fSoftPin != 0 {
 		m.softPinned.Add(1)
@@ -280,25 +340,25 @@ func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
 	sh.insert(op.Key, r)
 	m.append(op, a)
 	if m.ev != nil && !a.replay {
-		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: r.size, Replicas: m.replicas(&r), Block: op.Block})
+		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: r.size(), Replicas: m.replicas(&r), Block: op.Block})
 	}
 	return nil
 }
 
 func (m *Master) applyUnreserve(op *Op, a *applyArgs) error {
-	r, ok := m.resv[op.ID]
+	r, ok := a.rs.m[op.ID]
 	if !ok || !op.Client.IsZero() && r.owner() != op.Client {
 		return diverged(op, "no reservation %d of this client", op.ID)
 	}
-	return m.alloc.FreeSet(r.placements(), r.size, func() {
-		delete(m.resv, op.ID)
-		m.reservedBytes.Add(-int64(r.size))
+	return m.alloc.FreeSet(r.placements(), r.size(), func() {
+		delete(a.rs.m, op.ID)
+		m.reservedBytes.Add(-int64(r.size()))
 		m.append(op, a)
 	})
 }
 
 func (m *Master) applyDropReserved(op *Op, a *applyArgs) error {
-	r, ok := m.resv[op.ID]
+	r, ok := a.rs.m[op.ID]
 	if !ok || len(op.Segments) != 1 {
 		return diverged(op, "no reservation %d", op.ID)
 	}
@@ -310,11 +370,11 @@ func (m *Master) applyDropReserved(op *Op, a *applyArgs) error {
 	m.countDropped(a, false)
 	if len(ps) == 1 {
 		// Its only space went with the segment.
-		delete(m.resv, op.ID)
-		m.reservedBytes.Add(-int64(r.size))
+		delete(a.rs.m, op.ID)
+		m.reservedBytes.Add(-int64(r.size()))
 	} else {
 		r.setPlacements(slices.Delete(ps, i, i+1))
-		m.resv[op.ID] = r
+		a.rs.m[op.ID] = r
 	}
 	m.append(op, a)
 	return nil

@@ -2,6 +2,7 @@ package master
 
 import (
 	"slices"
+	"strings"
 
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -125,14 +126,17 @@ func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 			sh := &m.shards[i]
 			sh.mu.Lock()
 			now := m.now()
-			for k, j := range sh.index {
-				if o := &sh.objs[j]; o.r0.Seg == idx || o.ext != nil && slices.ContainsFunc(o.ext.more, func(p alloc.Placement) bool { return p.Seg == idx }) {
-					if err := m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: k, Segments: []uint32{idx}}, &applyArgs{unmount: clean}); err != nil {
-						sh.unlock()
-						m.flushEvents()
-						return err
-					}
+			var err error
+			sh.each(func(k string, o *object) bool {
+				if o.r0.Seg == idx || o.ext != nil && slices.ContainsFunc(o.ext.more, func(p alloc.Placement) bool { return p.Seg == idx }) {
+					err = m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: strings.Clone(k), Segments: []uint32{idx}}, &applyArgs{unmount: clean})
 				}
+				return err == nil
+			})
+			if err != nil {
+				sh.unlock()
+				m.flushEvents()
+				return err
 			}
 			sh.unlock()
 			m.flushEvents()

@@ -120,9 +120,7 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 
 	t := time.Now()
 	m.segMu.Lock()
-	m.resvMu.Lock()
-	next := m.resvNext
-	m.resvMu.Unlock()
+	next := m.resvNext.Load()
 	n, free := m.alloc.Indices()
 	segs := m.alloc.Segments()
 	tab := &Record{Kind: RecordTable, PutGen: m.putGen.Load(), ResvNext: next, TableLen: n, FreeIndices: free}
@@ -173,14 +171,15 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 		sh := &m.shards[i]
 		t = time.Now()
 		sh.mu.Lock()
-		objs = slices.Grow(objs[:0], len(sh.index))
-		for k, j := range sh.index {
-			c := copied{key: k, o: sh.objs[j]}
+		objs = slices.Grow(objs[:0], sh.len())
+		sh.each(func(k string, o *object) bool {
+			c := copied{key: k, o: *o}
 			if c.o.ext != nil {
 				c.ext = *c.o.ext
 			}
 			objs = append(objs, c)
-		}
+			return true
+		})
 		sh.mu.Unlock()
 		st.LongestShardHold = max(st.LongestShardHold, held(t))
 		for i := range objs {
@@ -200,13 +199,16 @@ func (m *Master) Export(emit func(*Record) error) (ExportStats, error) {
 	}
 
 	t = time.Now()
-	m.resvMu.Lock()
-	for id, o := range m.resv {
-		r := objectRecord(&o)
-		r.Kind, r.ID = RecordReservation, id
-		recs = append(recs, r)
+	for i := range m.resv {
+		rs := &m.resv[i]
+		rs.mu.Lock()
+		for id, o := range rs.m {
+			r := objectRecord(&o)
+			r.Kind, r.ID = RecordReservation, id
+			recs = append(recs, r)
+		}
+		rs.mu.Unlock()
 	}
-	m.resvMu.Unlock()
 	held(t)
 	slices.SortFunc(recs, func(a, b *Record) int { return cmpU64(a.ID, b.ID) })
 	if err := flush(); err != nil {
@@ -248,12 +250,10 @@ func (m *Master) ExportCount() int {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += len(sh.index)
+		n += sh.len()
 		sh.mu.Unlock()
 	}
-	m.resvMu.Lock()
-	n += len(m.resv)
-	m.resvMu.Unlock()
+	n += m.reservations()
 	m.discardMu.Lock()
 	n += len(m.discarded)
 	m.discardMu.Unlock()
@@ -261,8 +261,8 @@ func (m *Master) ExportCount() int {
 }
 
 func objectRecord(o *object) *Record {
-	r := &Record{Size: o.size, Complete: o.complete(), Leased: o.flags&fLeased != 0, SoftPin: o.flags&fSoftPin != 0,
-		HardPin: o.flags&fHardPin != 0, Gen: o.gen, Lease: o.lease, Pin: o.pin}
+	r := &Record{Size: o.size(), Complete: o.complete(), Leased: o.has(fLeased), SoftPin: o.has(fSoftPin),
+		HardPin: o.has(fHardPin), Gen: o.gen, Lease: o.lease, Pin: o.pin()}
 	if e := o.ext; e != nil {
 		r.Owner, r.PinTTL, r.Hashes = e.owner, e.pinTTL, slices.Clone(e.hashes)
 	}
@@ -315,7 +315,7 @@ func (m *Master) NewImporter() (*Importer, error) {
 	m.clientMu.RLock()
 	nc := len(m.clients)
 	m.clientMu.RUnlock()
-	if started || n != 0 || m.keys.Load() != 0 || nc != 0 || len(m.resv) != 0 {
+	if started || n != 0 || m.keys.Load() != 0 || nc != 0 || m.reservations() != 0 {
 		return nil, errors.New("master: import into a master that is started or not empty")
 	}
 	return &Importer{m: m, segs: map[uint32]*importSeg{}}, nil
@@ -339,7 +339,7 @@ func (im *Importer) Add(r *Record) error {
 			return badSnap("segment table: %v", err)
 		}
 		m.putGen.Store(r.PutGen)
-		m.resvNext = r.ResvNext
+		m.resvNext.Store(r.ResvNext)
 		im.table = true
 		return nil
 	case RecordSegment:
@@ -406,19 +406,20 @@ func (im *Importer) Add(r *Record) error {
 		}
 		return nil
 	case RecordReservation:
-		if r.Complete || r.ID == 0 || r.ID > m.resvNext {
-			return badSnap("reservation %d (last id %d, complete %v)", r.ID, m.resvNext, r.Complete)
+		if r.Complete || r.ID == 0 || r.ID > m.resvNext.Load() {
+			return badSnap("reservation %d (last id %d, complete %v)", r.ID, m.resvNext.Load(), r.Complete)
 		}
 		o, err := im.object(r)
 		if err != nil {
 			return err
 		}
-		m.resvMu.Lock()
-		defer m.resvMu.Unlock()
-		if _, ok := m.resv[r.ID]; ok {
+		if m.resvHolding(r.ID) != nil {
 			return badSnap("reservation %d twice", r.ID)
 		}
-		m.resv[r.ID] = o
+		rs := m.resvOf(o.owner())
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		rs.m[r.ID] = o
 		m.reservedBytes.Add(int64(r.Size))
 		return nil
 	case RecordQuarantined:
@@ -518,13 +519,13 @@ func (im *Importer) object(r *Record) (object, error) {
 	if err != nil {
 		return object{}, err
 	}
-	o := object{size: r.Size, lease: r.Lease, pin: r.Pin, r0: ps[0], gen: r.Gen}
+	o := newObject(r.Size, r.Lease, ps[0], r.Gen)
 	for _, f := range []struct {
 		on bool
 		f  uint8
 	}{{r.Complete, fComplete}, {r.Leased, fLeased}, {r.SoftPin, fSoftPin}, {r.HardPin, fHardPin}} {
 		if f.on {
-			o.flags |= f.f
+			o.set(f.f)
 		}
 	}
 	// Unfinished objects always have ext (pendingObject's shape).
@@ -537,6 +538,7 @@ func (im *Importer) object(r *Record) (object, error) {
 			o.ext.more = ps[1:]
 		}
 	}
+	o.setPin(r.Pin)
 	return o, nil
 }
 
