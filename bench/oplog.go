@@ -141,7 +141,11 @@ func (im *inProcessMaster) etcdEndpoints(spec string) ([]string, error) {
 	if spec != OplogEtcd {
 		return oplog.ParseEtcdURL(spec)
 	}
-	dir, err := os.MkdirTemp(cmp.Or(im.etcdDir, "."), ".crescent-bench-etcd-")
+	parent := cmp.Or(im.etcdDir, ".")
+	if err := os.MkdirAll(parent, 0o755); err != nil { // as --oplog local creates its directory
+		return nil, fmt.Errorf("bench: etcd dir: %w", err)
+	}
+	dir, err := os.MkdirTemp(parent, ".crescent-bench-etcd-")
 	if err != nil {
 		return nil, fmt.Errorf("bench: etcd dir: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/redisproc"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -349,7 +350,8 @@ func TestRunStoreOplog(t *testing.T) {
 		for _, op := range []string{"put", "meta"} {
 			t.Run(log+"/"+op, func(t *testing.T) {
 				c := smallStore(op, "")
-				c.Oplog, c.OplogDir, c.Objects = log, t.TempDir(), 2000
+				// A directory that does not exist yet: both logs create it.
+				c.Oplog, c.OplogDir, c.Objects = log, filepath.Join(t.TempDir(), "new"), 2000
 				res, err := RunStore(context.Background(), c)
 				require.NoError(t, err)
 				assert.Equal(t, BaselineOplogOff, res.Baseline, "the default baseline with the log on")
