@@ -5,8 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tinylib/msgp/msgp"
-
+	"github.com/crescent-kv/crescent/ha/internal/msgpfields"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -77,18 +76,10 @@ type blockRecord struct {
 // The field names each record may hold; anything else is ErrBadOp (an
 // entry from a newer writer: refusing it beats replaying half an op).
 var (
-	opFields      = fieldSet("c_hi", "c_lo", "size", "soft", "soft_ttl", "hard", "segs", "addrs", "segment", "block", "id", "gen")
-	segmentFields = fieldSet("id_hi", "id_lo", "name", "base", "size", "c_hi", "c_lo", "proto", "te")
-	blockFields   = fieldSet("hashes", "has_parent", "parent", "tokens", "block_size", "has_lora", "lora_id", "lora_name")
+	opFields      = msgpfields.Of("c_hi", "c_lo", "size", "soft", "soft_ttl", "hard", "segs", "addrs", "segment", "block", "id", "gen")
+	segmentFields = msgpfields.Of("id_hi", "id_lo", "name", "base", "size", "c_hi", "c_lo", "proto", "te")
+	blockFields   = msgpfields.Of("hashes", "has_parent", "parent", "tokens", "block_size", "has_lora", "lora_id", "lora_name")
 )
-
-func fieldSet(names ...string) map[string]bool {
-	m := make(map[string]bool, len(names))
-	for _, n := range names {
-		m[n] = true
-	}
-	return m
-}
 
 func knownKind(k master.OpKind) bool { return k >= master.OpPutStart && k <= maxKind }
 
@@ -188,48 +179,13 @@ func ToOp(e *Entry) (*master.Op, error) { return DecodeOp(e) }
 // checkFields refuses a payload holding a field this codec does not know
 // (the generated decoder would skip it).
 func checkFields(b []byte) error {
-	return walkMap(b, opFields, func(name string, v []byte) error {
+	return msgpfields.Walk(b, opFields, func(name string, v []byte) error {
 		switch name {
 		case "segment":
-			return walkNested(v, segmentFields)
+			return msgpfields.WalkNested(v, segmentFields)
 		case "block":
-			return walkNested(v, blockFields)
+			return msgpfields.WalkNested(v, blockFields)
 		}
 		return nil
 	})
-}
-
-func walkNested(v []byte, known map[string]bool) error {
-	if msgp.IsNil(v) {
-		return nil
-	}
-	return walkMap(v, known, nil)
-}
-
-// walkMap checks the keys of the map at the start of b against known and
-// hands each value's bytes to fn.
-func walkMap(b []byte, known map[string]bool, fn func(name string, v []byte) error) error {
-	n, b, err := msgp.ReadMapHeaderBytes(b)
-	if err != nil {
-		return err
-	}
-	for range n {
-		var key []byte
-		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-			return err
-		}
-		if !known[string(key)] {
-			return fmt.Errorf("unknown field %q", key)
-		}
-		v := b
-		if b, err = msgp.Skip(b); err != nil {
-			return fmt.Errorf("field %q: %w", key, err)
-		}
-		if fn != nil {
-			if err := fn(string(key), v[:len(v)-len(b)]); err != nil {
-				return fmt.Errorf("field %q: %w", key, err)
-			}
-		}
-	}
-	return nil
 }

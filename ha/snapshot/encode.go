@@ -10,8 +10,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/tinylib/msgp/msgp"
-
+	"github.com/crescent-kv/crescent/ha/internal/msgpfields"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -470,59 +469,21 @@ func (d *Decoder) nextFrame() error {
 // Fields each record may hold; anything else is refused (a newer
 // writer's field: importing half a state beats nothing only in silence).
 var (
-	recordFields  = fieldSet(recordFieldNames...)
-	segmentFields = fieldSet("id_hi", "id_lo", "name", "base", "size", "c_hi", "c_lo", "proto", "te")
+	recordFields  = msgpfields.Of(recordFieldNames...)
+	segmentFields = msgpfields.Of("id_hi", "id_lo", "name", "base", "size", "c_hi", "c_lo", "proto", "te")
 )
 
 var recordFieldNames = []string{"k", "put_gen", "resv_next", "table_len", "free_idx", "mounts", "idx", "seg", "unmounting",
 	"r_start", "r_sizes", "r_free", "r_rank", "c_hi", "c_lo", "key", "id", "size", "complete", "leased", "soft", "hard",
 	"gen", "o_hi", "o_lo", "lease", "pin", "pin_ttl", "hashes", "segs", "addrs", "release"}
 
-func fieldSet(names ...string) map[string]bool {
-	m := make(map[string]bool, len(names))
-	for _, n := range names {
-		m[n] = true
-	}
-	return m
-}
-
 // checkFields refuses a record (at the start of b) holding a field this
 // decoder does not know; the generated decoder would skip it.
 func checkFields(b []byte) error {
-	n, b, err := msgp.ReadMapHeaderBytes(b)
-	if err != nil {
-		return err
-	}
-	for range n {
-		var key []byte
-		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-			return err
+	return msgpfields.Walk(b, recordFields, func(name string, v []byte) error {
+		if name == "seg" {
+			return msgpfields.WalkNested(v, segmentFields)
 		}
-		if !recordFields[string(key)] {
-			return fmt.Errorf("unknown field %q", key)
-		}
-		v := b
-		if b, err = msgp.Skip(b); err != nil {
-			return fmt.Errorf("field %q: %w", key, err)
-		}
-		if string(key) == "seg" && !msgp.IsNil(v) {
-			m, rest, err := msgp.ReadMapHeaderBytes(v)
-			if err != nil {
-				return fmt.Errorf("field seg: %w", err)
-			}
-			for range m {
-				var k []byte
-				if k, rest, err = msgp.ReadMapKeyZC(rest); err != nil {
-					return err
-				}
-				if !segmentFields[string(k)] {
-					return fmt.Errorf("unknown segment field %q", k)
-				}
-				if rest, err = msgp.Skip(rest); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
+		return nil
+	})
 }
