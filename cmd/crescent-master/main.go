@@ -74,6 +74,9 @@ type config struct {
 	SnapshotRetain   int           `yaml:"snapshot_retain"`
 	SnapshotDir      string        `yaml:"snapshot_dir"`
 	OplogRetain      int64         `yaml:"oplog_retain"`
+	// SnapshotCatalog, when set (redis://...), keeps the snapshot catalog
+	// in Redis instead of snapshot_dir.
+	SnapshotCatalog string `yaml:"snapshot_catalog"`
 	// Oplog, when set (etcd://h:p[,h2:p2]), keeps the operation log in
 	// etcd under ClusterID instead.
 	Oplog     string `yaml:"oplog"`

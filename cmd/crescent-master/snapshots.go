@@ -7,12 +7,16 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/metadata/redismeta"
 	"github.com/crescent-kv/crescent/ha/snapshot"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -35,6 +39,7 @@ func (c *config) snapshotFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SnapshotRetain, "snapshot_retain", c.SnapshotRetain, "snapshots kept (older ones are deleted)")
 	fs.StringVar(&c.SnapshotDir, "snapshot_dir", c.SnapshotDir, "directory of the snapshots (default DATA_DIR/snapshots)")
 	fs.Int64Var(&c.OplogRetain, "oplog_retain", c.OplogRetain, "log entries kept below the latest snapshot for lagging followers; older ones are compacted away")
+	fs.StringVar(&c.SnapshotCatalog, "snapshot_catalog", c.SnapshotCatalog, "redis://[user:pass@]host:port[/db]: keep the snapshot catalog in Redis (under cluster_id), for masters that share no disk; the bodies stay in snapshot_dir, which every master must then be able to read (empty: a catalog in snapshot_dir)")
 }
 
 func (c *config) validateSnapshots() error {
@@ -47,6 +52,10 @@ func (c *config) validateSnapshots() error {
 		return fmt.Errorf("oplog_retain %d is negative", c.OplogRetain)
 	case c.SnapshotDir != "" && c.DataDir == "" && c.Oplog == "":
 		return errors.New("snapshot_dir needs data_dir or oplog")
+	case c.SnapshotCatalog != "" && c.SnapshotDir == "" && c.DataDir == "":
+		return errors.New("snapshot_catalog needs snapshot_dir (or data_dir) for the snapshot bodies")
+	case c.SnapshotCatalog != "" && !strings.HasPrefix(c.SnapshotCatalog, "redis://") && !strings.HasPrefix(c.SnapshotCatalog, "rediss://"):
+		return fmt.Errorf("snapshot_catalog %q: want redis://host:port[/db] or rediss://", metadata.Redact(c.SnapshotCatalog))
 	}
 	return nil
 }
@@ -57,6 +66,7 @@ type snapshots struct {
 	payloads snapshot.Payloads
 	catalog  snapshot.Catalog
 	sn       *oplog.Snapshotter
+	redis    *redis.Client // the Redis catalog's client, closed with it
 	metrics  snapshotMetrics
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -68,11 +78,25 @@ func openSnapshots(cfg config, log *slog.Logger) (*snapshots, error) {
 	if dir == "" {
 		dir = filepath.Join(cfg.DataDir, "snapshots")
 	}
-	p, c, err := localSnapshots(dir)
+	if cfg.SnapshotCatalog == "" {
+		p, c, err := localSnapshots(dir)
+		if err != nil {
+			return nil, fmt.Errorf("snapshots in %s: %w", dir, err)
+		}
+		s.payloads, s.catalog = p, c
+		return s, nil
+	}
+	p, err := snapshot.NewLocalPayloads(dir)
 	if err != nil {
 		return nil, fmt.Errorf("snapshots in %s: %w", dir, err)
 	}
-	s.payloads, s.catalog = p, c
+	opts, err := redismeta.ParseConn(cfg.SnapshotCatalog)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot_catalog: %w", err)
+	}
+	s.redis = redis.NewClient(opts)
+	s.payloads, s.catalog = p, snapshot.NewRedisCatalog(s.redis, "crescent:", cfg.ClusterID)
+	log.Info("snapshot catalog in Redis", "addr", opts.Addr, "keys", "crescent:{"+cfg.ClusterID+"}:*")
 	return s, nil
 }
 
@@ -168,6 +192,9 @@ func (s *snapshots) close() {
 		if err := s.catalog.Close(); err != nil {
 			s.log.Warn("closing the snapshot catalog", "err", err)
 		}
+	}
+	if s.redis != nil {
+		s.redis.Close()
 	}
 }
 

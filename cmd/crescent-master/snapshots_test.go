@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store"
 )
 
@@ -40,6 +42,8 @@ func TestLoadSnapshotSettings(t *testing.T) {
 		{"--snapshot_retain", "0"},
 		{"--oplog_retain", "-1"},
 		{"--snapshot_dir", "/s"}, // without --data_dir
+		{"--data_dir", "/d", "--snapshot_catalog", "etcd://h:1"},
+		{"--oplog", "etcd://h:1", "--snapshot_catalog", "redis://h:1"}, // no directory for the bodies
 	} {
 		_, err := load(args)
 		require.Error(t, err, "%v", args)
@@ -105,4 +109,49 @@ func TestSnapshotEndpoint(t *testing.T) {
 	v, err := getRetry(ctx, cl, "k7")
 	require.NoError(t, err)
 	require.Equal(t, strings.Repeat("v", 107), string(v))
+}
+
+// TestSnapshotRedisCatalog: with --snapshot_catalog redis://, the catalog
+// lives in a real redis-server (the bodies in the data directory) and a
+// restart recovers from the snapshot it names.
+func TestSnapshotRedisCatalog(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	r := testsvc.StartRedis(t)
+	dir := t.TempDir()
+	port, admin := freePort(t), freePort(t)
+	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
+		"--data_dir", dir, "--snapshot_interval", "0", "--snapshot_catalog", "redis://" + r.Addr, "--cluster_id", "rc",
+		"--log_level", "info"}
+	proc, _ := startMaster(t, args...)
+	ctx := context.Background()
+	cl, err := store.New(ctx, store.Config{MasterAddr: "127.0.0.1:" + strconv.Itoa(port), GlobalSegmentSize: 16 << 20,
+		LocalBufferSize: 4 << 20, Protocols: []string{"tcp"}, LocalHostname: "127.0.0.1"})
+	require.NoError(t, err)
+	defer cl.Close()
+	require.NoError(t, cl.Put(ctx, "k", []byte("value"), store.ReplicateConfig{Replicas: 1}))
+	resp, err := http.Post("http://127.0.0.1:"+strconv.Itoa(admin)+"/snapshot", "", nil)
+	require.NoError(t, err)
+	var info struct {
+		ID string `json:"id"`
+	}
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
+	resp.Body.Close()
+
+	rc := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rc.Close()
+	latest, err := rc.Get(ctx, "crescent:{rc}:latest").Result()
+	require.NoError(t, err)
+	assert.Equal(t, info.ID, latest)
+	_, err = os.Stat(filepath.Join(dir, "snapshots", "LATEST"))
+	assert.True(t, os.IsNotExist(err), "no local catalog beside the Redis one")
+
+	proc.kill9(t)
+	_, recovered := startMaster(t, args...)
+	require.Contains(t, recovered, "snapshot="+info.ID)
+	v, err := getRetry(ctx, cl, "k")
+	require.NoError(t, err)
+	require.Equal(t, "value", string(v))
 }
