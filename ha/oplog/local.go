@@ -621,24 +621,7 @@ func (l *Local) writeMeta(term, compacted uint64) error {
 	binary.LittleEndian.PutUint64(b[12:], compacted)
 	binary.LittleEndian.PutUint64(b[20:], term)
 	binary.LittleEndian.PutUint32(b[28:], crc32.Checksum(b[:28], castagnoli))
-	tmp := filepath.Join(l.dir, metaName+".tmp")
-	f, err := l.fs.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fmt.Errorf("oplog: META: %w", err)
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = l.fs.Rename(tmp, filepath.Join(l.dir, metaName))
-	}
-	if err == nil {
-		err = l.fs.SyncDir(l.dir)
-	}
+	err := vfs.WriteFileAtomic(l.fs, l.dir, metaName+".tmp", metaName, b)
 	if err != nil {
 		return fmt.Errorf("oplog: META: %w", err)
 	}

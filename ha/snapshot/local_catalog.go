@@ -181,26 +181,7 @@ func (c *LocalCatalog) removeLatest() error {
 }
 
 func (c *LocalCatalog) writeFile(tmp, name string, b []byte) error {
-	tp := filepath.Join(c.dir, tmp)
-	f, err := c.fs.OpenFile(tp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = c.fs.Rename(tp, filepath.Join(c.dir, name))
-	}
-	if err != nil {
-		c.fs.Remove(tp)
-		return err
-	}
-	return c.fs.SyncDir(c.dir)
+	return vfs.WriteFileAtomic(c.fs, c.dir, tmp, name, b)
 }
 
 func (c *LocalCatalog) enter(ctx context.Context) error {

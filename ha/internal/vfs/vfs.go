@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -107,4 +108,31 @@ func (osFS) Lock(name string) (io.Closer, error) {
 		return nil, &os.PathError{Op: "flock", Path: name, Err: err}
 	}
 	return f, nil // closing the fd releases the flock
+}
+
+// WriteFileAtomic replaces dir/name with b durably: it writes dir/tmp,
+// fdatasyncs and closes it, renames it over name and fsyncs dir. On an
+// error before the rename the temporary file is removed, so a crash or a
+// failure leaves the old file or the new one, never a torn one.
+func WriteFileAtomic(fsys FS, dir, tmp, name string, b []byte) error {
+	tp := filepath.Join(dir, tmp)
+	f, err := fsys.OpenFile(tp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = fsys.Rename(tp, filepath.Join(dir, name))
+	}
+	if err != nil {
+		fsys.Remove(tp)
+		return err
+	}
+	return fsys.SyncDir(dir)
 }
