@@ -70,25 +70,12 @@ func newLocalCatalog(dir string, fsys vfs.FS) (*LocalCatalog, error) {
 }
 
 func (c *LocalCatalog) recover() error {
-	ents, err := c.fs.ReadDir(c.dir)
+	err := vfs.RemoveStale(c.fs, c.dir, func(n string) bool {
+		id, isMetaTmp := strings.CutSuffix(n, metaSuffix+tmpSuffix)
+		return n == latestTmp || (isMetaTmp && strings.HasPrefix(id, ".") && checkID(id[1:]) == nil)
+	})
 	if err != nil {
 		return fmt.Errorf("snapshot: catalog directory: %w", err)
-	}
-	removed := false
-	for _, e := range ents {
-		n := e.Name()
-		id, isMetaTmp := strings.CutSuffix(n, metaSuffix+tmpSuffix)
-		if n == latestTmp || (isMetaTmp && strings.HasPrefix(id, ".") && checkID(id[1:]) == nil) {
-			if err := c.fs.Remove(filepath.Join(c.dir, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return fmt.Errorf("snapshot: remove stale %s: %w", n, err)
-			}
-			removed = true
-		}
-	}
-	if removed {
-		if err := c.fs.SyncDir(c.dir); err != nil {
-			return fmt.Errorf("snapshot: catalog directory: %w", err)
-		}
 	}
 	ids, err := c.ids()
 	if err != nil || len(ids) == 0 {

@@ -52,23 +52,12 @@ func newLocalPayloads(dir string, fsys vfs.FS) (*LocalPayloads, error) {
 		return nil, fmt.Errorf("snapshot: payload directory: %w", err)
 	}
 	p := &LocalPayloads{dir: dir, fs: fsys, writing: map[string]bool{}}
-	ents, err := fsys.ReadDir(dir)
+	err := vfs.RemoveStale(fsys, dir, func(name string) bool {
+		id, ok := tmpPayloadID(name)
+		return ok && checkID(id) == nil
+	})
 	if err != nil {
 		return nil, fmt.Errorf("snapshot: payload directory: %w", err)
-	}
-	removed := false
-	for _, e := range ents {
-		if id, ok := tmpPayloadID(e.Name()); ok && checkID(id) == nil {
-			if err := fsys.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("snapshot: remove stale %s: %w", e.Name(), err)
-			}
-			removed = true
-		}
-	}
-	if removed {
-		if err := fsys.SyncDir(dir); err != nil {
-			return nil, fmt.Errorf("snapshot: payload directory: %w", err)
-		}
 	}
 	return p, nil
 }

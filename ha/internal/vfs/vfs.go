@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -135,4 +136,27 @@ func WriteFileAtomic(fsys FS, dir, tmp, name string, b []byte) error {
 		return err
 	}
 	return fsys.SyncDir(dir)
+}
+
+// RemoveStale removes the entries of dir that stale matches (temporary
+// files a crash left behind) and, when it removed any, fsyncs dir.
+func RemoveStale(fsys FS, dir string, stale func(name string) bool) error {
+	ents, err := fsys.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	removed := false
+	for _, e := range ents {
+		if !stale(e.Name()) {
+			continue
+		}
+		if err := fsys.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove stale %s: %w", e.Name(), err)
+		}
+		removed = true
+	}
+	if removed {
+		return fsys.SyncDir(dir)
+	}
+	return nil
 }
