@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/ha/internal/workload"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -33,7 +34,7 @@ func sampleLog(t *testing.T, steps int) ([]oplog.Entry, string) {
 	m, err := master.New(master.Config{Shards: 8, Clock: clk, OpLog: rec, Seed: 1})
 	require.NoError(t, err)
 	defer m.Close()
-	drive(t, m, clk, 0, 5, steps, nil)
+	workload.Drive(t, m, clk, 0, 5, steps, nil)
 	es := make([]oplog.Entry, len(rec.ops))
 	for i, op := range rec.ops {
 		e, err := oplog.FromOp(op)

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/crescent-kv/crescent/ha/internal/workload"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/internal/testsvc"
@@ -93,7 +94,7 @@ func (l *leader) load(t *testing.T, workers, steps int, seed uint64) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			drive(t, l.m, fakeOf(l.m), w, seed+w, steps, nil)
+			workload.Drive(t, l.m, fakeOf(l.m), w, seed+w, steps, nil)
 		}()
 	}
 	wg.Wait()

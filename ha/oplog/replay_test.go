@@ -3,10 +3,7 @@ package oplog
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -14,9 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/crescent-kv/crescent/ha/internal/workload"
 	"github.com/crescent-kv/crescent/internal/clock"
-	"github.com/crescent-kv/crescent/store/alloc"
-	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
@@ -39,179 +35,6 @@ func dumpMaster(t *testing.T, m *master.Master) string {
 	var b bytes.Buffer
 	require.NoError(t, m.DumpState(&b))
 	return b.String()
-}
-
-// driveMaster runs a random mix of every kind of operation through m's
-// public API (as store/master's own oplog test does): puts finished,
-// revoked, abandoned and taken over, removes of every kind, eviction,
-// reservations, mounts, unmounts, expiry and remounts, with the fake clock
-// moving. checkpoint runs every 500 steps.
-func driveMaster(t *testing.T, m *master.Master, clk *clock.Fake, seed uint64, steps int, checkpoint func()) {
-	r := rand.New(rand.NewPCG(seed, seed+1))
-	cl := func(n uint64) master.UUID { return master.UUID{Hi: 0xc1, Lo: n} }
-	clients := []master.UUID{cl(1), cl(2), cl(3), cl(4)}
-	segsOf := map[master.UUID][]alloc.Segment{}
-	alive := map[master.UUID]bool{}
-	nseg := 0
-	mount := func(c master.UUID) {
-		nseg++
-		s := alloc.Segment{ID: master.UUID{Hi: 0x5e, Lo: uint64(nseg)}, Name: fmt.Sprintf("host%d", c.Lo),
-			Base: uint64(nseg) << 40, Size: uint64(256+r.IntN(768)) << 10, Protocol: "tcp", TEEndpoint: fmt.Sprintf("10.0.0.%d:1", c.Lo)}
-		require.NoError(t, m.MountSegment(c, s))
-		s.Client = c
-		segsOf[c] = append(segsOf[c], s)
-		alive[c] = true
-	}
-	for _, c := range clients[:3] {
-		mount(c)
-	}
-	key := func() string { return fmt.Sprintf("k%03d", r.IntN(300)) }
-	type put struct {
-		c   master.UUID
-		k   string
-		gen uint64
-	}
-	var pending []put
-	config := func() master.ReplicateConfig {
-		rc := master.ReplicateConfig{Replicas: 1 + r.IntN(3)}
-		switch r.IntN(10) {
-		case 0:
-			rc.SoftPin = true
-			if r.IntN(2) == 0 {
-				rc.SoftPinTTL = time.Duration(1+r.IntN(60)) * time.Second
-			}
-		case 1:
-			rc.HardPin = true
-		case 2:
-			rc.Preferred = []string{fmt.Sprintf("host%d", 1+r.IntN(4))}
-		}
-		return rc
-	}
-	block := func() *master.BlockMeta {
-		b := &master.BlockMeta{BlockHashes: []uint64{r.Uint64()}}
-		if r.IntN(3) == 0 {
-			b.HasParent, b.ParentHash, b.TokenIDs, b.BlockSize = true, r.Uint64(), []uint32{r.Uint32(), r.Uint32()}, 16
-		}
-		if r.IntN(5) == 0 {
-			b.HasLora, b.LoraID, b.LoraName = true, r.Int64(), "lora"
-		}
-		return b
-	}
-	type held struct {
-		c  master.UUID
-		id uint64
-	}
-	var resv []held
-	for step := range steps {
-		if checkpoint != nil && step%500 == 0 {
-			checkpoint()
-		}
-		c := clients[r.IntN(len(clients))]
-		if r.IntN(100) < 12 {
-			switch x := r.IntN(5); {
-			case x < 2:
-				res := m.Reserve(c, master.ReserveSpec{Size: uint64(1 + r.IntN(16<<10)), Config: config(), Count: 1 + r.IntN(3)})
-				for _, rv := range res.Reservations {
-					resv = append(resv, held{c, rv.ID})
-				}
-			case x < 4 && len(resv) > 0:
-				i := r.IntN(len(resv))
-				h := resv[i]
-				by := h.c
-				if r.IntN(10) == 0 {
-					by = clients[r.IntN(len(clients))]
-				}
-				err := m.Commit(by, []master.CommitItem{{Key: key(), ID: h.id, Block: block()}})[0]
-				if err == nil || errors.Is(err, errcode.ErrReplicaIsGone) {
-					resv = slices.Delete(resv, i, i+1)
-				}
-			case len(resv) > 0:
-				i := r.IntN(len(resv))
-				m.Unreserve(resv[i].c, []uint64{resv[i].id})
-				resv = slices.Delete(resv, i, i+1)
-			}
-			continue
-		}
-		switch n := r.IntN(100); {
-		case n < 25:
-			k := key()
-			if _, gen, err := m.PutStartGen(c, k, uint64(1+r.IntN(16<<10)), config()); err == nil {
-				pending = append(pending, put{c, k, gen})
-			}
-		case n < 50:
-			if len(pending) > 0 {
-				i := r.IntN(len(pending))
-				p := pending[i]
-				pending = slices.Delete(pending, i, i+1)
-				gen := p.gen
-				switch r.IntN(6) {
-				case 0:
-					gen = 0
-				case 1:
-					gen = p.gen + 1
-				}
-				if r.IntN(8) == 0 {
-					m.PutRevokeGen(p.c, p.k, gen, master.Memory)
-				} else if r.IntN(10) != 0 {
-					m.PutEndGen(p.c, p.k, gen, master.Memory, block())
-				}
-			}
-		case n < 60:
-			m.GetReplicaList(key())
-		case n < 65:
-			m.ExistKey(key(), r.IntN(2) == 0)
-		case n < 72:
-			m.Remove(key(), r.IntN(3) == 0)
-		case n < 73:
-			m.BatchRemove([]string{key(), key()}, false)
-		case n < 74:
-			m.RemoveByRegex(fmt.Sprintf("k%d.*", r.IntN(3)), r.IntN(2) == 0)
-		case n < 75:
-			if r.IntN(4) == 0 {
-				m.RemoveAll(r.IntN(2) == 0)
-			}
-		case n < 78:
-			m.Evict()
-		case n < 80:
-			if len(segsOf[c]) < 3 {
-				mount(c)
-			}
-		case n < 82:
-			if ss := segsOf[c]; len(ss) > 0 {
-				i := r.IntN(len(ss))
-				if err := m.UnmountSegment(c, ss[i].ID); err == nil {
-					segsOf[c] = slices.Delete(ss, i, i+1)
-				}
-			}
-		case n < 84:
-			if !alive[c] || r.IntN(4) == 0 {
-				alive[c] = !alive[c]
-			}
-		case n < 86:
-			if _, st := m.Ping(c); st == master.ClientNeedRemount && alive[c] {
-				var keep []alloc.Segment
-				for _, s := range segsOf[c] {
-					if _, err := m.QuerySegmentStatus(s.ID); err != nil {
-						s.ID.Lo += 1000
-					}
-					keep = append(keep, s)
-				}
-				require.NoError(t, m.ReMountSegment(c, keep))
-				segsOf[c] = keep
-			}
-		default:
-			clk.Advance(time.Duration(r.IntN(3000)) * time.Millisecond)
-			if r.IntN(40) == 0 {
-				clk.Advance(time.Duration(r.IntN(700)) * time.Second)
-			}
-			for _, c := range clients {
-				if alive[c] {
-					m.Ping(c)
-				}
-			}
-			m.Tick()
-		}
-	}
 }
 
 // normalOp is op with empty lists as nil (the codec omits them).
@@ -262,7 +85,7 @@ func TestSinkReplay(t *testing.T) {
 				require.NoError(t, sink.WaitDurable(ctx, seq))
 				snaps = append(snaps, snap{seq, dumpMaster(t, m)})
 			}
-			driveMaster(t, m, clk, seed, 6000, checkpoint)
+			workload.Drive(t, m, clk, 0, seed, 6000, checkpoint)
 			checkpoint()
 			require.NoError(t, m.Close())
 			require.NoError(t, sink.Close())
@@ -316,7 +139,7 @@ func TestSinkReplayLocal(t *testing.T) {
 	clk := clock.NewFake(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC))
 	m, err := master.New(master.Config{Shards: 8, Clock: clk, OpLog: sink, Seed: 1})
 	require.NoError(t, err)
-	driveMaster(t, m, clk, 7, 3000, func() {})
+	workload.Drive(t, m, clk, 0, 7, 3000, func() {})
 	last := sink.Appended()
 	require.NoError(t, sink.WaitDurable(ctx, last))
 	want := dumpMaster(t, m)

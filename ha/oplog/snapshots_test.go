@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/ha/internal/workload"
 	"github.com/crescent-kv/crescent/ha/snapshot"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/alloc"
@@ -166,7 +167,7 @@ func TestSnapshotRecovery(t *testing.T) {
 				ClusterID: "t", Retain: 2, LogRetain: 50})
 			require.NoError(t, err)
 			taken := 0
-			driveMaster(t, d.Master, clk, seed, 4000, func() {
+			workload.Drive(t, d.Master, clk, 0, seed, 4000, func() {
 				require.NoError(t, d.Wait(ctx))
 				res, err := sn.Take(ctx)
 				require.NoError(t, err)
@@ -291,7 +292,7 @@ func TestSnapshotCrashBetweenSteps(t *testing.T) {
 			require.NoError(t, err)
 			n := 0
 			boom := errors.New("injected crash")
-			driveMaster(t, d.Master, clk, 5, 3000, func() {
+			workload.Drive(t, d.Master, clk, 0, 5, 3000, func() {
 				require.NoError(t, d.Wait(ctx))
 				n++
 				sn.fail, snaps.delFail = nil, nil
@@ -357,7 +358,7 @@ func TestOpenWithSnapshotsFailsClosed(t *testing.T) {
 	require.Zero(t, meta)
 	require.Empty(t, empty.AllKeys())
 	require.NoError(t, empty.Close())
-	driveMaster(t, d.Master, clk, 3, 1500, nil)
+	workload.Drive(t, d.Master, clk, 0, 3, 1500, nil)
 	require.NoError(t, d.Wait(ctx))
 	res, err = sn.Take(ctx)
 	require.NoError(t, err)
@@ -402,7 +403,7 @@ func TestSnapshotLocalBackends(t *testing.T) {
 	require.NoError(t, err)
 	var orphan string
 	n := 0
-	driveMaster(t, d.Master, clk, 11, 3000, func() {
+	workload.Drive(t, d.Master, clk, 0, 11, 3000, func() {
 		require.NoError(t, d.Wait(ctx))
 		n++
 		sn.fail = nil
