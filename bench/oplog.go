@@ -3,21 +3,18 @@ package bench
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 
 	"github.com/crescent-kv/crescent/ha/oplog"
+	"github.com/crescent-kv/crescent/internal/etcdembed"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
@@ -164,38 +161,7 @@ func (im *inProcessMaster) etcdEndpoints(spec string) ([]string, error) {
 }
 
 func startEtcd(dir string) (*embed.Etcd, string, error) {
-	ports := make([]int, 2)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, "", err
-		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
-	}
-	cfg := embed.NewConfig()
-	cfg.Name = "crescent-bench"
-	cfg.Dir = dir
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	cu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))}
-	pu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.Name + "=" + pu.String()
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, "", err
-	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return nil, "", err
-	case <-time.After(60 * time.Second):
-		e.Close()
-		return nil, "", errors.New("not ready after 60s")
-	}
-	return e, cu.Host, nil
+	return etcdembed.Start(etcdembed.Config{Name: "crescent-bench", Dir: dir})
 }
 
 // closeMaster closes the master and its log.

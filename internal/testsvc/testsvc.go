@@ -4,13 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/crescent-kv/crescent/internal/etcdembed"
 	"github.com/crescent-kv/crescent/internal/redisproc"
 	"github.com/crescent-kv/crescent/internal/syncbuf"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -121,33 +119,15 @@ func StartEtcd(t testing.TB) *Etcd {
 }
 
 func startEtcd(dir string, clientPort, peerPort int, logs *syncbuf.Buffer) (*Etcd, error) {
-	cfg := embed.NewConfig()
-	cfg.Name = "testsvc"
-	cfg.Dir = dir
 	enc := zap.NewProductionEncoderConfig()
 	enc.TimeKey = "" // the test log has times
 	lg := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(logs), zapcore.WarnLevel))
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
-	cfg.UnsafeNoFsync = true // a throwaway data dir
-	cu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(clientPort))}
-	pu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(peerPort))}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-	cfg.InitialCluster = cfg.Name + "=" + pu.String()
-	e, err := embed.StartEtcd(cfg)
+	e, host, err := etcdembed.Start(etcdembed.Config{Name: "testsvc", Dir: dir, ClientPort: clientPort, PeerPort: peerPort,
+		Logger: lg, NoFsync: true})
 	if err != nil {
 		return nil, err
 	}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		e.Close()
-		return nil, err
-	case <-time.After(60 * time.Second):
-		e.Close()
-		return nil, fmt.Errorf("etcd on %s not ready after 60s", cu.Host)
-	}
-	return &Etcd{Endpoint: cu.Host, e: e}, nil
+	return &Etcd{Endpoint: host, e: e}, nil
 }
 
 // Restart stops the member and starts it again on the same data dir and
