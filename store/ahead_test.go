@@ -283,7 +283,9 @@ func TestBatchPutAheadAndBlocks(t *testing.T) {
 func TestPutAheadConcurrent(t *testing.T) {
 	tm := startMaster(t, master.Config{})
 	mk := func() *Client {
-		return newTestClient(t, tm, 64<<20, func(c *Config) { c.PutAhead = 3; c.LocalBufferSize = 4 << 20 })
+		// A class grows past PutAhead while its puts outnumber it; the
+		// bytes budget (three values) is the bound that holds.
+		return newTestClient(t, tm, 64<<20, func(c *Config) { c.PutAhead = 3; c.PutAheadBytes = 3 * 64 << 10; c.LocalBufferSize = 4 << 20 })
 	}
 	a, b := mk(), mk()
 	ctx := tctx(t)

@@ -67,10 +67,12 @@ type Config struct {
 	MaxKeyLen int
 	// PutAhead is how many reservations the client keeps for each value
 	// size it puts repeatedly, so such puts take one master round trip
-	// instead of two (ahead.go; default 8, negative disables).
+	// instead of two (ahead.go; default 8, negative disables). A size
+	// whose concurrent puts outnumber them gets one more for each put
+	// that found none, up to 256.
 	PutAhead int
-	// PutAheadBytes bounds the pool memory those reservations hold
-	// (default 64 MiB).
+	// PutAheadBytes bounds the pool memory those reservations hold, in
+	// all sizes (default 64 MiB): the bound that always holds.
 	PutAheadBytes int64
 	// PutRetries is how many times a put whose write to a segment failed
 	// (its client died, say) is placed again: the client reports the
