@@ -195,22 +195,21 @@ func (l *Loop) admit(raw net.Conn) {
 	// At the global cap make room from the idle, else hold this one
 	// (and stop accepting) until a slot frees.
 	for l.cfg.MaxConns > 0 && len(l.conns) >= l.cfg.MaxConns && !l.closed {
-		if v, since := l.idlestLocked(""); v != nil {
-			if wait := l.cfg.IdleGrace - time.Since(since); wait > 0 {
-				// Look again when it has been idle long enough.
-				t := time.AfterFunc(wait, func() {
-					l.mu.Lock()
-					l.cond.Broadcast()
-					l.mu.Unlock()
-				})
-				l.cond.Wait()
-				t.Stop()
-				continue
-			}
+		v, since, unread := l.idlestLocked("")
+		switch {
+		case v == nil && unread:
+			// An idle connection's handler has bytes to read: it is
+			// about to work, or to go idle again, and neither wakes
+			// the cond.
+			l.waitLocked(pendingRecheck)
+		case v == nil:
+			l.waitLocked(0)
+		case l.cfg.IdleGrace-time.Since(since) > 0:
+			// Look again when it has been idle long enough.
+			l.waitLocked(l.cfg.IdleGrace - time.Since(since))
+		default:
 			l.evictLocked(v)
-			continue
 		}
-		l.cond.Wait()
 	}
 	if l.closed {
 		l.mu.Unlock()
@@ -218,7 +217,7 @@ func (l *Loop) admit(raw net.Conn) {
 		return
 	}
 	if l.cfg.MaxConnsPerHost > 0 && l.perHost[c.host] >= l.cfg.MaxConnsPerHost {
-		v, _ := l.idlestLocked(c.host)
+		v, _, _ := l.idlestLocked(c.host)
 		if v == nil {
 			l.mu.Unlock()
 			l.log.Warn("connection refused: per-host limit", "listener", l.cfg.Name,
@@ -239,10 +238,30 @@ func (l *Loop) admit(raw net.Conn) {
 	}()
 }
 
+// pendingRecheck is how soon a loop held at the cap looks again when the
+// only idle connections had unread bytes.
+const pendingRecheck = 5 * time.Millisecond
+
+// waitLocked waits for the cond, or for at most d when d > 0.
+func (l *Loop) waitLocked(d time.Duration) {
+	if d <= 0 {
+		l.cond.Wait()
+		return
+	}
+	t := time.AfterFunc(d, func() {
+		l.mu.Lock()
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	})
+	l.cond.Wait()
+	t.Stop()
+}
+
 // idlestLocked is the connection idle longest (of host, or of any host
 // when host is ""), or nil, and since when it is idle. A connection with
-// request bytes waiting is not idle: its handler has not read them yet.
-func (l *Loop) idlestLocked(host string) (*Conn, time.Time) {
+// request bytes waiting is not idle: its handler has not read them yet;
+// unread says one was passed over for that.
+func (l *Loop) idlestLocked(host string) (_ *Conn, _ time.Time, unread bool) {
 	var skip map[*Conn]bool
 	for {
 		var best *Conn
@@ -259,7 +278,7 @@ func (l *Loop) idlestLocked(host string) (*Conn, time.Time) {
 			}
 		}
 		if best == nil || !pending(best.Conn) {
-			return best, bestT
+			return best, bestT, skip != nil
 		}
 		if skip == nil {
 			skip = map[*Conn]bool{}

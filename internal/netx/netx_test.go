@@ -262,3 +262,43 @@ func TestPendingBytesNotEvicted(t *testing.T) {
 	require.NoError(t, err, "the connection with a request waiting was evicted")
 	assert.Equal(t, "first\n", line)
 }
+
+// At the global cap, a connection passed over for its unread bytes is
+// looked at again once its handler has read them: nothing else wakes the
+// loop, and a newcomer waited in the backlog for ever
+// (event.TestPublisherEvictsIdleAtCap hung 6 times in 100).
+func TestCapRechecksConnWithUnreadBytes(t *testing.T) {
+	read := make(chan struct{})
+	l := Serve(listen(t), Config{MaxConns: 1}, func(c *Conn) {
+		select {
+		case <-read:
+		case <-time.After(10 * time.Second):
+			return
+		}
+		// Read what the peer sent, then stay idle without waking anyone.
+		b := make([]byte, 6)
+		if _, err := io.ReadFull(c, b); err != nil {
+			return
+		}
+		io.Copy(io.Discard, c)
+	})
+	defer l.Close()
+	c1, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c1.Close()
+	_, err = io.WriteString(c1, "hello\n")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return l.Len() == 1 }, 2*time.Second, time.Millisecond)
+	// The loop meets c2 at the cap while c1's bytes are unread.
+	c2, err := net.Dial("tcp", l.Addr().String())
+	require.NoError(t, err)
+	defer c2.Close()
+	// Give the loop time to meet c2 with c1's bytes unread (without it
+	// the test passes either way, it cannot fail wrongly).
+	time.Sleep(20 * time.Millisecond)
+	close(read)
+	// c1 is now idle with nothing unread: it is evicted and c2 admitted.
+	c1.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c1.Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the idle connection made room")
+}
