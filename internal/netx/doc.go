@@ -15,7 +15,9 @@
 //     that long counts, so a connection just accepted is not taken for a
 //     squatter before its handler reads). If none is idle, the global cap
 //     stops accepting until a slot frees (the kernel backlog queues new
-//     peers) and the per-host cap refuses the new connection;
+//     peers; when an idle connection was passed over only for unread
+//     bytes, it looks again every 5 ms) and the per-host cap refuses the
+//     new connection;
 //   - Close stops accepting, closes the listener and every live
 //     connection, and waits for the handlers to return.
 //
