@@ -11,6 +11,11 @@ require (
 )
 
 require (
+	github.com/zeebo/errs v1.2.2 // indirect
+	storj.io/drpc v1.0.0 // indirect
+)
+
+require (
 	github.com/stretchr/testify v1.12.1
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
 )
