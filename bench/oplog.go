@@ -127,7 +127,19 @@ func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaste
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	im.addr, im.cancel, im.done = lis.Addr().String(), cancel, make(chan error, 1)
-	go func() { im.done <- master.NewService(im.m, opts...).Serve(sctx, lis) }()
+	svc := master.NewService(im.m, opts...)
+	if c.MasterProtocol == LayerDRPC {
+		// drpc on its own port: the clients' master address.
+		addr, ddone, err := serveDRPC(sctx, svc)
+		if err != nil {
+			cancel()
+			lis.Close()
+			im.closeMaster()
+			return fail(err)
+		}
+		im.addr, im.drpcDone = addr, ddone
+	}
+	go func() { im.done <- svc.Serve(sctx, lis, grpcServerOptions(c.MasterProtocol)...) }()
 	return im, nil
 }
 
