@@ -139,7 +139,8 @@ func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaste
 		}
 		im.addr, im.drpcDone = addr, ddone
 	}
-	go func() { im.done <- svc.Serve(sctx, lis, grpcServerOptions(c.MasterProtocol)...) }()
+	gopts := grpcServerOptions(c.MasterProtocol)
+	go func() { im.done <- svc.Serve(sctx, lis, gopts...) }()
 	return im, nil
 }
 

@@ -158,73 +158,12 @@ func RunRPC(ctx context.Context, c RPCConfig) (rows []RPCRow, err error) {
 	if err := c.setDefaults(); err != nil {
 		return nil, err
 	}
-	m, err := master.New(master.Config{})
+	rig, err := newRPCRig(ctx, c.Layers)
 	if err != nil {
 		return nil, err
 	}
-	if err := m.Start(); err != nil {
-		return nil, err
-	}
-	defer func() { err = errors.Join(err, m.Close()) }()
-	sctx, stop := context.WithCancel(ctx)
-	var done []<-chan error
-	defer func() {
-		stop()
-		for _, ch := range done {
-			if e := <-ch; e != nil && !errors.Is(e, context.Canceled) {
-				err = errors.Join(err, e)
-			}
-		}
-	}()
-	serve := func(opts ...grpc.ServerOption) (string, error) {
-		lis, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
-		}
-		ch := make(chan error, 1)
-		svc := master.NewService(m)
-		go func() { ch <- svc.Serve(sctx, lis, opts...) }()
-		done = append(done, ch)
-		return lis.Addr().String(), nil
-	}
-	addrs := map[string]string{}
-	for _, l := range c.Layers {
-		switch l {
-		case LayerGRPC, LayerCRPC:
-			if addrs[LayerGRPC] == "" {
-				a, err := serve()
-				if err != nil {
-					return nil, err
-				}
-				addrs[LayerGRPC], addrs[LayerCRPC] = a, a
-			}
-		case LayerGRPCTuned:
-			a, err := serve(store.TunedGRPCServerOptions()...)
-			if err != nil {
-				return nil, err
-			}
-			addrs[l] = a
-		case LayerDRPC:
-			a, ch, err := serveDRPC(sctx, master.NewService(m))
-			if err != nil {
-				return nil, err
-			}
-			addrs[l], done = a, append(done, ch)
-		}
-	}
-	conns := map[string]store.MasterConn{}
-	defer func() {
-		for _, cc := range conns {
-			cc.Close()
-		}
-	}()
-	for _, l := range c.Layers {
-		cc, _, err := dialMaster(ctx, addrs[l], l, nil)
-		if err != nil {
-			return nil, fmt.Errorf("bench: %s: %w", l, err)
-		}
-		conns[l] = cc
-	}
+	defer func() { err = errors.Join(err, rig.close()) }()
+	conns := rig.conns
 	type cell struct {
 		hist   Histogram
 		calls  int64
@@ -282,6 +221,93 @@ func RunRPC(ctx context.Context, c RPCConfig) (rows []RPCRow, err error) {
 		}
 	}
 	return rows, nil
+}
+
+// rpcRig is one in-process master served over each layer, with a client
+// connection per layer.
+type rpcRig struct {
+	m     *master.Master
+	stop  context.CancelFunc
+	done  []<-chan error
+	conns map[string]store.MasterConn
+}
+
+// newRPCRig serves plain gRPC and crpc on the master's port, tuned gRPC
+// on a second one (store.TunedGRPCServerOptions), drpc on a third.
+func newRPCRig(ctx context.Context, layers []string) (_ *rpcRig, err error) {
+	m, err := master.New(master.Config{})
+	if err != nil {
+		return nil, err
+	}
+	if err := m.Start(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	sctx, stop := context.WithCancel(context.Background())
+	r := &rpcRig{m: m, stop: stop, conns: map[string]store.MasterConn{}}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, r.close())
+		}
+	}()
+	serve := func(opts ...grpc.ServerOption) (string, error) {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		ch := make(chan error, 1)
+		svc := master.NewService(m)
+		go func() { ch <- svc.Serve(sctx, lis, opts...) }()
+		r.done = append(r.done, ch)
+		return lis.Addr().String(), nil
+	}
+	addrs := map[string]string{}
+	for _, l := range layers {
+		switch l {
+		case LayerGRPC, LayerCRPC:
+			if addrs[LayerGRPC] == "" {
+				a, err := serve()
+				if err != nil {
+					return nil, err
+				}
+				addrs[LayerGRPC], addrs[LayerCRPC] = a, a
+			}
+		case LayerGRPCTuned:
+			a, err := serve(store.TunedGRPCServerOptions()...)
+			if err != nil {
+				return nil, err
+			}
+			addrs[l] = a
+		case LayerDRPC:
+			a, ch, err := serveDRPC(sctx, master.NewService(m))
+			if err != nil {
+				return nil, err
+			}
+			addrs[l], r.done = a, append(r.done, ch)
+		}
+	}
+	for _, l := range layers {
+		cc, _, err := dialMaster(ctx, addrs[l], l, nil)
+		if err != nil {
+			return nil, fmt.Errorf("bench: %s: %w", l, err)
+		}
+		r.conns[l] = cc
+	}
+	return r, nil
+}
+
+func (r *rpcRig) close() error {
+	var err error
+	for _, cc := range r.conns {
+		cc.Close()
+	}
+	r.stop()
+	for _, ch := range r.done {
+		if e := <-ch; e != nil && !errors.Is(e, context.Canceled) {
+			err = errors.Join(err, e)
+		}
+	}
+	return errors.Join(err, r.m.Close())
 }
 
 // measureRPC keeps n ExistKey calls in flight for d.
