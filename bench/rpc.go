@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/internal/drpcx"
+	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/master"
@@ -61,7 +62,7 @@ func masterDialer(proto string) func(context.Context, string, grpc.UnaryClientIn
 // --grpc_tuned uses.
 func grpcServerOptions(proto string) []grpc.ServerOption {
 	if proto == LayerGRPCTuned {
-		return store.TunedGRPCServerOptions()
+		return grpctune.ServerOptions()
 	}
 	return nil
 }
@@ -152,7 +153,7 @@ func (c *RPCConfig) setDefaults() error {
 // RunRPC measures unary calls (ExistKey of a missing key) to one
 // in-process master over each layer: plain gRPC and crpc on the
 // master's port, tuned gRPC on a second port served with
-// store.TunedGRPCServerOptions, drpc on a third. Layers take turns in
+// grpctune.ServerOptions, drpc on a third. Layers take turns in
 // each round, the order rotating, so drift weighs on all alike.
 func RunRPC(ctx context.Context, c RPCConfig) (rows []RPCRow, err error) {
 	if err := c.setDefaults(); err != nil {
@@ -233,7 +234,7 @@ type rpcRig struct {
 }
 
 // newRPCRig serves plain gRPC and crpc on the master's port, tuned gRPC
-// on a second one (store.TunedGRPCServerOptions), drpc on a third.
+// on a second one (grpctune.ServerOptions), drpc on a third.
 func newRPCRig(ctx context.Context, layers []string) (_ *rpcRig, err error) {
 	m, err := master.New(master.Config{})
 	if err != nil {
@@ -273,7 +274,7 @@ func newRPCRig(ctx context.Context, layers []string) (_ *rpcRig, err error) {
 				addrs[LayerGRPC], addrs[LayerCRPC] = a, a
 			}
 		case LayerGRPCTuned:
-			a, err := serve(store.TunedGRPCServerOptions()...)
+			a, err := serve(grpctune.ServerOptions()...)
 			if err != nil {
 				return nil, err
 			}

@@ -112,7 +112,7 @@ type StoreConfig struct {
 	// MasterProtocol is the clients' Config.MasterProtocol: auto
 	// (default: crpc, the master's light framing, when it answers), crpc,
 	// grpc, grpc_tuned (the in-process master then serves gRPC with
-	// store.TunedGRPCServerOptions) or drpc (in-process master only,
+	// grpctune.ServerOptions) or drpc (in-process master only,
 	// served on its own port).
 	MasterProtocol string `json:"master_protocol,omitempty"`
 	// Objects is the number of objects meta stores (default 1,000,000).

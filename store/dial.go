@@ -5,19 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"runtime"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 )
 
@@ -30,7 +26,7 @@ type MasterConn interface {
 
 // DialMaster connects to the master at addr as clients do: proto is
 // "crpc", "grpc", "grpc_tuned" (gRPC with TunedGRPCDialOptions; the
-// master should serve with TunedGRPCServerOptions), or "auto" (or empty):
+// master must serve with grpctune.ServerOptions), or "auto" (or empty):
 // crpc when the master answers it, else gRPC. It returns the connection and the protocol used; intercept,
 // when not nil, sees every call. With "auto" and a master that does not
 // answer yet, the protocol is "auto": each call tries crpc again until
@@ -79,79 +75,11 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 	return &autoConn{addr: addr, intercept: intercept, sem: make(chan struct{}, 1)}, "auto", nil
 }
 
-// Tuned gRPC: fixed flow-control windows (no BDP probing), larger
-// socket buffers, keepalive both ways, handlers on a worker pool, and a
-// codec that takes every marshal buffer from gRPC's pool.
-const (
-	tunedStreamWindow = 4 << 20
-	tunedConnWindow   = 16 << 20
-	tunedBuffer       = 64 << 10
-	tunedPingEvery    = 10 * time.Second // client; the server permits 5 s
-	tunedPingTimeout  = 5 * time.Second
-)
-
 // TunedGRPCDialOptions are the client options of "grpc_tuned" (added to
-// the plain gRPC ones: insecure transport, 256 MiB messages).
-func TunedGRPCDialOptions() []grpc.DialOption {
-	return []grpc.DialOption{
-		grpc.WithStaticStreamWindowSize(tunedStreamWindow),
-		grpc.WithStaticConnWindowSize(tunedConnWindow),
-		grpc.WithReadBufferSize(tunedBuffer),
-		grpc.WithWriteBufferSize(tunedBuffer),
-		grpc.WithSharedWriteBuffer(true),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: tunedPingEvery, Timeout: tunedPingTimeout, PermitWithoutStream: true}),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(pooledCodec{})),
-	}
-}
-
-// TunedGRPCServerOptions are the master's gRPC server options for
-// "grpc_tuned" clients (crescent-master --grpc_tuned, and the bench's
-// in-process master). Plain gRPC clients are served by them too.
-func TunedGRPCServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.StaticStreamWindowSize(tunedStreamWindow),
-		grpc.StaticConnWindowSize(tunedConnWindow),
-		grpc.ReadBufferSize(tunedBuffer),
-		grpc.WriteBufferSize(tunedBuffer),
-		grpc.SharedWriteBuffer(true),
-		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: tunedPingEvery / 2, PermitWithoutStream: true}),
-		grpc.ForceServerCodecV2(pooledCodec{}),
-	}
-}
-
-// pooledCodec is gRPC's proto codec with every marshal buffer from the
-// pool (the default allocates those under 1 KiB: all the master's
-// metadata messages).
-type pooledCodec struct{}
-
-func (pooledCodec) Name() string { return "proto" }
-
-func (pooledCodec) Marshal(v any) (mem.BufferSlice, error) {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("store: marshal %T: not a protobuf message", v)
-	}
-	size := proto.Size(m)
-	pool := mem.DefaultBufferPool()
-	buf := pool.Get(size)
-	if _, err := (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend((*buf)[:0], m); err != nil {
-		pool.Put(buf)
-		return nil, err
-	}
-	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
-}
-
-func (pooledCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return fmt.Errorf("store: unmarshal %T: not a protobuf message", v)
-	}
-	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-	defer buf.Free()
-	return proto.Unmarshal(buf.ReadOnlyData(), m) // copies what it keeps
-}
+// the plain gRPC ones: insecure transport, 256 MiB messages); the master
+// must serve with grpctune.ServerOptions (crescent-master --grpc_tuned),
+// whose keepalive policy permits these pings.
+func TunedGRPCDialOptions() []grpc.DialOption { return grpctune.DialOptions() }
 
 func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
@@ -81,7 +82,7 @@ func TestDialMasterAutoAfterMasterStarts(t *testing.T) {
 }
 
 // TestDialMasterTuned: "grpc_tuned" against a master served with
-// TunedGRPCServerOptions carries the service over gRPC (not crpc), its
+// grpctune.ServerOptions carries the service over gRPC (not crpc), its
 // pooled codec round-trips replies and store errors, and a Client works
 // over it end to end.
 func TestDialMasterTuned(t *testing.T) {
@@ -93,7 +94,7 @@ func TestDialMasterTuned(t *testing.T) {
 	var grpcCalls atomic.Int64
 	sctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	opts := append(TunedGRPCServerOptions(), grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	opts := append(grpctune.ServerOptions(), grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		grpcCalls.Add(1)
 		return h(ctx, req)
 	}))
