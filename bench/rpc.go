@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -109,6 +110,9 @@ type RPCRow struct {
 	// Ratio is CallsPerSec over plain gRPC's at the same in-flight count
 	// (0 when grpc is not measured).
 	Ratio float64 `json:"ratio"`
+	// CPUUsPerCall is this process's CPU time (user + system: client and
+	// master both) per call, less noisy than calls/s on a shared machine.
+	CPUUsPerCall float64 `json:"cpu_us_per_call"`
 	// Errors are calls that failed (none expected).
 	Errors int64 `json:"errors"`
 }
@@ -171,6 +175,7 @@ func RunRPC(ctx context.Context, c RPCConfig) (rows []RPCRow, err error) {
 		errs   int64
 		lastEr error
 		dur    time.Duration
+		cpu    time.Duration
 	}
 	cells := map[string]map[int]*cell{}
 	for _, l := range c.Layers {
@@ -187,8 +192,10 @@ func RunRPC(ctx context.Context, c RPCConfig) (rows []RPCRow, err error) {
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
+				cpu0 := processCPU()
 				h, calls, errs, lastErr, d := measureRPC(ctx, storepb.NewMasterClient(conns[l]), n, slice)
 				ce := cells[l][n]
+				ce.cpu += processCPU() - cpu0
 				ce.hist.Merge(&h)
 				ce.calls += calls
 				ce.errs += errs
@@ -207,7 +214,8 @@ func RunRPC(ctx context.Context, c RPCConfig) (rows []RPCRow, err error) {
 				return nil, fmt.Errorf("bench: %s at %d in flight: no call answered: %v", l, n, ce.lastEr)
 			}
 			row := RPCRow{Layer: l, Inflight: n, Calls: ce.calls, CallsPerSec: float64(ce.calls) / ce.dur.Seconds(),
-				P50Us: float64(ce.hist.Quantile(0.5)) / 1e3, P99Us: float64(ce.hist.Quantile(0.99)) / 1e3, Errors: ce.errs}
+				P50Us: float64(ce.hist.Quantile(0.5)) / 1e3, P99Us: float64(ce.hist.Quantile(0.99)) / 1e3, Errors: ce.errs,
+				CPUUsPerCall: float64(ce.cpu) / 1e3 / float64(ce.calls)}
 			if l == LayerGRPC {
 				base = row.CallsPerSec
 			}
@@ -222,6 +230,15 @@ func RunRPC(ctx context.Context, c RPCConfig) (rows []RPCRow, err error) {
 		}
 	}
 	return rows, nil
+}
+
+// processCPU is the process's user + system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // rpcRig is one in-process master served over each layer, with a client

@@ -26,6 +26,7 @@ func TestRunRPC(t *testing.T) {
 		require.GreaterOrEqual(t, r.P99Us, r.P50Us, r.Layer)
 		require.Positive(t, r.Ratio, r.Layer)
 		require.Zero(t, r.Errors, r.Layer)
+		require.Positive(t, r.CPUUsPerCall, r.Layer)
 		if r.Layer == LayerGRPC {
 			require.Equal(t, 1.0, r.Ratio)
 		}

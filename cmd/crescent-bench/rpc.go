@@ -63,9 +63,9 @@ func rpcMain(ctx context.Context, args []string, out io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
-	fmt.Fprintf(out, "%-11s %9s %12s %9s %9s %9s\n", "layer", "in flight", "calls/s", "p50 us", "p99 us", "vs grpc")
+	fmt.Fprintf(out, "%-11s %9s %12s %9s %9s %9s %12s\n", "layer", "in flight", "calls/s", "p50 us", "p99 us", "vs grpc", "cpu us/call")
 	for _, r := range rows {
-		fmt.Fprintf(out, "%-11s %9d %12.0f %9.1f %9.1f %8.2fx\n", r.Layer, r.Inflight, r.CallsPerSec, r.P50Us, r.P99Us, r.Ratio)
+		fmt.Fprintf(out, "%-11s %9d %12.0f %9.1f %9.1f %8.2fx %12.1f\n", r.Layer, r.Inflight, r.CallsPerSec, r.P50Us, r.P99Us, r.Ratio, r.CPUUsPerCall)
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ func TestRPCMain(t *testing.T) {
 	require.Len(t, rows, 8)
 	seen := map[string]bool{}
 	for _, r := range rows {
-		for _, k := range []string{"layer", "inflight", "calls", "calls_per_sec", "p50_us", "p99_us", "ratio", "errors"} {
+		for _, k := range []string{"layer", "inflight", "calls", "calls_per_sec", "p50_us", "p99_us", "ratio", "errors", "cpu_us_per_call"} {
 			require.Contains(t, r, k)
 		}
 		require.Positive(t, r["calls_per_sec"].(float64), r["layer"])
