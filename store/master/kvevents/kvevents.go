@@ -40,7 +40,7 @@ func (k *Bridge) Unparsed() uint64 { return k.unparsed.Load() }
 // Failed counts events the publisher refused (closed, or invalid).
 func (k *Bridge) Failed() uint64 { return k.failed.Load() }
 
-// Emit implements EventSink.
+// Emit implements master.EventSink.
 func (k *Bridge) Emit(e *master.Event) {
 	var ev event.Event
 	switch e.Kind {
