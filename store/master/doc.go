@@ -159,7 +159,8 @@
 // when no complete object survives, else Removed per key). Events are
 // queued under the key's shard lock and handed to the sink after the
 // locks are let go (evqueue.go), in order; a sink that blocks holds back
-// the emitting calls only, never a shard.
+// the emitting calls only, never a shard. store/master/kvevents.Bridge is
+// the sink that publishes them as KV events.
 //
 // # Concurrency and memory
 //
