@@ -1,11 +1,12 @@
 // Package mastertest is the test bench the master's adapter packages
 // (service, admin, kvevents) share: a real master on a fake clock,
-// recording its events, with helpers to mount segments and store objects.
+// recording its ops and events (as the core's own tests do), with helpers to mount segments and store objects.
 // The core's own tests keep their copy in store/master (they cannot import
 // a package that imports the core).
 package mastertest
 
 import (
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,26 @@ import (
 
 // T0 is the fake clock's start.
 var T0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// Ops is an OpSink keeping every op.
+type Ops struct {
+	mu  sync.Mutex
+	ops []*master.Op
+}
+
+// Append records op.
+func (r *Ops) Append(op *master.Op) {
+	r.mu.Lock()
+	r.ops = append(r.ops, op)
+	r.mu.Unlock()
+}
+
+// All returns the ops recorded so far.
+func (r *Ops) All() []*master.Op {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ops)
+}
 
 // Events is an EventSink keeping every event.
 type Events struct {
@@ -45,17 +66,18 @@ type Env struct {
 	T   testing.TB
 	M   *master.Master
 	Clk *clock.Fake
+	Log *Ops
 	Ev  *Events
 	n   int // segments mounted, for unique IDs
 }
 
-// New returns a master on a fake clock, recording events. Small shard
+// New returns a master on a fake clock, recording ops and events. Small shard
 // count keeps whole-table scans cheap in tests. The master is closed when
 // the test ends.
 func New(t testing.TB, mutate func(*master.Config)) *Env {
 	t.Helper()
-	e := &Env{T: t, Clk: clock.NewFake(T0), Ev: &Events{}}
-	cfg := master.Config{Shards: 8, Clock: e.Clk, Events: e.Ev, Seed: 1}
+	e := &Env{T: t, Clk: clock.NewFake(T0), Log: &Ops{}, Ev: &Events{}}
+	cfg := master.Config{Shards: 8, Clock: e.Clk, OpLog: e.Log, Events: e.Ev, Seed: 1}
 	if mutate != nil {
 		mutate(&cfg)
 	}
