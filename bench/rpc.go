@@ -18,6 +18,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -70,7 +71,7 @@ func grpcServerOptions(proto string) []grpc.ServerOption {
 
 // serveDRPC serves svc over drpc on a new loopback port until ctx ends;
 // done receives Serve's result.
-func serveDRPC(ctx context.Context, svc *master.Service) (addr string, done <-chan error, err error) {
+func serveDRPC(ctx context.Context, svc *service.Service) (addr string, done <-chan error, err error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", nil, err
@@ -274,7 +275,7 @@ func newRPCRig(ctx context.Context, layers []string) (_ *rpcRig, err error) {
 			return "", err
 		}
 		ch := make(chan error, 1)
-		svc := master.NewService(m)
+		svc := service.New(m)
 		go func() { ch <- svc.Serve(sctx, lis, opts...) }()
 		r.done = append(r.done, ch)
 		return lis.Addr().String(), nil
@@ -297,7 +298,7 @@ func newRPCRig(ctx context.Context, layers []string) (_ *rpcRig, err error) {
 			}
 			addrs[l] = a
 		case LayerDRPC:
-			a, ch, err := serveDRPC(sctx, master.NewService(m))
+			a, ch, err := serveDRPC(sctx, service.New(m))
 			if err != nil {
 				return nil, err
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/rpcerr"
+	"github.com/crescent-kv/crescent/store/master/service"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -60,8 +61,8 @@ func TestDialMasterAutoAfterMasterStarts(t *testing.T) {
 	sctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- master.NewService(m, master.WithGracePeriod(100*time.Millisecond),
-			master.WithCRPC(crpc.ServerConfig{Interceptor: count(&crpcCalls)}, netx.Config{})).
+		served <- service.New(m, service.WithGracePeriod(100*time.Millisecond),
+			service.WithCRPC(crpc.ServerConfig{Interceptor: count(&crpcCalls)}, netx.Config{})).
 			Serve(sctx, lis, grpc.UnaryInterceptor(count(&grpcCalls)))
 	}()
 	defer func() {
@@ -99,7 +100,7 @@ func TestDialMasterTuned(t *testing.T) {
 		return h(ctx, req)
 	}))
 	go func() {
-		served <- master.NewService(m, master.WithGracePeriod(100*time.Millisecond)).Serve(sctx, lis, opts...)
+		served <- service.New(m, service.WithGracePeriod(100*time.Millisecond)).Serve(sctx, lis, opts...)
 	}()
 	t.Cleanup(func() { // after the client's Close
 		stop()
