@@ -2,14 +2,8 @@ package crpc
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
-	"math/big"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -25,69 +19,21 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/testpki"
 )
-
-// testPKI is a CA with a server certificate for 127.0.0.1 and a client
-// certificate, all generated for the test.
-type testPKI struct {
-	pool           *x509.CertPool
-	server, client tls.Certificate
-}
-
-func newPKI(t testing.TB) *testPKI {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	require.NoError(t, err)
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "crescent test CA"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	require.NoError(t, err)
-	ca, err := x509.ParseCertificate(caDER)
-	require.NoError(t, err)
-	leaf := func(serial int64, cn string, usage x509.ExtKeyUsage, ips ...net.IP) tls.Certificate {
-		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		require.NoError(t, err)
-		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: cn},
-			NotBefore: now.Add(-time.Hour), NotAfter: now.Add(time.Hour), KeyUsage: x509.KeyUsageDigitalSignature,
-			ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: ips}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
-		require.NoError(t, err)
-		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
-	}
-	p := &testPKI{pool: x509.NewCertPool()}
-	p.pool.AddCert(ca)
-	p.server = leaf(2, "master", x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))
-	p.client = leaf(3, "client-7", x509.ExtKeyUsageClientAuth)
-	return p
-}
-
-// serverTLS requires a client certificate signed by the CA (mTLS).
-func (p *testPKI) serverTLS() *tls.Config {
-	return &tls.Config{Certificates: []tls.Certificate{p.server}, ClientCAs: p.pool, ClientAuth: tls.RequireAndVerifyClientCert}
-}
-
-func (p *testPKI) clientTLS(withCert bool) *tls.Config {
-	c := &tls.Config{RootCAs: p.pool}
-	if withCert {
-		c.Certificates = []tls.Certificate{p.client}
-	}
-	return c
-}
 
 // TestTLS: crpc.Serve with ServerConfig.TLS serves a client with a
 // certificate, and refuses one without (mTLS), a plaintext client
 // (ErrTLSRequired, said by the server) and a client that does not trust
 // the server.
 func TestTLS(t *testing.T) {
-	pki := newPKI(t)
+	pki := testpki.New(t)
 	lis := listen(t)
-	serveOn(t, lis, ServerConfig{TLS: pki.serverTLS()})
+	serveOn(t, lis, ServerConfig{TLS: pki.ServerTLS()})
 	addr := lis.Addr().String()
 	ctx := tctx(t)
 
-	c := dial(t, addr, WithTLS(pki.clientTLS(true)))
+	c := dial(t, addr, WithTLS(pki.ClientTLS(true)))
 	got, err := call(ctx, c, "Echo", "sealed")
 	require.NoError(t, err)
 	require.Equal(t, "echo:sealed", got)
@@ -99,19 +45,19 @@ func TestTLS(t *testing.T) {
 	require.ErrorIs(t, err, ErrTLSRequired)
 
 	// No client certificate: the server refuses the handshake.
-	_, err = Dial(ctx, addr, WithTLS(pki.clientTLS(false)))
+	_, err = Dial(ctx, addr, WithTLS(pki.ClientTLS(false)))
 	require.Error(t, err)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	require.ErrorContains(t, err, "certificate required")
 
 	// A client that does not trust the server's CA.
-	_, err = Dial(ctx, addr, WithTLS(&tls.Config{Certificates: []tls.Certificate{pki.client}}))
+	_, err = Dial(ctx, addr, WithTLS(&tls.Config{Certificates: []tls.Certificate{pki.Client}}))
 	require.ErrorContains(t, err, "TLS handshake")
 
 	// TLS to a plaintext server fails clearly too.
 	plain := listen(t)
 	serveOn(t, plain)
-	_, err = Dial(ctx, plain.Addr().String(), WithTLS(pki.clientTLS(true)))
+	_, err = Dial(ctx, plain.Addr().String(), WithTLS(pki.ClientTLS(true)))
 	require.ErrorContains(t, err, "TLS handshake")
 }
 
@@ -119,10 +65,10 @@ func TestTLS(t *testing.T) {
 // client certificates; gRPC handlers see the client's certificate
 // through Credentials; plaintext clients of either are refused.
 func TestSplitTLS(t *testing.T) {
-	pki := newPKI(t)
+	pki := testpki.New(t)
 	lis := listen(t)
-	cl, gl := SplitTLS(lis, netx.Config{}, pki.serverTLS())
-	serveOn(t, cl, ServerConfig{TLS: pki.serverTLS()}) // not handshaken twice
+	cl, gl := SplitTLS(lis, netx.Config{}, pki.ServerTLS())
+	serveOn(t, cl, ServerConfig{TLS: pki.ServerTLS()}) // not handshaken twice
 	var seenCN atomic.Value
 	g := grpc.NewServer(grpc.Creds(Credentials()), grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if p, ok := peer.FromContext(ctx); ok {
@@ -144,18 +90,18 @@ func TestSplitTLS(t *testing.T) {
 	require.NoError(t, err)
 	defer raw.Close()
 
-	c := dial(t, addr, WithTLS(pki.clientTLS(true)))
+	c := dial(t, addr, WithTLS(pki.ClientTLS(true)))
 	got, err := call(ctx, c, "Echo", "c")
 	require.NoError(t, err)
 	require.Equal(t, "echo:c", got)
 
-	gc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(pki.clientTLS(true))))
+	gc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(true))))
 	require.NoError(t, err)
 	defer gc.Close()
 	got, err = call(ctx, gc, "Echo", "g")
 	require.NoError(t, err)
 	require.Equal(t, "echo:g", got)
-	require.Equal(t, "client-7", seenCN.Load())
+	require.Equal(t, testpki.ClientName, seenCN.Load())
 
 	_, err = Dial(ctx, addr)
 	require.ErrorIs(t, err, ErrTLSRequired)
