@@ -174,8 +174,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	})
 	select {
 	case <-ctx.Done():
-		l.Close()
-		l.Shutdown(false)
+		l.Close() // closes the connections, waits for their handlers
 		return nil
 	case <-l.Done():
 		l.Close()
