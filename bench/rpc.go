@@ -356,9 +356,9 @@ func measureRPC(ctx context.Context, mc storepb.MasterClient, n int, d time.Dura
 		go func() {
 			defer wg.Done()
 			var h Histogram
-			for {
-				t := time.Now()
-				if !t.Before(end) {
+			// At least one call each, however late the worker starts.
+			for t, tries := time.Now(), 0; ; t, tries = time.Now(), tries+1 {
+				if tries > 0 && !t.Before(end) {
 					break
 				}
 				cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

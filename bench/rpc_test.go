@@ -38,6 +38,17 @@ func TestRunRPC(t *testing.T) {
 	require.Zero(t, rows[0].Ratio)
 }
 
+// TestRunRPCShortSlice: a slice shorter than a worker's start still gets
+// a call from each worker (it failed "no call answered" on a loaded
+// machine).
+func TestRunRPCShortSlice(t *testing.T) {
+	rows, err := RunRPC(context.Background(), RPCConfig{Layers: []string{LayerGRPC, LayerDRPC}, Inflight: []int{2}, Duration: time.Nanosecond, Rounds: 1})
+	require.NoError(t, err)
+	for _, r := range rows {
+		require.GreaterOrEqual(t, r.Calls, int64(2), r.Layer)
+	}
+}
+
 func TestRPCConfigErrors(t *testing.T) {
 	for _, c := range []RPCConfig{
 		{Layers: []string{"http"}},
