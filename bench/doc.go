@@ -48,6 +48,10 @@
 // (commits/s, entries per commit), its mean fdatasync and its bytes per
 // put (local).
 //
+// Each client process runs with GOMAXPROCS = CPUs / Clients (at least 1)
+// unless GOMAXPROCS is set in the environment: the processes share the
+// host's cores.
+//
 // Client processes are driven by JSON lines: the parent writes one object
 // per command on the child's stdin, the child answers each with one object
 // on stdout, and exits when stdin closes:
