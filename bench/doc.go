@@ -48,6 +48,10 @@
 // (commits/s, entries per commit), its mean fdatasync and its bytes per
 // put (local).
 //
+// Each client process runs with GOMAXPROCS = CPUs / Clients (at least 1)
+// unless GOMAXPROCS is set in the environment: the processes share the
+// host's cores.
+//
 // # RPC layers
 //
 // StoreConfig.MasterProtocol picks the clients' layer to the master:
@@ -69,11 +73,16 @@
 // on stdout, and exits when stdin closes:
 //
 //	{"cmd":"init","config":StoreConfig,"index":i,"master":"host:port"}
-//	                                    -> {"segment":"host:port"}
-//	{"cmd":"prepare","plan":{"run_id","peers":[...],"get_keys","ring"}}
+//	                                    -> {"segment":"host:port","proto":"crpc","buf_addr":address}
+//	{"cmd":"prepare","plan":{"run_id","peers":[...],"peer_bufs":[...],"get_keys","ring"}}
 //	                                    -> {}
 //	{"cmd":"run","dur":nanoseconds}     -> {"stats":{"Ops","Gets","Puts","Bytes",
 //	                                        "Elapsed","Hist":{"n","max_ns","buckets":[[i,count],...]}}}
+//	{"cmd":"engine","dur":nanoseconds}  -> the same, for a round of the engine baseline
+//
+// buf_addr is where the client's registered buffers start (the engine
+// baseline's targets; 0 when they are not registered) and peer_bufs lists
+// every client's, in peer order.
 //
 // Any answer may instead be {"error":"text"}. Histogram buckets are the
 // indices of Histogram's log-linear buckets.
