@@ -459,6 +459,8 @@ type localClient struct {
 	engSteps  []stepFunc
 	engSeg    engine.SegmentID
 	engOpen   bool
+	engPool   *mempool.Pool // the region peers' engine baseline uses
+	engRegion []byte
 	closeOnce sync.Once
 }
 
@@ -491,6 +493,12 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 		}
 	}
 	rand.Read(lc.bufs)
+	if cfg.Baseline == BaselineEngine && lc.pool != nil {
+		if err := lc.newEngineRegion(); err != nil {
+			lc.close()
+			return nil, fmt.Errorf("bench: client %d: %w", index, err)
+		}
+	}
 	return lc, nil
 }
 
@@ -507,6 +515,9 @@ func (lc *localClient) close() error {
 		err = lc.c.Close()
 		if lc.pool != nil {
 			lc.pool.Close()
+		}
+		if lc.engPool != nil {
+			lc.engPool.Close()
 		}
 	})
 	return err

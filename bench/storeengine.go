@@ -8,38 +8,74 @@ import (
 	"unsafe"
 
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/mempool"
 )
 
 // BaselineEngine is the store benchmark's engine baseline: the same
 // clients, workers, value size and batch moving the same bytes with the
-// transfer engine alone, between the clients' registered value buffers,
-// with no master. A put's baseline is an engine write into the next
-// client's buffer, a get's a read from it (the store places a client's
-// values on the next client), one engine batch per call as the store
-// makes one per call. Each worker moves the same slice every call, so
-// its bytes stay in the caches, where a store get reads a replica from
-// anywhere in the segment, mostly from DRAM: the ratio includes that.
+// transfer engine alone, with no master, one engine batch per call as the
+// store makes one per call. A put's baseline is an engine write from the
+// worker's value slice (the store's source) into the next client's memory
+// (where the store places a client's values), a get's a read from there
+// into the slice. The remote side is a registered region of each client
+// as large as what the store's run reads and writes (its get keys and put
+// rings), which each worker walks a value at a time, so the baseline
+// touches as much memory as the store and its bytes come from DRAM as the
+// store's do, not from the caches.
 const BaselineEngine = "engine"
 
-// bufAddr is the address peers use for this client's value buffers.
+// engineSlots is how many values the engine baseline's region holds.
+func (c *StoreConfig) engineSlots() (int, error) {
+	gets, ring, err := c.plan()
+	if err != nil {
+		return 0, err
+	}
+	return max(gets+c.Threads*ring, c.Threads*c.Batch), nil
+}
+
+// newEngineRegion allocates and registers the region peers' engine
+// baseline workers move values to and from.
+func (lc *localClient) newEngineRegion() error {
+	slots, err := lc.cfg.engineSlots()
+	if err != nil {
+		return err
+	}
+	size := int64(slots) * int64(lc.cfg.ValueSize)
+	if lc.engPool, err = mempool.New(mempool.Options{Size: size, SlabSize: mempool.MinSlabSize, Name: "crescent-bench-engine"}); err != nil {
+		return fmt.Errorf("bench: engine baseline region: %w", err)
+	}
+	region := lc.engPool.Bytes()[:size:size]
+	if err := lc.c.RegisterBuffer(region); err != nil {
+		return fmt.Errorf("bench: register engine baseline region: %w", err)
+	}
+	lc.engRegion = region
+	return nil
+}
+
+// bufAddr is the address peers use for this client's engine baseline
+// region (0 without one).
 func (lc *localClient) bufAddr() uint64 {
-	if lc.pool == nil || len(lc.bufs) == 0 {
+	if len(lc.engRegion) == 0 {
 		return 0
 	}
-	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(lc.bufs))))
+	return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(lc.engRegion))))
 }
 
 // prepareEngine builds the engine baseline's workers: worker w of this
-// client moves its own slice of buffer to or from worker w's slice of the
-// next client's buffer.
+// client moves its own value slices to or from the next client's region,
+// starting at its share of it and moving on a value per item.
 func (lc *localClient) prepareEngine(ctx context.Context, p *storePlan) error {
 	cfg := lc.cfg
 	if lc.pool == nil {
 		return fmt.Errorf("bench: client %d: the engine baseline needs registered buffers (--zero_copy)", lc.index)
 	}
 	n := len(p.Peers)
-	if len(p.PeerBufs) != n {
-		return fmt.Errorf("bench: client %d: plan has %d peer buffers for %d peers", lc.index, len(p.PeerBufs), n)
+	if len(p.PeerBufs) != n || p.PeerBufs[(lc.index+1)%n] == 0 {
+		return fmt.Errorf("bench: client %d: plan has no engine region for its peer", lc.index)
+	}
+	slots, err := cfg.engineSlots()
+	if err != nil {
+		return err
 	}
 	peer := (lc.index + 1) % n
 	e := lc.c.Engine()
@@ -51,12 +87,13 @@ func (lc *localClient) prepareEngine(ctx context.Context, p *storePlan) error {
 	span := cfg.Batch * cfg.ValueSize
 	lc.engSteps = lc.engSteps[:0]
 	for w := 0; w < cfg.Threads; w++ {
-		ew := &engineWorker{cfg: cfg, e: e, rng: mrand.New(mrand.NewPCG(uint64(lc.index), uint64(w)+1<<32))}
+		ew := &engineWorker{
+			cfg: cfg, e: e, rng: mrand.New(mrand.NewPCG(uint64(lc.index), uint64(w)+1<<32)),
+			base: p.PeerBufs[peer], slots: slots, next: w * slots / cfg.Threads,
+		}
 		for i := range cfg.Batch {
 			off := w*span + i*cfg.ValueSize
-			ew.reqs = append(ew.reqs, engine.Request{
-				Local: lc.bufs[off : off+cfg.ValueSize], Target: seg, TargetAddr: p.PeerBufs[peer] + uint64(off),
-			})
+			ew.reqs = append(ew.reqs, engine.Request{Local: lc.bufs[off : off+cfg.ValueSize], Target: seg})
 		}
 		lc.engSteps = append(lc.engSteps, ew.step)
 	}
@@ -76,6 +113,9 @@ type engineWorker struct {
 	e    *engine.Engine
 	reqs []engine.Request
 	rng  *mrand.Rand
+	// The peer's region: its address, its values, the next one to use.
+	base        uint64
+	slots, next int
 }
 
 func (w *engineWorker) step(ctx context.Context, h *Histogram) (stepResult, error) {
@@ -86,6 +126,8 @@ func (w *engineWorker) step(ctx context.Context, h *Histogram) (stepResult, erro
 	}
 	for i := range w.reqs {
 		w.reqs[i].Op = op
+		w.reqs[i].TargetAddr = w.base + uint64(w.next)*uint64(w.cfg.ValueSize)
+		w.next = (w.next + 1) % w.slots
 	}
 	t0 := time.Now()
 	b, err := w.e.AllocateBatch(len(w.reqs))

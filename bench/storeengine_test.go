@@ -43,8 +43,9 @@ func TestRunStoreEngineBaseline(t *testing.T) {
 	}
 }
 
-// An engine-baseline worker moves its slice of its client's buffer to
-// (put) or from (get) the same slice of the next client's buffer.
+// An engine-baseline worker moves its value slice to (put) or from (get)
+// the next client's region, a value further on each call, so a run
+// touches the region as a whole (as the store's run touches its keys).
 func TestEngineBaselineMovesBytes(t *testing.T) {
 	ctx := context.Background()
 	im, err := newMaster(ctx, &StoreConfig{}, OplogOff)
@@ -53,30 +54,40 @@ func TestEngineBaselineMovesBytes(t *testing.T) {
 	c := smallStore("put", BaselineEngine)
 	c.Threads = 2
 	require.NoError(t, c.setDefaults())
-	p := &storePlan{RunID: runID(), Ring: 1}
+	gets, ring, err := c.plan()
+	require.NoError(t, err)
+	p := &storePlan{RunID: runID(), GetKeys: gets, Ring: ring}
 	cs, err := startClients(ctx, &c, im.addr, p)
 	defer closeClients(cs)
 	require.NoError(t, err)
 	a, b := cs[0].(*localClient), cs[1].(*localClient)
 	require.Len(t, a.engSteps, 2)
 	vs := c.ValueSize
+	slots, err := c.engineSlots()
+	require.NoError(t, err)
+	require.Equal(t, c.Threads*ring, slots, "the region holds what the put rings hold")
+	require.Len(t, b.engRegion, slots*vs)
 	slice := func(lc *localClient, w int) []byte { return lc.bufs[w*vs : (w+1)*vs] }
+	slot := func(lc *localClient, i int) []byte { return lc.engRegion[i*vs : (i+1)*vs] }
 
 	var h Histogram
-	copy(slice(a, 1), bytes.Repeat([]byte("put!"), vs/4))
-	r, err := a.engSteps[1](ctx, &h)
-	require.NoError(t, err)
-	assert.Equal(t, stepResult{keys: 1, bytes: int64(vs)}, r)
-	assert.Equal(t, slice(a, 1), slice(b, 1), "the put did not land in the next client's buffer")
-	assert.NotEqual(t, slice(a, 1), slice(b, 0), "the put landed in another worker's slice")
+	first := slots / 2 // worker 1 of 2 starts half-way
+	for k, fill := range []string{"put!", "two!"} {
+		copy(slice(a, 1), bytes.Repeat([]byte(fill), vs/4))
+		r, err := a.engSteps[1](ctx, &h)
+		require.NoError(t, err)
+		assert.Equal(t, stepResult{keys: 1, bytes: int64(vs)}, r)
+		assert.Equal(t, slice(a, 1), slot(b, first+k), "put %d did not land in the next slot of the next client's region", k)
+	}
+	assert.NotEqual(t, slot(b, first), slot(b, first+1))
 
 	c.Operation = "get"
-	copy(slice(a, 0), bytes.Repeat([]byte("get?"), vs/4))
-	r, err = b.engSteps[0](ctx, &h)
+	copy(slot(a, 0), bytes.Repeat([]byte("get?"), vs/4))
+	r, err := b.engSteps[0](ctx, &h)
 	require.NoError(t, err)
 	assert.True(t, r.get)
-	assert.Equal(t, slice(a, 0), slice(b, 0), "the get did not read the next client's buffer")
-	assert.EqualValues(t, 2, h.n)
+	assert.Equal(t, slot(a, 0), slice(b, 0), "the get did not read the next client's region")
+	assert.EqualValues(t, 3, h.n)
 }
 
 func TestStoreConfigEngineBaselineErrors(t *testing.T) {
