@@ -181,7 +181,7 @@ func checkInvariants(t testing.TB, m *Master) {
 			t.Errorf("shard %d: %d index entries for %d keys", i, live, sh.len())
 		}
 		sh.each(func(k string, o *object) bool {
-			if sh.get(k) != o {
+			if sh.get(k, m.hash(k)) != o {
 				t.Errorf("shard %d: key %q not found at its slot", i, k)
 			}
 			keys++

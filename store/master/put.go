@@ -75,14 +75,14 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 	req := alloc.Request{Size: size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
 		MinReplicas: rc.MinReplicas}
 	ttl := m.pinTTL(rc) // kept per object only when it is not the default
-	sh := m.shardOf(key)
+	sh, h := m.locate(key)
 	for attempt := 0; ; attempt++ {
 		// Suspect segments only on the second try: making room elsewhere
 		// beats a write that will likely fail.
 		req.NoSuspect = attempt == 0 && m.alloc.Suspects() > 0
 		sh.mu.Lock()
 		now := m.now()
-		if err := m.claimKey(sh, key, now); err != nil {
+		if err := m.claimKey(sh, h, key, now); err != nil {
 			sh.unlock()
 			return nil, 0, err
 		}
@@ -93,7 +93,7 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 			var o object
 			op := &Op{Kind: OpPutStart, Time: now, Key: key, Client: client, Size: size, SoftPin: rc.SoftPin,
 				SoftPinTTL: ttl, HardPin: rc.HardPin, Segments: segs, Gen: gen}
-			if err = m.apply(sh, op, &applyArgs{obj: &o, minReps: rc.MinReplicas}); err == nil {
+			if err = m.apply(sh, h, op, &applyArgs{obj: &o, minReps: rc.MinReplicas}); err == nil {
 				reps = m.replicas(&o)
 			}
 		}
@@ -125,8 +125,8 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 // claimKey readies key for a new object: a complete object, or an
 // unfinished one younger than PutDiscardTimeout, is ErrObjectAlreadyExists;
 // an older unfinished one is taken over (OpDiscard). The shard is locked.
-func (m *Master) claimKey(sh *shard, key string, now int64) error {
-	o := sh.get(key)
+func (m *Master) claimKey(sh *shard, h uint64, key string, now int64) error {
+	o := sh.get(key, h)
 	switch {
 	case o == nil:
 		return nil
@@ -134,7 +134,7 @@ func (m *Master) claimKey(sh *shard, key string, now int64) error {
 		return errcode.New(errcode.ObjectAlreadyExists, "key %q", key)
 	}
 	m.discardedPuts.Add(1)
-	return m.apply(sh, &Op{Kind: OpDiscard, Time: now, Key: key}, &applyArgs{})
+	return m.apply(sh, h, &Op{Kind: OpDiscard, Time: now, Key: key}, &applyArgs{})
 }
 
 // PutEnd makes the object visible (COMPLETE). Only the client that
@@ -177,10 +177,10 @@ func (m *Master) finishPut(op *Op, rt ReplicaType) error {
 		return errcode.New(errcode.InvalidParams, "replica type %d: the master places memory replicas only", rt)
 	}
 	defer m.flushEvents() // after the unlock
-	sh := m.shardOf(op.Key)
+	sh, h := m.locate(op.Key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(op.Key)
+	o := sh.get(op.Key, h)
 	switch {
 	case o == nil:
 		return errcode.New(errcode.ObjectNotFound, "key %q", op.Key)
@@ -194,7 +194,7 @@ func (m *Master) finishPut(op *Op, rt ReplicaType) error {
 		return errcode.New(errcode.IllegalClient, "key %q is being written by another client", op.Key)
 	}
 	op.Time = m.now()
-	return m.apply(sh, op, &applyArgs{})
+	return m.apply(sh, h, op, &applyArgs{})
 }
 
 // PutStartResult is one item of BatchPutStart.

@@ -14,10 +14,10 @@ func (m *Master) GetReplicaList(key string) ([]Replica, time.Duration, error) {
 	if err := m.checkKey(key); err != nil {
 		return nil, 0, err
 	}
-	sh := m.shardOf(key)
+	sh, h := m.locate(key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(key)
+	o := sh.get(key, h)
 	if o == nil {
 		return nil, 0, errcode.New(errcode.ObjectNotFound, "key %q", key)
 	}
@@ -52,10 +52,10 @@ func (m *Master) ExistKey(key string, noLease bool) (bool, error) {
 	if err := m.checkKey(key); err != nil {
 		return false, err
 	}
-	sh := m.shardOf(key)
+	sh, h := m.locate(key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(key)
+	o := sh.get(key, h)
 	if o == nil || !o.complete() {
 		return false, nil
 	}
