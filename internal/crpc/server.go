@@ -212,8 +212,19 @@ type serverConn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	slots  chan struct{} // calls in flight on this connection
-	wmu    sync.Mutex
 	once   sync.Once
+
+	// Writes: one writer at a time; frames that come meanwhile queue
+	// and go out together in its next write (one syscall for many
+	// replies). A queued frame's caller waits until its batch is out.
+	wmu     sync.Mutex
+	wcond   sync.Cond // on wmu: a batch went out, or writing failed
+	writing bool
+	wq      []byte // frames queued for the next batch
+	spare   []byte // the last batch's buffer, for reuse
+	fill    uint64 // the batch wq fills
+	sent    uint64 // the last batch written
+	werr    error
 
 	mu    sync.Mutex
 	calls map[uint32]*serverCall
@@ -234,21 +245,23 @@ func (sc *serverConn) close() {
 // busy marks the connection (and Split's, beneath) as working or not, so
 // netx evicts only idle connections at its caps.
 func (sc *serverConn) busy(on bool) {
-	ms := []busyMarker{sc.c}
-	if m, ok := sc.c.Conn.(busyMarker); ok {
-		ms = append(ms, m)
-	}
-	for _, m := range ms {
-		if on {
-			m.Busy()
-		} else {
-			m.Idle()
+	under, _ := sc.c.Conn.(busyMarker)
+	if on {
+		sc.c.Busy()
+		if under != nil {
+			under.Busy()
 		}
+		return
+	}
+	sc.c.Idle()
+	if under != nil {
+		under.Idle()
 	}
 }
 
 func (s *Server) serveConn(nc *netx.Conn) {
-	sc := &serverConn{s: s, c: nc, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}}
+	sc := &serverConn{s: s, c: nc, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}, fill: 1}
+	sc.wcond.L = &sc.wmu
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	defer sc.close()
 	p := make([]byte, prefaceLen)
@@ -379,8 +392,10 @@ func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name s
 	s := sc.s
 	defer s.callWG.Done()
 	var resp any
-	err := status.Errorf(codes.Unimplemented, "crpc: unknown method %s", name)
-	if m, ok := s.methods[name]; ok {
+	var err error
+	if m, ok := s.methods[name]; !ok {
+		err = status.Errorf(codes.Unimplemented, "crpc: unknown method %s", name)
+	} else {
 		dec := func(v any) error {
 			pm, ok := v.(proto.Message)
 			if !ok {
@@ -423,16 +438,69 @@ func (sc *serverConn) reply(id uint32, resp any, err error) error {
 	return sc.write(buf)
 }
 
-// write sends one frame within WriteTimeout, else ends the connection.
+// maxCoalesce is the largest frame write queues behind another write;
+// a larger one waits its turn and goes out alone (no copy).
+const maxCoalesce = 64 << 10
+
+// write sends one frame, each write within WriteTimeout, else ends the
+// connection; it returns once the frame is out. Frames written while
+// another write is in progress queue and leave together in the next one.
 func (sc *serverConn) write(b []byte) error {
 	sc.wmu.Lock()
-	sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
-	_, err := sc.c.Write(b)
-	sc.wmu.Unlock()
-	if err != nil {
-		sc.close()
+	for sc.writing && len(b) > maxCoalesce && sc.werr == nil {
+		sc.wcond.Wait()
 	}
-	return err
+	if sc.werr != nil {
+		err := sc.werr
+		sc.wmu.Unlock()
+		return err
+	}
+	if sc.writing {
+		sc.wq = append(sc.wq, b...)
+		mine := sc.fill
+		for sc.sent < mine && sc.werr == nil {
+			sc.wcond.Wait()
+		}
+		var err error
+		if sc.sent < mine {
+			err = sc.werr
+		}
+		sc.wmu.Unlock()
+		return err
+	}
+	sc.writing = true
+	batch := uint64(0) // b is the caller's frame, not a batch
+	for {
+		sc.wmu.Unlock()
+		sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
+		_, err := sc.c.Write(b)
+		sc.wmu.Lock()
+		if batch != 0 {
+			if cap(b) <= 4*maxCoalesce { // keep a small buffer only
+				sc.spare = b[:0]
+			}
+			if err == nil {
+				sc.sent = batch
+			}
+		}
+		if err != nil {
+			sc.werr, sc.writing, sc.wq = err, false, nil
+			sc.wcond.Broadcast()
+			sc.wmu.Unlock()
+			sc.close()
+			return err
+		}
+		if len(sc.wq) == 0 {
+			sc.writing = false
+			sc.wcond.Broadcast() // a large frame may be waiting
+			sc.wmu.Unlock()
+			return nil
+		}
+		sc.wcond.Broadcast()
+		batch = sc.fill
+		sc.fill++
+		b, sc.wq, sc.spare = sc.wq, sc.spare, nil
+	}
 }
 
 // encodeReply frames resp (kind reply), or herr's status when herr is not
