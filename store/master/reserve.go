@@ -106,10 +106,11 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 	req := alloc.Request{Size: spec.Size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
 		MinReplicas: rc.MinReplicas, NoSuspect: true} // speculative: never on a segment that failed writes
 	var res ReserveResult
+	now := m.now() // one clock read for the count
 	for range spec.Count {
 		segs, err := m.alloc.Choose(req)
 		if err == nil {
-			op := &Op{Kind: OpReserve, Time: m.now(), Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
+			op := &Op{Kind: OpReserve, Time: now, Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
 				SoftPinTTL: m.pinTTL(&rc), HardPin: rc.HardPin, Segments: segs}
 			var o object
 			rs := m.resvOf(client)
@@ -144,13 +145,14 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 // again; an older unfinished put is taken over as PutStart does.
 func (m *Master) Commit(client UUID, items []CommitItem) []error {
 	out := make([]error, len(items))
+	now := m.now() // one clock read for the batch
 	for i, it := range items {
-		out[i] = m.commit(client, it)
+		out[i] = m.commit(client, it, now)
 	}
 	return out
 }
 
-func (m *Master) commit(client UUID, it CommitItem) error {
+func (m *Master) commit(client UUID, it CommitItem, now int64) error {
 	if err := m.checkKey(it.Key); err != nil {
 		return err
 	}
@@ -160,7 +162,6 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 	defer sh.unlock()
 	rs := m.resvOf(client)
 	rs.mu.Lock()
-	now := m.now()
 	// Check the reservation before the key: a stale one must not take an
 	// old put's key over.
 	r, ok := rs.m[it.ID]
