@@ -290,8 +290,15 @@ func (s *Server) serveConn(nc *netx.Conn) {
 		return
 	}
 	rd := newReader(nc, s.cfg.MaxFrame)
+	// Deadlines are armed only before a read that may wait: a frame
+	// already buffered needs none (time.Now and a timer update per frame
+	// add up at small calls).
 	var frameDeadline time.Time
-	rd.onHeader = func() {
+	rd.onHeader = func(whole bool) {
+		if whole {
+			frameDeadline = time.Time{}
+			return
+		}
 		frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
 		nc.SetReadDeadline(frameDeadline)
 	}
@@ -299,13 +306,18 @@ func (s *Server) serveConn(nc *netx.Conn) {
 		if s.mem.tryAcquire(int64(n)) {
 			return nil
 		}
+		if frameDeadline.IsZero() {
+			frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
+		}
 		ctx, cancel := context.WithDeadline(sc.ctx, frameDeadline)
 		defer cancel()
 		return s.mem.acquire(ctx, int64(n))
 	}
 	rd.release = func(n int) { s.mem.release(int64(n)) }
 	for {
-		nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		if rd.buffered() < headerLen {
+			nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		}
 		f, err := rd.next()
 		if err != nil {
 			return
