@@ -14,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -57,8 +58,8 @@ func TestDialMasterAutoAfterMasterStarts(t *testing.T) {
 	sctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() {
-		served <- master.NewService(m, master.WithGracePeriod(100*time.Millisecond),
-			master.WithCRPC(crpc.ServerConfig{Interceptor: count(&crpcCalls)}, netx.Config{})).
+		served <- service.New(m, service.WithGracePeriod(100*time.Millisecond),
+			service.WithCRPC(crpc.ServerConfig{Interceptor: count(&crpcCalls)}, netx.Config{})).
 			Serve(sctx, lis, grpc.UnaryInterceptor(count(&grpcCalls)))
 	}()
 	defer func() {

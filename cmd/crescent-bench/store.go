@@ -35,7 +35,7 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&c.Replicas, "replicas", 1, "replicas per value")
 	fs.IntVar(&c.Batch, "batch", 0, "keys per call: BatchPut/BatchGet when > 1 (default 1; meta 128)")
 	zeroCopy := fs.Bool("zero_copy", true, "PutFrom/GetInto on registered buffers; false: Put/Get on Go heap memory")
-	fs.StringVar(&c.Baseline, "baseline", "", "redis, oplog_off (the same workload on a second in-process master with the log off) or none (default: oplog_off with --oplog, else redis when redis-server is installed)")
+	fs.StringVar(&c.Baseline, "baseline", "", "redis, engine (the same clients, buffers and concurrency moving the bytes with the transfer engine alone), oplog_off (the same workload on a second in-process master with the log off) or none (default: oplog_off with --oplog, else redis when redis-server is installed)")
 	fs.StringVar(&c.Oplog, "oplog", "off", "the in-process master's operation log: off, local (files in --oplog_dir), etcd (a single-member etcd the bench starts, data on disk, fsync on) or etcd://host:port[,host:port]")
 	fs.StringVar(&c.OplogDir, "oplog_dir", "", "--oplog local: the log's directory (default: a temporary directory in the working directory, removed after)")
 	fs.StringVar(&c.RedisServer, "redis_server", "", "redis-server binary (default: $PATH)")

@@ -27,6 +27,9 @@ import (
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/admin"
+	"github.com/crescent-kv/crescent/store/master/kvevents"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // config holds every setting, with the reference's flag names and
@@ -267,17 +270,17 @@ func run(ctx context.Context, cfg config) error {
 		if pub, err = newPublisher(cfg, log); err != nil {
 			return err
 		}
-		mc.Events = master.NewKVEvents(pub)
+		mc.Events = kvevents.New(pub)
 		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
 	}
 
 	var (
 		m          *master.Master
-		svcOpts    []master.ServiceOption
+		svcOpts    []service.Option
 		logMetrics prometheus.Collector
 		err        error
 	)
-	var adminOpts []master.AdminOption
+	var adminOpts []admin.Option
 	var snaps *snapshots
 	if cfg.DataDir != "" || cfg.Oplog != "" {
 		var recovery []oplog.DurableOption
@@ -299,7 +302,7 @@ func run(ctx context.Context, cfg config) error {
 		}()
 		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "oplog", cfg.Oplog, "snapshot", d.Snapshot.ID,
 			"snapshot_seq", d.Snapshot.Seq, "entries", d.Replayed, "took", d.Took)
-		m, svcOpts, logMetrics = d.Master, []master.ServiceOption{d.ServiceOption()}, oplog.NewCollector(d)
+		m, svcOpts, logMetrics = d.Master, []service.Option{d.ServiceOption()}, oplog.NewCollector(d)
 		if snaps != nil {
 			if adminOpts, err = snaps.start(cfg, d, mc); err != nil {
 				return err
@@ -314,13 +317,13 @@ func run(ctx context.Context, cfg config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var metrics *master.Metrics
-	svc := master.NewService(m, append(svcOpts, master.WithObserver(func(rpc string, d time.Duration, err error) {
+	var metrics *admin.Metrics
+	svc := service.New(m, append(svcOpts, service.WithObserver(func(rpc string, d time.Duration, err error) {
 		metrics.Observe(rpc, d, err)
-	}), master.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
+	}), service.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
 		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
 		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))...)
-	metrics = master.NewMetrics(m, svc)
+	metrics = admin.NewMetrics(m, svc)
 	reg.MustRegister(metrics)
 	if logMetrics != nil {
 		reg.MustRegister(logMetrics)
@@ -351,7 +354,7 @@ func run(ctx context.Context, cfg config) error {
 		return nil
 	}
 	if cfg.MetricsPort > 0 {
-		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), master.AdminHandler(m, svc, reg, nil, adminOpts...)); err != nil {
+		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), admin.Handler(m, svc, reg, nil, adminOpts...)); err != nil {
 			lis.Close()
 			m.Close()
 			return err
