@@ -99,7 +99,12 @@ func (c *Client) checkLease(key string, deadline time.Time) error {
 	if c.afterRead != nil {
 		c.afterRead()
 	}
-	if now := c.clock.Now(); now.After(deadline) {
+	return c.checkLeaseAt(key, deadline, c.clock.Now())
+}
+
+// checkLeaseAt is checkLease with the clock read (after the read ended).
+func (c *Client) checkLeaseAt(key string, deadline, now time.Time) error {
+	if now.After(deadline) {
 		return errcode.New(errcode.LeaseExpired, "%q: read ended %v after the lease", key, now.Sub(deadline))
 	}
 	return nil
@@ -359,9 +364,16 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 	for _, i := range pending { // ctx ended with these unread
 		errs[i] = errcode.New(errcode.TransferFail, "%q: %v", keys[i], ctx.Err())
 	}
+	var now time.Time
+	if len(locs) > 0 {
+		if c.afterRead != nil {
+			c.afterRead()
+		}
+		now = c.clock.Now() // every read has ended: one clock read for all
+	}
 	for i, l := range locs {
 		if errs[i] == nil {
-			errs[i] = c.checkLease(keys[i], l.deadline)
+			errs[i] = c.checkLeaseAt(keys[i], l.deadline, now)
 		}
 		if errs[i] != nil {
 			vals[i] = nil
