@@ -69,7 +69,9 @@
 //   - a handler's context ends at the caller's deadline (the request's
 //     timeout), at its cancel frame, or when the connection closes;
 //   - every write has WriteTimeout (10 s): a peer that stops reading
-//     loses its connection;
+//     loses its connection; replies (up to 64 KiB each) that are ready
+//     while another is being written queue and go out together in the
+//     next write, and each call's slots free once its reply is out;
 //   - Serve and Split accept through netx.Serve (backoff on EMFILE and
 //     other transient errors; connection caps, idle connections evicted
 //     first: a crpc connection is busy while it has calls in flight).
