@@ -84,4 +84,6 @@ func TestRepliesCoalesce(t *testing.T) {
 	require.Equal(t, uint64(1), sc.sent)
 }
 
-func le32(b []byte) uint32 { return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24 }
+func le32(b []byte) uint32 {
+	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
+}
