@@ -1,6 +1,7 @@
 package crpc
 
 import (
+	"encoding/binary"
 	"fmt"
 	"io"
 	"strings"
@@ -67,7 +68,7 @@ func TestRepliesCoalesce(t *testing.T) {
 		var hdr [headerLen]byte
 		_, err := io.ReadFull(c, hdr[:])
 		require.NoError(t, err)
-		f := frame{id: le32(hdr[4:]), kind: hdr[8], body: make([]byte, le32(hdr[0:]))}
+		f := frame{id: binary.LittleEndian.Uint32(hdr[4:]), kind: hdr[8], body: make([]byte, binary.LittleEndian.Uint32(hdr[0:]))}
 		_, err = io.ReadFull(c, f.body)
 		require.NoError(t, err)
 		require.Equal(t, byte(kindReply), f.kind)
@@ -82,8 +83,4 @@ func TestRepliesCoalesce(t *testing.T) {
 	defer sc.wmu.Unlock()
 	require.Equal(t, uint64(2), sc.fill, "the queued replies left in one batch")
 	require.Equal(t, uint64(1), sc.sent)
-}
-
-func le32(b []byte) uint32 {
-	return uint32(b[0]) | uint32(b[1])<<8 | uint32(b[2])<<16 | uint32(b[3])<<24
 }
