@@ -128,7 +128,20 @@ func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaste
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	im.addr, im.cancel, im.done = lis.Addr().String(), cancel, make(chan error, 1)
-	go func() { im.done <- service.New(im.m, opts...).Serve(sctx, lis) }()
+	svc := service.New(im.m, opts...)
+	if c.MasterProtocol == LayerDRPC {
+		// drpc on its own port: the clients' master address.
+		addr, ddone, err := serveDRPC(sctx, svc)
+		if err != nil {
+			cancel()
+			lis.Close()
+			im.closeMaster()
+			return fail(err)
+		}
+		im.addr, im.drpcDone = addr, ddone
+	}
+	gopts := grpcServerOptions(c.MasterProtocol)
+	go func() { im.done <- svc.Serve(sctx, lis, gopts...) }()
 	return im, nil
 }
 

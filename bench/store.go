@@ -110,8 +110,10 @@ type StoreConfig struct {
 	// negative = off: every put is PutStart+PutEnd).
 	PutAhead int `json:"put_ahead,omitempty"`
 	// MasterProtocol is the clients' Config.MasterProtocol: auto
-	// (default: crpc, the master's light framing, when it answers), crpc
-	// or grpc.
+	// (default: crpc, the master's light framing, when it answers), crpc,
+	// grpc, grpc_tuned (the in-process master then serves gRPC with
+	// grpctune.ServerOptions) or drpc (in-process master only,
+	// served on its own port).
 	MasterProtocol string `json:"master_protocol,omitempty"`
 	// Objects is the number of objects meta stores (default 1,000,000).
 	Objects int `json:"objects,omitempty"`
@@ -159,6 +161,15 @@ func (c *StoreConfig) setDefaults() error {
 	c.Objects = cmp.Or(c.Objects, DefaultMetaObjects)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	switch c.MasterProtocol {
+	case "", "auto", LayerCRPC, LayerGRPC, LayerGRPCTuned:
+	case LayerDRPC:
+		if c.MasterAddr != "" {
+			return bad("--master_protocol drpc needs the in-process master (crescent-master does not serve drpc)")
+		}
+	default:
+		return bad("--master_protocol must be auto, crpc, grpc, grpc_tuned or drpc, not %q", c.MasterProtocol)
 	}
 	switch {
 	case c.Clients < 1 || c.Clients > 64:
@@ -454,7 +465,7 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 	sc := store.Config{
 		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
 		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
-		PutAhead: cfg.PutAhead, MasterProtocol: cfg.MasterProtocol,
+		PutAhead: cfg.PutAhead, MasterProtocol: cfg.MasterProtocol, MasterDialer: masterDialer(cfg.MasterProtocol),
 	}
 	if cfg.Protocol != "" {
 		sc.Protocols = []string{cfg.Protocol}
@@ -831,11 +842,16 @@ type inProcessMaster struct {
 	addr    string
 	cancel  context.CancelFunc
 	done    chan error
+	// drpcDone is the drpc server's end (--master_protocol drpc).
+	drpcDone <-chan error
 }
 
 func (im *inProcessMaster) close() error {
 	im.cancel()
 	err := <-im.done
+	if im.drpcDone != nil {
+		err = errors.Join(err, <-im.drpcDone)
+	}
 	err = errors.Join(err, im.closeMaster())
 	im.closeLog()
 	return err

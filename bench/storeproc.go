@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -150,6 +151,21 @@ func ServeStoreClient(ctx context.Context, in io.Reader, out io.Writer) error {
 	}
 }
 
+// childEnv is a client process's environment: base plus extra and,
+// unless either sets GOMAXPROCS, the child's share of the CPUs (at least
+// one). The children and the master share the host; a child whose
+// runtime counts every core as its own wakes idle threads (futex) that
+// then wait for a core the others hold.
+func childEnv(base, extra []string, clients, cpus int) []string {
+	env := append(append([]string(nil), base...), extra...)
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "GOMAXPROCS="); ok && v != "" {
+			return env
+		}
+	}
+	return append(env, fmt.Sprintf("GOMAXPROCS=%d", max(1, cpus/max(1, clients))))
+}
+
 // remoteClient is a client process driven over its stdin and stdout.
 type remoteClient struct {
 	index   int
@@ -167,7 +183,7 @@ type remoteClient struct {
 func startRemoteClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr string) (*remoteClient, error) {
 	rc := &remoteClient{index: index, replies: make(chan []byte, 1), stderr: &syncbuf.Buffer{}, exited: make(chan struct{})}
 	rc.cmd = exec.Command(cfg.ClientCommand[0], cfg.ClientCommand[1:]...)
-	rc.cmd.Env = append(os.Environ(), cfg.ClientEnv...)
+	rc.cmd.Env = childEnv(os.Environ(), cfg.ClientEnv, cfg.Clients, runtime.NumCPU())
 	rc.cmd.Stderr = rc.stderr
 	// The child dies with us rather than keep its memory.
 	rc.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

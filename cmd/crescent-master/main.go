@@ -24,6 +24,7 @@ import (
 	"github.com/crescent-kv/crescent/event"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
@@ -57,6 +58,7 @@ type config struct {
 	CRPCMaxCalls                int     `yaml:"crpc_max_calls"`
 	CRPCIdleTimeoutSec          int64   `yaml:"crpc_idle_timeout_sec"`
 	CRPCMaxBufferedBytes        int64   `yaml:"crpc_max_buffered_bytes"`
+	GRPCTuned                   bool    `yaml:"grpc_tuned"`
 
 	EnableKVEvents           bool    `yaml:"enable_kv_events"`
 	KVEventsEndpoint         string  `yaml:"kv_events_endpoint"`
@@ -132,6 +134,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CRPCMaxCalls, "crpc_max_calls", c.CRPCMaxCalls, "crpc calls in flight across connections")
 	fs.Int64Var(&c.CRPCIdleTimeoutSec, "crpc_idle_timeout_sec", c.CRPCIdleTimeoutSec, "seconds a crpc connection may send nothing (clients ping every 10 s) before it is closed")
 	fs.Int64Var(&c.CRPCMaxBufferedBytes, "crpc_max_buffered_bytes", c.CRPCMaxBufferedBytes, "crpc request bytes held at once across connections (at least rpc_max_message_bytes)")
+	fs.BoolVar(&c.GRPCTuned, "grpc_tuned", c.GRPCTuned, "serve gRPC with the tuned options (internal/grpctune: fixed windows, keepalive, worker pool, pooled codec) that --master_protocol grpc_tuned clients need")
 	fs.BoolVar(&c.EnableKVEvents, "enable_kv_events", c.EnableKVEvents, "publish KV events (vLLM-compatible ZMQ stream)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv_events_endpoint", c.KVEventsEndpoint, "PUB endpoint (binds with *, ::, ipc://; else connects)")
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv_events_replay_endpoint", c.KVEventsReplayEndpoint, "ROUTER replay endpoint; empty = no replay")
@@ -371,7 +374,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	log.Info("crescent-master serving", "rpc", lis.Addr().String(), "view_version", m.ViewVersion())
 	// Batch RPCs of many keys exceed gRPC's 4 MiB default.
-	err = svc.Serve(ctx, lis, grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes))
+	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes)}
+	if cfg.GRPCTuned {
+		gopts = append(gopts, grpctune.ServerOptions()...)
+	}
+	err = svc.Serve(ctx, lis, gopts...)
 	log.Info("crescent-master stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -2,6 +2,7 @@ package crpc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -69,6 +70,11 @@ type ServerConfig struct {
 	Interceptor grpc.UnaryServerInterceptor
 	// Conns configures the accept loop (netx): connection caps, logging.
 	Conns netx.Config
+	// TLS, when set, makes Serve handshake every connection (within the
+	// preface timeout) before crpc's preface; a plaintext crpc client is
+	// told the server requires TLS. Connections from SplitTLS arrive
+	// handshaken already.
+	TLS *tls.Config
 }
 
 func (c ServerConfig) withDefaults() ServerConfig {
@@ -208,7 +214,8 @@ type busyMarker interface {
 
 type serverConn struct {
 	s      *Server
-	c      *netx.Conn
+	c      net.Conn   // the stream: nc, or TLS over it
+	nc     *netx.Conn // for the caps' busy marks
 	ctx    context.Context
 	cancel context.CancelFunc
 	slots  chan struct{} // calls in flight on this connection
@@ -238,6 +245,7 @@ type serverCall struct {
 func (sc *serverConn) close() {
 	sc.once.Do(func() {
 		sc.cancel()
+		sc.nc.Close() // first: TLS's close alert must not wait on the peer
 		sc.c.Close()
 	})
 }
@@ -245,22 +253,31 @@ func (sc *serverConn) close() {
 // busy marks the connection (and Split's, beneath) as working or not, so
 // netx evicts only idle connections at its caps.
 func (sc *serverConn) busy(on bool) {
-	under, _ := sc.c.Conn.(busyMarker)
+	under, _ := sc.nc.Conn.(busyMarker)
 	if on {
-		sc.c.Busy()
+		sc.nc.Busy()
 		if under != nil {
 			under.Busy()
 		}
 		return
 	}
-	sc.c.Idle()
+	sc.nc.Idle()
 	if under != nil {
 		under.Idle()
 	}
 }
 
-func (s *Server) serveConn(nc *netx.Conn) {
-	sc := &serverConn{s: s, c: nc, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}, fill: 1}
+func (s *Server) serveConn(raw *netx.Conn) {
+	var nc net.Conn = raw
+	if pc, ok := raw.Conn.(*peekedConn); s.cfg.TLS != nil && (!ok || !pc.secure) {
+		tc, ok := handshake(raw, s.cfg.TLS)
+		if !ok {
+			raw.Close()
+			return
+		}
+		nc = tc
+	}
+	sc := &serverConn{s: s, c: nc, nc: raw, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}, fill: 1}
 	sc.wcond.L = &sc.wmu
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	defer sc.close()
@@ -513,6 +530,24 @@ func (sc *serverConn) write(b []byte) error {
 		sc.fill++
 		b, sc.wq, sc.spare = sc.wq, sc.spare, nil
 	}
+}
+
+// handshake runs a server TLS handshake on c within the preface timeout.
+// A plaintext crpc client is answered, in plaintext, with the preface
+// that says TLS is required, so it can tell its caller why.
+func handshake(c net.Conn, cfg *tls.Config) (*tls.Conn, bool) {
+	c.SetDeadline(time.Now().Add(prefaceTimeout))
+	tc := tls.Server(c, cfg)
+	err := tc.Handshake()
+	if err != nil {
+		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) && rh.Conn != nil && string(rh.RecordHeader[:4]) == magic {
+			rh.Conn.Write(tlsRequiredPreface())
+		}
+		return nil, false
+	}
+	c.SetDeadline(time.Time{})
+	return tc, true
 }
 
 // encodeReply frames resp (kind reply), or herr's status when herr is not

@@ -22,7 +22,10 @@
 // Service.UnaryInterceptor, which Serve installs on both of its servers
 // (a server given the service through Register alone needs it too).
 // Serve runs a grpc.Server and a crpc server (internal/crpc; WithCRPC
-// bounds it) on one port until its context ends.
+// bounds it) on one port until its context ends; with WithCRPC's TLS the
+// port is TLS for both (handshake first, then the split by preface;
+// mTLS through the tls.Config's ClientAuth, gRPC handlers see the
+// peer's certificate).
 //
 // RPCNames lists the RPC names RPCCount and observers use, in a fixed
 // order; they name the per-RPC metrics (master_<rpc>_requests_total).

@@ -101,7 +101,9 @@ func WithGracePeriod(d time.Duration) Option { return func(s *Service) { s.grace
 
 // WithCRPC configures Serve's crpc server (frame size, calls in flight,
 // timeouts; its Interceptor is the service's own, chained after any
-// given) and, with conns, the port's accept loop (connection caps).
+// given) and, with conns, the port's accept loop (connection caps). Its
+// TLS, when set, makes the whole port TLS: gRPC and crpc alike, the
+// handshake before the split (crpc.SplitTLS).
 func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) Option {
 	return func(s *Service) { s.crpc, s.conns = cfg, conns }
 }
@@ -248,8 +250,13 @@ func batchItems(resp any) (items, bad int) {
 // Start or Close the Master.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
 	ic := s.UnaryInterceptor()
-	cl, gl := crpc.Split(lis, s.conns)
-	g := grpc.NewServer(append(append([]grpc.ServerOption(nil), opts...), grpc.ChainUnaryInterceptor(ic))...)
+	cl, gl := crpc.SplitTLS(lis, s.conns, s.crpc.TLS)
+	gopts := append(append([]grpc.ServerOption(nil), opts...), grpc.ChainUnaryInterceptor(ic))
+	if s.crpc.TLS != nil {
+		// The split did the handshake; these show its state to handlers.
+		gopts = append(gopts, grpc.Creds(crpc.Credentials()))
+	}
+	g := grpc.NewServer(gopts...)
 	s.Register(g)
 	cfg := s.crpc
 	if prev := cfg.Interceptor; prev != nil {
