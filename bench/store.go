@@ -96,8 +96,7 @@ type StoreConfig struct {
 	// Staged uses Put/Get (BatchPut/BatchGet) on Go heap memory, moved
 	// through the client's staging pool. By default values come from and
 	// go to buffers registered with RegisterBuffer, through PutFrom and
-	// GetInto (and BatchPut), with no copy in user space. BatchGet has no
-	// zero-copy form, so batched gets are always staged.
+	// GetInto (BatchPut, BatchGetInto), with no copy in user space.
 	Staged bool `json:"staged,omitempty"`
 	// Baseline is "redis" (SET/GET through go-redis on a redis-server the
 	// bench starts), "none", or empty for redis when it is installed.
@@ -656,6 +655,17 @@ func (w *storeWorker) get(ctx context.Context, h *Histogram) (stepResult, error)
 		if len(v) != vs {
 			return stepResult{}, fmt.Errorf("bench: Get %s: %d bytes, want %d", w.keys[0], len(v), vs)
 		}
+	case !w.cfg.Staged:
+		ns, errs := w.c.BatchGetInto(ctx, w.keys, w.vals)
+		h.Record(time.Since(t0))
+		for i, err := range errs {
+			if err != nil {
+				return stepResult{}, fmt.Errorf("bench: BatchGetInto %s: %w", w.keys[i], err)
+			}
+			if ns[i] != vs {
+				return stepResult{}, fmt.Errorf("bench: BatchGetInto %s: %d bytes, want %d", w.keys[i], ns[i], vs)
+			}
+		}
 	default:
 		vals, errs := w.c.BatchGet(ctx, w.keys)
 		h.Record(time.Since(t0))
@@ -1093,9 +1103,9 @@ func replicaRange(stored []uint64, asked int) (lo, hi int, under int64) {
 }
 
 // zeroCopy reports whether every call moves values with no copy in user
-// space: not when staged, nor when batched gets (BatchGet) take part.
+// space: not when staged.
 func (c *StoreConfig) zeroCopy() bool {
-	return !c.Staged && (c.Batch == 1 || c.Operation == "put")
+	return !c.Staged
 }
 
 func percentiles(h *Histogram) (p50, p99, p999 float64) {

@@ -172,7 +172,7 @@ func TestRunStoreVariants(t *testing.T) {
 			}
 			c.Batch = max(c.Batch, 1)
 			checkResult(t, c, res)
-			zc := !c.Staged && (c.Batch == 1 || c.Operation == "put")
+			zc := !c.Staged // batched gets too (BatchGetInto)
 			if res.Batch != c.Batch || res.ZeroCopy != zc || res.Replicas != max(c.Replicas, 1) {
 				t.Fatalf("result describes another run: %+v", res)
 			}

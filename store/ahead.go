@@ -93,8 +93,7 @@ func (a *putAhead) usable(h heldResv, now time.Time) bool {
 // take returns a reservation of class k, or false; refill > 0 is the
 // number of reservations booked for the caller to ask for in the
 // background (Client.refill).
-func (a *putAhead) take(k resvClass) (h heldResv, ok bool, refill int) {
-	now := time.Now()
+func (a *putAhead) take(k resvClass, now time.Time) (h heldResv, ok bool, refill int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
@@ -285,11 +284,17 @@ func (a *putAhead) held() int {
 // starting a refill of its class when take booked one.
 func (c *Client) takeAhead(size uint64, rc *storepb.ReplicateConfig) (resvClass, heldResv, bool) {
 	k := classOf(size, rc)
-	h, ok, refill := c.ahead.take(k)
+	h, ok := c.takeClass(k, rc, time.Now())
+	return k, h, ok
+}
+
+// takeClass is takeAhead of class k at now (a batch computes both once).
+func (c *Client) takeClass(k resvClass, rc *storepb.ReplicateConfig, now time.Time) (heldResv, bool) {
+	h, ok, refill := c.ahead.take(k, now)
 	if refill > 0 {
 		c.refill(k, rc, refill)
 	}
-	return k, h, ok
+	return h, ok
 }
 
 // refill asks the master in the background for the n reservations of k

@@ -343,14 +343,14 @@ func TestPutAheadConcurrent(t *testing.T) {
 func TestPutAheadGrowsWithConcurrency(t *testing.T) {
 	a := newPutAhead(2, 1<<30)
 	k := resvClass{size: 100}
-	_, ok, refill := a.take(k)
+	_, ok, refill := a.take(k, time.Now())
 	require.False(t, ok)
 	require.Zero(t, refill, "a first miss asks for nothing")
-	_, ok, refill = a.take(k)
+	_, ok, refill = a.take(k, time.Now())
 	require.False(t, ok)
 	require.Equal(t, 2, refill, "the second miss books perClass")
 	for range 3 { // three puts while the two are asked for
-		_, ok, _ = a.take(k)
+		_, ok, _ = a.take(k, time.Now())
 		require.False(t, ok)
 	}
 	a.got(k, 2, &storepb.ReserveResult{Reservations: []*storepb.Reservation{{Id: 1, Size: 100}, {Id: 2, Size: 100}}}, 10*time.Second)
@@ -358,7 +358,7 @@ func TestPutAheadGrowsWithConcurrency(t *testing.T) {
 
 	small := newPutAhead(2, 350) // room for 3 of 100 bytes (and what is held)
 	for range 6 {
-		small.take(k)
+		small.take(k, time.Now())
 	}
 	assert.Equal(t, 1, small.ask(k), "two asked for, one more fits the budget")
 	assert.Equal(t, 0, small.ask(k), "the budget is full")

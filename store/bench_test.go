@@ -133,3 +133,67 @@ func BenchmarkMemcpy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBatchPut is BatchPut of 16 4 KiB values from registered memory
+// over shm (one op is one batch): the per-key cost of the batch path.
+func BenchmarkBatchPut(b *testing.B) {
+	const batch, size = 16, 4 << 10
+	a, s, _ := benchPair(b, "shm")
+	ctx := tctx(b)
+	buf := benchBuffer(b, a, batch*size)
+	vals := make([][]byte, batch)
+	for i := range vals {
+		vals[i] = buf[i*size : (i+1)*size]
+	}
+	keys := make([]string, batch)
+	perRound := benchSegment / 2 / size / batch
+	rc := ReplicateConfig{Preferred: []string{s.SegmentName()}}
+	b.SetBytes(batch * size)
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if i > 0 && i%perRound == 0 {
+			b.StopTimer()
+			if _, err := a.RemoveAll(ctx, true); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		for j := range keys {
+			keys[j] = fmt.Sprintf("k%d/%d", i, j)
+		}
+		for _, err := range a.BatchPut(ctx, keys, vals, rc) {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}
+
+// BenchmarkBatchGet is BatchGet of 16 4 KiB values over shm.
+func BenchmarkBatchGet(b *testing.B) {
+	const batch, size = 16, 4 << 10
+	a, s, _ := benchPair(b, "shm")
+	ctx := tctx(b)
+	buf := benchBuffer(b, a, batch*size)
+	vals := make([][]byte, batch)
+	keys := make([]string, batch)
+	for i := range vals {
+		vals[i] = buf[i*size : (i+1)*size]
+		keys[i] = fmt.Sprint("k", i)
+	}
+	for _, err := range a.BatchPut(ctx, keys, vals, ReplicateConfig{Preferred: []string{s.SegmentName()}}) {
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(batch * size)
+	b.ReportAllocs()
+	for b.Loop() {
+		_, errs := a.BatchGet(ctx, keys)
+		for _, err := range errs {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+}

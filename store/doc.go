@@ -73,7 +73,7 @@
 //     Buffer reports), anything else is read into a buffer of the staging
 //     pool (a heap buffer when the pool is short). Memory stays mapped
 //     until every Buffer is released, even across Close.
-//   - PutFrom and GetInto move bytes directly between the caller's buffer
+//   - PutFrom, GetInto and BatchGetInto move bytes directly between the caller's buffer
 //     and the replicas when the buffer lies in memory registered through
 //     RegisterBuffer (or in this client's segment or staging pool), with no
 //     copy in user space; unregistered buffers work too, through staging.

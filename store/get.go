@@ -99,7 +99,12 @@ func (c *Client) checkLease(key string, deadline time.Time) error {
 	if c.afterRead != nil {
 		c.afterRead()
 	}
-	if now := c.clock.Now(); now.After(deadline) {
+	return c.checkLeaseAt(key, deadline, c.clock.Now())
+}
+
+// checkLeaseAt is checkLease with the clock read (after the read ended).
+func (c *Client) checkLeaseAt(key string, deadline, now time.Time) error {
+	if now.After(deadline) {
 		return errcode.New(errcode.LeaseExpired, "%q: read ended %v after the lease", key, now.Sub(deadline))
 	}
 	return nil
@@ -292,6 +297,30 @@ func (c *Client) GetBuffer(ctx context.Context, key string) (buf *Buffer, err er
 // all items move in shared engine batches; an item whose replica cannot be
 // read is retried on its next replica.
 func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error) {
+	return c.batchGet(ctx, keys, nil)
+}
+
+// BatchGetInto is BatchGet into caller-owned buffers: the value under
+// keys[i] is read into dsts[i] (BUFFER_OVERFLOW when shorter) and ns[i] is
+// its size. When the buffers lie in registered memory (RegisterBuffer)
+// the replicas are read straight into them, with no copy. After an error
+// an item's buffer contents are undefined.
+func (c *Client) BatchGetInto(ctx context.Context, keys []string, dsts [][]byte) (ns []int, errs []error) {
+	ns = make([]int, len(keys))
+	if len(dsts) != len(keys) {
+		errs = make([]error, len(keys))
+		fill(errs, errcode.New(errcode.InvalidParams, "%d keys, %d buffers", len(keys), len(dsts)))
+		return ns, errs
+	}
+	vals, errs := c.batchGet(ctx, keys, dsts)
+	for i, v := range vals {
+		ns[i] = len(v)
+	}
+	return ns, errs
+}
+
+// batchGet is BatchGet, reading into into[i] when into is not nil.
+func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([][]byte, []error) {
 	vals := make([][]byte, len(keys))
 	errs := make([]error, len(keys))
 	if err := c.enter(); err != nil {
@@ -327,8 +356,15 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 			errs[i] = err
 			continue
 		}
+		if into == nil {
+			vals[i] = make([]byte, size)
+		} else if uint64(len(into[i])) < size {
+			errs[i] = errcode.New(errcode.BufferOverflow, "%q: value of %d bytes, buffer of %d", keys[i], size, len(into[i]))
+			continue
+		} else {
+			vals[i] = into[i][:size]
+		}
 		locs[i] = located{size: size, reps: reps, deadline: t0.Add(results[j].leaseTTL)}
-		vals[i] = make([]byte, size)
 	}
 	// Attempt k reads every pending item from its k-th replica.
 	pending := make([]int, 0, len(locs))
@@ -359,9 +395,16 @@ func (c *Client) BatchGet(ctx context.Context, keys []string) ([][]byte, []error
 	for _, i := range pending { // ctx ended with these unread
 		errs[i] = errcode.New(errcode.TransferFail, "%q: %v", keys[i], ctx.Err())
 	}
+	var now time.Time
+	if len(locs) > 0 {
+		if c.afterRead != nil {
+			c.afterRead()
+		}
+		now = c.clock.Now() // every read has ended: one clock read for all
+	}
 	for i, l := range locs {
 		if errs[i] == nil {
-			errs[i] = c.checkLease(keys[i], l.deadline)
+			errs[i] = c.checkLeaseAt(keys[i], l.deadline, now)
 		}
 		if errs[i] != nil {
 			vals[i] = nil

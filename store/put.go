@@ -361,10 +361,17 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 	var items []int // request position -> item, for BatchPutStart
 	var okKeys []string
 	var sizes []uint64
+	// One clock read and one class encoding per size for the batch
+	// (items are mostly of one size).
+	now := time.Now()
+	var cls resvClass
 	for _, i := range todo {
 		errs[i] = nil
 		if ahead && c.ahead != nil {
-			if cls, h, ok := c.takeAhead(uint64(len(values[i])), rcpb); ok {
+			if size := uint64(len(values[i])); cls.size != size {
+				cls = classOf(size, rcpb)
+			}
+			if h, ok := c.takeClass(cls, rcpb, now); ok {
 				held = append(held, aheadItem{i, cls, h})
 				continue
 			}

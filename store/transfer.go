@@ -89,9 +89,10 @@ func (c *Client) transfer(ctx context.Context, xs []*xfer) {
 }
 
 func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
-	ids := make(map[string]engine.SegmentID)
+	var idBuf [4]segIDPair
+	ids := segIDs(idBuf[:0]) // on the stack for up to 4 segments
 	for _, x := range xs {
-		if _, ok := ids[x.seg]; ok {
+		if _, ok := ids.get(x.seg); ok {
 			continue
 		}
 		id, err := c.segmentID(ctx, x.seg)
@@ -104,7 +105,7 @@ func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
 			}
 			continue
 		}
-		ids[x.seg] = id
+		ids = append(ids, segIDPair{x.seg, id})
 	}
 	// Rounds: each takes as many pieces as staging room allows (all the
 	// direct ones), runs them as one engine batch, then frees its staging.
@@ -161,8 +162,32 @@ func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
 	}
 }
 
+// segIDs are the segments one transfer opened: a call touches one or a
+// few, so a short slice (on the caller's stack) beats a map.
+type segIDs []segIDPair
+
+type segIDPair struct {
+	name string
+	id   engine.SegmentID
+}
+
+func (s segIDs) get(name string) (engine.SegmentID, bool) {
+	for _, p := range s {
+		if p.name == name {
+			return p.id, true
+		}
+	}
+	return 0, false
+}
+
+// must is get for a segment known to be open.
+func (s segIDs) must(name string) engine.SegmentID {
+	id, _ := s.get(name)
+	return id
+}
+
 // runRound submits the pieces as one batch and waits for it.
-func (c *Client) runRound(ctx context.Context, round []piece, ids map[string]engine.SegmentID) {
+func (c *Client) runRound(ctx context.Context, round []piece, ids segIDs) {
 	bid, err := c.eng.AllocateBatch(len(round))
 	if err != nil {
 		for _, p := range round {
@@ -178,7 +203,7 @@ func (c *Client) runRound(ctx context.Context, round []piece, ids map[string]eng
 			continue // an earlier piece of the same xfer failed
 		}
 		active = append(active, k)
-		reqs = append(reqs, engine.Request{Op: p.x.op, Local: p.local, Target: ids[p.x.seg], TargetAddr: p.addr})
+		reqs = append(reqs, engine.Request{Op: p.x.op, Local: p.local, Target: ids.must(p.x.seg), TargetAddr: p.addr})
 	}
 	// Submit is all or nothing: drop a refused request and try the rest.
 	for len(reqs) > 0 {

@@ -165,9 +165,10 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	if buf, err = (proto.MarshalOptions{}).MarshalAppend(buf, in); err != nil {
 		return status.Errorf(codes.Internal, "crpc: encoding %s: %v", method, err)
 	}
-	ch := make(chan frame, 1)
+	ch := replyChans.Get().(chan frame)
 	id, err := cc.add(ch)
 	if err != nil {
+		replyChans.Put(ch)
 		return err
 	}
 	if err := putHeader(buf, id, kindRequest, c.maxFrame); err != nil {
@@ -186,6 +187,8 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	}
 	select {
 	case f := <-ch:
+		// The reader sends once per call and has let go of ch.
+		replyChans.Put(ch)
 		if f.kind == kindError {
 			var st spb.Status
 			if err := proto.Unmarshal(f.body, &st); err != nil {
@@ -215,6 +218,10 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		return status.FromContextError(ctx.Err()).Err()
 	}
 }
+
+// replyChans recycles calls' reply channels: one that delivered its
+// reply is empty and no longer known to the reader.
+var replyChans = sync.Pool{New: func() any { return make(chan frame, 1) }}
 
 // sendCancel tells the server a call was given up, in the background (the
 // caller is gone; the write waits for the connection's other writes).

@@ -409,7 +409,7 @@ func FuzzReader(f *testing.F) {
 		// What a frame reserves (and allocates) follows the bytes that
 		// arrived, not the length its header declares.
 		reserved := 0
-		rd.onHeader = func() { reserved = 0 }
+		rd.onHeader = func(bool) { reserved = 0 }
 		rd.reserve = func(n int) error {
 			reserved += n
 			if reserved > max(growStep, 2*len(b)) {

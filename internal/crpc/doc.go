@@ -75,7 +75,9 @@
 //   - a handler's context ends at the caller's deadline (the request's
 //     timeout), at its cancel frame, or when the connection closes;
 //   - every write has WriteTimeout (10 s): a peer that stops reading
-//     loses its connection;
+//     loses its connection; replies (up to 64 KiB each) that are ready
+//     while another is being written queue and go out together in the
+//     next write, and each call's slots free once its reply is out;
 //   - TLS: Serve with ServerConfig.TLS, or SplitTLS, handshakes each
 //     connection within the preface timeout (10 s) before anything else,
 //     and then splits by the first bytes inside TLS, so gRPC-over-TLS

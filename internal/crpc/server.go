@@ -219,8 +219,19 @@ type serverConn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	slots  chan struct{} // calls in flight on this connection
-	wmu    sync.Mutex
 	once   sync.Once
+
+	// Writes: one writer at a time; frames that come meanwhile queue
+	// and go out together in its next write (one syscall for many
+	// replies). A queued frame's caller waits until its batch is out.
+	wmu     sync.Mutex
+	wcond   sync.Cond // on wmu: a batch went out, or writing failed
+	writing bool
+	wq      []byte // frames queued for the next batch
+	spare   []byte // the last batch's buffer, for reuse
+	fill    uint64 // the batch wq fills
+	sent    uint64 // the last batch written
+	werr    error
 
 	mu    sync.Mutex
 	calls map[uint32]*serverCall
@@ -242,16 +253,17 @@ func (sc *serverConn) close() {
 // busy marks the connection (and Split's, beneath) as working or not, so
 // netx evicts only idle connections at its caps.
 func (sc *serverConn) busy(on bool) {
-	ms := []busyMarker{sc.nc}
-	if m, ok := sc.nc.Conn.(busyMarker); ok {
-		ms = append(ms, m)
-	}
-	for _, m := range ms {
-		if on {
-			m.Busy()
-		} else {
-			m.Idle()
+	under, _ := sc.nc.Conn.(busyMarker)
+	if on {
+		sc.nc.Busy()
+		if under != nil {
+			under.Busy()
 		}
+		return
+	}
+	sc.nc.Idle()
+	if under != nil {
+		under.Idle()
 	}
 }
 
@@ -265,7 +277,8 @@ func (s *Server) serveConn(raw *netx.Conn) {
 		}
 		nc = tc
 	}
-	sc := &serverConn{s: s, c: nc, nc: raw, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}}
+	sc := &serverConn{s: s, c: nc, nc: raw, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}, fill: 1}
+	sc.wcond.L = &sc.wmu
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	defer sc.close()
 	p := make([]byte, prefaceLen)
@@ -294,8 +307,15 @@ func (s *Server) serveConn(raw *netx.Conn) {
 		return
 	}
 	rd := newReader(nc, s.cfg.MaxFrame)
+	// Deadlines are armed only before a read that may wait: a frame
+	// already buffered needs none (time.Now and a timer update per frame
+	// add up at small calls).
 	var frameDeadline time.Time
-	rd.onHeader = func() {
+	rd.onHeader = func(whole bool) {
+		if whole {
+			frameDeadline = time.Time{}
+			return
+		}
 		frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
 		nc.SetReadDeadline(frameDeadline)
 	}
@@ -303,13 +323,18 @@ func (s *Server) serveConn(raw *netx.Conn) {
 		if s.mem.tryAcquire(int64(n)) {
 			return nil
 		}
+		if frameDeadline.IsZero() {
+			frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
+		}
 		ctx, cancel := context.WithDeadline(sc.ctx, frameDeadline)
 		defer cancel()
 		return s.mem.acquire(ctx, int64(n))
 	}
 	rd.release = func(n int) { s.mem.release(int64(n)) }
 	for {
-		nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		if rd.buffered() < headerLen {
+			nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+		}
 		f, err := rd.next()
 		if err != nil {
 			return
@@ -396,8 +421,10 @@ func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name s
 	s := sc.s
 	defer s.callWG.Done()
 	var resp any
-	err := status.Errorf(codes.Unimplemented, "crpc: unknown method %s", name)
-	if m, ok := s.methods[name]; ok {
+	var err error
+	if m, ok := s.methods[name]; !ok {
+		err = status.Errorf(codes.Unimplemented, "crpc: unknown method %s", name)
+	} else {
 		dec := func(v any) error {
 			pm, ok := v.(proto.Message)
 			if !ok {
@@ -440,16 +467,69 @@ func (sc *serverConn) reply(id uint32, resp any, err error) error {
 	return sc.write(buf)
 }
 
-// write sends one frame within WriteTimeout, else ends the connection.
+// maxCoalesce is the largest frame write queues behind another write;
+// a larger one waits its turn and goes out alone (no copy).
+const maxCoalesce = 64 << 10
+
+// write sends one frame, each write within WriteTimeout, else ends the
+// connection; it returns once the frame is out. Frames written while
+// another write is in progress queue and leave together in the next one.
 func (sc *serverConn) write(b []byte) error {
 	sc.wmu.Lock()
-	sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
-	_, err := sc.c.Write(b)
-	sc.wmu.Unlock()
-	if err != nil {
-		sc.close()
+	for sc.writing && len(b) > maxCoalesce && sc.werr == nil {
+		sc.wcond.Wait()
 	}
-	return err
+	if sc.werr != nil {
+		err := sc.werr
+		sc.wmu.Unlock()
+		return err
+	}
+	if sc.writing {
+		sc.wq = append(sc.wq, b...)
+		mine := sc.fill
+		for sc.sent < mine && sc.werr == nil {
+			sc.wcond.Wait()
+		}
+		var err error
+		if sc.sent < mine {
+			err = sc.werr
+		}
+		sc.wmu.Unlock()
+		return err
+	}
+	sc.writing = true
+	batch := uint64(0) // b is the caller's frame, not a batch
+	for {
+		sc.wmu.Unlock()
+		sc.c.SetWriteDeadline(time.Now().Add(sc.s.cfg.WriteTimeout))
+		_, err := sc.c.Write(b)
+		sc.wmu.Lock()
+		if batch != 0 {
+			if cap(b) <= 4*maxCoalesce { // keep a small buffer only
+				sc.spare = b[:0]
+			}
+			if err == nil {
+				sc.sent = batch
+			}
+		}
+		if err != nil {
+			sc.werr, sc.writing, sc.wq = err, false, nil
+			sc.wcond.Broadcast()
+			sc.wmu.Unlock()
+			sc.close()
+			return err
+		}
+		if len(sc.wq) == 0 {
+			sc.writing = false
+			sc.wcond.Broadcast() // a large frame may be waiting
+			sc.wmu.Unlock()
+			return nil
+		}
+		sc.wcond.Broadcast()
+		batch = sc.fill
+		sc.fill++
+		b, sc.wq, sc.spare = sc.wq, sc.spare, nil
+	}
 }
 
 // handshake runs a server TLS handshake on c within the preface timeout.

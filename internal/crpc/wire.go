@@ -92,8 +92,9 @@ type reader struct {
 	max int
 	hdr [headerLen]byte
 	// onHeader, when set, runs once a header is in and before its body
-	// is read (the server arms the frame deadline there).
-	onHeader func()
+	// is read (the server arms the frame deadline there); whole says the
+	// body is already buffered (no read will wait).
+	onHeader func(whole bool)
 	// reserve, when set, is asked for n more bytes before the body
 	// buffer grows by n (the server's memory budget); an error ends the
 	// read. release gives back what a failed read had reserved.
@@ -104,6 +105,10 @@ type reader struct {
 func newReader(r io.Reader, max int) *reader {
 	return &reader{r: bufio.NewReaderSize(r, 64<<10), max: max}
 }
+
+// buffered is the number of bytes read ahead: a next frame whose header
+// is among them needs no read to start.
+func (rd *reader) buffered() int { return rd.r.Buffered() }
 
 // growStep is the first allocation for a body and the least it grows by.
 const growStep = 64 << 10
@@ -125,7 +130,7 @@ func (rd *reader) next() (frame, error) {
 		return frame{}, fmt.Errorf("%w: kind %d with a %d-byte body", errBadFrame, f.kind, n)
 	}
 	if rd.onHeader != nil {
-		rd.onHeader()
+		rd.onHeader(rd.r.Buffered() >= int(n))
 	}
 	if n == 0 {
 		return f, nil

@@ -11,10 +11,10 @@ func (m *Master) QueryKey(key string) (KeyInfo, error) {
 	if err := m.checkKey(key); err != nil {
 		return KeyInfo{}, err
 	}
-	sh := m.shardOf(key)
+	sh, h := m.locate(key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(key)
+	o := sh.get(key, h)
 	if o == nil {
 		return KeyInfo{}, errcode.New(errcode.ObjectNotFound, "key %q", key)
 	}

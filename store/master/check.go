@@ -47,7 +47,7 @@ func (m *Master) CheckInvariants() error {
 			bad("shard %d: %d index entries for %d keys", i, live, sh.len())
 		}
 		sh.each(func(k string, o *object) bool {
-			if sh.get(k) != o {
+			if sh.get(k, m.hash(k)) != o {
 				bad("shard %d: key %q not found at its slot", i, k)
 			}
 			keys++

@@ -194,7 +194,13 @@
 //   - an index: open addressing, 8-byte entries (high 32 bits of the
 //     key's maphash with the master's random seed, arena reference),
 //     linear probing, backward-shift deletion, grown by a quarter above
-//     13/16 full. A tag match is confirmed on the arena bytes.
+//     13/16 full. A tag match is confirmed on the arena bytes. The same
+//     hash picks the shard (its low bits), so a key operation hashes its
+//     key once (Master.locate).
+//
+// Batch calls (BatchPutStart, BatchPutEnd, Commit, Reserve,
+// BatchGetReplicaList) read the clock once for all their items: their
+// ops carry the batch's time.
 //
 // The slab is compacted when more than three quarters of it (and 1024
 // slots) are free. At a million 26-byte keys with one replica a key costs

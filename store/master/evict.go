@@ -152,8 +152,9 @@ func (m *Master) evictPass(now int64, target uint64, soft bool, res *EvictResult
 	for _, c := range h {
 		c.sh.mu.Lock()
 		now := m.now()
-		if o := c.sh.get(c.key); o != nil && o.r0 == c.r0 && m.evictable(o, now, soft) {
-			if err := m.apply(c.sh, &Op{Kind: OpEvict, Time: now, Key: strings.Clone(c.key)}, &applyArgs{}); err == nil {
+		h := m.hash(c.key)
+		if o := c.sh.get(c.key, h); o != nil && o.r0 == c.r0 && m.evictable(o, now, soft) {
+			if err := m.apply(c.sh, h, &Op{Kind: OpEvict, Time: now, Key: strings.Clone(c.key)}, &applyArgs{}); err == nil {
 				res.Keys++
 				res.Bytes += c.bytes
 			} else {
@@ -177,7 +178,7 @@ func (m *Master) releaseStale(now int64) {
 				if !o.complete() && now-o.lease >= limit {
 					m.releasedPuts.Add(1)
 					k = strings.Clone(k) // the op outlives the arena's chunk
-					if err := m.apply(sh, &Op{Kind: OpPutRelease, Time: now, Key: k}, &applyArgs{}); err != nil {
+					if err := m.apply(sh, m.hash(k), &Op{Kind: OpPutRelease, Time: now, Key: k}, &applyArgs{}); err != nil {
 						m.cfg.Logger.Error("master: releasing a stale put", "key", k, "err", err)
 					}
 				}

@@ -230,9 +230,6 @@ func New(cfg Config) (*Master, error) {
 		resv:    make([]resvShard, resvShards),
 		stop:    make(chan struct{}),
 	}
-	for i := range m.shards {
-		m.shards[i].seed = m.seed
-	}
 	for i := range m.resv {
 		m.resv[i].m = map[uint64]object{}
 	}
@@ -315,9 +312,15 @@ func (m *Master) Tick() {
 
 func (m *Master) now() int64 { return m.clk.Now().UnixNano() }
 
-func (m *Master) shardOf(key string) *shard {
-	return &m.shards[maphash.String(m.seed, key)%uint64(len(m.shards))]
+// locate returns key's shard and hash: the shard's methods take the hash
+// (the index tag is its high half), so one hash serves a whole operation.
+func (m *Master) locate(key string) (*shard, uint64) {
+	h := maphash.String(m.seed, key)
+	return &m.shards[h%uint64(len(m.shards))], h
 }
+
+// hash is key's hash, for a key whose shard is already known.
+func (m *Master) hash(key string) uint64 { return maphash.String(m.seed, key) }
 
 func (m *Master) checkKey(key string) error {
 	switch {

@@ -152,16 +152,16 @@ func diverged(op *Op, format string, args ...any) error {
 // operations, the owner's reservation table (a.rs) for reservation
 // operations (and the shard lock too for OpCommit), nothing for OpDiscardFree. Live callers have checked the
 // preconditions; on replay apply checks them and reports divergence.
-func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
+func (m *Master) apply(sh *shard, h uint64, op *Op, a *applyArgs) error {
 	switch op.Kind {
 	case OpPutStart:
-		return m.applyPutStart(sh, op, a)
+		return m.applyPutStart(sh, h, op, a)
 	case OpPutEnd:
-		return m.applyPutEnd(sh, op, a)
+		return m.applyPutEnd(sh, h, op, a)
 	case OpPutRevoke, OpRemove, OpEvict, OpDiscard, OpPutRelease:
-		return m.applyDelete(sh, op, a)
+		return m.applyDelete(sh, h, op, a)
 	case OpDropReplica:
-		return m.applyDropReplica(sh, op, a)
+		return m.applyDropReplica(sh, h, op, a)
 	case OpDiscardFree:
 		return m.applyDiscardFree(op, a)
 	case OpMount:
@@ -175,7 +175,7 @@ func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 	case OpReserve:
 		return m.applyReserve(op, a)
 	case OpCommit:
-		return m.applyCommit(sh, op, a)
+		return m.applyCommit(sh, h, op, a)
 	case OpUnreserve:
 		return m.applyUnreserve(op, a)
 	case OpDropReserved:
@@ -184,8 +184,8 @@ func (m *Master) apply(sh *shard, op *Op, a *applyArgs) error {
 	return fmt.Errorf("%w: unknown op kind %v", ErrReplayDiverged, op.Kind)
 }
 
-func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
-	if sh.get(op.Key) != nil {
+func (m *Master) applyPutStart(sh *shard, h uint64, op *Op, a *applyArgs) error {
+	if sh.get(op.Key, h) != nil {
 		return diverged(op, "key exists")
 	}
 	if a.replay {
@@ -197,7 +197,7 @@ func (m *Master) applyPutStart(sh *shard, op *Op, a *applyArgs) error {
 		}
 	}
 	return m.place(op, a, func(o object) {
-		sh.insert(op.Key, o)
+		sh.insert(op.Key, h, o)
 		sh.pending++
 		m.keys.Add(1)
 		m.pending.Add(1)
@@ -302,8 +302,8 @@ func (m *Master) complete(o *object, op *Op) {
 	o.trimExt()
 }
 
-func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
-	o := sh.get(op.Key)
+func (m *Master) applyPutEnd(sh *shard, h uint64, op *Op, a *applyArgs) error {
+	o := sh.get(op.Key, h)
 	if o == nil || o.complete() || o.owner() != op.Client || !o.isGen(op.Gen) {
 		return diverged(op, "no unfinished put of this client and generation")
 	}
@@ -319,8 +319,8 @@ func (m *Master) applyPutEnd(sh *shard, op *Op, a *applyArgs) error {
 
 // applyDelete removes an object: PutRevoke, Remove, Evict, Discard,
 // PutRelease.
-func (m *Master) applyDelete(sh *shard, op *Op, a *applyArgs) error {
-	p := sh.get(op.Key)
+func (m *Master) applyDelete(sh *shard, h uint64, op *Op, a *applyArgs) error {
+	p := sh.get(op.Key, h)
 	if p == nil {
 		return diverged(op, "no such key")
 	}
@@ -341,7 +341,7 @@ func (m *Master) applyDelete(sh *shard, op *Op, a *applyArgs) error {
 	}
 	ps := o.placements()
 	commit := func() {
-		m.forget(sh, op.Key, &o)
+		m.forget(sh, h, op.Key, &o)
 		m.append(op, a)
 		if o.complete() && m.ev != nil && !a.replay {
 			reason := ReasonRemoved
@@ -369,8 +369,8 @@ func (m *Master) applyDelete(sh *shard, op *Op, a *applyArgs) error {
 }
 
 // forget deletes the object from its shard and the counters.
-func (m *Master) forget(sh *shard, key string, o *object) {
-	sh.remove(key)
+func (m *Master) forget(sh *shard, h uint64, key string, o *object) {
+	sh.remove(key, h)
 	m.keys.Add(-1)
 	if !o.complete() {
 		sh.pending--
@@ -392,8 +392,8 @@ func (m *Master) removedEvent(key string, o *object, reason RemoveReason) *Event
 	return e
 }
 
-func (m *Master) applyDropReplica(sh *shard, op *Op, a *applyArgs) error {
-	p := sh.get(op.Key)
+func (m *Master) applyDropReplica(sh *shard, h uint64, op *Op, a *applyArgs) error {
+	p := sh.get(op.Key, h)
 	if p == nil || len(op.Segments) != 1 {
 		return diverged(op, "no such key")
 	}
@@ -408,7 +408,7 @@ func (m *Master) applyDropReplica(sh *shard, op *Op, a *applyArgs) error {
 	if len(ps) == 1 {
 		// The last replica: the object is lost. Its space went with the
 		// segment, so nothing is freed.
-		m.forget(sh, op.Key, &o)
+		m.forget(sh, h, op.Key, &o)
 		m.append(op, a)
 		if o.complete() && m.ev != nil && !a.replay {
 			m.emit(a, m.removedEvent(op.Key, &o, ReasonLost))
@@ -559,22 +559,22 @@ func (m *Master) Replay(op *Op) error {
 	a := &applyArgs{replay: true}
 	switch op.Kind {
 	case OpPutStart, OpPutEnd, OpPutRevoke, OpRemove, OpEvict, OpDiscard, OpPutRelease, OpDropReplica:
-		sh := m.shardOf(op.Key)
+		sh, h := m.locate(op.Key)
 		sh.mu.Lock()
 		defer sh.unlock()
-		return m.apply(sh, op, a)
+		return m.apply(sh, h, op, a)
 	case OpMount, OpUnmountStart, OpUnmount, OpClientExpired, OpClientLeft:
 		m.segMu.Lock()
 		defer m.segMu.Unlock()
-		return m.apply(nil, op, a)
+		return m.apply(nil, 0, op, a)
 	case OpCommit:
-		sh := m.shardOf(op.Key)
+		sh, h := m.locate(op.Key)
 		sh.mu.Lock()
 		defer sh.unlock()
 		a.rs = m.resvOf(op.Client)
 		a.rs.mu.Lock()
 		defer a.rs.mu.Unlock()
-		return m.apply(sh, op, a)
+		return m.apply(sh, h, op, a)
 	case OpReserve, OpUnreserve, OpDropReserved:
 		// Release and unmount log no client: find the id's table.
 		a.rs = m.resvOf(op.Client)
@@ -585,7 +585,7 @@ func (m *Master) Replay(op *Op) error {
 		}
 		a.rs.mu.Lock()
 		defer a.rs.mu.Unlock()
-		return m.apply(nil, op, a)
+		return m.apply(nil, 0, op, a)
 	}
-	return m.apply(nil, op, a)
+	return m.apply(nil, 0, op, a)
 }

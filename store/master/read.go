@@ -11,20 +11,29 @@ import (
 // It also renews a soft pin. A missing key is ErrObjectNotFound, an
 // unfinished put ErrReplicaIsNotReady.
 func (m *Master) GetReplicaList(key string) ([]Replica, time.Duration, error) {
+	return m.getReplicaList(key, 0)
+}
+
+// getReplicaList is GetReplicaList at now (0: the clock, read under the
+// shard lock).
+func (m *Master) getReplicaList(key string, now int64) ([]Replica, time.Duration, error) {
 	if err := m.checkKey(key); err != nil {
 		return nil, 0, err
 	}
-	sh := m.shardOf(key)
+	sh, h := m.locate(key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(key)
+	o := sh.get(key, h)
 	if o == nil {
 		return nil, 0, errcode.New(errcode.ObjectNotFound, "key %q", key)
 	}
 	if !o.complete() {
 		return nil, 0, errcode.New(errcode.ReplicaIsNotReady, "key %q is still being written", key)
 	}
-	m.grantLease(o, m.now())
+	if now == 0 {
+		now = m.now()
+	}
+	m.grantLease(o, now)
 	return m.replicas(o), m.cfg.LeaseTTL, nil
 }
 
@@ -38,8 +47,9 @@ type GetResult struct {
 // BatchGetReplicaList is GetReplicaList for many keys.
 func (m *Master) BatchGetReplicaList(keys []string) []GetResult {
 	out := make([]GetResult, len(keys))
+	now := m.now() // one clock read for the batch
 	for i, k := range keys {
-		out[i].Replicas, out[i].LeaseTTL, out[i].Err = m.GetReplicaList(k)
+		out[i].Replicas, out[i].LeaseTTL, out[i].Err = m.getReplicaList(k, now)
 	}
 	return out
 }
@@ -52,10 +62,10 @@ func (m *Master) ExistKey(key string, noLease bool) (bool, error) {
 	if err := m.checkKey(key); err != nil {
 		return false, err
 	}
-	sh := m.shardOf(key)
+	sh, h := m.locate(key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(key)
+	o := sh.get(key, h)
 	if o == nil || !o.complete() {
 		return false, nil
 	}

@@ -21,10 +21,10 @@ func (m *Master) Remove(key string, force bool) error {
 		return err
 	}
 	defer m.flushEvents() // after the unlock
-	sh := m.shardOf(key)
+	sh, h := m.locate(key)
 	sh.mu.Lock()
 	defer sh.unlock()
-	o := sh.get(key)
+	o := sh.get(key, h)
 	now := m.now()
 	switch {
 	case o == nil:
@@ -34,7 +34,7 @@ func (m *Master) Remove(key string, force bool) error {
 	case !force && o.leased(now):
 		return errcode.New(errcode.ObjectHasLease, "key %q is leased", key)
 	}
-	return m.apply(sh, &Op{Kind: OpRemove, Time: now, Key: key}, &applyArgs{})
+	return m.apply(sh, h, &Op{Kind: OpRemove, Time: now, Key: key}, &applyArgs{})
 }
 
 // BatchRemove is Remove for many keys.
@@ -164,8 +164,9 @@ func (m *Master) removeMatching(match func(string) bool, force bool, over func()
 		now = m.now()
 		var err error
 		for _, k := range hit {
-			if o := sh.get(k); o != nil && o.complete() && (force || !o.leased(now)) {
-				if err = m.apply(sh, &Op{Kind: OpRemove, Time: now, Key: k}, &applyArgs{}); err != nil {
+			h := m.hash(k)
+			if o := sh.get(k, h); o != nil && o.complete() && (force || !o.leased(now)) {
+				if err = m.apply(sh, h, &Op{Kind: OpRemove, Time: now, Key: k}, &applyArgs{}); err != nil {
 					break
 				}
 				n++
@@ -224,7 +225,7 @@ func (m *Master) RemoveAll(force bool) (uint64, error) {
 		var err error
 		sh.each(func(k string, o *object) bool {
 			if o.complete() {
-				if err = m.apply(sh, &Op{Kind: OpRemove, Time: now, Key: strings.Clone(k)}, a); err != nil {
+				if err = m.apply(sh, m.hash(k), &Op{Kind: OpRemove, Time: now, Key: strings.Clone(k)}, a); err != nil {
 					return false
 				}
 				n++

@@ -106,15 +106,16 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 	req := alloc.Request{Size: spec.Size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
 		MinReplicas: rc.MinReplicas, NoSuspect: true} // speculative: never on a segment that failed writes
 	var res ReserveResult
+	now := m.now() // one clock read for the count
 	for range spec.Count {
 		segs, err := m.alloc.Choose(req)
 		if err == nil {
-			op := &Op{Kind: OpReserve, Time: m.now(), Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
+			op := &Op{Kind: OpReserve, Time: now, Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
 				SoftPinTTL: m.pinTTL(&rc), HardPin: rc.HardPin, Segments: segs}
 			var o object
 			rs := m.resvOf(client)
 			rs.mu.Lock()
-			err = m.apply(nil, op, &applyArgs{obj: &o, minReps: rc.MinReplicas, rs: rs})
+			err = m.apply(nil, 0, op, &applyArgs{obj: &o, minReps: rc.MinReplicas, rs: rs})
 			var reps []Replica
 			if err == nil {
 				// Under the table's lock: an unmount's DropReserved
@@ -144,23 +145,23 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 // again; an older unfinished put is taken over as PutStart does.
 func (m *Master) Commit(client UUID, items []CommitItem) []error {
 	out := make([]error, len(items))
+	now := m.now() // one clock read for the batch
 	for i, it := range items {
-		out[i] = m.commit(client, it)
+		out[i] = m.commit(client, it, now)
 	}
 	return out
 }
 
-func (m *Master) commit(client UUID, it CommitItem) error {
+func (m *Master) commit(client UUID, it CommitItem, now int64) error {
 	if err := m.checkKey(it.Key); err != nil {
 		return err
 	}
 	defer m.flushEvents() // after the unlocks
-	sh := m.shardOf(it.Key)
+	sh, h := m.locate(it.Key)
 	sh.mu.Lock()
 	defer sh.unlock()
 	rs := m.resvOf(client)
 	rs.mu.Lock()
-	now := m.now()
 	// Check the reservation before the key: a stale one must not take an
 	// old put's key over.
 	r, ok := rs.m[it.ID]
@@ -178,10 +179,10 @@ func (m *Master) commit(client UUID, it CommitItem) error {
 	case now-r.lease >= int64(m.cfg.PutDiscardTimeout):
 		return errcode.New(errcode.ReplicaIsGone, "reservation %d expired", it.ID)
 	}
-	if err := m.claimKey(sh, it.Key, now); err != nil {
+	if err := m.claimKey(sh, h, it.Key, now); err != nil {
 		return err
 	}
-	return m.apply(sh, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{rs: rs})
+	return m.apply(sh, h, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{rs: rs})
 }
 
 // Unreserve gives reservations back: their space is free at once (the
@@ -194,7 +195,7 @@ func (m *Master) Unreserve(client UUID, ids []uint64) int {
 	defer rs.mu.Unlock()
 	for _, id := range ids {
 		if r, ok := rs.m[id]; ok && r.owner() == client {
-			if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: m.now(), Client: client, ID: id}, &applyArgs{rs: rs}); err != nil {
+			if err := m.apply(nil, 0, &Op{Kind: OpUnreserve, Time: m.now(), Client: client, ID: id}, &applyArgs{rs: rs}); err != nil {
 				m.cfg.Logger.Error("master: giving a reservation back", "id", id, "err", err)
 				continue
 			}
@@ -229,7 +230,7 @@ func (m *Master) dropReserved(idx uint32, clean bool) error {
 		}
 		slices.Sort(ids) // a deterministic log
 		for _, id := range ids {
-			if err := m.apply(nil, &Op{Kind: OpDropReserved, Time: m.now(), ID: id, Segments: []uint32{idx}}, &applyArgs{unmount: clean, rs: rs}); err != nil {
+			if err := m.apply(nil, 0, &Op{Kind: OpDropReserved, Time: m.now(), ID: id, Segments: []uint32{idx}}, &applyArgs{unmount: clean, rs: rs}); err != nil {
 				rs.mu.Unlock()
 				return err
 			}
@@ -254,7 +255,7 @@ func (m *Master) releaseStaleReserved(now int64) {
 		slices.Sort(ids)
 		for _, id := range ids {
 			m.releasedPuts.Add(1)
-			if err := m.apply(nil, &Op{Kind: OpUnreserve, Time: now, ID: id}, &applyArgs{rs: rs}); err != nil {
+			if err := m.apply(nil, 0, &Op{Kind: OpUnreserve, Time: now, ID: id}, &applyArgs{rs: rs}); err != nil {
 				m.cfg.Logger.Error("master: releasing a stale reservation", "id", id, "err", err)
 			}
 		}
@@ -319,12 +320,12 @@ func (m *Master) applyReserve(op *Op, a *applyArgs) error {
 	})
 }
 
-func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
+func (m *Master) applyCommit(sh *shard, h uint64, op *Op, a *applyArgs) error {
 	r, ok := a.rs.m[op.ID]
 	switch {
 	case !ok || r.owner() != op.Client:
 		return diverged(op, "no reservation %d of this client", op.ID)
-	case sh.get(op.Key) != nil:
+	case sh.get(op.Key, h) != nil:
 		return diverged(op, "key exists")
 	}
 	delete(a.rs.m, op.ID)
@@ -337,7 +338,7 @@ func (m *Master) applyCommit(sh *shard, op *Op, a *applyArgs) error {
 		m.hardPinned.Add(1)
 	}
 	m.complete(&r, op)
-	sh.insert(op.Key, r)
+	sh.insert(op.Key, h, r)
 	m.append(op, a)
 	if m.ev != nil && !a.replay {
 		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: r.size(), Replicas: m.replicas(&r), Block: op.Block})

@@ -25,7 +25,7 @@ func (m *Master) MountSegment(client UUID, s alloc.Segment) error {
 }
 
 func (m *Master) mountLocked(s alloc.Segment) error {
-	return m.apply(nil, &Op{Kind: OpMount, Time: m.now(), Client: s.Client, Segment: &s}, &applyArgs{})
+	return m.apply(nil, 0, &Op{Kind: OpMount, Time: m.now(), Client: s.Client, Segment: &s}, &applyArgs{})
 }
 
 // ReMountSegment mounts a client's segments again after NEED_REMOUNT.
@@ -98,14 +98,14 @@ func (m *Master) UnmountSegment(client UUID, id UUID) error {
 	}
 	m.departedClients.Add(1)
 	m.cfg.Logger.Info("master: client unmounted its last segment; forgetting it", "client", client.String())
-	return m.apply(nil, &Op{Kind: OpClientLeft, Time: m.now(), Client: client}, &applyArgs{})
+	return m.apply(nil, 0, &Op{Kind: OpClientLeft, Time: m.now(), Client: client}, &applyArgs{})
 }
 
 // unmountLocked runs the unmount sequence; segMu is held. clean says it
 // is the client's own UnmountSegment, not an expiry.
 func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 	start := &Op{Kind: OpUnmountStart, Time: m.now(), Client: s.Client, Segment: &s}
-	if err := m.apply(nil, start, &applyArgs{}); err != nil {
+	if err := m.apply(nil, 0, start, &applyArgs{}); err != nil {
 		return err
 	}
 	idx := start.Segments[0]
@@ -129,7 +129,7 @@ func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 			var err error
 			sh.each(func(k string, o *object) bool {
 				if o.r0.Seg == idx || o.ext != nil && slices.ContainsFunc(o.ext.more, func(p alloc.Placement) bool { return p.Seg == idx }) {
-					err = m.apply(sh, &Op{Kind: OpDropReplica, Time: now, Key: strings.Clone(k), Segments: []uint32{idx}}, &applyArgs{unmount: clean})
+					err = m.apply(sh, m.hash(k), &Op{Kind: OpDropReplica, Time: now, Key: strings.Clone(k), Segments: []uint32{idx}}, &applyArgs{unmount: clean})
 				}
 				return err == nil
 			})
@@ -142,7 +142,7 @@ func (m *Master) unmountLocked(s alloc.Segment, clean bool) error {
 			m.flushEvents()
 		}
 	}
-	return m.apply(nil, &Op{Kind: OpUnmount, Time: m.now(), Client: s.Client, Segments: []uint32{idx}}, &applyArgs{})
+	return m.apply(nil, 0, &Op{Kind: OpUnmount, Time: m.now(), Client: s.Client, Segments: []uint32{idx}}, &applyArgs{})
 }
 
 // QuerySegmentStatus describes the segment with this ID
@@ -209,7 +209,7 @@ func (m *Master) expireClients(now int64) {
 			}
 		}
 		m.expiredClients.Add(1)
-		if err := m.apply(nil, &Op{Kind: OpClientExpired, Time: now, Client: id}, &applyArgs{}); err != nil {
+		if err := m.apply(nil, 0, &Op{Kind: OpClientExpired, Time: now, Client: id}, &applyArgs{}); err != nil {
 			m.cfg.Logger.Error("master: forgetting an expired client", "client", id.String(), "err", err)
 		}
 	}

@@ -2,7 +2,6 @@ package master
 
 import (
 	"encoding/binary"
-	"hash/maphash"
 	"sync"
 	"unsafe"
 )
@@ -23,9 +22,11 @@ import (
 //     backward-shift deletion. A tag match is confirmed against the arena
 //     bytes, so a full hash collision costs a comparison, never a wrong
 //     answer; the hash seed is the master's (random), against flooding.
+//     One hash serves both choices: Master.locate picks the shard with
+//     its low bits and the shard's methods take it for the tag, so a
+//     key is hashed once per operation.
 type shard struct {
 	mu      sync.Mutex
-	seed    maphash.Seed
 	n       int        // live keys
 	tab     []uint64   // index: tag<<32 | arena ref + 1; 0 is empty
 	objs    [][]object // slab chunks; free slots are zero and listed in free
@@ -98,13 +99,14 @@ func varintLen(n int) int {
 
 func (sh *shard) home(tag uint64) int { return int(tag * uint64(len(sh.tab)) >> 32) }
 
-// find returns the index position of key (or of the empty entry that ends
-// its probe), its arena reference and its slot.
-func (sh *shard) find(key string) (pos int, ref, slot uint32, ok bool) {
+// find returns the index position of key, whose hash is h
+// (Master.locate), or of the empty entry that ends its probe, its arena
+// reference and its slot.
+func (sh *shard) find(key string, h uint64) (pos int, ref, slot uint32, ok bool) {
 	if len(sh.tab) == 0 {
 		return -1, 0, 0, false
 	}
-	tag := maphash.String(sh.seed, key) >> 32
+	tag := h >> 32
 	i := sh.home(tag)
 	for {
 		e := sh.tab[i]
@@ -123,8 +125,8 @@ func (sh *shard) find(key string) (pos int, ref, slot uint32, ok bool) {
 	}
 }
 
-func (sh *shard) get(key string) *object {
-	if _, _, s, ok := sh.find(key); ok {
+func (sh *shard) get(key string, h uint64) *object {
+	if _, _, s, ok := sh.find(key, h); ok {
 		return sh.obj(s)
 	}
 	return nil
@@ -133,8 +135,8 @@ func (sh *shard) get(key string) *object {
 // len is the number of keys.
 func (sh *shard) len() int { return sh.n }
 
-// insert adds key (not present) with record o.
-func (sh *shard) insert(key string, o object) {
+// insert adds key (not present), whose hash is h, with record o.
+func (sh *shard) insert(key string, h uint64, o object) {
 	if (sh.n+1)*16 > len(sh.tab)*13 {
 		sh.resize(max(tabMinLen, len(sh.tab)+len(sh.tab)/4))
 	}
@@ -148,7 +150,7 @@ func (sh *shard) insert(key string, o object) {
 	}
 	*sh.obj(slot) = o
 	sh.n++
-	tag := maphash.String(sh.seed, key) >> 32
+	tag := h >> 32
 	i := sh.home(tag)
 	for sh.tab[i] != 0 {
 		if i++; i == len(sh.tab) {
@@ -198,8 +200,8 @@ func (sh *shard) resize(n int) {
 	}
 }
 
-func (sh *shard) remove(key string) {
-	pos, ref, slot, ok := sh.find(key)
+func (sh *shard) remove(key string, h uint64) {
+	pos, ref, slot, ok := sh.find(key, h)
 	if !ok {
 		return
 	}

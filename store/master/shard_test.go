@@ -12,9 +12,22 @@ import (
 	"github.com/crescent-kv/crescent/store/alloc"
 )
 
+// tshard is a shard alone with its own seed: get, insert and remove hash
+// the key as Master.locate would.
+type tshard struct {
+	*shard
+	seed maphash.Seed
+}
+
+func newTShard() tshard { return tshard{&shard{}, maphash.MakeSeed()} }
+
+func (s tshard) get(k string) *object      { return s.shard.get(k, maphash.String(s.seed, k)) }
+func (s tshard) insert(k string, o object) { s.shard.insert(k, maphash.String(s.seed, k), o) }
+func (s tshard) remove(k string)           { s.shard.remove(k, maphash.String(s.seed, k)) }
+
 // checkShard compares a shard with its model: every key found at its
 // record, each visits exactly the model, the index holds one entry a key.
-func checkShard(t *testing.T, sh *shard, model map[string]uint64) {
+func checkShard(t *testing.T, sh tshard, model map[string]uint64) {
 	t.Helper()
 	require.Equal(t, len(model), sh.len())
 	seen := map[string]bool{}
@@ -41,7 +54,7 @@ func checkShard(t *testing.T, sh *shard, model map[string]uint64) {
 // checks it against a map after every round.
 func TestShardModel(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 7))
-	sh := &shard{seed: maphash.MakeSeed()}
+	sh := newTShard()
 	model := map[string]uint64{}
 	var live []string
 	key := func(i int) string {
@@ -102,7 +115,7 @@ func TestShardModel(t *testing.T) {
 // TestShardTagCollisions: with 300,000 keys in one shard some share the
 // 32-bit tag; each is still found by its own bytes.
 func TestShardTagCollisions(t *testing.T) {
-	sh := &shard{seed: maphash.MakeSeed()}
+	sh := newTShard()
 	const n = 300_000
 	tags := map[uint64]int{}
 	shared := 0
@@ -133,3 +146,39 @@ func TestShardTagCollisions(t *testing.T) {
 }
 
 func placementForTest() alloc.Placement { return alloc.Placement{Addr: 1 << 20} }
+
+// TestLocateOneHash: the one hash locate gives picks the shard that holds
+// the key and finds it there (the index tag is its high half), for keys
+// put through the Master; in any other shard, or with another hash, the
+// key is not found.
+func TestLocateOneHash(t *testing.T) {
+	e := newEnv(t, nil)
+	c := cl(1)
+	e.mount(c, "seg", 64<<20)
+	const n = 2000
+	for i := range n {
+		e.put(c, blockKey(nil, i), 4096, ReplicateConfig{Replicas: 1})
+	}
+	m := e.m
+	for i := range n {
+		k := blockKey(nil, i)
+		sh, h := m.locate(k)
+		require.Equal(t, maphash.String(m.seed, k), h)
+		require.Equal(t, m.hash(k), h)
+		require.Same(t, &m.shards[h%uint64(len(m.shards))], sh)
+		sh.mu.Lock()
+		o := sh.get(k, h)
+		wrong := sh.get(k, h^1<<40) // another tag
+		sh.mu.Unlock()
+		require.NotNil(t, o, "key %q not in the shard locate picked", k)
+		require.Nil(t, wrong)
+		for j := range m.shards {
+			if other := &m.shards[j]; other != sh {
+				other.mu.Lock()
+				require.Nil(t, other.get(k, h), "key %q in shard %d too", k, j)
+				other.mu.Unlock()
+			}
+		}
+	}
+	checkInvariants(t, m)
+}

@@ -386,13 +386,13 @@ func (im *Importer) Add(r *Record) error {
 		if err != nil {
 			return err
 		}
-		sh := m.shardOf(r.Key)
+		sh, h := m.locate(r.Key)
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
-		if sh.get(r.Key) != nil {
+		if sh.get(r.Key, h) != nil {
 			return badSnap("object %q twice", r.Key)
 		}
-		sh.insert(r.Key, o)
+		sh.insert(r.Key, h, o)
 		m.keys.Add(1)
 		if !o.complete() {
 			sh.pending++
