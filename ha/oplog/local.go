@@ -1103,22 +1103,23 @@ func (l *Local) land(fl *flight) {
 	}
 	l.pmu.Lock()
 	fl.synced = true
-	n := 0
-	for n < len(l.flights) && l.flights[n].synced {
-		n++
-	}
-	ready := slices.Clone(l.flights[:n])
-	l.flights = slices.Delete(l.flights, 0, n)
-	for _, f := range ready {
-		l.publish(f)
-		l.free = append(l.free, f.slot)
-	}
 	l.pmu.Unlock()
-	for _, f := range ready {
-		for _, r := range f.reqs {
-			l.reply(r, f.err)
+	for {
+		l.pmu.Lock()
+		if len(l.flights) == 0 || !l.flights[0].synced {
+			l.pmu.Unlock()
+			break
 		}
-		close(f.done)
+		h := l.flights[0]
+		l.flights[0] = nil
+		l.flights = l.flights[1:]
+		l.publish(h)
+		l.free = append(l.free, h.slot)
+		l.pmu.Unlock()
+		for _, r := range h.reqs {
+			l.reply(r, h.err)
+		}
+		close(h.done)
 	}
 	<-fl.done
 }

@@ -108,19 +108,22 @@ func rawFsyncRate(b *testing.B, dir string, recBytes, n int) float64 {
 // BenchmarkSinkCommit is a durable master's commit path without the
 // master: conc handlers in a closed loop each log one op and wait for
 // it (Sink over Local, as OpenDurable builds it), with 1 syncer (one
-// fdatasync after the other) and with the default (overlapping), in
-// alternating rounds so that both see the same disk. It reports commits/s
-// and the mean wait of each, and their ratio.
+// fdatasync after the other), 2 (the default) and 4, in alternating
+// rounds so that all see the same disk. It reports commits/s, the mean
+// wait and the mean fdatasync of each, and the default's ratio to 1.
 func BenchmarkSinkCommit(b *testing.B) {
+	syncers := []int{1, DefaultSyncers, 4}
 	for _, conc := range []int{2, 4, 8} {
 		b.Run(fmt.Sprintf("handlers=%d", conc), func(b *testing.B) {
 			const rounds = 6
-			var ops [2]int
-			var took, wait [2]time.Duration
-			for round := 0; round < rounds*2; round++ {
-				k := round % 2
-				syncers := []int{1, DefaultSyncers}[k]
-				l, err := OpenLocal(b.TempDir(), LocalOptions{Syncers: syncers})
+			ops := make([]int, len(syncers))
+			took := make([]time.Duration, len(syncers))
+			wait := make([]time.Duration, len(syncers))
+			fsyncs := make([]uint64, len(syncers))
+			fsyncNs := make([]uint64, len(syncers))
+			for round := 0; round < rounds*len(syncers); round++ {
+				k := round % len(syncers)
+				l, err := OpenLocal(b.TempDir(), LocalOptions{Syncers: syncers[k]})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -128,6 +131,7 @@ func BenchmarkSinkCommit(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+				st0 := l.Stats()
 				n := max(b.N/rounds, conc)
 				var (
 					wg    sync.WaitGroup
@@ -164,6 +168,9 @@ func BenchmarkSinkCommit(b *testing.B) {
 				took[k] += time.Since(start)
 				wait[k] += waits
 				ops[k] += n
+				st := l.Stats()
+				fsyncs[k] += st.Fsyncs - st0.Fsyncs
+				fsyncNs[k] += st.FsyncNanos - st0.FsyncNanos
 				if err := s.Close(); err != nil {
 					b.Fatal(err)
 				}
@@ -171,13 +178,14 @@ func BenchmarkSinkCommit(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			serial := float64(ops[0]) / took[0].Seconds()
-			over := float64(ops[1]) / took[1].Seconds()
-			b.ReportMetric(over, "commits/s")
-			b.ReportMetric(serial, "serial_commits/s")
-			b.ReportMetric(over/serial, "ratio")
-			b.ReportMetric(float64(wait[1].Microseconds())/float64(ops[1]), "wait_us")
-			b.ReportMetric(float64(wait[0].Microseconds())/float64(ops[0]), "serial_wait_us")
+			rate := func(k int) float64 { return float64(ops[k]) / took[k].Seconds() }
+			for k, n := range syncers {
+				sfx := fmt.Sprintf("_syncers=%d", n)
+				b.ReportMetric(rate(k), "commits/s"+sfx)
+				b.ReportMetric(float64(wait[k].Microseconds())/float64(ops[k]), "wait_us"+sfx)
+				b.ReportMetric(float64(fsyncNs[k])/float64(max(fsyncs[k], 1))/1e3, "fsync_us"+sfx)
+			}
+			b.ReportMetric(rate(1)/rate(0), "ratio")
 		})
 	}
 }
