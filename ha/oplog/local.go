@@ -645,9 +645,6 @@ func (l *Local) closeSyncers() error {
 			err = cerr
 		}
 	}
-	if l.w.f != nil && len(l.w.syncf) == 0 {
-		err = l.w.f.Close()
-	}
 	l.w.f, l.w.syncf = nil, nil
 	return err
 }
