@@ -8,7 +8,10 @@ require (
 	github.com/tinylib/msgp v1.6.5
 	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.50.0
+	storj.io/drpc v1.0.0
 )
+
+require github.com/zeebo/errs v1.2.2 // indirect
 
 require (
 	github.com/stretchr/testify v1.12.1

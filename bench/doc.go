@@ -48,6 +48,22 @@
 // (commits/s, entries per commit), its mean fdatasync and its bytes per
 // put (local).
 //
+// # RPC layers
+//
+// StoreConfig.MasterProtocol picks the clients' layer to the master:
+// auto/crpc, grpc, grpc_tuned (the in-process master's gRPC server then
+// takes internal/grpctune's options, as crescent-master --grpc_tuned
+// does) or drpc (internal/drpcx, served by the in-process master on a
+// port of its own, which is the clients' master address; not with
+// MasterAddr). RunRPC (crescent-bench rpc) measures one cheap unary call
+// (ExistKey of a missing key, no lease) to one in-process master over
+// each layer: plain gRPC and crpc on the master's port, tuned gRPC and
+// drpc on ports of their own, the same service and interceptor behind
+// all. Each cell (layer x calls in flight) runs for Duration, split into
+// Rounds in which the layers take turns (the order rotating), so drift
+// on a noisy machine weighs on all alike; rows report calls/s, p50/p99
+// and the ratio to plain gRPC at the same in-flight count.
+//
 // Client processes are driven by JSON lines: the parent writes one object
 // per command on the child's stdin, the child answers each with one object
 // on stdout, and exits when stdin closes:

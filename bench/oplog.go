@@ -16,6 +16,7 @@ import (
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/internal/etcdembed"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // Oplog backends of StoreConfig.Oplog.
@@ -66,7 +67,7 @@ func (c *StoreConfig) checkOplog() error {
 // embedded etcd's data) is removed by close.
 func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaster, error) {
 	im := &inProcessMaster{oplog: cmp.Or(log, OplogOff)}
-	var opts []master.ServiceOption
+	var opts []service.Option
 	fail := func(err error) (*inProcessMaster, error) {
 		im.closeLog()
 		return nil, err
@@ -127,7 +128,20 @@ func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaste
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	im.addr, im.cancel, im.done = lis.Addr().String(), cancel, make(chan error, 1)
-	go func() { im.done <- master.NewService(im.m, opts...).Serve(sctx, lis) }()
+	svc := service.New(im.m, opts...)
+	if c.MasterProtocol == LayerDRPC {
+		// drpc on its own port: the clients' master address.
+		addr, ddone, err := serveDRPC(sctx, svc)
+		if err != nil {
+			cancel()
+			lis.Close()
+			im.closeMaster()
+			return fail(err)
+		}
+		im.addr, im.drpcDone = addr, ddone
+	}
+	gopts := grpcServerOptions(c.MasterProtocol)
+	go func() { im.done <- svc.Serve(sctx, lis, gopts...) }()
 	return im, nil
 }
 

@@ -23,6 +23,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 
+	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/store"
@@ -110,8 +111,10 @@ type StoreConfig struct {
 	// negative = off: every put is PutStart+PutEnd).
 	PutAhead int `json:"put_ahead,omitempty"`
 	// MasterProtocol is the clients' Config.MasterProtocol: auto
-	// (default: crpc, the master's light framing, when it answers), crpc
-	// or grpc.
+	// (default: crpc, the master's light framing, when it answers), crpc,
+	// grpc, grpc_tuned (the in-process master then serves gRPC with
+	// grpctune.ServerOptions) or drpc (in-process master only,
+	// served on its own port).
 	MasterProtocol string `json:"master_protocol,omitempty"`
 	// Objects is the number of objects meta stores (default 1,000,000).
 	Objects int `json:"objects,omitempty"`
@@ -160,6 +163,15 @@ func (c *StoreConfig) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
+	switch c.MasterProtocol {
+	case "", "auto", LayerCRPC, LayerGRPC, LayerGRPCTuned:
+	case LayerDRPC:
+		if c.MasterAddr != "" {
+			return bad("--master_protocol drpc needs the in-process master (crescent-master does not serve drpc)")
+		}
+	default:
+		return bad("--master_protocol must be auto, crpc, grpc, grpc_tuned or drpc, not %q", c.MasterProtocol)
+	}
 	switch {
 	case c.Clients < 1 || c.Clients > 64:
 		return bad("--clients %d outside [1, 64]", c.Clients)
@@ -194,12 +206,19 @@ func (c *StoreConfig) setDefaults() error {
 			c.Baseline = "redis"
 		}
 	case "redis", "none":
+	case BaselineEngine:
+		switch {
+		case c.Operation == "meta":
+			return bad("--baseline engine moves values: not with --operation meta")
+		case c.Staged:
+			return bad("--baseline engine moves registered buffers: not with --zero_copy=false")
+		}
 	case BaselineOplogOff:
 		if c.Oplog == OplogOff {
 			return bad("--baseline oplog_off needs --oplog")
 		}
 	default:
-		return bad("--baseline must be redis, oplog_off or none, not %q", c.Baseline)
+		return bad("--baseline must be redis, engine, oplog_off or none, not %q", c.Baseline)
 	}
 	if c.Operation == "meta" && c.Baseline == "redis" {
 		c.Baseline = "none"
@@ -280,10 +299,13 @@ type StoreResult struct {
 // storePlan is what each client needs to prepare: everyone's segment
 // names (to place its values on the others) and the key counts.
 type storePlan struct {
-	RunID   string   `json:"run_id"`
-	Peers   []string `json:"peers"`
-	GetKeys int      `json:"get_keys"`
-	Ring    int      `json:"ring"`
+	RunID string   `json:"run_id"`
+	Peers []string `json:"peers"`
+	// PeerBufs[i] is the address of client i's value buffers (the engine
+	// baseline's targets).
+	PeerBufs []uint64 `json:"peer_bufs,omitempty"`
+	GetKeys  int      `json:"get_keys"`
+	Ring     int      `json:"ring"`
 }
 
 func getKey(run string, client, i int) string {
@@ -415,19 +437,28 @@ func drive(ctx context.Context, d time.Duration, steps []stepFunc) (*roundStats,
 type benchClient interface {
 	segment() string
 	masterProtocol() string
+	// bufAddr is where peers find the client's value buffers (0 when
+	// they are not registered).
+	bufAddr() uint64
 	prepare(ctx context.Context, p *storePlan) error
 	run(ctx context.Context, d time.Duration) (*roundStats, error)
+	// runEngine runs one round of the engine baseline.
+	runEngine(ctx context.Context, d time.Duration) (*roundStats, error)
 	close() error
 }
 
 // localClient is a store.Client with its workers.
 type localClient struct {
-	cfg       *StoreConfig
-	index     int
-	c         *store.Client
-	pool      *mempool.Pool // the workers' registered buffers (zero copy)
-	bufs      []byte
-	steps     []stepFunc
+	cfg   *StoreConfig
+	index int
+	c     *store.Client
+	pool  *mempool.Pool // the workers' registered buffers (zero copy)
+	bufs  []byte
+	steps []stepFunc
+	// The engine baseline's workers and the peer segment they use.
+	engSteps  []stepFunc
+	engSeg    engine.SegmentID
+	engOpen   bool
 	closeOnce sync.Once
 }
 
@@ -435,7 +466,7 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 	sc := store.Config{
 		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
 		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
-		PutAhead: cfg.PutAhead, MasterProtocol: cfg.MasterProtocol,
+		PutAhead: cfg.PutAhead, MasterProtocol: cfg.MasterProtocol, MasterDialer: masterDialer(cfg.MasterProtocol),
 	}
 	if cfg.Protocol != "" {
 		sc.Protocols = []string{cfg.Protocol}
@@ -470,6 +501,9 @@ func (lc *localClient) masterProtocol() string { return lc.c.MasterProtocol() }
 func (lc *localClient) close() error {
 	var err error
 	lc.closeOnce.Do(func() {
+		if lc.engOpen {
+			lc.c.Engine().CloseSegment(lc.engSeg)
+		}
 		err = lc.c.Close()
 		if lc.pool != nil {
 			lc.pool.Close()
@@ -545,6 +579,9 @@ func (lc *localClient) prepare(ctx context.Context, p *storePlan) error {
 		}
 		sw.keys = make([]string, cfg.Batch)
 		lc.steps = append(lc.steps, sw.step)
+	}
+	if cfg.Baseline == BaselineEngine {
+		return lc.prepareEngine(ctx, p)
 	}
 	return nil
 }
@@ -795,11 +832,16 @@ type inProcessMaster struct {
 	addr    string
 	cancel  context.CancelFunc
 	done    chan error
+	// drpcDone is the drpc server's end (--master_protocol drpc).
+	drpcDone <-chan error
 }
 
 func (im *inProcessMaster) close() error {
 	im.cancel()
 	err := <-im.done
+	if im.drpcDone != nil {
+		err = errors.Join(err, <-im.drpcDone)
+	}
 	err = errors.Join(err, im.closeMaster())
 	im.closeLog()
 	return err
@@ -871,6 +913,8 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 			return nil, err
 		}
 		baseline = func(d time.Duration) (*roundStats, error) { return runClients(ctx, bcs, d) }
+	case BaselineEngine:
+		baseline = func(d time.Duration) (*roundStats, error) { return runClientsEngine(ctx, clients, d) }
 	}
 
 	if c.Warmup > 0 {
@@ -971,6 +1015,7 @@ func startClients(ctx context.Context, c *StoreConfig, addr string, p *storePlan
 		}
 		clients = append(clients, bc)
 		p.Peers = append(p.Peers, bc.segment())
+		p.PeerBufs = append(p.PeerBufs, bc.bufAddr())
 	}
 	return clients, eachClient(clients, func(_ int, bc benchClient) error { return bc.prepare(ctx, p) })
 }
@@ -985,10 +1030,19 @@ func closeClients(cs []benchClient) error {
 
 // runClients runs one round of every client's workers.
 func runClients(ctx context.Context, clients []benchClient, d time.Duration) (*roundStats, error) {
+	return runRound(clients, func(bc benchClient) (*roundStats, error) { return bc.run(ctx, d) })
+}
+
+// runClientsEngine runs one round of every client's engine baseline.
+func runClientsEngine(ctx context.Context, clients []benchClient, d time.Duration) (*roundStats, error) {
+	return runRound(clients, func(bc benchClient) (*roundStats, error) { return bc.runEngine(ctx, d) })
+}
+
+func runRound(clients []benchClient, run func(benchClient) (*roundStats, error)) (*roundStats, error) {
 	parts := make([]*roundStats, len(clients))
 	err := eachClient(clients, func(i int, bc benchClient) error {
 		var err error
-		parts[i], err = bc.run(ctx, d)
+		parts[i], err = run(bc)
 		return err
 	})
 	if err != nil {

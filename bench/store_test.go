@@ -98,7 +98,7 @@ func checkResult(t *testing.T, c StoreConfig, res *StoreResult) {
 	if res.Baseline != c.Baseline {
 		t.Fatalf("baseline %q, asked %q", res.Baseline, c.Baseline)
 	}
-	if c.Baseline == "redis" || c.Baseline == BaselineOplogOff {
+	if c.Baseline == "redis" || c.Baseline == BaselineOplogOff || c.Baseline == BaselineEngine {
 		if res.BaselineGBps <= 0 || res.BaselineOpsPerSec <= 0 || res.BaselineP50us <= 0 {
 			t.Fatalf("%s baseline empty: %+v", c.Baseline, res)
 		}

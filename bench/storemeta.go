@@ -113,7 +113,7 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 	}()
 	var proto string
 	for range c.Clients {
-		cc, p, err := store.DialMaster(ctx, addr, c.MasterProtocol, nil)
+		cc, p, err := dialMaster(ctx, addr, c.MasterProtocol, nil)
 		if err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}

@@ -28,6 +28,7 @@ type clientMsg struct {
 	Plan    *storePlan    `json:"plan,omitempty"`
 	Dur     time.Duration `json:"dur,omitempty"`
 	Segment string        `json:"segment,omitempty"`
+	BufAddr uint64        `json:"buf_addr,omitempty"`
 	Proto   string        `json:"proto,omitempty"`
 	Stats   *statsWire    `json:"stats,omitempty"`
 	Error   string        `json:"error,omitempty"`
@@ -124,13 +125,17 @@ func ServeStoreClient(ctx context.Context, in io.Reader, out io.Writer) error {
 				lc, err = newLocalClient(ctx, &cfg, m.Index, m.Master)
 			}
 			if err == nil {
-				reply.Segment, reply.Proto = lc.segment(), lc.masterProtocol()
+				reply.Segment, reply.Proto, reply.BufAddr = lc.segment(), lc.masterProtocol(), lc.bufAddr()
 			}
 		case m.Cmd == "prepare" && lc != nil && m.Plan != nil:
 			err = lc.prepare(ctx, m.Plan)
-		case m.Cmd == "run" && lc != nil:
+		case (m.Cmd == "run" || m.Cmd == "engine") && lc != nil:
+			run := lc.run
+			if m.Cmd == "engine" {
+				run = lc.runEngine
+			}
 			var s *roundStats
-			if s, err = lc.run(ctx, m.Dur); err == nil {
+			if s, err = run(ctx, m.Dur); err == nil {
 				reply.Stats = &statsWire{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: s.Hist.wire(), Stored: s.Stored}
 			}
 		default:
@@ -154,6 +159,7 @@ type remoteClient struct {
 	stderr  *syncbuf.Buffer
 	exited  chan struct{}
 	seg     string
+	bufs    uint64
 	proto   string
 	once    sync.Once
 }
@@ -190,7 +196,7 @@ func startRemoteClient(ctx context.Context, cfg *StoreConfig, index int, masterA
 		rc.close()
 		return nil, err
 	}
-	rc.seg, rc.proto = reply.Segment, reply.Proto
+	rc.seg, rc.proto, rc.bufs = reply.Segment, reply.Proto, reply.BufAddr
 	return rc, nil
 }
 
@@ -238,8 +244,18 @@ func (rc *remoteClient) prepare(ctx context.Context, p *storePlan) error {
 	return err
 }
 
+func (rc *remoteClient) bufAddr() uint64 { return rc.bufs }
+
 func (rc *remoteClient) run(ctx context.Context, d time.Duration) (*roundStats, error) {
-	reply, err := rc.call(ctx, &clientMsg{Cmd: "run", Dur: d})
+	return rc.round(ctx, "run", d)
+}
+
+func (rc *remoteClient) runEngine(ctx context.Context, d time.Duration) (*roundStats, error) {
+	return rc.round(ctx, "engine", d)
+}
+
+func (rc *remoteClient) round(ctx context.Context, cmd string, d time.Duration) (*roundStats, error) {
+	reply, err := rc.call(ctx, &clientMsg{Cmd: cmd, Dur: d})
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -38,6 +40,11 @@ type Config struct {
 	// "grpc", or "auto" (default): crpc when the master answers it, else
 	// gRPC.
 	MasterProtocol string
+	// MasterDialer, when set, opens the master connection instead of
+	// DialMaster (another RPC layer, e.g. the bench's drpc); intercept
+	// must see every call (the client's RPC counters). MasterProtocol is
+	// then only the name the client reports.
+	MasterDialer func(ctx context.Context, addr string, intercept grpc.UnaryClientInterceptor) (MasterConn, error)
 	// LocalHostname is the engine's LocalServerName ("host" or
 	// "host:port"; default: the engine's choice).
 	LocalHostname string
@@ -222,7 +229,14 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 
 // connect opens the master connection: crpc or gRPC (Config.MasterProtocol).
 func (c *Client) connect(ctx context.Context) error {
-	conn, proto, err := DialMaster(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor)
+	var conn MasterConn
+	var err error
+	proto := c.cfg.MasterProtocol
+	if c.cfg.MasterDialer != nil {
+		conn, err = c.cfg.MasterDialer(ctx, c.cfg.MasterAddr, c.stats.interceptor)
+	} else {
+		conn, proto, err = DialMaster(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor)
+	}
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 )
 
@@ -24,24 +25,29 @@ type MasterConn interface {
 }
 
 // DialMaster connects to the master at addr as clients do: proto is
-// "crpc", "grpc", or "auto" (or empty): crpc when the master answers it,
-// else gRPC. It returns the connection and the protocol used; intercept,
+// "crpc", "grpc", "grpc_tuned" (gRPC with TunedGRPCDialOptions; the
+// master must serve with grpctune.ServerOptions), or "auto" (or empty):
+// crpc when the master answers it, else gRPC. It returns the connection and the protocol used; intercept,
 // when not nil, sees every call. With "auto" and a master that does not
 // answer yet, the protocol is "auto": each call tries crpc again until
 // the master answers, and the connection's Protocol method says which
 // one it then settled on.
 func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryClientInterceptor) (MasterConn, string, error) {
 	switch proto {
-	case "", "auto", "crpc", "grpc":
+	case "", "auto", "crpc", "grpc", "grpc_tuned":
 	default:
-		return nil, "", fmt.Errorf("%w: master protocol %q (want auto, crpc or grpc)", ErrInvalidConfig, proto)
+		return nil, "", fmt.Errorf("%w: master protocol %q (want auto, crpc, grpc or grpc_tuned)", ErrInvalidConfig, proto)
 	}
-	if proto == "grpc" {
-		conn, err := dialGRPC(addr, intercept)
+	if proto == "grpc" || proto == "grpc_tuned" {
+		var extra []grpc.DialOption
+		if proto == "grpc_tuned" {
+			extra = TunedGRPCDialOptions()
+		}
+		conn, err := dialGRPC(addr, intercept, extra...)
 		if err != nil {
 			return nil, "", err
 		}
-		return conn, "grpc", nil
+		return conn, proto, nil
 	}
 	var opts []crpc.Option
 	if intercept != nil {
@@ -69,12 +75,18 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 	return &autoConn{addr: addr, intercept: intercept, sem: make(chan struct{}, 1)}, "auto", nil
 }
 
-func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor) (*grpc.ClientConn, error) {
-	opts := []grpc.DialOption{
+// TunedGRPCDialOptions are the client options of "grpc_tuned" (added to
+// the plain gRPC ones: insecure transport, 256 MiB messages); the master
+// must serve with grpctune.ServerOptions (crescent-master --grpc_tuned),
+// whose keepalive policy permits these pings.
+func TunedGRPCDialOptions() []grpc.DialOption { return grpctune.DialOptions() }
+
+func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		// Batch answers for many keys exceed gRPC's 4 MiB default.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
-	}
+	}, extra...)
 	if intercept != nil {
 		opts = append(opts, grpc.WithUnaryInterceptor(intercept))
 	}

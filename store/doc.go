@@ -3,7 +3,10 @@
 // when the master answers it, else gRPC: Config.MasterProtocol; with
 // "auto", a master down at start is tried over crpc again at each call
 // until it answers) for
-// metadata and moves the bytes itself, between its own memory and the
+// metadata (Config.MasterProtocol "grpc_tuned": gRPC with
+// internal/grpctune's options, for a master run with --grpc_tuned;
+// Config.MasterDialer: any other grpc.ClientConnInterface, as the bench's
+// drpc) and moves the bytes itself, between its own memory and the
 // memory other clients contribute, through the transfer engine (package
 // engine).
 //

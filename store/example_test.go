@@ -12,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // A master on loopback, a client contributing memory, and a pure client
@@ -29,7 +30,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	g := grpc.NewServer()
-	master.NewService(m).Register(g)
+	service.New(m).Register(g)
 	go g.Serve(lis)
 	defer g.Stop()
 

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // testMaster is a real master (store/master) served over gRPC on a
@@ -46,7 +47,7 @@ func startMaster(t testing.TB, cfg master.Config) *testMaster {
 func serveMaster(t testing.TB, m *master.Master, lis net.Listener, grpcOnly bool) func() {
 	if grpcOnly {
 		g := grpc.NewServer()
-		master.NewService(m).Register(g)
+		service.New(m).Register(g)
 		served := make(chan struct{})
 		go func() {
 			defer close(served)
@@ -60,7 +61,7 @@ func serveMaster(t testing.TB, m *master.Master, lis net.Listener, grpcOnly bool
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- master.NewService(m, master.WithGracePeriod(100*time.Millisecond)).Serve(ctx, lis) }()
+	go func() { done <- service.New(m, service.WithGracePeriod(100*time.Millisecond)).Serve(ctx, lis) }()
 	return sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {

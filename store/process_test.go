@@ -22,6 +22,7 @@ import (
 
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // End to end with separate OS processes on loopback: the master is the
@@ -69,7 +70,7 @@ func childMaster() error {
 		return err
 	}
 	g := grpc.NewServer()
-	master.NewService(m).Register(g)
+	service.New(m).Register(g)
 	go g.Serve(lis)
 	defer g.Stop()
 	fmt.Printf("ADDR %s\n", lis.Addr())

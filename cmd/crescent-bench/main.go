@@ -11,7 +11,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer|store [flags]\n\nRun 'crescent-bench transfer -h' or 'crescent-bench store -h' for the flags.")
+		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer|store|rpc [flags]\n\nRun 'crescent-bench transfer -h', 'crescent-bench store -h' or 'crescent-bench rpc -h' for the flags.")
 		if len(os.Args) < 2 {
 			os.Exit(2)
 		}
@@ -25,10 +25,12 @@ func main() {
 		err = transferMain(ctx, os.Args[2:])
 	case "store":
 		err = storeMain(ctx, os.Args[2:], os.Stdout)
+	case "rpc":
+		err = rpcMain(ctx, os.Args[2:], os.Stdout)
 	case storeClientCmd:
 		err = storeClientMain(ctx, os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (want transfer or store)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (want transfer, store or rpc)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crescent-bench:", err)

@@ -55,6 +55,8 @@ func TestStoreMainFlagErrors(t *testing.T) {
 		{"--baseline", "memcached"},
 		{"--oplog", "tape"},
 		{"--baseline", "oplog_off"},
+		{"--baseline", "engine", "--operation", "meta"},
+		{"--baseline", "engine", "--zero_copy=false"},
 		{"stray"},
 	} {
 		if err := storeMain(context.Background(), args, &bytes.Buffer{}); err == nil {

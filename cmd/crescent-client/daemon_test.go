@@ -28,6 +28,7 @@ import (
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // The daemon runs as a real process: the test binary re-executes itself
@@ -85,7 +86,7 @@ func startMaster(t *testing.T, addr string) *testMaster {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer()
-	master.NewService(m).Register(g)
+	service.New(m).Register(g)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

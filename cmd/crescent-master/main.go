@@ -24,9 +24,13 @@ import (
 	"github.com/crescent-kv/crescent/event"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/admin"
+	"github.com/crescent-kv/crescent/store/master/kvevents"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // config holds every setting, with the reference's flag names and
@@ -54,6 +58,7 @@ type config struct {
 	CRPCMaxCalls                int     `yaml:"crpc_max_calls"`
 	CRPCIdleTimeoutSec          int64   `yaml:"crpc_idle_timeout_sec"`
 	CRPCMaxBufferedBytes        int64   `yaml:"crpc_max_buffered_bytes"`
+	GRPCTuned                   bool    `yaml:"grpc_tuned"`
 
 	EnableKVEvents           bool    `yaml:"enable_kv_events"`
 	KVEventsEndpoint         string  `yaml:"kv_events_endpoint"`
@@ -129,6 +134,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CRPCMaxCalls, "crpc_max_calls", c.CRPCMaxCalls, "crpc calls in flight across connections")
 	fs.Int64Var(&c.CRPCIdleTimeoutSec, "crpc_idle_timeout_sec", c.CRPCIdleTimeoutSec, "seconds a crpc connection may send nothing (clients ping every 10 s) before it is closed")
 	fs.Int64Var(&c.CRPCMaxBufferedBytes, "crpc_max_buffered_bytes", c.CRPCMaxBufferedBytes, "crpc request bytes held at once across connections (at least rpc_max_message_bytes)")
+	fs.BoolVar(&c.GRPCTuned, "grpc_tuned", c.GRPCTuned, "serve gRPC with the tuned options (internal/grpctune: fixed windows, keepalive, worker pool, pooled codec) that --master_protocol grpc_tuned clients need")
 	fs.BoolVar(&c.EnableKVEvents, "enable_kv_events", c.EnableKVEvents, "publish KV events (vLLM-compatible ZMQ stream)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv_events_endpoint", c.KVEventsEndpoint, "PUB endpoint (binds with *, ::, ipc://; else connects)")
 	fs.StringVar(&c.KVEventsReplayEndpoint, "kv_events_replay_endpoint", c.KVEventsReplayEndpoint, "ROUTER replay endpoint; empty = no replay")
@@ -267,17 +273,17 @@ func run(ctx context.Context, cfg config) error {
 		if pub, err = newPublisher(cfg, log); err != nil {
 			return err
 		}
-		mc.Events = master.NewKVEvents(pub)
+		mc.Events = kvevents.New(pub)
 		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
 	}
 
 	var (
 		m          *master.Master
-		svcOpts    []master.ServiceOption
+		svcOpts    []service.Option
 		logMetrics prometheus.Collector
 		err        error
 	)
-	var adminOpts []master.AdminOption
+	var adminOpts []admin.Option
 	var snaps *snapshots
 	if cfg.DataDir != "" || cfg.Oplog != "" {
 		var recovery []oplog.DurableOption
@@ -299,7 +305,7 @@ func run(ctx context.Context, cfg config) error {
 		}()
 		log.Info("recovered from the operation log", "data_dir", cfg.DataDir, "oplog", cfg.Oplog, "snapshot", d.Snapshot.ID,
 			"snapshot_seq", d.Snapshot.Seq, "entries", d.Replayed, "took", d.Took)
-		m, svcOpts, logMetrics = d.Master, []master.ServiceOption{d.ServiceOption()}, oplog.NewCollector(d)
+		m, svcOpts, logMetrics = d.Master, []service.Option{d.ServiceOption()}, oplog.NewCollector(d)
 		if snaps != nil {
 			if adminOpts, err = snaps.start(cfg, d, mc); err != nil {
 				return err
@@ -314,13 +320,13 @@ func run(ctx context.Context, cfg config) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	var metrics *master.Metrics
-	svc := master.NewService(m, append(svcOpts, master.WithObserver(func(rpc string, d time.Duration, err error) {
+	var metrics *admin.Metrics
+	svc := service.New(m, append(svcOpts, service.WithObserver(func(rpc string, d time.Duration, err error) {
 		metrics.Observe(rpc, d, err)
-	}), master.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
+	}), service.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
 		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
 		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))...)
-	metrics = master.NewMetrics(m, svc)
+	metrics = admin.NewMetrics(m, svc)
 	reg.MustRegister(metrics)
 	if logMetrics != nil {
 		reg.MustRegister(logMetrics)
@@ -351,7 +357,7 @@ func run(ctx context.Context, cfg config) error {
 		return nil
 	}
 	if cfg.MetricsPort > 0 {
-		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), master.AdminHandler(m, svc, reg, nil, adminOpts...)); err != nil {
+		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), admin.Handler(m, svc, reg, nil, adminOpts...)); err != nil {
 			lis.Close()
 			m.Close()
 			return err
@@ -368,7 +374,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	log.Info("crescent-master serving", "rpc", lis.Addr().String(), "view_version", m.ViewVersion())
 	// Batch RPCs of many keys exceed gRPC's 4 MiB default.
-	err = svc.Serve(ctx, lis, grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes))
+	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes)}
+	if cfg.GRPCTuned {
+		gopts = append(gopts, grpctune.ServerOptions()...)
+	}
+	err = svc.Serve(ctx, lis, gopts...)
 	log.Info("crescent-master stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

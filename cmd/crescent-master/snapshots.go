@@ -19,6 +19,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/metadata/redismeta"
 	"github.com/crescent-kv/crescent/ha/snapshot"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/admin"
 )
 
 // localSnapshots opens the local payload store and catalog, sharing dir.
@@ -110,7 +111,7 @@ func (s *snapshots) recovery() []oplog.DurableOption {
 
 // start takes a snapshot every interval and returns the admin option
 // serving POST /snapshot.
-func (s *snapshots) start(cfg config, d *oplog.Durable, mc master.Config) ([]master.AdminOption, error) {
+func (s *snapshots) start(cfg config, d *oplog.Durable, mc master.Config) ([]admin.Option, error) {
 	if s.catalog == nil {
 		return nil, nil
 	}
@@ -131,20 +132,20 @@ func (s *snapshots) start(cfg config, d *oplog.Durable, mc master.Config) ([]mas
 		s.wg.Add(1)
 		go s.loop(ctx, cfg.SnapshotInterval)
 	}
-	take := func(ctx context.Context) (master.SnapshotInfo, error) {
+	take := func(ctx context.Context) (admin.SnapshotInfo, error) {
 		res, err := s.take(ctx, sn.TryTake)
 		if errors.Is(err, oplog.ErrSnapshotBusy) {
-			err = fmt.Errorf("%w: %w", master.ErrAdminBusy, err)
+			err = fmt.Errorf("%w: %w", admin.ErrBusy, err)
 		}
 		if err != nil {
-			return master.SnapshotInfo{}, err
+			return admin.SnapshotInfo{}, err
 		}
 		ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-		return master.SnapshotInfo{ID: res.Meta.ID, Seq: res.Meta.Seq, Size: res.Meta.Size, TookMs: ms(res.Took),
+		return admin.SnapshotInfo{ID: res.Meta.ID, Seq: res.Meta.Seq, Size: res.Meta.Size, TookMs: ms(res.Took),
 			LongestPauseMs: ms(res.LongestPause), ScratchLongestHoldMs: ms(res.ScratchLongestHold),
 			ScratchLongestShardHoldMs: ms(res.ScratchLongestShardHold), Unchanged: res.Unchanged}, nil
 	}
-	return []master.AdminOption{master.WithSnapshotHook(take)}, nil
+	return []admin.Option{admin.WithSnapshotHook(take)}, nil
 }
 
 func (s *snapshots) take(ctx context.Context, f func(context.Context) (oplog.SnapshotResult, error)) (oplog.SnapshotResult, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/admin"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -37,8 +38,8 @@ func TestAdminReadsWaitForDurability(t *testing.T) {
 			t.Cleanup(func() { require.NoError(t, d.Close()) })
 			mc, svc := serveDurable(t, d)
 			t.Cleanup(fs.unhold)
-			admin := httptest.NewServer(master.AdminHandler(d.Master, svc, prometheus.NewRegistry(), nil))
-			t.Cleanup(admin.Close)
+			adminSrv := httptest.NewServer(admin.Handler(d.Master, svc, prometheus.NewRegistry(), nil))
+			t.Cleanup(adminSrv.Close)
 			_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
 			require.NoError(t, err)
 			require.NoError(t, durPut(ctx, mc, "k"))
@@ -49,7 +50,7 @@ func TestAdminReadsWaitForDurability(t *testing.T) {
 			seq := d.Sink.Appended()
 			got := make(chan answer, 1)
 			go func() {
-				resp, err := http.Get(admin.URL + path)
+				resp, err := http.Get(adminSrv.URL + path)
 				if !assert.NoError(t, err) {
 					got <- answer{}
 					return

@@ -137,7 +137,7 @@
 // hold of one lock. LoadLatest builds a master from the latest snapshot
 // alone, for a standby to follow the log from its Seq+1.
 //
-// Durable.ServiceOption installs master.WithDurability: every RPC,
+// Durable.ServiceOption installs service.WithDurability: every RPC,
 // reads included, answers only once all that was logged before its
 // answer is durable (Durable.Wait: Sink.WaitDurable(Appended()), at once
 // when nothing is pending); after a failure of the log every RPC

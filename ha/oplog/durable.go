@@ -8,6 +8,7 @@ import (
 
 	"github.com/crescent-kv/crescent/ha/snapshot"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // replayBatch is how many entries recovery reads at a time.
@@ -185,11 +186,11 @@ func (d *Durable) Failed() error {
 	return nil
 }
 
-// ServiceOption makes a master.Service answer every RPC only once the
+// ServiceOption makes a service.Service answer every RPC only once the
 // changes it may have seen are durable, and report the log's failure
 // on /health.
-func (d *Durable) ServiceOption() master.ServiceOption {
-	return master.WithDurability(d.Wait, d.Failed)
+func (d *Durable) ServiceOption() service.Option {
+	return service.WithDurability(d.Wait, d.Failed)
 }
 
 // Close closes the master, then the sink (writing what is queued), then

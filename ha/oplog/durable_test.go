@@ -24,6 +24,8 @@ import (
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/admin"
+	"github.com/crescent-kv/crescent/store/master/service"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -86,11 +88,11 @@ func leakCheck(t *testing.T) {
 }
 
 // serveDurable serves d's master on a real gRPC server on 127.0.0.1:0.
-func serveDurable(t *testing.T, d *Durable) (storepb.MasterClient, *master.Service) {
+func serveDurable(t *testing.T, d *Durable) (storepb.MasterClient, *service.Service) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	svc := master.NewService(d.Master, d.ServiceOption())
+	svc := service.New(d.Master, d.ServiceOption())
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx, lis) }()
@@ -180,10 +182,10 @@ func TestDurableFailStop(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	mc, svc := serveDurable(t, d)
-	admin := httptest.NewServer(master.AdminHandler(d.Master, svc, prometheus.NewRegistry(), nil))
-	defer admin.Close()
+	adminSrv := httptest.NewServer(admin.Handler(d.Master, svc, prometheus.NewRegistry(), nil))
+	defer adminSrv.Close()
 	health := func() (int, string) {
-		resp, err := http.Get(admin.URL + "/health")
+		resp, err := http.Get(adminSrv.URL + "/health")
 		require.NoError(t, err)
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)

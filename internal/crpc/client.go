@@ -2,6 +2,7 @@ package crpc
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -51,6 +52,21 @@ func WithPing(interval, timeout time.Duration) Option {
 	return func(c *Conn) { c.pingInterval, c.pingTimeout = interval, timeout }
 }
 
+// WithTLS makes every (re)connection a TLS client over cfg (a clone;
+// ServerName defaults to the dialled host, NextProtos to "crpc"): the
+// handshake comes first, within the dial timeout. Present a client
+// certificate in cfg for a server that requires one.
+func WithTLS(cfg *tls.Config) Option { return func(c *Conn) { c.tls = cfg } }
+
+// WithResolver makes every (re)connection dial the address resolve
+// returns (within the dial timeout) instead of Dial's addr, so a
+// connection follows a service that moves (the master's leader): after a
+// connection breaks, the next call dials wherever resolve points now. An
+// error from resolve fails that call UNAVAILABLE.
+func WithResolver(resolve func(ctx context.Context) (addr string, err error)) Option {
+	return func(c *Conn) { c.resolve = resolve }
+}
+
 // Conn is a client of one crpc server, usable by generated gRPC client
 // code (grpc.ClientConnInterface). It keeps one connection, dialled again
 // after a failure. Safe for concurrent use.
@@ -61,6 +77,8 @@ type Conn struct {
 	maxFrame     int
 	pingInterval time.Duration
 	pingTimeout  time.Duration
+	tls          *tls.Config
+	resolve      func(context.Context) (string, error)
 
 	mu     sync.Mutex
 	cur    *clientConn
@@ -231,16 +249,39 @@ func (c *Conn) conn(ctx context.Context) (*clientConn, error) {
 func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	dctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
 	defer cancel()
+	addr := c.addr
+	if c.resolve != nil {
+		a, err := c.resolve(dctx)
+		if err != nil {
+			return nil, status.Errorf(codes.Unavailable, "crpc: resolve: %v", err)
+		}
+		addr = a
+	}
 	var d net.Dialer
-	nc, err := d.DialContext(dctx, "tcp", c.addr)
+	nc, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
-		return nil, status.Errorf(codes.Unavailable, "crpc: dial %s: %v", c.addr, err)
+		return nil, status.Errorf(codes.Unavailable, "crpc: dial %s: %v", addr, err)
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
 	deadline, _ := dctx.Deadline()
 	nc.SetDeadline(deadline)
+	if c.tls != nil {
+		cfg := c.tls.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName, _, _ = net.SplitHostPort(addr)
+		}
+		if len(cfg.NextProtos) == 0 {
+			cfg.NextProtos = []string{alpn}
+		}
+		tc := tls.Client(nc, cfg)
+		if err := tc.HandshakeContext(dctx); err != nil {
+			nc.Close()
+			return nil, status.Errorf(codes.Unavailable, "crpc: TLS handshake with %s (does it serve TLS?): %v", addr, err)
+		}
+		nc = tc
+	}
 	p := make([]byte, prefaceLen)
 	_, err = nc.Write(preface())
 	if err == nil {
@@ -253,10 +294,10 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	}
 	if err != nil {
 		nc.Close()
-		if errors.Is(err, ErrNotCRPC) {
+		if errors.Is(err, ErrNotCRPC) || errors.Is(err, ErrTLSRequired) {
 			return nil, err
 		}
-		return nil, status.Errorf(codes.Unavailable, "crpc: %s: %v", c.addr, err)
+		return nil, status.Errorf(codes.Unavailable, "crpc: %s: %v", addr, err)
 	}
 	nc.SetDeadline(time.Time{})
 	cc := &clientConn{c: nc, wg: &c.wg, flushTimeout: c.pingTimeout, maxFrame: c.maxFrame, wsem: make(chan struct{}, 1), pending: map[uint32]chan frame{},

@@ -21,7 +21,9 @@
 // All integers are little-endian.
 //
 //	preface   client -> server: "CRPC" u8 version u8[3] zero
-//	          server -> client: the same 8 bytes with the server's version
+//	          server -> client: the same 8 bytes with the server's version;
+//	          version 0xff (in plaintext, then close): this server
+//	          speaks crpc only inside TLS
 //	frame     u32 length  (of what follows the 9-byte header, at most MaxFrame)
 //	          u32 call id (chosen by the client, echoed by the server)
 //	          u8  kind
@@ -37,6 +39,10 @@
 //	          up; the server ends that handler's context and sends no answer
 //	kind 5    ping (client -> server), empty, any id
 //	kind 6    pong (server -> client), empty, the ping's id
+//
+// With TLS (ServerConfig.TLS, SplitTLS, WithTLS) the TLS handshake comes
+// first (ALPN "crpc"; SplitTLS also offers "h2" for gRPC) and all of the
+// above runs inside it.
 //
 // Version 1 had no kinds 4 to 6 and no timeout in requests; the server
 // answers a preface of another version with its own and closes, and Dial
@@ -70,6 +76,12 @@
 //     timeout), at its cancel frame, or when the connection closes;
 //   - every write has WriteTimeout (10 s): a peer that stops reading
 //     loses its connection;
+//   - TLS: Serve with ServerConfig.TLS, or SplitTLS, handshakes each
+//     connection within the preface timeout (10 s) before anything else,
+//     and then splits by the first bytes inside TLS, so gRPC-over-TLS
+//     (grpc.Creds(Credentials()) on the other listener: its handlers see
+//     the client's certificate) and crpc-over-TLS share one port; mTLS is
+//     the tls.Config's ClientAuth;
 //   - Serve and Split accept through netx.Serve (backoff on EMFILE and
 //     other transient errors; connection caps, idle connections evicted
 //     first: a crpc connection is busy while it has calls in flight).
@@ -82,6 +94,10 @@
 //     timeout (else the connection breaks), so the calls behind it wait
 //     only within their own deadlines;
 //   - a call whose context ends sends a cancel frame;
+//   - WithTLS: every (re)connection is a TLS client; against a TLS-only
+//     server without it, Dial returns ErrTLSRequired;
+//   - WithResolver: every (re)connection dials the address the resolver
+//     gives then (a new leader after a failover), not Dial's;
 //   - keepalive: a connection that has received nothing for the ping
 //     interval (10 s), or whose call timed out with nothing received
 //     since it was sent, is pinged; no pong within the ping timeout (5 s)

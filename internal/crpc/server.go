@@ -2,6 +2,7 @@ package crpc
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -69,6 +70,11 @@ type ServerConfig struct {
 	Interceptor grpc.UnaryServerInterceptor
 	// Conns configures the accept loop (netx): connection caps, logging.
 	Conns netx.Config
+	// TLS, when set, makes Serve handshake every connection (within the
+	// preface timeout) before crpc's preface; a plaintext crpc client is
+	// told the server requires TLS. Connections from SplitTLS arrive
+	// handshaken already.
+	TLS *tls.Config
 }
 
 func (c ServerConfig) withDefaults() ServerConfig {
@@ -208,7 +214,8 @@ type busyMarker interface {
 
 type serverConn struct {
 	s      *Server
-	c      *netx.Conn
+	c      net.Conn   // the stream: nc, or TLS over it
+	nc     *netx.Conn // for the caps' busy marks
 	ctx    context.Context
 	cancel context.CancelFunc
 	slots  chan struct{} // calls in flight on this connection
@@ -227,6 +234,7 @@ type serverCall struct {
 func (sc *serverConn) close() {
 	sc.once.Do(func() {
 		sc.cancel()
+		sc.nc.Close() // first: TLS's close alert must not wait on the peer
 		sc.c.Close()
 	})
 }
@@ -234,8 +242,8 @@ func (sc *serverConn) close() {
 // busy marks the connection (and Split's, beneath) as working or not, so
 // netx evicts only idle connections at its caps.
 func (sc *serverConn) busy(on bool) {
-	ms := []busyMarker{sc.c}
-	if m, ok := sc.c.Conn.(busyMarker); ok {
+	ms := []busyMarker{sc.nc}
+	if m, ok := sc.nc.Conn.(busyMarker); ok {
 		ms = append(ms, m)
 	}
 	for _, m := range ms {
@@ -247,8 +255,17 @@ func (sc *serverConn) busy(on bool) {
 	}
 }
 
-func (s *Server) serveConn(nc *netx.Conn) {
-	sc := &serverConn{s: s, c: nc, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}}
+func (s *Server) serveConn(raw *netx.Conn) {
+	var nc net.Conn = raw
+	if pc, ok := raw.Conn.(*peekedConn); s.cfg.TLS != nil && (!ok || !pc.secure) {
+		tc, ok := handshake(raw, s.cfg.TLS)
+		if !ok {
+			raw.Close()
+			return
+		}
+		nc = tc
+	}
+	sc := &serverConn{s: s, c: nc, nc: raw, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}}
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	defer sc.close()
 	p := make([]byte, prefaceLen)
@@ -433,6 +450,24 @@ func (sc *serverConn) write(b []byte) error {
 		sc.close()
 	}
 	return err
+}
+
+// handshake runs a server TLS handshake on c within the preface timeout.
+// A plaintext crpc client is answered, in plaintext, with the preface
+// that says TLS is required, so it can tell its caller why.
+func handshake(c net.Conn, cfg *tls.Config) (*tls.Conn, bool) {
+	c.SetDeadline(time.Now().Add(prefaceTimeout))
+	tc := tls.Server(c, cfg)
+	err := tc.Handshake()
+	if err != nil {
+		var rh tls.RecordHeaderError
+		if errors.As(err, &rh) && rh.Conn != nil && string(rh.RecordHeader[:4]) == magic {
+			rh.Conn.Write(tlsRequiredPreface())
+		}
+		return nil, false
+	}
+	c.SetDeadline(time.Time{})
+	return tc, true
 }
 
 // encodeReply frames resp (kind reply), or herr's status when herr is not

@@ -1,11 +1,16 @@
 package crpc
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/credentials"
 
 	"github.com/crescent-kv/crescent/internal/netx"
 )
@@ -20,7 +25,28 @@ import (
 // closes lis; connections already handed on live until their server
 // closes them.
 func Split(lis net.Listener, cfg netx.Config) (crpcL, otherL net.Listener) {
+	return SplitTLS(lis, cfg, nil)
+}
+
+// SplitTLS is Split inside TLS when tc is not nil: each connection's
+// handshake (within the preface timeout) comes first, then the split by
+// the first bytes inside TLS, so gRPC-over-TLS and crpc-over-TLS share
+// the port. Both returned listeners hand out connections already
+// handshaken: serve gRPC on otherL with Credentials (not TLS credentials),
+// and crpc with or without ServerConfig.TLS (it does not handshake
+// again). tc's NextProtos get "h2" and "crpc" (ALPN) when missing. A
+// plaintext crpc client is told the port requires TLS.
+func SplitTLS(lis net.Listener, cfg netx.Config, tc *tls.Config) (crpcL, otherL net.Listener) {
 	sp := &splitter{lis: lis}
+	if tc != nil {
+		tc = tc.Clone()
+		for _, p := range []string{"h2", alpn} {
+			if !slices.Contains(tc.NextProtos, p) {
+				tc.NextProtos = append(tc.NextProtos, p)
+			}
+		}
+		sp.tls = tc
+	}
 	sp.crpc = &subListener{sp: sp, ch: make(chan net.Conn), done: make(chan struct{})}
 	sp.other = &subListener{sp: sp, ch: make(chan net.Conn), done: make(chan struct{})}
 	sp.open = 2
@@ -42,6 +68,7 @@ func Split(lis net.Listener, cfg netx.Config) (crpcL, otherL net.Listener) {
 
 type splitter struct {
 	lis         net.Listener
+	tls         *tls.Config // nil: plaintext
 	loop        *netx.Loop
 	crpc, other *subListener
 	mu          sync.Mutex
@@ -62,15 +89,26 @@ func (sp *splitter) route(c *netx.Conn) {
 	sp.routing[c] = true
 	sp.mu.Unlock()
 	var head [4]byte
-	c.SetReadDeadline(time.Now().Add(prefaceTimeout))
-	_, err := io.ReadFull(c, head[:])
+	var stream net.Conn = c
+	ok := true
+	if sp.tls != nil {
+		var tc *tls.Conn
+		if tc, ok = handshake(c, sp.tls); ok {
+			stream = tc
+		}
+	}
+	var err error
+	if ok {
+		stream.SetReadDeadline(time.Now().Add(prefaceTimeout))
+		_, err = io.ReadFull(stream, head[:])
+	}
 	sp.mu.Lock()
 	delete(sp.routing, c)
 	sp.mu.Unlock()
-	if err != nil {
+	if !ok || err != nil {
 		return
 	}
-	c.SetReadDeadline(time.Time{})
+	stream.SetReadDeadline(time.Time{})
 	to := sp.other
 	if string(head[:]) == magic {
 		to = sp.crpc
@@ -79,7 +117,7 @@ func (sp *splitter) route(c *netx.Conn) {
 		// as idle.
 		c.Busy()
 	}
-	pc := &peekedConn{Conn: c, nc: c, head: append([]byte(nil), head[:]...), closed: make(chan struct{})}
+	pc := &peekedConn{Conn: stream, nc: c, secure: sp.tls != nil, head: append([]byte(nil), head[:]...), closed: make(chan struct{})}
 	select {
 	case to.ch <- pc:
 	case <-to.done:
@@ -151,11 +189,12 @@ func (l *subListener) Addr() net.Addr { return l.sp.lis.Addr() }
 
 // peekedConn replays the bytes Split read before handing it on.
 type peekedConn struct {
-	net.Conn
-	nc     *netx.Conn
-	head   []byte
-	once   sync.Once
-	closed chan struct{}
+	net.Conn            // nc, or TLS over it
+	nc       *netx.Conn // the accepted connection
+	secure   bool       // Conn is TLS, handshaken
+	head     []byte
+	once     sync.Once
+	closed   chan struct{}
 }
 
 func (c *peekedConn) Read(p []byte) (int, error) {
@@ -168,7 +207,8 @@ func (c *peekedConn) Read(p []byte) (int, error) {
 }
 
 func (c *peekedConn) Close() error {
-	err := c.Conn.Close()
+	err := c.nc.Close() // first: TLS's close alert must not wait on the peer
+	c.Conn.Close()
 	c.once.Do(func() { close(c.closed) })
 	return err
 }
@@ -176,3 +216,33 @@ func (c *peekedConn) Close() error {
 // Busy and Idle mark the connection for the port's netx caps.
 func (c *peekedConn) Busy() { c.nc.Busy() }
 func (c *peekedConn) Idle() { c.nc.Idle() }
+
+// Credentials are the gRPC server credentials for SplitTLS's otherL: the
+// handshake is done already, so they only report its TLS state to the
+// handlers (peer.Peer's AuthInfo is a credentials.TLSInfo, as with
+// credentials.NewTLS). A connection from a plaintext Split has no
+// AuthInfo.
+func Credentials() credentials.TransportCredentials { return splitCreds{} }
+
+type splitCreds struct{}
+
+func (splitCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	return nil, nil, errors.New("crpc: split credentials are server-side only")
+}
+
+func (splitCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	pc, ok := c.(*peekedConn)
+	if !ok || !pc.secure {
+		return c, nil, nil
+	}
+	tc := pc.Conn.(*tls.Conn)
+	return c, credentials.TLSInfo{State: tc.ConnectionState(), CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}, nil
+}
+
+func (splitCreds) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "tls", SecurityVersion: "1.2"}
+}
+
+func (s splitCreds) Clone() credentials.TransportCredentials { return s }
+
+func (splitCreds) OverrideServerName(string) error { return nil }

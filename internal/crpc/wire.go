@@ -10,10 +10,15 @@ import (
 )
 
 const (
-	magic      = "CRPC"
-	version    = 2
-	prefaceLen = 8
-	headerLen  = 9
+	magic   = "CRPC"
+	version = 2
+	// alpn is crpc's TLS application protocol.
+	alpn = "crpc"
+	// versionTLSRequired in a server's preface: this server speaks crpc
+	// only inside TLS.
+	versionTLSRequired = 0xff
+	prefaceLen         = 8
+	headerLen          = 9
 
 	// DefaultMaxFrame bounds a frame's body unless configured: generous
 	// for the master's batch RPCs (a 10,000-key batch of 4 KiB keys is 40
@@ -38,6 +43,10 @@ const (
 // other than a crpc preface (a gRPC-only server, say).
 var ErrNotCRPC = errors.New("crpc: the server does not speak crpc")
 
+// ErrTLSRequired is returned by Dial without WithTLS when the server
+// serves crpc only over TLS.
+var ErrTLSRequired = errors.New("crpc: the server requires TLS (dial with WithTLS)")
+
 // errBadFrame reports a frame that breaks the format.
 var errBadFrame = errors.New("crpc: malformed frame")
 
@@ -48,10 +57,19 @@ func preface() []byte {
 	return p
 }
 
+func tlsRequiredPreface() []byte {
+	p := preface()
+	p[4] = versionTLSRequired
+	return p
+}
+
 // checkPreface validates a peer's preface.
 func checkPreface(p []byte) error {
 	if string(p[:4]) != magic {
 		return ErrNotCRPC
+	}
+	if p[4] == versionTLSRequired {
+		return ErrTLSRequired
 	}
 	if p[4] != version {
 		return fmt.Errorf("crpc: version %d, this side speaks %d", p[4], version)

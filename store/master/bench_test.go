@@ -1,7 +1,6 @@
 package master
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -14,8 +13,6 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/alloc"
-	"github.com/crescent-kv/crescent/store/errcode"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // benchMaster is a master with default config (1024 shards) and n
@@ -151,66 +148,6 @@ func BenchmarkBatchPut(b *testing.B) {
 			b.ReportAllocs()
 			start := time.Now()
 			if par {
-				b.RunParallel(func(pb *testing.PB) {
-					keys := make([]string, batch)
-					var buf []byte
-					for pb.Next() {
-						one(keys, buf)
-					}
-				})
-			} else {
-				keys := make([]string, batch)
-				var buf []byte
-				for b.Loop() {
-					one(keys, buf)
-				}
-			}
-			b.ReportMetric(float64(next.Load())/time.Since(start).Seconds(), "objects/s")
-		})
-	}
-}
-
-// BenchmarkGRPCBatchPut is the same through gRPC on loopback: one op is
-// one BatchPutStart + BatchPutEnd RPC pair of 128 objects; "parallel"
-// keeps GOMAXPROCS*4 pairs in flight over one connection.
-func BenchmarkGRPCBatchPut(b *testing.B) {
-	const batch = 128
-	for _, par := range []bool{false, true} {
-		name := "serial"
-		if par {
-			name = "parallel"
-		}
-		b.Run(name, func(b *testing.B) {
-			m := benchMaster(b, 4)
-			c, _ := serve(b, m)
-			ctx := context.Background()
-			var next atomic.Int64
-			sizes := make([]uint64, batch)
-			for i := range sizes {
-				sizes[i] = 4096
-			}
-			id := pbID(cl(1))
-			one := func(keys []string, buf []byte) {
-				base := int(next.Add(batch)) - batch
-				for i := range keys {
-					keys[i] = blockKey(buf, base+i)
-				}
-				r1, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: id, Keys: keys, Sizes: sizes})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if r1.Results[0].ErrorCode != 0 {
-					b.Fatal(errcode.Code(r1.Results[0].ErrorCode))
-				}
-				r2, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: keys})
-				if err != nil || r2.Results[0].ErrorCode != 0 {
-					b.Fatal(err)
-				}
-			}
-			b.ReportAllocs()
-			start := time.Now()
-			if par {
-				b.SetParallelism(4)
 				b.RunParallel(func(pb *testing.PB) {
 					keys := make([]string, batch)
 					var buf []byte

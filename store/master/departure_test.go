@@ -7,7 +7,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,27 +26,6 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-// gather returns the value of every metric of a collector, by name.
-func gather(t *testing.T, c prometheus.Collector) map[string]float64 {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(c)
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			switch {
-			case m.GetCounter() != nil:
-				out[mf.GetName()] = m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				out[mf.GetName()] = m.GetGauge().GetValue()
-			}
-		}
-	}
-	return out
 }
 
 // TestCleanUnmountIsNotAnExpiry: a client that unmounts its segments (its
@@ -101,15 +79,6 @@ func TestCleanUnmountIsNotAnExpiry(t *testing.T) {
 	require.Contains(t, expired[0], b.String())
 	require.Contains(t, out, "unmounted its last segment")
 	require.Contains(t, out, a.String())
-
-	mv := gather(t, NewMetrics(e.m, nil))
-	require.Equal(t, 1.0, mv["master_expired_clients_total"])
-	require.Equal(t, 1.0, mv["master_departed_clients_total"])
-	require.Equal(t, 2.0, mv["master_lost_keys_total"])
-	require.Equal(t, 2.0, mv["master_dropped_replicas_total"])
-	require.Equal(t, 3.0, mv["master_unmounted_keys_total"])
-	require.Equal(t, 3.0, mv["master_unmounted_replicas_total"])
-	require.Equal(t, 0.0, mv["master_active_clients"])
 
 	// The departure replays.
 	standby, err := New(Config{Shards: 3, Clock: e.clk})

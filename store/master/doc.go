@@ -2,8 +2,15 @@
 // which objects exist, where their replicas are, who is writing them,
 // leases, pins, eviction and the liveness of the clients that contribute
 // memory. It holds metadata only: it never touches the memory and never
-// imports a transport. Master is the core (Go types, errcode errors);
-// Service puts the gRPC contract of store/storepb in front of it.
+// imports a transport. This package is the core (Go types, errcode
+// errors) and links no RPC, HTTP server, Prometheus or ZMQ (an HA follower
+// embeds it; TestCoreLinksNoRPC holds it so). The adapters around it:
+//   - store/master/service puts the gRPC contract of store/storepb (and
+//     crpc) in front of a Master;
+//   - store/master/admin serves the admin HTTP pages and the Prometheus
+//     metrics;
+//   - store/master/kvevents turns the core's Events into vLLM-compatible
+//     KV events on an event.Publisher.
 //
 // # Objects
 //
@@ -113,7 +120,7 @@
 // only when the others cannot give MinReplicas; Reserve never uses them.
 // A report removes nothing and is soft state (not logged); Stats,
 // /metrics (master_suspect_segment_count) and /get_all_segments show
-// suspect segments.
+// suspect segments (store/master/admin).
 //
 // # Operation log
 //
@@ -152,7 +159,8 @@
 // when no complete object survives, else Removed per key). Events are
 // queued under the key's shard lock and handed to the sink after the
 // locks are let go (evqueue.go), in order; a sink that blocks holds back
-// the emitting calls only, never a shard.
+// the emitting calls only, never a shard. store/master/kvevents.Bridge is
+// the sink that publishes them as KV events.
 //
 // # Concurrency and memory
 //
@@ -194,28 +202,4 @@
 // for the record, 34 for the arena entry, 12 for the index and 43 for the
 // allocator's range node (store/alloc, internal/offalloc). A soft-pinned
 // object also has ext (its pin deadline), 80 bytes more.
-//
-// # gRPC
-//
-// Service implements storepb.MasterServer: it converts messages, calls the
-// core, and answers failures with rpcerr.ToStatus (the store code in the
-// status details; clients recover it with rpcerr.FromStatus). Batch RPCs
-// answer every item in request order with its code (0 = OK); a malformed
-// batch (keys and sizes of different lengths, missing client_id) fails as
-// a whole with INVALID_PARAMS. Write, segment and Ping RPCs need client_id.
-// ReservePut and CommitPut answer per spec and per item, give back the
-// release ids first (unknown ones are ignored), carry the reservation TTL
-// (PutDiscardTimeout) and take at most 64 specs of at most 64 each.
-// ReportFailedSegments (Crescent's) takes at most 64 segment ids.
-// WithDurability (an operation log's wait) makes every RPC, reads
-// included, answer only once all the master logged before the answer is
-// durable, and INTERNAL_ERROR when the log failed (/health then answers
-// 503 with the cause); the wait runs in UnaryInterceptor. The admin pages
-// that show keys or segments (AdminHandler) wait the same way
-// (Service.WaitDurable).
-// Service.Counts and WithObserver feed metrics, counted in one place:
-// Service.UnaryInterceptor, which Serve installs on both of its servers
-// (a server given the service through Register alone needs it too).
-// Serve runs a grpc.Server and a crpc server (internal/crpc; WithCRPC
-// bounds it) on one port until its context ends.
 package master

@@ -1,10 +1,8 @@
 package master_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -43,24 +41,4 @@ func Example() {
 	// Output:
 	// 10.0.0.1:12345 true COMPLETE 10s
 	// true
-}
-
-// Serving the master over gRPC; Start runs eviction and liveness.
-func ExampleServe() {
-	m, err := master.New(master.Config{})
-	if err != nil {
-		panic(err)
-	}
-	defer m.Close()
-	if err := m.Start(); err != nil {
-		panic(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		panic(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel() // a real server runs until SIGTERM cancels ctx
-	fmt.Println(master.Serve(ctx, lis, m))
-	// Output: <nil>
 }

@@ -20,10 +20,8 @@ func FuzzInput(f *testing.F) {
 		e := newEnv(t, nil)
 		e.mount(cl(1), "a", 4<<20)
 		e.mount(cl(2), "seg", 4<<20)
-		rc, err := configFromPB(nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var rc ReplicateConfig // what a request without a config decodes to
+		var err error
 		rc.Replicas = int(replicas % 40)
 		rc.SoftPin, rc.HardPin = soft, hard
 		rc.SoftPinTTL = time.Duration(min(ttlMs, 1<<40)) * time.Millisecond

@@ -1,16 +1,12 @@
 package master
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
-	"github.com/crescent-kv/crescent/store/rpcerr"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // TestMountRefusesOverlap is the silent-corruption sequence: two client
@@ -86,31 +82,4 @@ func TestMountRefusesOverlap(t *testing.T) {
 		require.NoError(t, standby.Replay(op))
 	}
 	require.Empty(t, diffState(dumpState(e.m), dumpState(standby)))
-}
-
-// TestServiceMountRefusesOverlap runs the sequence through gRPC.
-func TestServiceMountRefusesOverlap(t *testing.T) {
-	e := newEnv(t, nil)
-	c, _ := serve(t, e.m)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	a, b := cl(1), cl(2)
-	seg := func(id uint64, base, size uint64) *storepb.Segment {
-		return &storepb.Segment{Id: pbID(UUID{Lo: id}), Name: "host:1", Base: base, Size: size, Protocol: "tcp"}
-	}
-	_, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a), Segment: seg(1, 1<<30, 1<<20)})
-	require.NoError(t, err)
-	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(2, 1<<30, 1<<20)})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
-	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(3, 1<<30+4096, 1<<20)})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
-	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(b), Segments: []*storepb.Segment{seg(4, 1<<30-4096, 8192)}})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
-	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(a), Segments: []*storepb.Segment{seg(1, 1<<30, 1<<20)}})
-	require.NoError(t, err, "a remount by the owner is idempotent")
-	require.Len(t, e.m.AllSegments(), 1)
-	_, err = c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: pbID(UUID{Lo: 1})})
-	require.NoError(t, err)
-	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(2, 1<<30, 1<<20)})
-	require.NoError(t, err)
 }

@@ -1,16 +1,12 @@
 package master
 
 import (
-	"context"
 	"testing"
-	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
-	"github.com/crescent-kv/crescent/store/rpcerr"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // TestStalePutEndRefused: a writer whose put was taken over (after
@@ -102,45 +98,6 @@ func TestPutGenerationsBatch(t *testing.T) {
 	// Generation 0 is not checked (the reference's clients send none).
 	require.NoError(t, e.m.PutEnd(a, "y", Memory, nil))
 	require.NoError(t, e.m.PutEnd(a, "x", Memory, nil))
-}
-
-// TestServiceStalePutEnd runs the take-over through gRPC.
-func TestServiceStalePutEnd(t *testing.T) {
-	e := newEnv(t, nil)
-	c, _ := serve(t, e.m)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	a := cl(1)
-	e.mount(a, "host:1", 1<<20)
-	s1, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "k", Size: 100})
-	require.NoError(t, err)
-	require.NotZero(t, s1.Generation)
-	e.clk.Advance(e.m.cfg.PutDiscardTimeout)
-	b1, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: pbID(a), Keys: []string{"k"}, Sizes: []uint64{100}})
-	require.NoError(t, err)
-	g2 := b1.Results[0].Generation
-	require.NotZero(t, g2)
-	require.NotEqual(t, s1.Generation, g2)
-
-	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrReplicaIsGone)
-	_, err = c.PutRevoke(ctx, &storepb.PutRevokeRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrReplicaIsGone)
-	be, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{s1.Generation}})
-	require.NoError(t, err)
-	require.Equal(t, int32(errcode.ReplicaIsGone), be.Results[0].ErrorCode)
-	br, err := c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{s1.Generation}})
-	require.NoError(t, err)
-	require.Equal(t, int32(errcode.ReplicaIsGone), br.Results[0].ErrorCode)
-	_, err = c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
-	_, err = c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
-	require.False(t, e.exists("k"))
-
-	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: g2})
-	require.NoError(t, err)
-	require.True(t, e.exists("k"))
 }
 
 // TestRecordSize: the generation fits the record's padding; a record

@@ -1,7 +1,6 @@
 package master
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -12,8 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
-	"github.com/crescent-kv/crescent/store/rpcerr"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // TestRemoveByRegexBounds: hostile expressions are refused before any key
@@ -125,18 +122,4 @@ func TestRemoveMatchingOutsideLocks(t *testing.T) {
 	require.True(t, e.exists("b"))
 	require.True(t, e.exists("c"))
 	checkInvariants(t, e.m)
-}
-
-// TestServiceRemoveByRegexBounds: through gRPC the refusal is
-// INVALID_PARAMS with a short message.
-func TestServiceRemoveByRegexBounds(t *testing.T) {
-	e := newEnv(t, nil)
-	c, _ := serve(t, e.m)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	_, err := c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: strings.Repeat("(.*){1000}x", 100)})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
-	require.Less(t, len(err.Error()), 300)
-	_, err = c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: `(.*){1000}x`})
-	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 }

@@ -2,14 +2,9 @@ package master
 
 import (
 	"bytes"
-	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/alloc"
@@ -146,40 +141,6 @@ func TestImportRefusesBadRecords(t *testing.T) {
 	require.ErrorIs(t, importAll(t, fresh(), recs[1:]), ErrBadSnapshot)
 	// Into a master that is not empty.
 	require.Error(t, importAll(t, e.m, recs))
-}
-
-func TestAdminSnapshotHook(t *testing.T) {
-	e := newEnv(t, nil)
-	svc := NewService(e.m)
-	reg := prometheus.NewRegistry()
-	busy := make(chan struct{}, 1)
-	h := AdminHandler(e.m, svc, reg, nil, WithSnapshotHook(func(ctx context.Context) (SnapshotInfo, error) {
-		select {
-		case busy <- struct{}{}:
-			<-busy
-			return SnapshotInfo{ID: "x", Seq: 7, Size: 100, TookMs: 1.5}, nil
-		default:
-			return SnapshotInfo{}, fmt.Errorf("%w: a snapshot is running", ErrAdminBusy)
-		}
-	}))
-	do := func(method, remote string) *httptest.ResponseRecorder {
-		r := httptest.NewRequest(method, "/snapshot", nil)
-		r.RemoteAddr = remote
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		return w
-	}
-	w := do(http.MethodPost, "127.0.0.1:4000")
-	require.Equal(t, http.StatusOK, w.Code, w.Body.String())
-	var info map[string]any
-	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &info))
-	require.Equal(t, map[string]any{"id": "x", "seq": 7.0, "size": 100.0, "took_ms": 1.5, "longest_pause_ms": 0.0,
-		"scratch_longest_hold_ms": 0.0, "scratch_longest_shard_hold_ms": 0.0}, info)
-	require.Equal(t, http.StatusMethodNotAllowed, do(http.MethodGet, "127.0.0.1:4000").Code)
-	require.Equal(t, http.StatusForbidden, do(http.MethodPost, "10.1.2.3:4000").Code)
-	busy <- struct{}{} // one is running
-	require.Equal(t, http.StatusConflict, do(http.MethodPost, "[::1]:4000").Code)
-	<-busy
 }
 
 func TestFindAddr(t *testing.T) {

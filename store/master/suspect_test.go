@@ -1,19 +1,13 @@
 package master
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net/http/httptest"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
-	"github.com/crescent-kv/crescent/store/rpcerr"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // onSegments counts the replicas of reps on each segment name.
@@ -109,42 +103,6 @@ func TestReportFailedSegmentsHostile(t *testing.T) {
 	assert.Equal(t, 1, e.m.Stats().SuspectSegments)
 	e.m.Ping(a)
 	assert.Equal(t, 0, e.m.Stats().SuspectSegments)
-}
-
-// TestReportFailedSegmentsService: the RPC, the metrics and the admin
-// page show suspect segments.
-func TestReportFailedSegmentsService(t *testing.T) {
-	e := newEnv(t, nil)
-	m := e.m
-	cli, svc := serve(t, m)
-	w, d := cl(1), cl(2)
-	e.mount(w, "w:1", 64<<20)
-	sd := e.mount(d, "d:1", 64<<20)
-	ctx := context.Background()
-	resp, err := cli.ReportFailedSegments(ctx, &storepb.ReportFailedSegmentsRequest{ClientId: toPB(w), SegmentIds: []*storepb.UUID{toPB(sd.ID)}})
-	require.NoError(t, err)
-	assert.Equal(t, uint32(1), resp.Marked)
-	_, err = cli.ReportFailedSegments(ctx, &storepb.ReportFailedSegmentsRequest{ClientId: toPB(w), SegmentIds: make([]*storepb.UUID, MaxReportSegments+1)})
-	assert.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
-	_, err = cli.ReportFailedSegments(ctx, &storepb.ReportFailedSegmentsRequest{})
-	assert.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewMetrics(m, svc))
-	srv := httptest.NewServer(AdminHandler(m, svc, reg, nil))
-	defer srv.Close()
-	get := func(path string) string {
-		r, err := srv.Client().Get(srv.URL + path)
-		require.NoError(t, err)
-		defer r.Body.Close()
-		b, err := io.ReadAll(r.Body)
-		require.NoError(t, err)
-		return string(b)
-	}
-	assert.Contains(t, get("/metrics"), "master_suspect_segment_count 1")
-	assert.Contains(t, get("/metrics"), "master_report_failed_segments_requests_total 3")
-	assert.Contains(t, get("/metrics/summary"), "Suspect segments: 1")
-	assert.Contains(t, get("/get_all_segments"), `"suspect": true`)
 }
 
 // TestMinReplicas: a put that cannot place MinReplicas fails and places

@@ -1,9 +1,10 @@
-package master
+package service
 
 import (
 	"context"
 	"errors"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,19 +17,21 @@ import (
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // serve runs the service on a real gRPC server on 127.0.0.1:0 and returns
 // a client connected to it; cleanup stops both.
-func serve(t testing.TB, m *Master, opts ...ServiceOption) (storepb.MasterClient, *Service) {
+func serve(t testing.TB, m *master.Master, opts ...Option) (storepb.MasterClient, *Service) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := NewService(m, opts...)
+	svc := New(m, opts...)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx, lis) }()
@@ -46,25 +49,25 @@ func serve(t testing.TB, m *Master, opts ...ServiceOption) (storepb.MasterClient
 	return storepb.NewMasterClient(conn), svc
 }
 
-func pbID(u UUID) *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
+func pbID(u master.UUID) *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
 
 func TestServiceRoundTrip(t *testing.T) {
-	e := newEnv(t, nil)
+	e := mastertest.New(t, nil)
 	var mu sync.Mutex
 	observed := map[string]int{}
-	c, svc := serve(t, e.m, WithObserver(func(rpc string, d time.Duration, err error) {
+	c, svc := serve(t, e.M, WithObserver(func(rpc string, d time.Duration, err error) {
 		mu.Lock()
 		observed[rpc]++
 		mu.Unlock()
 	}))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	a, b := cl(1), cl(2)
-	seg := &storepb.Segment{Id: pbID(UUID{Lo: 42}), Name: "host:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
+	a, b := mastertest.Client(1), mastertest.Client(2)
+	seg := &storepb.Segment{Id: pbID(master.UUID{Lo: 42}), Name: "host:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
 
 	// A client the master does not know is told to remount.
 	ping, err := c.Ping(ctx, &storepb.PingRequest{ClientId: pbID(a)})
-	if err != nil || ping.ClientStatus != storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT || ping.ViewVersion != e.m.ViewVersion() {
+	if err != nil || ping.ClientStatus != storepb.ClientStatus_CLIENT_STATUS_NEED_REMOUNT || ping.ViewVersion != e.M.ViewVersion() {
 		t.Fatalf("Ping = %v, %v", ping, err)
 	}
 	if _, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a), Segment: seg}); err != nil {
@@ -88,7 +91,7 @@ func TestServiceRoundTrip(t *testing.T) {
 		ps.Replicas[0].Memory.BufferAddress < 1<<30 || ps.Replicas[0].Memory.SegmentId.Low != 42 {
 		t.Fatalf("PutStart = %v", ps)
 	}
-	if info, _ := e.m.QueryKey("k"); !info.SoftPin {
+	if info, _ := e.M.QueryKey("k"); !info.SoftPin {
 		t.Fatal("soft pin lost on the wire")
 	}
 	parent, lora := uint64(4), int64(-3)
@@ -97,7 +100,7 @@ func TestServiceRoundTrip(t *testing.T) {
 			BlockSize: 16, LoraId: &lora, LoraName: "l"}}); err != nil {
 		t.Fatal(err)
 	}
-	evs := e.ev.take()
+	evs := e.Ev.Take()
 	if len(evs) != 1 || evs[0].Block == nil || evs[0].Block.BlockHashes[0] != 5 || !evs[0].Block.HasParent ||
 		evs[0].Block.ParentHash != 4 || !evs[0].Block.HasLora || evs[0].Block.LoraID != -3 || evs[0].Block.LoraName != "l" ||
 		evs[0].Block.BlockSize != 16 || evs[0].Block.TokenIDs[0] != 9 {
@@ -109,7 +112,7 @@ func TestServiceRoundTrip(t *testing.T) {
 	if _, err := c.PutRevoke(ctx, &storepb.PutRevokeRequest{ClientId: pbID(a), Key: "revoked"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.m.QueryKey("revoked"); !errors.Is(err, errcode.ErrObjectNotFound) {
+	if _, err := e.M.QueryKey("revoked"); !errors.Is(err, errcode.ErrObjectNotFound) {
 		t.Fatalf("revoked key: %v", err)
 	}
 	g, err := c.GetReplicaList(ctx, &storepb.GetReplicaListRequest{Key: "k"})
@@ -193,11 +196,11 @@ func TestServiceRoundTrip(t *testing.T) {
 			return err
 		}, errcode.ErrInvalidParams},
 		{"unmount of an unknown segment", func() error {
-			_, err := c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: pbID(UUID{Lo: 1})})
+			_, err := c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: pbID(master.UUID{Lo: 1})})
 			return err
 		}, errcode.ErrSegmentNotFound},
 		{"status of an unknown segment", func() error {
-			_, err := c.QuerySegmentStatus(ctx, &storepb.QuerySegmentStatusRequest{SegmentId: pbID(UUID{Lo: 1})})
+			_, err := c.QuerySegmentStatus(ctx, &storepb.QuerySegmentStatusRequest{SegmentId: pbID(master.UUID{Lo: 1})})
 			return err
 		}, errcode.ErrSegmentNotFound},
 		{"bad regex", func() error {
@@ -290,7 +293,7 @@ func TestServiceRoundTrip(t *testing.T) {
 	if _, err := c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: seg.Id}); err != nil {
 		t.Fatal(err)
 	}
-	if segs := e.m.AllSegments(); len(segs) != 0 {
+	if segs := e.M.AllSegments(); len(segs) != 0 {
 		t.Fatalf("segments after unmount %v", segs)
 	}
 
@@ -319,14 +322,14 @@ func TestServiceRoundTrip(t *testing.T) {
 // TestServeStops checks Serve returns on cancel with a connection still
 // open, and reports a listener that fails.
 func TestServeStops(t *testing.T) {
-	e := newEnv(t, nil)
+	e := mastertest.New(t, nil)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, lis, e.m) }()
+	go func() { done <- Serve(ctx, lis, e.M) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -349,7 +352,7 @@ func TestServeStops(t *testing.T) {
 	// A closed listener is an error.
 	lis2, _ := net.Listen("tcp", "127.0.0.1:0")
 	lis2.Close()
-	if err := Serve(context.Background(), lis2, e.m); err == nil {
+	if err := Serve(context.Background(), lis2, e.M); err == nil {
 		t.Fatal("Serve on a closed listener succeeded")
 	}
 }
@@ -357,12 +360,12 @@ func TestServeStops(t *testing.T) {
 // TestServiceReserveCommit: the one-round-trip put over gRPC: reserve,
 // commit with a replacement asked for in the same call, give back.
 func TestServiceReserveCommit(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.PutDiscardTimeout = 20 * time.Second })
-	c, svc := serve(t, e.m)
+	e := mastertest.New(t, func(c *master.Config) { c.PutDiscardTimeout = 20 * time.Second })
+	c, svc := serve(t, e.M)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	e.mount(cl(1), "host:1", 8<<20)
-	a := pbID(cl(1))
+	e.Mount(mastertest.Client(1), "host:1", 8<<20)
+	a := pbID(mastertest.Client(1))
 	spec := &storepb.ReserveSpec{Size: 4096, Config: &storepb.ReplicateConfig{ReplicaNum: 1}, Count: 2}
 	rr, err := c.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: a, Specs: []*storepb.ReserveSpec{spec,
 		{Size: 0, Count: 1}, {Size: 1, Count: 1000}}})
@@ -402,7 +405,7 @@ func TestServiceReserveCommit(t *testing.T) {
 		Release: []uint64{got[1].Id, cr.Reserved[0].Reservations[0].Id}}); err != nil {
 		t.Fatal(err)
 	}
-	if st := e.m.Stats(); st.Reservations != 0 || st.Keys != 1 {
+	if st := e.M.Stats(); st.Reservations != 0 || st.Keys != 1 {
 		t.Fatalf("stats %+v", st)
 	}
 	if _, err := c.CommitPut(ctx, &storepb.CommitPutRequest{Items: []*storepb.CommitItem{{Key: "x"}}}); !errors.Is(rpcerr.FromStatus(err), errcode.ErrInvalidParams) {
@@ -420,7 +423,7 @@ func TestServiceReserveCommit(t *testing.T) {
 			}
 		}
 	}
-	checkInvariants(t, e.m)
+	require.NoError(t, e.M.CheckInvariants())
 }
 
 // serveBoth serves svc as crescent-master does (gRPC and crpc on one
@@ -443,11 +446,11 @@ func serveBoth(t *testing.T, svc *Service) string {
 // observes RPCs over gRPC and over crpc alike (batch items included), and
 // a crpc interceptor given to WithCRPC runs around it.
 func TestInterceptorCountsBoth(t *testing.T) {
-	e := newEnv(t, nil)
+	e := mastertest.New(t, nil)
 	var mu sync.Mutex
 	observed := map[string]int{}
 	var crpcSeen []string
-	svc := NewService(e.m,
+	svc := New(e.M,
 		WithObserver(func(rpc string, _ time.Duration, _ error) {
 			mu.Lock()
 			observed[rpc]++
@@ -494,8 +497,8 @@ func TestInterceptorCountsBoth(t *testing.T) {
 // TestServeFDExhaustion: the master's RPC port keeps serving through
 // EMFILE on accept: once fds are back, a crpc and a gRPC call succeed.
 func TestServeFDExhaustion(t *testing.T) {
-	e := newEnv(t, nil)
-	addr := serveBoth(t, NewService(e.m))
+	e := mastertest.New(t, nil)
+	addr := serveBoth(t, New(e.M))
 	restore := netx.StarveFDs(t, 1) // one for a peer left in the backlog
 	raw, err := net.Dial("tcp", addr)
 	require.NoError(t, err)
@@ -515,4 +518,84 @@ func TestServeFDExhaustion(t *testing.T) {
 	defer gc.Close()
 	_, err = storepb.NewMasterClient(gc).ServiceReady(ctx, &storepb.ServiceReadyRequest{})
 	require.NoError(t, err)
+}
+
+// TestServiceMountRefusesOverlap runs the sequence through gRPC.
+func TestServiceMountRefusesOverlap(t *testing.T) {
+	e := mastertest.New(t, nil)
+	c, _ := serve(t, e.M)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a, b := mastertest.Client(1), mastertest.Client(2)
+	seg := func(id uint64, base, size uint64) *storepb.Segment {
+		return &storepb.Segment{Id: pbID(master.UUID{Lo: id}), Name: "host:1", Base: base, Size: size, Protocol: "tcp"}
+	}
+	_, err := c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(a), Segment: seg(1, 1<<30, 1<<20)})
+	require.NoError(t, err)
+	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(2, 1<<30, 1<<20)})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(3, 1<<30+4096, 1<<20)})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(b), Segments: []*storepb.Segment{seg(4, 1<<30-4096, 8192)}})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
+	_, err = c.ReMountSegment(ctx, &storepb.ReMountSegmentRequest{ClientId: pbID(a), Segments: []*storepb.Segment{seg(1, 1<<30, 1<<20)}})
+	require.NoError(t, err, "a remount by the owner is idempotent")
+	require.Len(t, e.M.AllSegments(), 1)
+	_, err = c.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: pbID(a), SegmentId: pbID(master.UUID{Lo: 1})})
+	require.NoError(t, err)
+	_, err = c.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: pbID(b), Segment: seg(2, 1<<30, 1<<20)})
+	require.NoError(t, err)
+}
+
+// TestServiceStalePutEnd runs the take-over through gRPC.
+func TestServiceStalePutEnd(t *testing.T) {
+	e := mastertest.New(t, nil)
+	c, _ := serve(t, e.M)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	a := mastertest.Client(1)
+	e.Mount(a, "host:1", 1<<20)
+	s1, err := c.PutStart(ctx, &storepb.PutStartRequest{ClientId: pbID(a), Key: "k", Size: 100})
+	require.NoError(t, err)
+	require.NotZero(t, s1.Generation)
+	e.Clk.Advance(e.M.Config().PutDiscardTimeout)
+	b1, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: pbID(a), Keys: []string{"k"}, Sizes: []uint64{100}})
+	require.NoError(t, err)
+	g2 := b1.Results[0].Generation
+	require.NotZero(t, g2)
+	require.NotEqual(t, s1.Generation, g2)
+
+	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrReplicaIsGone)
+	_, err = c.PutRevoke(ctx, &storepb.PutRevokeRequest{ClientId: pbID(a), Key: "k", Generation: s1.Generation})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrReplicaIsGone)
+	be, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{s1.Generation}})
+	require.NoError(t, err)
+	require.Equal(t, int32(errcode.ReplicaIsGone), be.Results[0].ErrorCode)
+	br, err := c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{s1.Generation}})
+	require.NoError(t, err)
+	require.Equal(t, int32(errcode.ReplicaIsGone), br.Results[0].ErrorCode)
+	_, err = c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
+	_, err = c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: pbID(a), Keys: []string{"k"}, Generations: []uint64{1, 2}})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
+	require.False(t, e.Exists("k"))
+
+	_, err = c.PutEnd(ctx, &storepb.PutEndRequest{ClientId: pbID(a), Key: "k", Generation: g2})
+	require.NoError(t, err)
+	require.True(t, e.Exists("k"))
+}
+
+// TestServiceRemoveByRegexBounds: through gRPC the refusal is
+// INVALID_PARAMS with a short message.
+func TestServiceRemoveByRegexBounds(t *testing.T) {
+	e := mastertest.New(t, nil)
+	c, _ := serve(t, e.M)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: strings.Repeat("(.*){1000}x", 100)})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
+	require.Less(t, len(err.Error()), 300)
+	_, err = c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: `(.*){1000}x`})
+	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
 }

@@ -1,4 +1,4 @@
-package master
+package service
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -72,7 +73,7 @@ type rpcCounter struct{ requests, failures, items, itemFailures atomic.Uint64 }
 // core and maps errors with rpcerr.ToStatus; batch RPCs answer per item.
 type Service struct {
 	storepb.UnimplementedMasterServer
-	m       *Master
+	m       *master.Master
 	counts  [numRPC]rpcCounter
 	observe func(rpc string, d time.Duration, err error)
 	grace   time.Duration
@@ -82,26 +83,28 @@ type Service struct {
 	health  func() error
 }
 
-// ServiceOption configures NewService.
-type ServiceOption func(*Service)
+// Option configures New.
+type Option func(*Service)
 
 // WithObserver calls fn after every RPC with its name, duration and the
 // error returned to the caller: nil on success (batch RPCs succeed as a
 // whole even when items fail), else a gRPC status from which
 // rpcerr.FromStatus recovers the store code. fn must be quick and safe
 // for concurrent use.
-func WithObserver(fn func(rpc string, d time.Duration, err error)) ServiceOption {
+func WithObserver(fn func(rpc string, d time.Duration, err error)) Option {
 	return func(s *Service) { s.observe = fn }
 }
 
 // WithGracePeriod bounds how long Serve waits for RPCs in flight when its
 // context ends (default 5s) before closing connections.
-func WithGracePeriod(d time.Duration) ServiceOption { return func(s *Service) { s.grace = d } }
+func WithGracePeriod(d time.Duration) Option { return func(s *Service) { s.grace = d } }
 
 // WithCRPC configures Serve's crpc server (frame size, calls in flight,
 // timeouts; its Interceptor is the service's own, chained after any
-// given) and, with conns, the port's accept loop (connection caps).
-func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) ServiceOption {
+// given) and, with conns, the port's accept loop (connection caps). Its
+// TLS, when set, makes the whole port TLS: gRPC and crpc alike, the
+// handshake before the split (crpc.SplitTLS).
+func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) Option {
 	return func(s *Service) { s.crpc, s.conns = cfg, conns }
 }
 
@@ -112,7 +115,7 @@ func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) ServiceOption {
 // the RPC answers INTERNAL_ERROR with the cause (or the caller's context error) instead of its result.
 // failed, when set, reports the log's failure (nil while healthy): the
 // admin /health answers 503 with it (fail-stop).
-func WithDurability(wait func(ctx context.Context) error, failed func() error) ServiceOption {
+func WithDurability(wait func(ctx context.Context) error, failed func() error) Option {
 	return func(s *Service) { s.durable, s.health = wait, failed }
 }
 
@@ -135,8 +138,8 @@ func (s *Service) Healthy() error {
 	return s.health()
 }
 
-// NewService returns the gRPC service for m.
-func NewService(m *Master, opts ...ServiceOption) *Service {
+// New returns the gRPC service for m.
+func New(m *master.Master, opts ...Option) *Service {
 	s := &Service{m: m, grace: 5 * time.Second}
 	for _, o := range opts {
 		o(s)
@@ -247,8 +250,13 @@ func batchItems(resp any) (items, bad int) {
 // Start or Close the Master.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
 	ic := s.UnaryInterceptor()
-	cl, gl := crpc.Split(lis, s.conns)
-	g := grpc.NewServer(append(append([]grpc.ServerOption(nil), opts...), grpc.ChainUnaryInterceptor(ic))...)
+	cl, gl := crpc.SplitTLS(lis, s.conns, s.crpc.TLS)
+	gopts := append(append([]grpc.ServerOption(nil), opts...), grpc.ChainUnaryInterceptor(ic))
+	if s.crpc.TLS != nil {
+		// The split did the handshake; these show its state to handlers.
+		gopts = append(gopts, grpc.Creds(crpc.Credentials()))
+	}
+	g := grpc.NewServer(gopts...)
 	s.Register(g)
 	cfg := s.crpc
 	if prev := cfg.Interceptor; prev != nil {
@@ -299,9 +307,9 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serv
 	return nil
 }
 
-// Serve is NewService(m).Serve(ctx, lis, opts...).
-func Serve(ctx context.Context, lis net.Listener, m *Master, opts ...grpc.ServerOption) error {
-	return NewService(m).Serve(ctx, lis, opts...)
+// Serve is New(m).Serve(ctx, lis, opts...).
+func Serve(ctx context.Context, lis net.Listener, m *master.Master, opts ...grpc.ServerOption) error {
+	return New(m).Serve(ctx, lis, opts...)
 }
 
 // done records one RPC; items and bad count batch items.
@@ -320,30 +328,30 @@ func (s *Service) done(rpc int, start time.Time, err error, items, bad int) {
 	}
 }
 
-func fromPB(u *storepb.UUID) UUID {
+func fromPB(u *storepb.UUID) master.UUID {
 	if u == nil {
-		return UUID{}
+		return master.UUID{}
 	}
-	return UUID{Hi: u.High, Lo: u.Low}
+	return master.UUID{Hi: u.High, Lo: u.Low}
 }
 
-func toPB(u UUID) *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
+func toPB(u master.UUID) *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
 
-func clientID(u *storepb.UUID) (UUID, error) {
+func clientID(u *storepb.UUID) (master.UUID, error) {
 	if u == nil {
-		return UUID{}, errcode.New(errcode.InvalidParams, "client_id missing")
+		return master.UUID{}, errcode.New(errcode.InvalidParams, "client_id missing")
 	}
 	return fromPB(u), nil
 }
 
-func configFromPB(c *storepb.ReplicateConfig) (ReplicateConfig, error) {
+func configFromPB(c *storepb.ReplicateConfig) (master.ReplicateConfig, error) {
 	if c == nil {
-		return ReplicateConfig{}, nil
+		return master.ReplicateConfig{}, nil
 	}
 	if c.ReplicaNum > math.MaxInt32 || c.MinReplicas > math.MaxInt32 {
-		return ReplicateConfig{}, errcode.New(errcode.InvalidParams, "replica_num %d, min_replicas %d", c.ReplicaNum, c.MinReplicas)
+		return master.ReplicateConfig{}, errcode.New(errcode.InvalidParams, "replica_num %d, min_replicas %d", c.ReplicaNum, c.MinReplicas)
 	}
-	rc := ReplicateConfig{Replicas: int(c.ReplicaNum), SoftPin: c.WithSoftPin, HardPin: c.WithHardPin,
+	rc := master.ReplicateConfig{Replicas: int(c.ReplicaNum), SoftPin: c.WithSoftPin, HardPin: c.WithHardPin,
 		Preferred: c.PreferredSegments, SameNode: c.PreferAllocInSameNode, MinReplicas: int(c.MinReplicas)}
 	if c.WithSoftPin && c.SoftPinTtlMs > 0 {
 		// Saturate: anything this large is above any maximum anyway.
@@ -352,7 +360,7 @@ func configFromPB(c *storepb.ReplicateConfig) (ReplicateConfig, error) {
 	return rc, nil
 }
 
-func replicasPB(rs []Replica) []*storepb.ReplicaDescriptor {
+func replicasPB(rs []master.Replica) []*storepb.ReplicaDescriptor {
 	out := make([]*storepb.ReplicaDescriptor, len(rs))
 	for i, r := range rs {
 		out[i] = &storepb.ReplicaDescriptor{
@@ -365,11 +373,11 @@ func replicasPB(rs []Replica) []*storepb.ReplicaDescriptor {
 	return out
 }
 
-func blockFromPB(b *storepb.BlockMetadata) *BlockMeta {
+func blockFromPB(b *storepb.BlockMetadata) *master.BlockMeta {
 	if b == nil {
 		return nil
 	}
-	bm := &BlockMeta{BlockHashes: b.BlockHashes, TokenIDs: b.TokenIds, BlockSize: b.BlockSize, LoraName: b.LoraName}
+	bm := &master.BlockMeta{BlockHashes: b.BlockHashes, TokenIDs: b.TokenIds, BlockSize: b.BlockSize, LoraName: b.LoraName}
 	if b.ParentBlockHash != nil {
 		bm.HasParent, bm.ParentHash = true, *b.ParentBlockHash
 	}
@@ -424,7 +432,7 @@ func (s *Service) PutStart(_ context.Context, r *storepb.PutStartRequest) (resp 
 func (s *Service) PutEnd(_ context.Context, r *storepb.PutEndRequest) (_ *storepb.PutEndResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err == nil {
-		err = s.m.PutEndGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType), blockFromPB(r.Block))
+		err = s.m.PutEndGen(c, r.Key, r.Generation, master.ReplicaType(r.ReplicaType), blockFromPB(r.Block))
 	}
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
@@ -436,7 +444,7 @@ func (s *Service) PutEnd(_ context.Context, r *storepb.PutEndRequest) (_ *storep
 func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *storepb.PutRevokeResponse, err error) {
 	c, err := clientID(r.ClientId)
 	if err == nil {
-		err = s.m.PutRevokeGen(c, r.Key, r.Generation, ReplicaType(r.ReplicaType))
+		err = s.m.PutRevokeGen(c, r.Key, r.Generation, master.ReplicaType(r.ReplicaType))
 	}
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
@@ -475,14 +483,14 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
-	var blocks []*BlockMeta
+	var blocks []*master.BlockMeta
 	if len(r.Blocks) > 0 {
-		blocks = make([]*BlockMeta, len(r.Blocks))
+		blocks = make([]*master.BlockMeta, len(r.Blocks))
 		for i, b := range r.Blocks {
 			blocks[i] = blockFromPB(b)
 		}
 	}
-	errs, err := s.m.BatchPutEndGen(c, r.Keys, r.Generations, ReplicaType(r.ReplicaType), blocks)
+	errs, err := s.m.BatchPutEndGen(c, r.Keys, r.Generations, master.ReplicaType(r.ReplicaType), blocks)
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
@@ -496,7 +504,7 @@ func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeReq
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
-	errs, err := s.m.BatchPutRevokeGen(c, r.Keys, r.Generations, ReplicaType(r.ReplicaType))
+	errs, err := s.m.BatchPutRevokeGen(c, r.Keys, r.Generations, master.ReplicaType(r.ReplicaType))
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
@@ -508,7 +516,7 @@ func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeReq
 const maxReserveSpecs = 64
 
 // reserve serves specs after giving back release; nil specs answer nil.
-func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec) ([]*storepb.ReserveResult, error) {
+func (s *Service) reserve(c master.UUID, release []uint64, specs []*storepb.ReserveSpec) ([]*storepb.ReserveResult, error) {
 	if len(specs) > maxReserveSpecs {
 		return nil, errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(specs), maxReserveSpecs)
 	}
@@ -521,9 +529,9 @@ func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec
 	out := make([]*storepb.ReserveResult, len(specs))
 	for i, sp := range specs {
 		rc, err := configFromPB(sp.GetConfig())
-		var res ReserveResult
+		var res master.ReserveResult
 		if err == nil {
-			res = s.m.Reserve(c, ReserveSpec{Size: sp.GetSize(), Config: rc, Count: int(min(sp.GetCount(), MaxReserveCount+1))})
+			res = s.m.Reserve(c, master.ReserveSpec{Size: sp.GetSize(), Config: rc, Count: int(min(sp.GetCount(), master.MaxReserveCount+1))})
 			err = res.Err
 		}
 		if err != nil {
@@ -539,7 +547,7 @@ func (s *Service) reserve(c UUID, release []uint64, specs []*storepb.ReserveSpec
 	return out, nil
 }
 
-func (s *Service) reserveTTL() uint64 { return leaseMs(s.m.cfg.PutDiscardTimeout) }
+func (s *Service) reserveTTL() uint64 { return leaseMs(s.m.Config().PutDiscardTimeout) }
 
 // ReservePut implements storepb.MasterServer.
 func (s *Service) ReservePut(_ context.Context, r *storepb.ReservePutRequest) (_ *storepb.ReservePutResponse, err error) {
@@ -563,9 +571,9 @@ func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *
 	if len(r.Reserve) > maxReserveSpecs {
 		return nil, rpcerr.ToStatus(errcode.New(errcode.InvalidParams, "%d reserve specs > %d", len(r.Reserve), maxReserveSpecs))
 	}
-	commits := make([]CommitItem, len(r.Items))
+	commits := make([]master.CommitItem, len(r.Items))
 	for i, it := range r.Items {
-		commits[i] = CommitItem{Key: it.GetKey(), ID: it.GetReservationId(), Block: blockFromPB(it.GetBlock())}
+		commits[i] = master.CommitItem{Key: it.GetKey(), ID: it.GetReservationId(), Block: blockFromPB(it.GetBlock())}
 	}
 	errs := s.m.Commit(c, commits)
 	out := &storepb.CommitPutResponse{Results: items(errs), TtlMs: s.reserveTTL()}
@@ -732,13 +740,13 @@ func (s *Service) ServiceReady(context.Context, *storepb.ServiceReadyRequest) (_
 // ReportFailedSegments implements storepb.MasterServer.
 func (s *Service) ReportFailedSegments(_ context.Context, r *storepb.ReportFailedSegmentsRequest) (_ *storepb.ReportFailedSegmentsResponse, err error) {
 	c, err := clientID(r.ClientId)
-	if err == nil && len(r.SegmentIds) > MaxReportSegments {
-		err = errcode.New(errcode.InvalidParams, "%d segments reported > %d", len(r.SegmentIds), MaxReportSegments)
+	if err == nil && len(r.SegmentIds) > master.MaxReportSegments {
+		err = errcode.New(errcode.InvalidParams, "%d segments reported > %d", len(r.SegmentIds), master.MaxReportSegments)
 	}
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
-	ids := make([]UUID, len(r.SegmentIds))
+	ids := make([]master.UUID, len(r.SegmentIds))
 	for i, id := range r.SegmentIds {
 		ids[i] = fromPB(id)
 	}

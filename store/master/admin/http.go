@@ -1,4 +1,4 @@
-package master
+package admin
 
 import (
 	"context"
@@ -13,13 +13,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // Metrics exposes a master (and its service's RPC counters) to
 // Prometheus, reading them at scrape time.
 type Metrics struct {
-	m   *Master
-	svc *Service
+	m   *master.Master
+	svc *service.Service
 	lat *prometheus.HistogramVec
 
 	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients *prometheus.Desc
@@ -30,9 +33,9 @@ type Metrics struct {
 	requests, failures, items, itemFailures map[string]*prometheus.Desc
 }
 
-// NewMetrics returns the collector. Pass its Observe to NewService with
-// WithObserver to get per-RPC latency histograms.
-func NewMetrics(m *Master, svc *Service) *Metrics {
+// NewMetrics returns the collector. Pass its Observe to service.New with
+// service.WithObserver to get per-RPC latency histograms.
+func NewMetrics(m *master.Master, svc *service.Service) *Metrics {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
@@ -80,7 +83,7 @@ func itemRPC(name string) bool {
 
 func perRPC(suffix, help string) map[string]*prometheus.Desc {
 	out := make(map[string]*prometheus.Desc)
-	for _, name := range RPCNames() {
+	for _, name := range service.RPCNames() {
 		out[name] = prometheus.NewDesc("master_"+name+"_"+suffix, fmt.Sprintf(help, name), nil, nil)
 	}
 	return out
@@ -149,16 +152,16 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 	x.lat.Collect(ch)
 }
 
-// AdminHandler serves the master's HTTP admin endpoints: /metrics
+// Handler serves the master's HTTP admin endpoints: /metrics
 // (Prometheus, reg), /metrics/summary (text), /health, /query_key?key=,
 // /get_all_keys, /get_all_segments, and with WithSnapshotHook POST
 // /snapshot. extra, when set, receives every other path (the engine's
 // HTTP metadata store at /metadata, for example).
 //
 // The pages that show keys or segments answer, like the RPCs, only once
-// what they read is durable (Service.WaitDurable), so they never show a
+// what they read is durable (service.Service.WaitDurable), so they never show a
 // change a crash would take back; 503 when the log failed.
-func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.Handler, opts ...AdminOption) http.Handler {
+func Handler(m *master.Master, svc *service.Service, reg *prometheus.Registry, extra http.Handler, opts ...Option) http.Handler {
 	mux := http.NewServeMux()
 	for _, o := range opts {
 		o(mux)
@@ -233,8 +236,8 @@ func AdminHandler(m *Master, svc *Service, reg *prometheus.Registry, extra http.
 	return mux
 }
 
-// AdminOption adds an endpoint to AdminHandler.
-type AdminOption func(*http.ServeMux)
+// Option adds an endpoint to Handler.
+type Option func(*http.ServeMux)
 
 // SnapshotInfo is what POST /snapshot answers.
 type SnapshotInfo struct {
@@ -251,14 +254,14 @@ type SnapshotInfo struct {
 	Unchanged                 bool    `json:"unchanged,omitempty"` // nothing new since the latest snapshot
 }
 
-// ErrAdminBusy, from an admin hook, answers 409 Conflict.
-var ErrAdminBusy = errors.New("master: busy")
+// ErrBusy, from an admin hook, answers 409 Conflict.
+var ErrBusy = errors.New("master: busy")
 
 // WithSnapshotHook serves POST /snapshot: take runs a snapshot now. Only
 // loopback peers may call it (admin operations need a credential, and
 // none is configured on this port); a snapshot already running answers
-// 409 (take returns ErrAdminBusy).
-func WithSnapshotHook(take func(context.Context) (SnapshotInfo, error)) AdminOption {
+// 409 (take returns ErrBusy).
+func WithSnapshotHook(take func(context.Context) (SnapshotInfo, error)) Option {
 	return func(mux *http.ServeMux) {
 		mux.HandleFunc("/snapshot", func(w http.ResponseWriter, r *http.Request) {
 			if r.Method != http.MethodPost {
@@ -272,7 +275,7 @@ func WithSnapshotHook(take func(context.Context) (SnapshotInfo, error)) AdminOpt
 			}
 			info, err := take(r.Context())
 			switch {
-			case errors.Is(err, ErrAdminBusy):
+			case errors.Is(err, ErrBusy):
 				http.Error(w, err.Error(), http.StatusConflict)
 			case err != nil:
 				http.Error(w, err.Error(), http.StatusInternalServerError)
@@ -290,9 +293,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 	enc.Encode(v)
 }
 
-func uuidString(u UUID) string { return fmt.Sprintf("%016x%016x", u.Hi, u.Lo) }
+func uuidString(u master.UUID) string { return fmt.Sprintf("%016x%016x", u.Hi, u.Lo) }
 
-func keyJSON(k KeyInfo) map[string]any {
+func keyJSON(k master.KeyInfo) map[string]any {
 	reps := make([]map[string]any, 0, len(k.Replicas))
 	for _, r := range k.Replicas {
 		reps = append(reps, map[string]any{
@@ -318,7 +321,7 @@ func keyJSON(k KeyInfo) map[string]any {
 }
 
 // writeSummary prints the human-readable /metrics/summary page.
-func writeSummary(w http.ResponseWriter, m *Master, svc *Service) {
+func writeSummary(w http.ResponseWriter, m *master.Master, svc *service.Service) {
 	s := m.Stats()
 	pct := 0.0
 	if s.Capacity > 0 {

@@ -1,4 +1,4 @@
-package master
+package kvevents
 
 import (
 	"strconv"
@@ -6,9 +6,10 @@ import (
 	"sync/atomic"
 
 	"github.com/crescent-kv/crescent/event"
+	"github.com/crescent-kv/crescent/store/master"
 )
 
-// KVEvents turns the master's events into vLLM-compatible KV events on a
+// Bridge turns the master's events into vLLM-compatible KV events on a
 // publisher: BlockStored at PutEnd, BlockRemoved at Remove, eviction and
 // loss of the last replica, AllBlocksCleared at RemoveAll.
 //
@@ -23,29 +24,29 @@ import (
 // counted by the publisher. Under the Block policy the calls that emitted
 // (a PutEnd, a Remove, an eviction round) wait for queue room, outside
 // the master's shard locks, so Gets, PutStarts and other keys' work go on.
-type KVEvents struct {
+type Bridge struct {
 	pub      *event.Publisher
 	unparsed atomic.Uint64
 	failed   atomic.Uint64
 }
 
-// NewKVEvents wires a publisher to the master (pass it as Config.Events).
-func NewKVEvents(p *event.Publisher) *KVEvents { return &KVEvents{pub: p} }
+// New wires a publisher to the master (pass it as Config.Events).
+func New(p *event.Publisher) *Bridge { return &Bridge{pub: p} }
 
 // Unparsed counts objects without block metadata whose key is not a
 // hash, for which no event was sent.
-func (k *KVEvents) Unparsed() uint64 { return k.unparsed.Load() }
+func (k *Bridge) Unparsed() uint64 { return k.unparsed.Load() }
 
 // Failed counts events the publisher refused (closed, or invalid).
-func (k *KVEvents) Failed() uint64 { return k.failed.Load() }
+func (k *Bridge) Failed() uint64 { return k.failed.Load() }
 
-// Emit implements EventSink.
-func (k *KVEvents) Emit(e *Event) {
+// Emit implements master.EventSink.
+func (k *Bridge) Emit(e *master.Event) {
 	var ev event.Event
 	switch e.Kind {
-	case EventCleared:
+	case master.EventCleared:
 		ev = &event.AllBlocksCleared{}
-	case EventStored:
+	case master.EventStored:
 		hashes, ok := blockHashes(e)
 		if !ok {
 			k.unparsed.Add(1)
@@ -66,7 +67,7 @@ func (k *KVEvents) Emit(e *Event) {
 			}
 		}
 		ev = st
-	case EventRemoved:
+	case master.EventRemoved:
 		hashes, ok := blockHashes(e)
 		if !ok {
 			k.unparsed.Add(1)
@@ -81,7 +82,7 @@ func (k *KVEvents) Emit(e *Event) {
 	}
 }
 
-func blockHashes(e *Event) ([]event.Hash, bool) {
+func blockHashes(e *master.Event) ([]event.Hash, bool) {
 	if e.Block != nil && len(e.Block.BlockHashes) > 0 {
 		out := make([]event.Hash, len(e.Block.BlockHashes))
 		for i, h := range e.Block.BlockHashes {
@@ -116,9 +117,9 @@ func ParseKeyHash(key string) (uint64, bool) {
 
 // medium names where the replicas live, in vLLM's vocabulary: CPU for
 // memory replicas, DISK when only disk replicas exist.
-func medium(rs []Replica) string {
+func medium(rs []master.Replica) string {
 	for _, r := range rs {
-		if r.Type == Memory {
+		if r.Type == master.Memory {
 			return "CPU"
 		}
 	}

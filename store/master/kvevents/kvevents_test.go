@@ -1,4 +1,4 @@
-package master
+package kvevents
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/event"
+	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
 )
 
 // kvFeed is a real publisher on loopback with a real subscriber (replay
@@ -76,29 +78,29 @@ func TestKVEventsFromMaster(t *testing.T) {
 	for _, enc := range []event.Encoding{event.EncodingMap, event.EncodingArray} {
 		t.Run(enc.String(), func(t *testing.T) {
 			f := newKVFeed(t, enc)
-			sink := NewKVEvents(f.pub)
-			e := newEnv(t, func(c *Config) { c.Events = sink })
-			a := cl(1)
-			e.mount(a, "a:1", 1<<20)
+			sink := New(f.pub)
+			e := mastertest.New(t, func(c *master.Config) { c.Events = sink })
+			a := mastertest.Client(1)
+			e.Mount(a, "a:1", 1<<20)
 
 			// A put that carries the engine's block metadata.
-			meta := &BlockMeta{BlockHashes: []uint64{0xfeedface, 42}, HasParent: true, ParentHash: 7,
+			meta := &master.BlockMeta{BlockHashes: []uint64{0xfeedface, 42}, HasParent: true, ParentHash: 7,
 				TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, HasLora: true, LoraID: 3, LoraName: "adapter"}
-			if _, err := e.m.PutStart(a, "model/layer0/blk", 4096, ReplicateConfig{}); err != nil {
+			if _, err := e.M.PutStart(a, "model/layer0/blk", 4096, master.ReplicateConfig{}); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.m.PutEnd(a, "model/layer0/blk", Memory, meta); err != nil {
+			if err := e.M.PutEnd(a, "model/layer0/blk", master.Memory, meta); err != nil {
 				t.Fatal(err)
 			}
 			// Without metadata the key is the hash (reference fallback).
-			e.put(a, "0x00000000000000ff", 4096, ReplicateConfig{})
-			e.put(a, "12345", 4096, ReplicateConfig{})
+			e.Put(a, "0x00000000000000ff", 4096, master.ReplicateConfig{})
+			e.Put(a, "12345", 4096, master.ReplicateConfig{})
 			// Neither: no event, counted.
-			e.put(a, "not-a-hash", 4096, ReplicateConfig{})
-			if err := e.m.Remove("model/layer0/blk", false); err != nil {
+			e.Put(a, "not-a-hash", 4096, master.ReplicateConfig{})
+			if err := e.M.Remove("model/layer0/blk", false); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := e.m.RemoveAll(false); err != nil {
+			if _, err := e.M.RemoveAll(false); err != nil {
 				t.Fatal(err)
 			}
 
@@ -132,15 +134,19 @@ func TestKVEventsFromMaster(t *testing.T) {
 // Eviction and the loss of a client's segment announce removals too.
 func TestKVEventsEvictionAndLoss(t *testing.T) {
 	f := newKVFeed(t, event.EncodingMap)
-	e := newEnv(t, func(c *Config) { c.Events = NewKVEvents(f.pub); c.EvictionHighWatermark = 0.5; c.EvictionRatio = 0.5 })
-	a, b := cl(1), cl(2)
-	e.mount(a, "a:1", 64<<10)
-	e.mount(b, "b:1", 64<<10)
+	e := mastertest.New(t, func(c *master.Config) {
+		c.Events = New(f.pub)
+		c.EvictionHighWatermark = 0.5
+		c.EvictionRatio = 0.5
+	})
+	a, b := mastertest.Client(1), mastertest.Client(2)
+	e.Mount(a, "a:1", 64<<10)
+	e.Mount(b, "b:1", 64<<10)
 	for _, key := range []string{"1", "2", "3"} {
-		e.put(a, key, 16<<10, ReplicateConfig{Preferred: []string{"a:1"}})
+		e.Put(a, key, 16<<10, master.ReplicateConfig{Preferred: []string{"a:1"}})
 	}
 	f.wait(t, 3) // stored
-	r := e.m.Evict()
+	r := e.M.Evict()
 	if r.Keys == 0 {
 		t.Fatalf("nothing evicted: %+v", r)
 	}
@@ -150,11 +156,11 @@ func TestKVEventsEvictionAndLoss(t *testing.T) {
 		}
 	}
 	// b's only object goes with b's segment.
-	e.put(b, "99", 4096, ReplicateConfig{Preferred: []string{"b:1"}})
+	e.Put(b, "99", 4096, master.ReplicateConfig{Preferred: []string{"b:1"}})
 	f.wait(t, 1)
-	e.clk.Advance(e.m.Config().ClientTTL + time.Second)
-	e.m.Ping(a) // a stays alive
-	e.m.Tick()
+	e.Clk.Advance(e.M.Config().ClientTTL + time.Second)
+	e.M.Ping(a) // a stays alive
+	e.M.Tick()
 	for _, ev := range f.wait(t, 1) {
 		rm, ok := ev.(*event.BlockRemoved)
 		if !ok || rm.BlockHashes[0].Value != 99 {

@@ -1,0 +1,21 @@
+// Package admin is the master's admin HTTP surface and its Prometheus
+// metrics, over a store/master.Master and its store/master/service.Service.
+//
+// Handler serves /metrics (Prometheus, from the registry given),
+// /metrics/summary (human-readable text), /health (OK, or 503 with the
+// cause once the operation log failed), /query_key?key= (JSON),
+// /get_all_keys (text, sorted), /get_all_segments (JSON, suspect segments
+// marked), and with WithSnapshotHook POST /snapshot (loopback peers only;
+// 409 when the hook returns ErrBusy). Any other path goes to extra, when
+// given. The pages that show keys or segments answer only once what they
+// read is durable (Service.WaitDurable), 503 when the log failed.
+//
+// Metrics is a prometheus.Collector reading the master's Stats and the
+// service's RPC counters at scrape time: gauges and counters named
+// master_* (as the reference names them; per RPC
+// master_<rpc>_requests_total, _failures_total and, for RPCs that answer
+// per item, _items_total and _item_failures_total) and, fed by Observe
+// (pass it to service.WithObserver), the latency histogram
+// master_rpc_duration_seconds{rpc}. Metric names are a
+// contract with dashboards: they do not change.
+package admin

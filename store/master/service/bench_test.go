@@ -1,0 +1,108 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// benchMaster (as in the core's benchmarks) is a master with default config (1024 shards) and n
+// segments of 1 TiB each: the master never touches memory, so capacity
+// costs nothing.
+func benchMaster(b *testing.B, n int) *master.Master {
+	b.Helper()
+	m, err := master.New(master.Config{Clock: clock.Real{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := range n {
+		s := alloc.Segment{ID: master.UUID{Hi: 5, Lo: uint64(i + 1)}, Name: fmt.Sprint("host:", i), Base: uint64(i+1) << 44, Size: 1 << 40}
+		if err := m.MountSegment(mastertest.Client(uint64(i+1)), s); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Cleanup(func() { m.Close() })
+	return m
+}
+
+// blockKey (as in the core's benchmarks) is "model/layer/block-%08d" without fmt's allocations.
+func blockKey(_ []byte, i int) string {
+	var b [32]byte
+	out := append(b[:0], "model/layer/block-"...)
+	var d [20]byte
+	num := strconv.AppendInt(d[:0], int64(i), 10)
+	for range 8 - len(num) {
+		out = append(out, '0')
+	}
+	return string(append(out, num...))
+}
+
+// BenchmarkGRPCBatchPut is the same through gRPC on loopback: one op is
+// one BatchPutStart + BatchPutEnd RPC pair of 128 objects; "parallel"
+// keeps GOMAXPROCS*4 pairs in flight over one connection.
+func BenchmarkGRPCBatchPut(b *testing.B) {
+	const batch = 128
+	for _, par := range []bool{false, true} {
+		name := "serial"
+		if par {
+			name = "parallel"
+		}
+		b.Run(name, func(b *testing.B) {
+			m := benchMaster(b, 4)
+			c, _ := serve(b, m)
+			ctx := context.Background()
+			var next atomic.Int64
+			sizes := make([]uint64, batch)
+			for i := range sizes {
+				sizes[i] = 4096
+			}
+			id := pbID(mastertest.Client(1))
+			one := func(keys []string, buf []byte) {
+				base := int(next.Add(batch)) - batch
+				for i := range keys {
+					keys[i] = blockKey(buf, base+i)
+				}
+				r1, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: id, Keys: keys, Sizes: sizes})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if r1.Results[0].ErrorCode != 0 {
+					b.Fatal(errcode.Code(r1.Results[0].ErrorCode))
+				}
+				r2, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: keys})
+				if err != nil || r2.Results[0].ErrorCode != 0 {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			start := time.Now()
+			if par {
+				b.SetParallelism(4)
+				b.RunParallel(func(pb *testing.PB) {
+					keys := make([]string, batch)
+					var buf []byte
+					for pb.Next() {
+						one(keys, buf)
+					}
+				})
+			} else {
+				keys := make([]string, batch)
+				var buf []byte
+				for b.Loop() {
+					one(keys, buf)
+				}
+			}
+			b.ReportMetric(float64(next.Load())/time.Since(start).Seconds(), "objects/s")
+		})
+	}
+}
