@@ -176,8 +176,10 @@
 //
 // then records back to back, then zero bytes up to the end of the file
 // (the segment is allocated whole when created, LocalOptions.SegmentBytes
-// with fallocate, so that an fdatasync has no file size to journal; a
-// file that grows record by record, as without preallocation, has none):
+// with fallocate, and then written with zeros and fdatasync'ed, so that
+// a record's fdatasync has no file size and no unwritten extent to
+// journal, only data to write; a file that grows record by record, as
+// without preallocation, has none):
 //
 //	offset size  field
 //	0      4     L, uint32: length of the entry; 1 <= L <= MaxKey+MaxPayload+256
@@ -188,7 +190,8 @@
 // the segment's end (a length is never 0), not a torn tail.
 // The records of a segment carry consecutive seqs from its first seq;
 // the next segment starts at the seq after the last one of the previous.
-// A new segment is created (header written, fdatasync, allocated, directory fsync)
+// A new segment is created (header written, fdatasync, allocated, zeros
+// written, fdatasync, directory fsync)
 // before any record goes into it, when the active one would pass
 // LocalOptions.SegmentBytes; one Append never straddles two segments.
 //
