@@ -76,8 +76,11 @@
 // (WaitDurable: the ops of one RPC, logged before it waits, then share a
 // commit instead of straddling two), when 4096 entries are queued, or 1
 // ms after an op was queued with nobody waiting; a commit wakes only the
-// waiters whose seqs it made durable. Over Local it writes and
-// fdatasyncs on its own goroutine. Appended and Durable are the last seq
+// waiters whose seqs it made durable. Over Local it runs
+// LocalOptions.Syncers writers, which write and fdatasync on their own
+// goroutines: one takes the queue and writes it while another's batch
+// is in its fdatasync (the batches reach the store in seq order; see
+// Writing below). Appended and Durable are the last seq
 // numbered and made durable; WaitDurable(ctx, seq) is how an RPC answers
 // only once its op is durable (wait for Appended() read after the master
 // call returned).
@@ -173,8 +176,10 @@
 //
 // then records back to back, then zero bytes up to the end of the file
 // (the segment is allocated whole when created, LocalOptions.SegmentBytes
-// with fallocate, so that an fdatasync has no file size to journal; a
-// file that grows record by record, as without preallocation, has none):
+// with fallocate, and then written with zeros and fdatasync'ed, so that
+// a record's fdatasync has no file size and no unwritten extent to
+// journal, only data to write; a file that grows record by record, as
+// without preallocation, has none):
 //
 //	offset size  field
 //	0      4     L, uint32: length of the entry; 1 <= L <= MaxKey+MaxPayload+256
@@ -185,7 +190,8 @@
 // the segment's end (a length is never 0), not a torn tail.
 // The records of a segment carry consecutive seqs from its first seq;
 // the next segment starts at the seq after the last one of the previous.
-// A new segment is created (header written, fdatasync, allocated, directory fsync)
+// A new segment is created (header written, fdatasync, allocated, zeros
+// written, fdatasync, directory fsync)
 // before any record goes into it, when the active one would pass
 // LocalOptions.SegmentBytes; one Append never straddles two segments.
 //
@@ -201,14 +207,43 @@
 // LOCK is empty; an OpenLocal holds flock(LOCK_EX|LOCK_NB) on it until
 // Close, so a second master on the same directory gets ErrLocked.
 //
-// Writing: one goroutine takes every queued Append (bounded by
+// Writing: a writer takes every queued Append (bounded by
 // MaxQueuedBytes/MaxQueuedEntries: callers block beyond), checks each in
-// order (term, gap, resend), appends their records with one write and
-// one fdatasync, then answers them all. A Sink does this on its own
-// writer goroutine instead (after anything queued), saving two
-// goroutine handoffs per group commit. A failed write or fdatasync is
-// never retried (after a failed fsync the kernel may have dropped the
-// dirty pages): the store is failed from then on.
+// order (term, gap, resend) and appends their records with one write,
+// under a lock that keeps the file in seq order; then, outside it, it
+// fdatasyncs and answers them all. A Sink does this on its own writer
+// goroutines instead (after anything queued), saving two goroutine
+// handoffs per group commit.
+//
+// Overlapping syncs: up to LocalOptions.Syncers (default 2) batches may
+// be in their fdatasync at once, so a batch that gathers while one
+// fdatasync runs is written and starts its own at once instead of
+// waiting (two concurrent fdatasyncs complete about twice the commits
+// of one on the disk measured). Rules:
+//   - Each syncer slot fdatasyncs its own open file description of the
+//     active segment (its own open(2), never a dup(2), which shares the
+//     description): Linux reports a writeback error once per open file
+//     description (errseq), so a slot sharing one with the slot that
+//     consumed the error would return success for lost bytes. A slot
+//     runs one fdatasync at a time.
+//   - Publication is in write order: a batch is made readable (LastSeq,
+//     Read, Notify) and its callers answered only once its own
+//     fdatasync returned and every earlier batch is published. A later
+//     batch's fdatasync covers earlier writes too, but an earlier
+//     batch's callers are answered only after its own sync.
+//   - Fail-stop is unchanged: a failed write or fdatasync fails the
+//     store, and a batch published after the failure is refused
+//     (ErrFailed) even if its own sync passed, also an earlier batch
+//     whose sync was still running when a later one failed: nothing is
+//     acknowledged after a failure.
+//   - A segment roll, a term change (META) and a resend of seqs still
+//     in flight wait for every batch under way first (synchronously),
+//     as do Close and a batch over 8 MiB. Syncers 1 is the old
+//     behaviour: one fdatasync after the other.
+//
+// A failed write or fdatasync is never retried (after a failed fsync
+// the kernel may have dropped the dirty pages): the store is failed
+// from then on.
 //
 // Recovery at open: META is read, segments wholly below the compaction
 // point are removed (finishing an interrupted Compact), and every record

@@ -67,7 +67,20 @@ type LocalOptions struct {
 	// allocating SegmentBytes when a segment is created (preallocation
 	// needs the OS filesystem; with another FS it is off).
 	NoPreallocate bool
+	// Syncers is how many group commits may be in their fdatasync at
+	// once (default DefaultSyncers; 1: one after the other). Each has its
+	// own open file description of the active segment.
+	Syncers int
 }
+
+// DefaultSyncers is LocalOptions.Syncers's default: on the disk this was
+// measured on, two overlapping fdatasyncs complete about twice as many
+// commits per second as one, and a third adds little.
+const DefaultSyncers = 2
+
+// maxSyncers bounds LocalOptions.Syncers (each costs an fd and a writer
+// goroutine).
+const maxSyncers = 16
 
 // FsyncBounds are the upper bounds of LocalStats.FsyncBuckets; the last
 // bucket counts the rest.
@@ -107,8 +120,9 @@ type Local struct {
 	qmu    sync.Mutex
 	queue  []*request
 	kick   chan struct{} // cap 1: the queue has something
+	stop   chan struct{} // closed by Close
 	closed bool
-	done   chan struct{} // the writer has exited
+	done   chan struct{} // the writers have exited
 
 	// mu guards segs, lastSeq, compacted and each segment's published
 	// fields (size, last, index).
@@ -124,18 +138,33 @@ type Local struct {
 
 	failed atomic.Pointer[error] // the first write-path error
 
-	// wmu is held by whoever commits (the writer goroutine, appendSync).
+	// wmu is held by whoever writes (a writer goroutine, startAppend):
+	// records reach the file in seq order; their fdatasync runs after
+	// wmu is released (land), so the next batch can be written meanwhile.
 	wmu sync.Mutex
 	// Owned by the holder of wmu.
 	w struct {
-		f       vfs.File // active segment, written at size
-		size    int64    // bytes written to it
-		next    uint64   // next seq to accept
-		maxTerm uint64   // highest term persisted or accepted
+		f vfs.File // active segment, written at size
+		// syncf[i] is syncer slot i's file (syncf[0] is f): each slot
+		// its own open(), never a dup, because a writeback error is
+		// reported once per open file description, and a slot that
+		// missed it would call a lost batch durable.
+		syncf   []vfs.File
+		size    int64  // bytes written to it
+		next    uint64 // next seq to accept
+		maxTerm uint64 // highest term persisted or accepted
 		buf     []byte
 		pending []pendingRec
 		reqs    []*request
 	}
+
+	// pmu guards flights and free: batches written and not yet
+	// published, in write order, and the syncer slots none of them
+	// holds. A flight is published (made readable, its callers
+	// answered) only after every earlier one.
+	pmu     sync.Mutex
+	flights []*flight
+	free    []int
 
 	st struct {
 		batches, entries, bytes, fsyncs, fsyncNanos atomic.Uint64
@@ -168,6 +197,21 @@ type pendingRec struct {
 	off int64 // in the active segment
 }
 
+// flight is one written batch on its way to durable: its slot's
+// fdatasync, then its publication in order.
+type flight struct {
+	seg     *segment
+	f       vfs.File // the slot's file, fdatasync'ed by land
+	slot    int
+	size    int64 // the segment's durable size once published
+	bytes   int
+	pending []pendingRec
+	reqs    []*request
+	err     error         // the write's or the sync's failure
+	synced  bool          // under pmu: its sync returned
+	done    chan struct{} // closed once published or refused
+}
+
 type request struct {
 	term        uint64
 	first, last uint64
@@ -196,9 +240,18 @@ func OpenLocal(dir string, opts LocalOptions) (*Local, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Syncers <= 0 {
+		opts.Syncers = DefaultSyncers
+	}
+	if opts.Syncers > maxSyncers {
+		return nil, fmt.Errorf("oplog: LocalOptions.Syncers %d is above %d", opts.Syncers, maxSyncers)
+	}
 	l := &Local{
 		dir: dir, fs: opts.FS, opts: opts, log: opts.Logger.With("oplog", dir),
-		kick: make(chan struct{}, 1), done: make(chan struct{}),
+		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	for i := range opts.Syncers {
+		l.free = append(l.free, i)
 	}
 	l.prealloc = !opts.NoPreallocate && opts.FS == vfs.Default
 	l.gate.init(opts.MaxQueuedBytes, opts.MaxQueuedEntries)
@@ -217,7 +270,18 @@ func OpenLocal(dir string, opts LocalOptions) (*Local, error) {
 		l.closeFiles()
 		return nil, err
 	}
-	go l.writer()
+	var wg sync.WaitGroup
+	for range opts.Syncers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.writer()
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(l.done)
+	}()
 	return l, nil
 }
 
@@ -301,13 +365,17 @@ func (l *Local) recover() error {
 		if err == nil && l.prealloc {
 			err = preallocate(f, act.size, l.opts.SegmentBytes)
 		}
+		var syncf []vfs.File
+		if err == nil {
+			syncf, err = l.openSyncers(act.path, f)
+		}
 		if err != nil {
 			if f != nil {
 				f.Close()
 			}
 			return fmt.Errorf("oplog: %w", err)
 		}
-		l.w.f = f
+		l.w.f, l.w.syncf = f, syncf
 	}
 	l.w.size = act.size
 	l.w.next = l.lastSeq + 1
@@ -521,9 +589,14 @@ func (l *Local) createSegment(first uint64) error {
 	}
 	if err == nil && l.prealloc {
 		// After the header is durable, so a crash never leaves a
-		// header-less file of zeros; the first record's fdatasync makes
-		// the allocation durable.
+		// header-less file of zeros.
 		err = preallocate(f, segHeaderLen, l.opts.SegmentBytes)
+		if err == nil {
+			err = zeroFill(f, segHeaderLen, l.opts.SegmentBytes)
+		}
+		if err == nil {
+			err = l.sync(f)
+		}
 	}
 	if err == nil {
 		err = l.fs.SyncDir(l.dir)
@@ -532,19 +605,53 @@ func (l *Local) createSegment(first uint64) error {
 	if err == nil {
 		rf, err = l.fs.OpenFile(path, os.O_RDONLY, 0)
 	}
+	var syncf []vfs.File
+	if err == nil {
+		if syncf, err = l.openSyncers(path, f); err != nil {
+			rf.Close()
+		}
+	}
 	if err != nil {
 		f.Close()
 		return fmt.Errorf("oplog: new segment %s: %w", path, err)
 	}
-	if l.w.f != nil {
-		l.w.f.Close()
-	}
-	l.w.f, l.w.size = f, segHeaderLen
+	l.closeSyncers() // no flight is left on the old segment (flushSync)
+	l.w.f, l.w.syncf, l.w.size = f, syncf, segHeaderLen
 	s := &segment{first: first, path: path, rf: rf, size: segHeaderLen, last: first - 1}
 	l.mu.Lock()
 	l.segs = append(l.segs, s)
 	l.mu.Unlock()
 	return nil
+}
+
+// openSyncers opens the syncer slots' files of the segment at path; f,
+// its write side, is slot 0.
+func (l *Local) openSyncers(path string, f vfs.File) ([]vfs.File, error) {
+	syncf := []vfs.File{f}
+	for len(syncf) < l.opts.Syncers {
+		sf, err := l.fs.OpenFile(path, os.O_WRONLY, 0)
+		if err != nil {
+			for _, x := range syncf[1:] {
+				x.Close()
+			}
+			return nil, err
+		}
+		syncf = append(syncf, sf)
+	}
+	return syncf, nil
+}
+
+// closeSyncers closes the active segment's files. wmu is held and no
+// flight is under way.
+func (l *Local) closeSyncers() error {
+	var err error
+	for _, f := range l.w.syncf {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	l.w.f, l.w.syncf = nil, nil
+	return err
 }
 
 // writeFlags opens the active segment: O_APPEND unless the file is
@@ -560,6 +667,30 @@ func (l *Local) writeFlags() int {
 type osFile interface {
 	Fd() uintptr
 	Seek(offset int64, whence int) (int64, error)
+	WriteAt(b []byte, off int64) (int, error)
+}
+
+// zeroFill writes zeros over [from, to) of a new segment. fallocate
+// leaves its blocks unwritten: the first write into each then converts
+// an extent, metadata that every such fdatasync must commit to the
+// journal (one journal commit at a time, so overlapping fdatasyncs
+// queue behind each other there). Over written zeros a record's
+// fdatasync only writes its data and flushes (measured here: 190-230 us
+// against 260-320 us, same run).
+func zeroFill(f vfs.File, from, to int64) error {
+	of, ok := f.(osFile)
+	if !ok {
+		return fmt.Errorf("oplog: zero-fill %s: not an OS file", f.Name())
+	}
+	zero := make([]byte, min(1<<20, max(to-from, 0)))
+	for off := from; off < to; {
+		n := int(min(int64(len(zero)), to-off))
+		if _, err := of.WriteAt(zero[:n], off); err != nil {
+			return err
+		}
+		off += int64(n)
+	}
+	return nil
 }
 
 // preallocate allocates the segment's space up to size (fallocate, mode
@@ -695,18 +826,22 @@ func (l *Local) newRequest(ctx context.Context, term uint64, entries []Entry) (*
 	return r, nil
 }
 
-// appendSync is Append on the caller's goroutine: it commits what is
-// queued and then entries, writing and fdatasyncing itself. Sink, the
-// log's one producer, calls it from its writer goroutine, so no handoff
-// to Local's writer and back sits between two group commits (on a busy
-// machine each wake-up costs about as much as the fsync it waits for).
-func (l *Local) appendSync(term uint64, entries []Entry) error {
+// startAppend is Append on the caller's goroutine, in two steps: it
+// writes what is queued and then entries (in call order: the caller
+// keeps its own order by calling it under its lock), and returns wait,
+// which fdatasyncs on the caller's goroutine and returns once entries
+// are durable and published. Sink, the log's one producer, uses it from
+// its writer goroutines: no handoff to Local's writer and back sits
+// between two group commits (on a busy machine each wake-up costs about
+// as much as the fsync it waits for), and one batch is written while
+// the one before it is in its fdatasync.
+func (l *Local) startAppend(term uint64, entries []Entry) (wait func() error) {
 	if len(entries) == 0 {
-		return nil
+		return func() error { return nil }
 	}
 	r, err := l.newRequest(context.Background(), term, entries)
 	if err != nil {
-		return err
+		return func() error { return err }
 	}
 	l.wmu.Lock()
 	l.qmu.Lock()
@@ -714,15 +849,27 @@ func (l *Local) appendSync(term uint64, entries []Entry) error {
 		l.qmu.Unlock()
 		l.wmu.Unlock()
 		l.gate.release(r.weight, int64(len(entries)))
-		return ErrClosed
+		return func() error { return ErrClosed }
 	}
 	batch := append(l.queue, r)
 	l.queue = nil
 	l.qmu.Unlock()
-	l.commit(batch)
+	fl := l.commit(batch)
 	l.wmu.Unlock()
-	return <-r.done
+	return func() error {
+		l.land(fl)
+		return <-r.done
+	}
 }
+
+// appendSync is startAppend and its wait.
+func (l *Local) appendSync(term uint64, entries []Entry) error {
+	return l.startAppend(term, entries)()
+}
+
+// syncers is how many startAppends may be waiting at once with their
+// fdatasyncs overlapping.
+func (l *Local) syncers() int { return l.opts.Syncers }
 
 // Append makes entries durable under term (see Store). When ctx ends
 // first it returns ctx's error; the entries may still become durable, and
@@ -762,13 +909,13 @@ func decodeRecord(rec []byte, e *Entry) error {
 
 func failedErr(cause error) error { return fmt.Errorf("%w: %w", ErrFailed, cause) }
 
-// writer is the group-commit loop: it takes everything queued, checks it
-// in order against the log's tail, writes it with one write and one
-// fdatasync, and answers every caller.
+// writer is a group-commit loop (LocalOptions.Syncers of them run): it
+// takes everything queued, checks it in order against the log's tail,
+// writes it with one write under wmu and, outside it, fdatasyncs it and
+// answers every caller; another writer meanwhile writes the next batch.
 func (l *Local) writer() {
-	defer close(l.done)
 	for {
-		l.wmu.Lock() // before taking the queue: appendSync keeps call order
+		l.wmu.Lock() // before taking the queue: startAppend keeps call order
 		l.qmu.Lock()
 		batch := l.queue
 		l.queue = nil
@@ -779,15 +926,23 @@ func (l *Local) writer() {
 			if closed {
 				return
 			}
-			<-l.kick
+			select {
+			case <-l.kick:
+			case <-l.stop:
+			}
 			continue
 		}
-		l.commit(batch)
+		fl := l.commit(batch)
 		l.wmu.Unlock()
+		l.land(fl)
 	}
 }
 
-func (l *Local) commit(batch []*request) {
+// commit admits batch and writes it; wmu is held. The last write's
+// flight (nil when nothing was left to write) is for the caller to land
+// once wmu is released; earlier ones (a batch over maxBatchLen, a term
+// change, a segment roll) are synced at once.
+func (l *Local) commit(batch []*request) *flight {
 	for _, r := range batch {
 		if p := l.failed.Load(); p != nil {
 			l.reply(r, failedErr(*p))
@@ -795,17 +950,17 @@ func (l *Local) commit(batch []*request) {
 		}
 		if err := l.admit(r); err != nil {
 			if errors.Is(err, ErrFenced) {
-				l.flush() // what came before the deposed producer stands
+				l.flushSync() // what came before the deposed producer stands
 				l.fail(err)
 			}
 			l.reply(r, err)
 			continue
 		}
 		if len(l.w.buf) >= maxBatchLen {
-			l.flush()
+			l.flushSync()
 		}
 	}
-	l.flush()
+	return l.launch()
 }
 
 // admit checks r against the tail and adds its new records to the batch.
@@ -820,8 +975,11 @@ func (l *Local) admit(r *request) error {
 	skip := 0
 	if r.first < w.next {
 		// A resend: what is persisted must be byte-identical.
-		if len(w.pending) > 0 && min(r.last, w.next-1) >= w.pending[0].seq {
-			l.flush()
+		l.mu.RLock()
+		published := l.lastSeq
+		l.mu.RUnlock()
+		if published < min(r.last, w.next-1) {
+			l.flushSync() // sameRecords compares with what is published
 			if p := l.failed.Load(); p != nil {
 				return failedErr(*p)
 			}
@@ -837,7 +995,7 @@ func (l *Local) admit(r *request) error {
 		skip = n
 	}
 	if r.term > w.maxTerm {
-		l.flush() // earlier producers' records before the term moves
+		l.flushSync() // earlier producers' records before the term moves
 		if err := l.persistTerm(r.term); err != nil {
 			l.fail(err)
 			return failedErr(err)
@@ -846,7 +1004,7 @@ func (l *Local) admit(r *request) error {
 	}
 	recs := r.recs[r.offs[skip]:]
 	if w.size+int64(len(w.buf)) > segHeaderLen && w.size+int64(len(w.buf)+len(recs)) > l.opts.SegmentBytes {
-		l.flush()
+		l.flushSync() // a roll closes the segment's syncer files
 		if p := l.failed.Load(); p != nil {
 			return failedErr(*p)
 		}
@@ -904,63 +1062,140 @@ func (l *Local) sameRecords(seq uint64, want []byte) error {
 	return nil
 }
 
-// flush writes and fdatasyncs the gathered batch, publishes it and
-// answers its callers.
-func (l *Local) flush() {
+// launch writes the gathered batch and returns its flight, for land
+// (nil when nothing is gathered). wmu is held. It waits for a free
+// syncer slot first: at most Syncers flights are under way.
+func (l *Local) launch() *flight {
 	w := &l.w
 	if len(w.reqs) == 0 {
-		return
-	}
-	err := func() error {
-		if p := l.failed.Load(); p != nil {
-			return failedErr(*p)
-		}
-		if _, err := w.f.Write(w.buf); err != nil {
-			l.fail(err)
-			return failedErr(err)
-		}
-		if err := l.sync(w.f); err != nil {
-			// Never retried: after a failed fsync the kernel may have
-			// dropped the dirty pages and a retry would "succeed".
-			l.fail(err)
-			return failedErr(err)
-		}
 		return nil
-	}()
-	if err == nil {
+	}
+	l.pmu.Lock()
+	for len(l.free) == 0 {
+		head := l.flights[0]
+		l.pmu.Unlock()
+		<-head.done
+		l.pmu.Lock()
+	}
+	slot := l.free[len(l.free)-1]
+	l.free = l.free[:len(l.free)-1]
+	l.mu.RLock()
+	seg := l.segs[len(l.segs)-1]
+	l.mu.RUnlock()
+	fl := &flight{seg: seg, f: w.syncf[slot], slot: slot, bytes: len(w.buf),
+		pending: w.pending, reqs: w.reqs, done: make(chan struct{})}
+	l.flights = append(l.flights, fl)
+	l.pmu.Unlock()
+	w.pending, w.reqs = nil, nil
+	if p := l.failed.Load(); p != nil {
+		fl.err = failedErr(*p)
+	} else if _, err := w.f.Write(w.buf); err != nil {
+		l.fail(err)
+		fl.err = failedErr(err)
+	}
+	if fl.err == nil {
 		w.size += int64(len(w.buf))
-		l.mu.Lock()
-		s := l.segs[len(l.segs)-1]
-		for _, p := range w.pending {
-			if s.last == s.first-1 || p.off-s.index[len(s.index)-1].off >= indexEvery {
-				s.index = append(s.index, indexPoint(p))
-			}
-			s.last = p.seq
-		}
-		s.size = w.size
-		l.lastSeq = s.last
-		if l.grew != nil {
-			close(l.grew)
-			l.grew = nil
-		}
-		l.mu.Unlock()
-		l.st.batches.Add(1)
-		l.st.entries.Add(uint64(len(w.pending)))
-		l.st.bytes.Add(uint64(len(w.buf)))
 	} else {
 		// Nothing of it is acknowledged; the tail is left as it is and
 		// recovery decides what survived.
-		w.next = w.pending[0].seq
+		w.next = fl.pending[0].seq
 	}
-	for _, r := range w.reqs {
-		l.reply(r, err)
-	}
-	w.reqs = w.reqs[:0]
-	w.pending = w.pending[:0]
+	fl.size = w.size
 	if cap(w.buf) > 2*maxBatchLen {
 		w.buf = nil
 	}
 	w.buf = w.buf[:0]
+	return fl
+}
+
+// land fdatasyncs fl on its slot's file, then publishes, in write order,
+// every flight whose sync has returned and that has none unsynced
+// before it, and returns once fl is published. A failed sync fails the
+// store, and a flight published after any failure is refused: nothing
+// is acknowledged after a failure, even a batch whose own sync passed.
+func (l *Local) land(fl *flight) {
+	if fl == nil {
+		return
+	}
+	if fl.err == nil {
+		if p := l.failed.Load(); p != nil {
+			fl.err = failedErr(*p) // no sync after a failure
+		} else if err := l.sync(fl.f); err != nil {
+			// Never retried: after a failed fsync the kernel may have
+			// dropped the dirty pages and a retry would "succeed".
+			l.fail(err)
+			fl.err = failedErr(err)
+		}
+	}
+	l.pmu.Lock()
+	fl.synced = true
+	l.pmu.Unlock()
+	for {
+		l.pmu.Lock()
+		if len(l.flights) == 0 || !l.flights[0].synced {
+			l.pmu.Unlock()
+			break
+		}
+		h := l.flights[0]
+		l.flights[0] = nil
+		l.flights = l.flights[1:]
+		l.publish(h)
+		l.free = append(l.free, h.slot)
+		l.pmu.Unlock()
+		for _, r := range h.reqs {
+			l.reply(r, h.err)
+		}
+		close(h.done)
+	}
+	<-fl.done
+}
+
+// publish makes f's records readable (pmu is held, flights in order).
+func (l *Local) publish(f *flight) {
+	if f.err == nil {
+		if p := l.failed.Load(); p != nil {
+			f.err = failedErr(*p)
+		}
+	}
+	if f.err != nil {
+		return
+	}
+	l.mu.Lock()
+	s := f.seg
+	for _, p := range f.pending {
+		if s.last == s.first-1 || p.off-s.index[len(s.index)-1].off >= indexEvery {
+			s.index = append(s.index, indexPoint(p))
+		}
+		s.last = p.seq
+	}
+	s.size = f.size
+	l.lastSeq = s.last
+	if l.grew != nil {
+		close(l.grew)
+		l.grew = nil
+	}
+	l.mu.Unlock()
+	l.st.batches.Add(1)
+	l.st.entries.Add(uint64(len(f.pending)))
+	l.st.bytes.Add(uint64(f.bytes))
+}
+
+// flushSync writes what is gathered and returns once it and every
+// flight before it are published (or refused). wmu is held.
+func (l *Local) flushSync() {
+	if fl := l.launch(); fl != nil {
+		l.land(fl)
+		return
+	}
+	l.pmu.Lock()
+	var last *flight
+	if n := len(l.flights); n > 0 {
+		last = l.flights[n-1]
+	}
+	l.pmu.Unlock()
+	if last != nil {
+		<-last.done
+	}
 }
 
 func (l *Local) sync(f vfs.File) error {
@@ -1225,19 +1460,16 @@ func (l *Local) Close() error {
 	}
 	l.closed = true
 	l.qmu.Unlock()
-	select {
-	case l.kick <- struct{}{}:
-	default:
-	}
+	close(l.stop)
 	<-l.done
+	l.wmu.Lock()
+	l.flushSync() // a startAppend's sync may still be under way
+	l.wmu.Unlock()
 	return l.closeFiles()
 }
 
 func (l *Local) closeFiles() error {
-	var err error
-	if l.w.f != nil {
-		err = l.w.f.Close()
-	}
+	err := l.closeSyncers()
 	l.mu.Lock()
 	segs := l.segs
 	l.segs = nil

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 // recordsEnd is where the records of a one-segment log of es end.
@@ -117,4 +118,25 @@ func TestLocalAppendSyncAfterQueued(t *testing.T) {
 	all := readAll(t, l, 1)
 	require.Len(t, all, 6)
 	checkEntries(t, all, 1, 10)
+}
+
+// A new segment's space is written with zeros, not only allocated: ext4
+// reports fallocate's unwritten extents as holes to SEEK_HOLE (and each
+// record's fdatasync would convert one, a journal commit), written zeros
+// as data. On a filesystem without unwritten extents this holds either
+// way.
+func TestLocalNewSegmentZeroFilled(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	dir := t.TempDir()
+	const segBytes = 1 << 20
+	l := openT(t, dir, LocalOptions{SegmentBytes: segBytes})
+	defer l.Close()
+	files := segFiles(t, dir)
+	require.Len(t, files, 1)
+	f, err := os.Open(files[0])
+	require.NoError(t, err)
+	defer f.Close()
+	hole, err := unix.Seek(int(f.Fd()), segHeaderLen, unix.SEEK_HOLE)
+	require.NoError(t, err)
+	assert.Equal(t, int64(segBytes), hole, "no unwritten space after the header")
 }

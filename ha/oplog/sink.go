@@ -75,6 +75,11 @@ type Sink struct {
 	// puts need); a failure or the end of Close wakes all.
 	waiters []waiter
 
+	// turn orders the writers: a batch is taken from the queue and
+	// handed to the store under it, so batches reach the store in seq
+	// order while the one before may still be syncing.
+	turn sync.Mutex
+
 	appended atomic.Uint64
 	durable  atomic.Uint64
 	done     chan struct{}
@@ -135,7 +140,22 @@ func NewSink(ctx context.Context, st Store, cfg SinkConfig) (*Sink, error) {
 		s.mu.Unlock()
 	})
 	s.linger.Stop()
-	go s.run()
+	n := 1
+	if pa, ok := st.(pipelinedAppender); ok {
+		n = pa.syncers()
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.run()
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(s.done)
+	}()
 	return s, nil
 }
 
@@ -250,22 +270,32 @@ func (s *Sink) wakeUpTo(seq uint64) {
 	s.waiters = append(s.waiters[:0], s.waiters[n:]...)
 }
 
-// syncAppender is a store that can write on the caller's goroutine
-// (Local): the sink's writer then does the fsync itself.
-type syncAppender interface {
-	appendSync(term uint64, entries []Entry) error
+// pipelinedAppender is a store that writes on the caller's goroutine
+// and lets the next batch be written while this one syncs (Local): the
+// sink then runs syncers() writers, each doing its batch's fdatasync
+// itself.
+type pipelinedAppender interface {
+	syncers() int
+	// startAppend writes entries after everything handed to it before;
+	// wait returns once they are durable (and every earlier batch is).
+	startAppend(term uint64, entries []Entry) (wait func() error)
 }
 
-// run writes what is queued, a batch at a time, until Close.
+// run is one writer: it writes what is queued, a batch at a time, until
+// Close. With a pipelinedAppender several run; a batch is handed to the
+// store under turn, and its wait (its fdatasync) runs after turn is
+// released, so another writer takes the next batch meanwhile.
 func (s *Sink) run() {
-	defer close(s.done)
+	pa, _ := s.store.(pipelinedAppender)
 	for open := true; open; {
 		_, open = <-s.kick // closed by Close: write what is left, stop
 		for {
+			s.turn.Lock()
 			s.mu.Lock()
 			if s.failed != nil || len(s.queue) == 0 {
 				stop := s.closed
 				s.mu.Unlock()
+				s.turn.Unlock()
 				if stop {
 					return
 				}
@@ -280,9 +310,12 @@ func (s *Sink) run() {
 			s.mu.Unlock()
 
 			var err error
-			if sa, ok := s.store.(syncAppender); ok {
-				err = sa.appendSync(s.cfg.Term, batch)
+			if pa != nil {
+				wait := pa.startAppend(s.cfg.Term, batch)
+				s.turn.Unlock()
+				err = wait()
 			} else {
+				s.turn.Unlock()
 				err = s.store.Append(context.Background(), s.cfg.Term, batch)
 			}
 			s.batches.Add(1)
@@ -295,14 +328,19 @@ func (s *Sink) run() {
 			for i := range batch {
 				bytes += len(batch[i].Key) + len(batch[i].Payload)
 			}
+			last := batch[len(batch)-1].Seq
 			s.mu.Lock()
 			s.held -= len(batch)
 			s.bytes -= bytes
 			if err != nil {
-				s.fail(fmt.Errorf("oplog: sink: append seqs %d-%d: %w", batch[0].Seq, batch[len(batch)-1].Seq, err))
+				s.fail(fmt.Errorf("oplog: sink: append seqs %d-%d: %w", batch[0].Seq, last, err))
 			} else {
-				s.durable.Store(batch[len(batch)-1].Seq)
-				s.wakeUpTo(batch[len(batch)-1].Seq)
+				// A later batch's writer may have got here first: the
+				// store publishes in order, so its nil covered this one.
+				if last > s.durable.Load() {
+					s.durable.Store(last)
+				}
+				s.wakeUpTo(last)
 				s.broadcast()
 			}
 			s.mu.Unlock()
