@@ -59,7 +59,7 @@ func (m *Master) PutStartGen(client UUID, key string, size uint64, rc ReplicateC
 	if err != nil {
 		return nil, 0, err
 	}
-	return m.putStart(client, key, size, &rc, n, 0, nil, nil)
+	return m.putStart(client, key, size, &rc, n, 0, nil, nil, nil)
 }
 
 // nextGen gives a put generation: a master-wide counter whose low 32 bits
@@ -75,8 +75,9 @@ func (m *Master) nextGen() uint64 {
 // putStart places one put. now, when not 0, is the time of its first
 // attempt (a batch reads the clock once); else the clock is read under the
 // shard lock. slot, when not nil, is where the first attempt's op goes (a
-// batch allocates its ops at once); the replicas are appended to buf.
-func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateConfig, n int, now int64, slot *Op, buf []Replica) ([]Replica, uint64, error) {
+// batch allocates its ops at once); the replicas are appended to buf; sc,
+// when not nil, lends the batch's placement buffers.
+func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateConfig, n int, now int64, slot *Op, buf []Replica, sc *batchScratch) ([]Replica, uint64, error) {
 	req := alloc.Request{Size: size, Replicas: n, Preferred: rc.Preferred, Local: client, SameNode: rc.SameNode,
 		MinReplicas: rc.MinReplicas}
 	ttl := m.pinTTL(rc) // kept per object only when it is not the default
@@ -93,6 +94,11 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 			sh.unlock()
 			return nil, 0, err
 		}
+		req.Into = nil
+		if sc != nil && attempt == 0 && cap(sc.segs)-len(sc.segs) >= n {
+			k := len(sc.segs)
+			req.Into, sc.segs = sc.segs[k:k:k+n], sc.segs[:k+n]
+		}
 		segs, err := m.alloc.Choose(req)
 		var reps []Replica
 		gen := m.nextGen()
@@ -104,7 +110,11 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 			}
 			*op = Op{Kind: OpPutStart, Time: now, Key: key, Client: client, Size: size, SoftPin: rc.SoftPin,
 				SoftPinTTL: ttl, HardPin: rc.HardPin, Segments: segs, Gen: gen}
-			if err = m.apply(sh, h, op, &applyArgs{obj: &o, minReps: rc.MinReplicas}); err == nil {
+			args := &applyArgs{obj: &o, minReps: rc.MinReplicas}
+			if sc != nil {
+				args.scratch = &sc.place
+			}
+			if err = m.apply(sh, h, op, args); err == nil {
 				reps = m.appendReplicas(buf, &o)
 			}
 		}
@@ -237,6 +247,7 @@ func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc Re
 	// one each per item (the sink keeps ops: each item has its own slot).
 	ops := make([]Op, len(keys))
 	buf := make([]Replica, 0, len(keys)*max(n, 1))
+	sc := newBatchScratch(len(keys), max(n, 1))
 	for i, key := range keys {
 		if err := m.checkKey(key); err != nil {
 			out[i].Err = err
@@ -246,7 +257,7 @@ func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc Re
 			out[i].Err = errcode.New(errcode.InvalidParams, "size 0")
 			continue
 		}
-		reps, gen, err := m.putStart(client, key, sizes[i], &rc, n, now, &ops[i], buf)
+		reps, gen, err := m.putStart(client, key, sizes[i], &rc, n, now, &ops[i], buf, sc)
 		if err == nil {
 			out[i].Replicas = slices.Clip(reps[len(buf):])
 			buf = reps
@@ -254,6 +265,18 @@ func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc Re
 		out[i].Gen, out[i].Err = gen, err
 	}
 	return out, nil
+}
+
+// batchScratch holds a batch put's buffers: segs and place.addrs are
+// carved into its ops (n per item), place.ps is reused by every item.
+type batchScratch struct {
+	segs  []uint32
+	place placeScratch
+}
+
+func newBatchScratch(items, n int) *batchScratch {
+	return &batchScratch{segs: make([]uint32, 0, items*n),
+		place: placeScratch{addrs: make([]uint64, 0, items*n), ps: make([]alloc.Placement, 0, n)}}
 }
 
 // BatchPutEnd is PutEnd for many keys; blocks is empty or has one entry
