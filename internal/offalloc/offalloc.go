@@ -96,6 +96,7 @@ type Allocator struct {
 	// chunks hold the node table: every chunk but the last has chunkLen
 	// nodes, so growing never copies more than one chunk.
 	chunks [][]node
+	first  []node // chunks[0]: most allocators have one chunk
 	count  int    // nodes in all chunks
 	unused uint32 // head of the unused-node list
 	spare  int    // length of the unused-node list
@@ -441,6 +442,7 @@ func (a *Allocator) grow(k int) {
 		k -= n - len(c)
 	}
 	a.count = (len(a.chunks)-1)*chunkLen + len(a.chunks[len(a.chunks)-1])
+	a.first = a.chunks[0]
 	for i := a.count - 1; i >= old; i-- {
 		a.at(uint32(i)).gen = a.seed
 		a.releaseNode(uint32(i))
@@ -456,7 +458,12 @@ const (
 )
 
 // at returns node i.
-func (a *Allocator) at(i uint32) *node { return &a.chunks[i>>chunkBits][i&chunkMask] }
+func (a *Allocator) at(i uint32) *node {
+	if int(i) < len(a.first) {
+		return &a.first[i]
+	}
+	return &a.chunks[i>>chunkBits][i&chunkMask]
+}
 
 var seeds atomic.Uint32
 
