@@ -32,11 +32,12 @@
 //
 // # Storage
 //
-// Nodes live in one growable slice of 40-byte structs addressed by uint32
-// index; unused nodes form a free list threaded through the slice. Steady
-// state Alloc/Free perform no heap allocation; the slice only grows when the
-// number of ranges (live allocations plus free ranges) exceeds its previous
-// peak. An Allocation is a value (offset, size, opaque handle); a handle
+// Nodes are 40-byte structs addressed by uint32 index, stored in chunks of
+// 4096 (every chunk but the last is full); unused nodes form a free list
+// threaded through them. Steady state Alloc/Free perform no heap
+// allocation; the table only grows when the number of ranges (live
+// allocations plus free ranges) exceeds its previous peak, by an eighth,
+// and a growth copies at most the partial last chunk, never the table. An Allocation is a value (offset, size, opaque handle); a handle
 // carries a generation number so a double free or a stale handle is detected
 // and rejected with ErrNotAllocated without changing any state.
 //

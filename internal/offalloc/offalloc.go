@@ -93,7 +93,11 @@ type Allocator struct {
 	allocs int
 	ranges int // free ranges
 
-	nodes  []node
+	// chunks hold the node table: every chunk but the last has chunkLen
+	// nodes, so growing never copies more than one chunk.
+	chunks [][]node
+	first  []node // chunks[0]: most allocators have one chunk
+	count  int    // nodes in all chunks
 	unused uint32 // head of the unused-node list
 	spare  int    // length of the unused-node list
 
@@ -156,7 +160,7 @@ func New(size uint64, opts ...Option) (*Allocator, error) {
 	}
 	a.grow(max(c.capacity, 1))
 	i := a.newNode()
-	n := &a.nodes[i]
+	n := a.at(i)
 	n.off, n.size = 0, size
 	n.nbrPrev, n.nbrNext = none, none
 	a.insertBin(i)
@@ -239,8 +243,8 @@ func (a *Allocator) AllocAligned(size, align uint64) (Allocation, error) {
 		return Allocation{}, ErrNoSpace
 	}
 	idx := a.binHead[b]
-	pad := alignUp(a.nodes[idx].off, align) - a.nodes[idx].off
-	if pad+r > a.nodes[idx].size {
+	pad := alignUp(a.at(idx).off, align) - a.at(idx).off
+	if pad+r > a.at(idx).size {
 		need := r + align - a.align // any range this long can be aligned
 		if need > a.size {
 			return Allocation{}, ErrNoSpace
@@ -249,7 +253,7 @@ func (a *Allocator) AllocAligned(size, align uint64) (Allocation, error) {
 			return Allocation{}, ErrNoSpace
 		}
 		idx = a.binHead[b]
-		pad = alignUp(a.nodes[idx].off, align) - a.nodes[idx].off
+		pad = alignUp(a.at(idx).off, align) - a.at(idx).off
 	}
 	a.removeBin(idx)
 	al := a.carve(idx, pad, r)
@@ -262,10 +266,10 @@ func (a *Allocator) AllocAligned(size, align uint64) (Allocation, error) {
 // altered Offset or Size) gets ErrNotAllocated and changes nothing.
 func (a *Allocator) Free(al Allocation) error {
 	i := al.Handle.node - 1
-	if al.Handle.node == 0 || int(i) >= len(a.nodes) {
+	if al.Handle.node == 0 || int(i) >= a.count {
 		return ErrNotAllocated
 	}
-	n := &a.nodes[i]
+	n := a.at(i)
 	if !n.used || n.gen != al.Handle.gen || n.off != al.Offset || n.size != al.Size {
 		return ErrNotAllocated
 	}
@@ -273,24 +277,24 @@ func (a *Allocator) Free(al Allocation) error {
 	n.gen++
 	a.free += n.size
 	a.allocs--
-	if p := n.nbrPrev; p != none && !a.nodes[p].used {
-		pn := &a.nodes[p]
+	if p := n.nbrPrev; p != none && !a.at(p).used {
+		pn := a.at(p)
 		a.removeBin(p)
 		n.off = pn.off
 		n.size += pn.size
 		n.nbrPrev = pn.nbrPrev
 		if pn.nbrPrev != none {
-			a.nodes[pn.nbrPrev].nbrNext = i
+			a.at(pn.nbrPrev).nbrNext = i
 		}
 		a.releaseNode(p)
 	}
-	if q := n.nbrNext; q != none && !a.nodes[q].used {
-		qn := &a.nodes[q]
+	if q := n.nbrNext; q != none && !a.at(q).used {
+		qn := a.at(q)
 		a.removeBin(q)
 		n.size += qn.size
 		n.nbrNext = qn.nbrNext
 		if qn.nbrNext != none {
-			a.nodes[qn.nbrNext].nbrPrev = i
+			a.at(qn.nbrNext).nbrPrev = i
 		}
 		a.releaseNode(q)
 	}
@@ -302,12 +306,12 @@ func (a *Allocator) Free(al Allocation) error {
 // Stats returns the allocator's counters. LargestFree walks the free list of
 // the highest non-empty class; everything else is O(1).
 func (a *Allocator) Stats() Stats {
-	s := Stats{Size: a.size, Free: a.free, Allocs: a.allocs, FreeRanges: a.ranges, Nodes: len(a.nodes)}
+	s := Stats{Size: a.size, Free: a.free, Allocs: a.allocs, FreeRanges: a.ranges, Nodes: a.count}
 	if a.topMask != 0 {
 		t := 63 - bits.LeadingZeros64(a.topMask)
 		l := 7 - bits.LeadingZeros8(a.leafMask[t])
-		for i := a.binHead[t<<mantissaBits|l]; i != none; i = a.nodes[i].binNext {
-			s.LargestFree = max(s.LargestFree, a.nodes[i].size)
+		for i := a.binHead[t<<mantissaBits|l]; i != none; i = a.at(i).binNext {
+			s.LargestFree = max(s.LargestFree, a.at(i).size)
 		}
 	}
 	return s
@@ -319,30 +323,30 @@ func (a *Allocator) Stats() Stats {
 func (a *Allocator) carve(idx uint32, pad, r uint64) Allocation {
 	if pad > 0 {
 		p := a.newNode()
-		n, pn := &a.nodes[idx], &a.nodes[p]
+		n, pn := a.at(idx), a.at(p)
 		pn.off, pn.size = n.off, pad
 		pn.nbrPrev, pn.nbrNext = n.nbrPrev, idx
 		if n.nbrPrev != none {
-			a.nodes[n.nbrPrev].nbrNext = p
+			a.at(n.nbrPrev).nbrNext = p
 		}
 		n.nbrPrev = p
 		n.off += pad
 		n.size -= pad
 		a.insertBin(p)
 	}
-	if rem := a.nodes[idx].size - r; rem > 0 {
+	if rem := a.at(idx).size - r; rem > 0 {
 		t := a.newNode()
-		n, tn := &a.nodes[idx], &a.nodes[t]
+		n, tn := a.at(idx), a.at(t)
 		tn.off, tn.size = n.off+r, rem
 		tn.nbrPrev, tn.nbrNext = idx, n.nbrNext
 		if n.nbrNext != none {
-			a.nodes[n.nbrNext].nbrPrev = t
+			a.at(n.nbrNext).nbrPrev = t
 		}
 		n.nbrNext = t
 		n.size = r
 		a.insertBin(t)
 	}
-	n := &a.nodes[idx]
+	n := a.at(idx)
 	n.used = true
 	a.free -= r
 	a.allocs++
@@ -369,11 +373,11 @@ func (a *Allocator) findBin(b uint32) uint32 {
 }
 
 func (a *Allocator) insertBin(i uint32) {
-	b := binDown(a.nodes[i].size)
-	n := &a.nodes[i]
+	b := binDown(a.at(i).size)
+	n := a.at(i)
 	n.binPrev, n.binNext = none, a.binHead[b]
 	if h := a.binHead[b]; h != none {
-		a.nodes[h].binPrev = i
+		a.at(h).binPrev = i
 	}
 	a.binHead[b] = i
 	a.leafMask[b>>mantissaBits] |= 1 << (b & mantissaMask)
@@ -382,10 +386,10 @@ func (a *Allocator) insertBin(i uint32) {
 }
 
 func (a *Allocator) removeBin(i uint32) {
-	n := &a.nodes[i]
+	n := a.at(i)
 	b := binDown(n.size)
 	if n.binPrev != none {
-		a.nodes[n.binPrev].binNext = n.binNext
+		a.at(n.binPrev).binNext = n.binNext
 	} else {
 		a.binHead[b] = n.binNext
 		if n.binNext == none {
@@ -397,7 +401,7 @@ func (a *Allocator) removeBin(i uint32) {
 		}
 	}
 	if n.binNext != none {
-		a.nodes[n.binNext].binPrev = n.binPrev
+		a.at(n.binNext).binPrev = n.binPrev
 	}
 	n.binPrev, n.binNext = none, none
 	a.ranges--
@@ -409,24 +413,56 @@ func (a *Allocator) reserve(k int) error {
 	if a.spare >= k {
 		return nil
 	}
-	if len(a.nodes)+k > maxNodes {
+	if a.count+k > maxNodes {
 		return ErrTooManyRanges
 	}
 	// By an eighth, not double: the table is most of a store master's
 	// per-object memory, and the cost stays amortised O(1).
-	a.grow(min(max(len(a.nodes)/8, k, 16), maxNodes-len(a.nodes)))
+	a.grow(min(max(a.count/8, k, 16), maxNodes-a.count))
 	return nil
 }
 
 func (a *Allocator) grow(k int) {
-	old := len(a.nodes)
-	nodes := make([]node, old+k) // exactly: append would round up by a quarter
-	copy(nodes, a.nodes)
-	a.nodes = nodes
-	for i := len(a.nodes) - 1; i >= old; i-- {
-		a.nodes[i].gen = a.seed
+	old := a.count
+	for k > 0 {
+		last := len(a.chunks) - 1
+		if last < 0 || len(a.chunks[last]) == chunkLen {
+			n := min(k, chunkLen)
+			a.chunks = append(a.chunks, make([]node, n))
+			k -= n
+			continue
+		}
+		// Grow the partial last chunk exactly (append would round up by
+		// a quarter): the copy is bounded by chunkLen nodes.
+		c := a.chunks[last]
+		n := min(len(c)+k, chunkLen)
+		nc := make([]node, n)
+		copy(nc, c)
+		a.chunks[last] = nc
+		k -= n - len(c)
+	}
+	a.count = (len(a.chunks)-1)*chunkLen + len(a.chunks[len(a.chunks)-1])
+	a.first = a.chunks[0]
+	for i := a.count - 1; i >= old; i-- {
+		a.at(uint32(i)).gen = a.seed
 		a.releaseNode(uint32(i))
 	}
+}
+
+// chunkLen nodes (160 KiB) per chunk: the table of a master's allocator
+// with millions of ranges grows without copying it whole.
+const (
+	chunkBits = 12
+	chunkLen  = 1 << chunkBits
+	chunkMask = chunkLen - 1
+)
+
+// at returns node i.
+func (a *Allocator) at(i uint32) *node {
+	if int(i) < len(a.first) {
+		return &a.first[i]
+	}
+	return &a.chunks[i>>chunkBits][i&chunkMask]
 }
 
 var seeds atomic.Uint32
@@ -437,7 +473,7 @@ func nextSeed() uint32 { return seeds.Add(1) * 0x9e3779b9 }
 
 func (a *Allocator) newNode() uint32 {
 	i := a.unused
-	n := &a.nodes[i]
+	n := a.at(i)
 	a.unused = n.binNext
 	a.spare--
 	n.binPrev, n.binNext, n.nbrPrev, n.nbrNext = none, none, none, none
@@ -446,7 +482,7 @@ func (a *Allocator) newNode() uint32 {
 }
 
 func (a *Allocator) releaseNode(i uint32) {
-	n := &a.nodes[i]
+	n := a.at(i)
 	n.off, n.size, n.used = 0, 0, false
 	n.binPrev, n.nbrPrev, n.nbrNext = none, none, none
 	n.binNext = a.unused
@@ -461,7 +497,7 @@ func (a *Allocator) check(i uint32) {
 		return
 	}
 	var err error
-	if len(a.nodes) <= 256 {
+	if a.count <= 256 {
 		err = a.validate()
 	} else {
 		err = a.validateNear(i)
@@ -474,14 +510,14 @@ func (a *Allocator) check(i uint32) {
 // validateNear checks node i and its neighbours; O(1).
 func (a *Allocator) validateNear(i uint32) error {
 	lo, hi := i, i
-	if p := a.nodes[i].nbrPrev; p != none {
+	if p := a.at(i).nbrPrev; p != none {
 		lo = p
 	}
-	if q := a.nodes[i].nbrNext; q != none {
+	if q := a.at(i).nbrNext; q != none {
 		hi = q
 	}
-	for j := lo; ; j = a.nodes[j].nbrNext {
-		n := &a.nodes[j]
+	for j := lo; ; j = a.at(j).nbrNext {
+		n := a.at(j)
 		if n.size == 0 || n.off%a.align != 0 || n.size%a.align != 0 || n.off+n.size > a.size {
 			return fmt.Errorf("offalloc: invariant: node %d [%d,+%d) invalid", j, n.off, n.size)
 		}
@@ -495,7 +531,7 @@ func (a *Allocator) validateNear(i uint32) error {
 			}
 		}
 		if q := n.nbrNext; q != none {
-			m := &a.nodes[q]
+			m := a.at(q)
 			if m.nbrPrev != j || m.off != n.off+n.size || !n.used && !m.used {
 				return fmt.Errorf("offalloc: invariant: nodes %d and %d badly linked", j, q)
 			}
@@ -510,8 +546,8 @@ func (a *Allocator) validateNear(i uint32) error {
 func (a *Allocator) validate() error {
 	live := 0
 	head := none
-	for i := range a.nodes {
-		n := &a.nodes[i]
+	for i := range uint32(a.count) {
+		n := a.at(i)
 		if n.size == 0 {
 			continue
 		}
@@ -520,15 +556,15 @@ func (a *Allocator) validate() error {
 			if head != none {
 				return fmt.Errorf("offalloc: invariant: two first ranges %d and %d", head, i)
 			}
-			head = uint32(i)
+			head = i
 		}
 	}
-	if live+a.spare != len(a.nodes) {
-		return fmt.Errorf("offalloc: invariant: %d live + %d spare != %d nodes", live, a.spare, len(a.nodes))
+	if live+a.spare != a.count {
+		return fmt.Errorf("offalloc: invariant: %d live + %d spare != %d nodes", live, a.spare, a.count)
 	}
 	spare := 0
-	for i := a.unused; i != none; i = a.nodes[i].binNext {
-		if a.nodes[i].size != 0 || spare > len(a.nodes) {
+	for i := a.unused; i != none; i = a.at(i).binNext {
+		if a.at(i).size != 0 || spare > a.count {
 			return fmt.Errorf("offalloc: invariant: bad unused list at node %d", i)
 		}
 		spare++
@@ -539,8 +575,8 @@ func (a *Allocator) validate() error {
 	var off, free uint64
 	allocs, ranges, walked := 0, 0, 0
 	prev := none
-	for i := head; i != none; i = a.nodes[i].nbrNext {
-		n := &a.nodes[i]
+	for i := head; i != none; i = a.at(i).nbrNext {
+		n := a.at(i)
 		walked++
 		if walked > live {
 			return errors.New("offalloc: invariant: neighbour cycle")
@@ -556,7 +592,7 @@ func (a *Allocator) validate() error {
 		} else {
 			free += n.size
 			ranges++
-			if prev != none && !a.nodes[prev].used {
+			if prev != none && !a.at(prev).used {
 				return fmt.Errorf("offalloc: invariant: adjacent free ranges %d and %d", prev, i)
 			}
 		}
@@ -581,8 +617,8 @@ func (a *Allocator) validate() error {
 			return fmt.Errorf("offalloc: invariant: top bit %d disagrees with leaf mask", t)
 		}
 		p := none
-		for i := h; i != none; i = a.nodes[i].binNext {
-			n := &a.nodes[i]
+		for i := h; i != none; i = a.at(i).binNext {
+			n := a.at(i)
 			if n.used || n.size == 0 || binDown(n.size) != b || n.binPrev != p {
 				return fmt.Errorf("offalloc: invariant: node %d misfiled in bin %d", i, b)
 			}
@@ -662,21 +698,21 @@ func (a *Allocator) Ranges() []Range {
 	rank := make(map[uint32]uint32, a.ranges)
 	for b := range uint32(NumClasses) {
 		r := uint32(0)
-		for i := a.binHead[b]; i != none; i = a.nodes[i].binNext {
+		for i := a.binHead[b]; i != none; i = a.at(i).binNext {
 			rank[i] = r
 			r++
 		}
 	}
 	head := none
-	for i := range a.nodes {
-		if n := &a.nodes[i]; n.size != 0 && n.nbrPrev == none {
-			head = uint32(i)
+	for i := range uint32(a.count) {
+		if n := a.at(i); n.size != 0 && n.nbrPrev == none {
+			head = i
 			break
 		}
 	}
 	out := make([]Range, 0, a.allocs+a.ranges)
-	for i := head; i != none; i = a.nodes[i].nbrNext {
-		n := &a.nodes[i]
+	for i := head; i != none; i = a.at(i).nbrNext {
+		n := a.at(i)
 		out = append(out, Range{Offset: n.off, Size: n.size, Free: !n.used, Rank: rank[i]})
 	}
 	return out

@@ -98,6 +98,9 @@ type Request struct {
 	MinReplicas int
 	// NoSuspect: never choose suspect segments, even to reach MinReplicas.
 	NoSuspect bool
+	// Into, when its capacity holds Replicas, is where Choose puts its
+	// answer (a batch allocates its items' answers at once).
+	Into []uint32
 }
 
 // Placement is one replica's reservation. It is small and comparable; keep
@@ -465,7 +468,10 @@ func (a *Allocator) Choose(r Request) ([]uint32, error) {
 	}
 	need := Reserved(r.Size)
 	t := a.tab.Load()
-	out := make([]uint32, 0, want)
+	out := r.Into[:0]
+	if cap(out) < want {
+		out = make([]uint32, 0, want)
+	}
 	fitsAny := func(i uint32, out []uint32) bool {
 		s := t.segs[i]
 		return s != nil && !s.gone.Load() && s.maxAlloc.Load() >= need && !slices.Contains(out, i)
@@ -665,10 +671,19 @@ func (a *Allocator) Allocate(r Request) ([]Placement, error) {
 // what commit records is ordered with every other change on those
 // segments. commit sees the placements made (possibly none).
 func (a *Allocator) AllocateSet(segs []uint32, size uint64, commit func([]Placement)) []Placement {
+	return a.AllocateSetInto(nil, segs, size, commit)
+}
+
+// AllocateSetInto is AllocateSet appending the placements to dst[:0],
+// whose array it reuses when large enough.
+func (a *Allocator) AllocateSetInto(dst []Placement, segs []uint32, size uint64, commit func([]Placement)) []Placement {
 	var buf [4]*segState
 	locked := a.lockSet(segs, buf[:0])
 	defer unlockSet(locked)
-	ps := make([]Placement, 0, len(segs))
+	ps := dst[:0]
+	if cap(ps) < len(segs) {
+		ps = make([]Placement, 0, len(segs))
+	}
 	for _, i := range segs {
 		if s := a.seg(i); s != nil {
 			if p, err := a.allocLocked(s, size); err == nil {

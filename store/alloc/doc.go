@@ -31,6 +31,9 @@
 //     when the others cannot give MinReplicas; ClearSuspect clears the
 //     flag of a client's segments (the master does on its heartbeat).
 //     The flag is soft state: it changes no placement already made.
+//   - Choose (with Request.Into) and AllocateSetInto write into a
+//     caller's buffer when it is large enough, so a batch of puts
+//     allocates its answers once; the results are the same.
 //   - AllocateOn / AllocateSet are deterministic: the same sequence of
 //     allocations and frees on a segment since its Mount yields the same
 //     addresses, so a replayed operation log reproduces them.

@@ -18,7 +18,7 @@ import (
 // benchMaster is a master with default config (1024 shards) and n
 // segments of 1 TiB each: the master never touches memory, so capacity
 // costs nothing.
-func benchMaster(b *testing.B, n int) *Master {
+func benchMaster(b testing.TB, n int) *Master {
 	b.Helper()
 	m, err := New(Config{Clock: clock.Real{}})
 	if err != nil {

@@ -359,11 +359,15 @@ func (m *Master) grantLease(o *object, now int64) {
 
 // replicas describes an object's replicas.
 func (m *Master) replicas(o *object) []Replica {
+	return m.appendReplicas(make([]Replica, 0, o.nrep()), o)
+}
+
+// appendReplicas appends the description of o's replicas to out.
+func (m *Master) appendReplicas(out []Replica, o *object) []Replica {
 	st := StatusProcessing
 	if o.complete() {
 		st = StatusComplete
 	}
-	out := make([]Replica, 0, o.nrep())
 	add := func(p alloc.Placement) {
 		s, _ := m.alloc.Segment(p.Seg)
 		out = append(out, Replica{Type: Memory, Status: st, SegmentName: s.Name, SegmentID: s.ID,

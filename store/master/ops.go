@@ -135,6 +135,15 @@ type applyArgs struct {
 	// least one) fails and places none.
 	minReps int
 	rs      *resvShard // the locked reservation table of a reservation op
+	// scratch, when not nil, lends a batch's buffers to place.
+	scratch *placeScratch
+}
+
+// placeScratch holds a batch's buffers for place: addrs is carved into
+// the ops' Addrs (the sink keeps them); ps is reused by every item.
+type placeScratch struct {
+	addrs []uint64
+	ps    []alloc.Placement
 }
 
 func (m *Master) append(op *Op, a *applyArgs) {
@@ -218,7 +227,11 @@ func (m *Master) place(op *Op, a *applyArgs, insert func(object)) error {
 		return diverged(op, "%d segments, %d addresses", len(op.Segments), len(op.Addrs))
 	}
 	var bad error
-	ps := m.alloc.AllocateSet(op.Segments, op.Size, func(ps []alloc.Placement) {
+	var dst []alloc.Placement
+	if a.scratch != nil {
+		dst = a.scratch.ps
+	}
+	ps := m.alloc.AllocateSetInto(dst, op.Segments, op.Size, func(ps []alloc.Placement) {
 		if bad = m.placed(op, ps, a); bad != nil || len(ps) == 0 {
 			return
 		}
@@ -263,7 +276,13 @@ func (m *Master) placed(op *Op, ps []alloc.Placement, a *applyArgs) error {
 		return nil
 	}
 	op.Segments = op.Segments[:0]
-	op.Addrs = make([]uint64, 0, len(ps))
+	if sc := a.scratch; sc != nil && cap(sc.addrs)-len(sc.addrs) >= len(ps) {
+		n := len(sc.addrs)
+		op.Addrs = sc.addrs[n : n : n+len(ps)]
+		sc.addrs = sc.addrs[:n+len(ps)]
+	} else {
+		op.Addrs = make([]uint64, 0, len(ps))
+	}
 	for _, p := range ps {
 		op.Segments = append(op.Segments, p.Seg)
 		op.Addrs = append(op.Addrs, p.Addr)

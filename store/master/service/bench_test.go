@@ -19,7 +19,7 @@ import (
 // benchMaster (as in the core's benchmarks) is a master with default config (1024 shards) and n
 // segments of 1 TiB each: the master never touches memory, so capacity
 // costs nothing.
-func benchMaster(b *testing.B, n int) *master.Master {
+func benchMaster(b testing.TB, n int) *master.Master {
 	b.Helper()
 	m, err := master.New(master.Config{Clock: clock.Real{}})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -361,16 +362,40 @@ func configFromPB(c *storepb.ReplicateConfig) (master.ReplicateConfig, error) {
 }
 
 func replicasPB(rs []master.Replica) []*storepb.ReplicaDescriptor {
-	out := make([]*storepb.ReplicaDescriptor, len(rs))
-	for i, r := range rs {
-		out[i] = &storepb.ReplicaDescriptor{
-			Type:   storepb.ReplicaType(r.Type),
-			Status: storepb.ReplicaStatus(r.Status),
-			Memory: &storepb.MemoryDescriptor{SegmentName: r.SegmentName, BufferAddress: r.Addr, Size: r.Size,
-				Protocol: r.Protocol, SegmentId: toPB(r.SegmentID)},
-		}
+	b := newReplicaBuf(len(rs))
+	return b.add(rs)
+}
+
+// replicaBuf holds the messages of n replica descriptors in one slice per
+// message type, so a batch reply allocates them at once.
+type replicaBuf struct {
+	ptrs []*storepb.ReplicaDescriptor
+	reps []storepb.ReplicaDescriptor
+	mems []storepb.MemoryDescriptor
+	ids  []storepb.UUID
+}
+
+func newReplicaBuf(n int) *replicaBuf {
+	return &replicaBuf{
+		ptrs: make([]*storepb.ReplicaDescriptor, 0, n),
+		reps: make([]storepb.ReplicaDescriptor, n),
+		mems: make([]storepb.MemoryDescriptor, n),
+		ids:  make([]storepb.UUID, n),
 	}
-	return out
+}
+
+// add describes rs with the next len(rs) slots (at most n in all).
+func (b *replicaBuf) add(rs []master.Replica) []*storepb.ReplicaDescriptor {
+	start := len(b.ptrs)
+	for _, r := range rs {
+		i := len(b.ptrs)
+		id, mem, rep := &b.ids[i], &b.mems[i], &b.reps[i]
+		id.High, id.Low = r.SegmentID.Hi, r.SegmentID.Lo
+		mem.SegmentName, mem.BufferAddress, mem.Size, mem.Protocol, mem.SegmentId = r.SegmentName, r.Addr, r.Size, r.Protocol, id
+		rep.Type, rep.Status, rep.Memory = storepb.ReplicaType(r.Type), storepb.ReplicaStatus(r.Status), mem
+		b.ptrs = append(b.ptrs, rep)
+	}
+	return slices.Clip(b.ptrs[start:])
 }
 
 func blockFromPB(b *storepb.BlockMetadata) *master.BlockMeta {
@@ -405,8 +430,13 @@ func item(err error) *storepb.ItemResult {
 // items answers a batch per item.
 func items(errs []error) []*storepb.ItemResult {
 	out := make([]*storepb.ItemResult, len(errs))
+	res := make([]storepb.ItemResult, len(errs)) // one allocation for the batch
 	for i, e := range errs {
-		out[i] = item(e)
+		r := &res[i]
+		if e != nil {
+			r.ErrorCode, r.Message = int32(errcode.CodeOf(e)), e.Error()
+		}
+		out[i] = r
 	}
 	return out
 }
@@ -466,13 +496,23 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
+	// One allocation per message type for the whole batch, not one per
+	// message per item.
+	nrep := 0
+	for _, x := range res {
+		nrep += len(x.Replicas)
+	}
 	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
+	results := make([]storepb.PutStartResult, len(res))
+	b := newReplicaBuf(nrep)
 	for i, x := range res {
+		r := &results[i]
+		out.Results[i] = r
 		if x.Err != nil {
-			out.Results[i] = &storepb.PutStartResult{ErrorCode: int32(errcode.CodeOf(x.Err)), Message: x.Err.Error()}
+			r.ErrorCode, r.Message = int32(errcode.CodeOf(x.Err)), x.Err.Error()
 			continue
 		}
-		out.Results[i] = &storepb.PutStartResult{Replicas: replicasPB(x.Replicas), Generation: x.Gen}
+		r.Replicas, r.Generation = b.add(x.Replicas), x.Gen
 	}
 	return out, nil
 }
