@@ -74,6 +74,8 @@ type config struct {
 	// DataDir, when set, makes the master durable: its operation log
 	// lives there and is replayed at start.
 	DataDir string `yaml:"data_dir"`
+	// OplogSyncers is the local log's LocalOptions.Syncers.
+	OplogSyncers int `yaml:"oplog_syncers"`
 	// Snapshots of a durable master (snapshots.go).
 	SnapshotInterval time.Duration `yaml:"snapshot_interval"`
 	SnapshotRetain   int           `yaml:"snapshot_retain"`
@@ -106,7 +108,7 @@ func defaults() config {
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
 		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
-		SnapshotInterval:     10 * time.Minute, SnapshotRetain: oplog.DefaultSnapshotRetain, OplogRetain: oplog.DefaultLogRetain,
+		SnapshotInterval:     10 * time.Minute, SnapshotRetain: oplog.DefaultSnapshotRetain, OplogRetain: oplog.DefaultLogRetain, OplogSyncers: oplog.DefaultSyncers,
 	}
 }
 

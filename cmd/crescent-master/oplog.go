@@ -18,7 +18,7 @@ import (
 // last.
 func openLog(ctx context.Context, cfg config, mc master.Config, log *slog.Logger, opts ...oplog.DurableOption) (*oplog.Durable, error) {
 	if cfg.DataDir != "" {
-		return oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log}, opts...)
+		return oplog.OpenDurable(ctx, cfg.DataDir, mc, oplog.LocalOptions{Logger: log, Syncers: cfg.OplogSyncers}, opts...)
 	}
 	eps, _ := oplog.ParseEtcdURL(cfg.Oplog) // validated
 	cli, err := clientv3.New(oplog.EtcdClientConfig(eps))

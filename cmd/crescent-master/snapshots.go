@@ -39,6 +39,7 @@ func (c *config) snapshotFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SnapshotInterval, "snapshot_interval", c.SnapshotInterval, "with --data_dir, take a snapshot this often (0: only on POST /snapshot)")
 	fs.IntVar(&c.SnapshotRetain, "snapshot_retain", c.SnapshotRetain, "snapshots kept (older ones are deleted)")
 	fs.StringVar(&c.SnapshotDir, "snapshot_dir", c.SnapshotDir, "directory of the snapshots (default DATA_DIR/snapshots)")
+	fs.IntVar(&c.OplogSyncers, "oplog_syncers", c.OplogSyncers, "with --data_dir, group commits that may be in their fdatasync at once (1: one after the other; more may help on disks that flush in parallel)")
 	fs.Int64Var(&c.OplogRetain, "oplog_retain", c.OplogRetain, "log entries kept below the latest snapshot for lagging followers; older ones are compacted away")
 	fs.StringVar(&c.SnapshotCatalog, "snapshot_catalog", c.SnapshotCatalog, "redis://[user:pass@]host:port[/db]: keep the snapshot catalog in Redis (under cluster_id), for masters that share no disk; the bodies stay in snapshot_dir, which every master must then be able to read (empty: a catalog in snapshot_dir)")
 }
@@ -49,6 +50,8 @@ func (c *config) validateSnapshots() error {
 		return fmt.Errorf("snapshot_interval %v is negative", c.SnapshotInterval)
 	case c.SnapshotRetain < 1:
 		return fmt.Errorf("snapshot_retain %d, want at least 1", c.SnapshotRetain)
+	case c.OplogSyncers < 1 || c.OplogSyncers > oplog.MaxSyncers:
+		return fmt.Errorf("oplog_syncers %d outside [1, %d]", c.OplogSyncers, oplog.MaxSyncers)
 	case c.OplogRetain < 0:
 		return fmt.Errorf("oplog_retain %d is negative", c.OplogRetain)
 	case c.SnapshotDir != "" && c.DataDir == "" && c.Oplog == "":

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store"
 )
@@ -154,4 +155,18 @@ func TestSnapshotRedisCatalog(t *testing.T) {
 	v, err := getRetry(ctx, cl, "k")
 	require.NoError(t, err)
 	require.Equal(t, "value", string(v))
+}
+
+// --oplog_syncers reaches the local log and is bounded.
+func TestOplogSyncersFlag(t *testing.T) {
+	c, err := load([]string{"--data_dir", t.TempDir(), "--oplog_syncers", "2"})
+	require.NoError(t, err)
+	require.Equal(t, 2, c.OplogSyncers)
+	c, err = load([]string{"--data_dir", t.TempDir()})
+	require.NoError(t, err)
+	require.Equal(t, oplog.DefaultSyncers, c.OplogSyncers)
+	for _, bad := range []string{"0", "17"} {
+		_, err := load([]string{"--data_dir", t.TempDir(), "--oplog_syncers", bad})
+		require.ErrorContains(t, err, "oplog_syncers", bad)
+	}
 }

@@ -215,11 +215,11 @@
 // goroutines instead (after anything queued), saving two goroutine
 // handoffs per group commit.
 //
-// Overlapping syncs: up to LocalOptions.Syncers (default 2) batches may
-// be in their fdatasync at once, so a batch that gathers while one
+// Overlapping syncs: up to LocalOptions.Syncers (default 1: off; on this
+// project's VM disk two gave no more commits per second than one) batches
+// may be in their fdatasync at once, so a batch that gathers while one
 // fdatasync runs is written and starts its own at once instead of
-// waiting (two concurrent fdatasyncs complete about twice the commits
-// of one on the disk measured). Rules:
+// waiting, for disks that complete concurrent flushes in parallel. Rules:
 //   - Each syncer slot fdatasyncs its own open file description of the
 //     active segment (its own open(2), never a dup(2), which shares the
 //     description): Linux reports a writeback error once per open file

@@ -73,14 +73,17 @@ type LocalOptions struct {
 	Syncers int
 }
 
-// DefaultSyncers is LocalOptions.Syncers's default: on the disk this was
-// measured on, two overlapping fdatasyncs complete about twice as many
-// commits per second as one, and a third adds little.
-const DefaultSyncers = 2
+// DefaultSyncers is LocalOptions.Syncers's default. Overlapping was
+// measured against one syncer in alternating rounds (BenchmarkSinkCommit,
+// 2, 4 and 8 handlers): on this project's 2-core VM disk two syncers gave
+// 0.88-1.25 of one syncer's commits/s (no gain) and a longer fdatasync
+// each, so the default stays one after the other; a disk that completes
+// concurrent flushes in parallel (NVMe) may gain from 2 or more.
+const DefaultSyncers = 1
 
-// maxSyncers bounds LocalOptions.Syncers (each costs an fd and a writer
+// MaxSyncers bounds LocalOptions.Syncers (each costs an fd and a writer
 // goroutine).
-const maxSyncers = 16
+const MaxSyncers = 16
 
 // FsyncBounds are the upper bounds of LocalStats.FsyncBuckets; the last
 // bucket counts the rest.
@@ -243,8 +246,8 @@ func OpenLocal(dir string, opts LocalOptions) (*Local, error) {
 	if opts.Syncers <= 0 {
 		opts.Syncers = DefaultSyncers
 	}
-	if opts.Syncers > maxSyncers {
-		return nil, fmt.Errorf("oplog: LocalOptions.Syncers %d is above %d", opts.Syncers, maxSyncers)
+	if opts.Syncers > MaxSyncers {
+		return nil, fmt.Errorf("oplog: LocalOptions.Syncers %d is above %d", opts.Syncers, MaxSyncers)
 	}
 	l := &Local{
 		dir: dir, fs: opts.FS, opts: opts, log: opts.Logger.With("oplog", dir),

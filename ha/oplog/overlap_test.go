@@ -354,7 +354,7 @@ func TestLocalOneSyncer(t *testing.T) {
 	g.mu.Unlock()
 	require.NoError(t, l.Close())
 
-	_, err = OpenLocal(t.TempDir(), LocalOptions{Syncers: maxSyncers + 1})
+	_, err = OpenLocal(t.TempDir(), LocalOptions{Syncers: MaxSyncers + 1})
 	assert.ErrorContains(t, err, "Syncers")
 }
 
