@@ -74,10 +74,11 @@ type LocalOptions struct {
 }
 
 // DefaultSyncers is LocalOptions.Syncers's default. Overlapping was
-// measured against one syncer in alternating rounds (BenchmarkSinkCommit,
-// 2, 4 and 8 handlers): on this project's 2-core VM disk two syncers gave
-// 0.88-1.25 of one syncer's commits/s (no gain) and a longer fdatasync
-// each, so the default stays one after the other; a disk that completes
+// measured against one syncer in alternating rounds (BenchmarkSinkCommit
+// -benchtime 12000x): on this project's VM disk two syncers gave 1.18x
+// one syncer's commits/s with 2 handlers, but 0.76x with 4 and 0.67x with
+// 8 (each fdatasync takes longer when two run, and batches get smaller),
+// so the default stays one after the other; a disk that completes
 // concurrent flushes in parallel (NVMe) may gain from 2 or more.
 const DefaultSyncers = 1
 
