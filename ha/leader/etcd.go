@@ -39,10 +39,11 @@ func EtcdClientConfig(endpoints []string) clientv3.Config {
 
 // Etcd is the etcd Coordinator.
 type Etcd struct {
-	cli *clientv3.Client
-	key string
-	ttl int64 // seconds
-	reg registry
+	cli       *clientv3.Client
+	clusterID string
+	key       string
+	ttl       int64 // seconds
+	reg       registry
 }
 
 var _ Coordinator = (*Etcd)(nil)
@@ -60,7 +61,7 @@ func NewEtcd(cli *clientv3.Client, clusterID string, opts ...Option) (*Etcd, err
 	if o.minSet {
 		return nil, fmt.Errorf("%w: WithMinTerm is for Redis; etcd revisions never go back", ErrInvalid)
 	}
-	return &Etcd{cli: cli, key: EtcdKey(o.prefix, clusterID), ttl: int64(math.Ceil(o.ttl.Seconds()))}, nil
+	return &Etcd{cli: cli, clusterID: clusterID, key: EtcdKey(o.prefix, clusterID), ttl: int64(math.Ceil(o.ttl.Seconds()))}, nil
 }
 
 // EtcdKey is the view key: <prefix>/<clusterID>/master_view.

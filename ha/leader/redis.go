@@ -16,14 +16,15 @@ import (
 // Redis is the Redis Coordinator (leadership only: Redis replication is
 // asynchronous, so the log lives elsewhere).
 type Redis struct {
-	cli     redis.UniversalClient
-	view    string // {<prefix>:<cluster>}:master_view
-	term    string // {<prefix>:<cluster>}:term
-	ttl     time.Duration
-	renew   time.Duration
-	poll    time.Duration
-	minTerm uint64
-	reg     registry
+	cli       redis.UniversalClient
+	clusterID string
+	view      string // {<prefix>:<cluster>}:master_view
+	term      string // {<prefix>:<cluster>}:term
+	ttl       time.Duration
+	renew     time.Duration
+	poll      time.Duration
+	minTerm   uint64
+	reg       registry
 }
 
 var _ Coordinator = (*Redis)(nil)
@@ -48,7 +49,7 @@ func NewRedis(cli redis.UniversalClient, clusterID string, opts ...Option) (*Red
 		return nil, fmt.Errorf("%w: min term %d not below 2^53", ErrInvalid, o.minTerm)
 	}
 	tag := "{" + o.prefix + ":" + clusterID + "}"
-	return &Redis{cli: cli, view: tag + ":master_view", term: tag + ":term", ttl: o.ttl,
+	return &Redis{cli: cli, clusterID: clusterID, view: tag + ":master_view", term: tag + ":term", ttl: o.ttl,
 		renew: max(o.ttl/3, minRenewInterval), poll: o.poll, minTerm: o.minTerm}, nil
 }
 
