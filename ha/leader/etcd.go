@@ -123,7 +123,7 @@ func (c *Etcd) TryAcquire(ctx context.Context, addr string) (Session, View, erro
 	// The put is the transaction's only write: the key's create revision
 	// is the transaction's revision.
 	term := resp.Header.Revision
-	s := &etcdSession{c: c, ending: newEnding(), lease: lease.ID, rev: term, done: make(chan struct{})}
+	s := &etcdSession{c: c, ending: newEnding(), lease: lease.ID, ttl: lease.TTL, rev: term, done: make(chan struct{})}
 	sctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
 	ka, err := c.cli.KeepAlive(sctx, lease.ID)
@@ -200,6 +200,7 @@ type etcdSession struct {
 	ending
 	lease  clientv3.LeaseID
 	rev    int64 // the key's create revision: the term
+	ttl    int64 // granted, seconds
 	cancel context.CancelFunc
 	done   chan struct{}
 	rel    sync.Once
@@ -213,15 +214,41 @@ func (s *etcdSession) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliv
 	defer s.c.reg.remove(s)
 	wch := s.watchKey(ctx)
 	var rearm <-chan time.Time
+	// Our own deadline, a TTL after the last keep-alive answer: the
+	// client's reaper alone was seen to let a dead cluster go unnoticed.
+	deadline := time.NewTimer(time.Duration(s.ttl) * time.Second)
+	defer deadline.Stop()
 	for {
 		select {
 		case <-rearm:
 			rearm, wch = nil, s.watchKey(ctx)
-		case _, ok := <-ka:
-			if !ok {
-				s.end(s.lossReason(ctx))
-				return
+		case resp, ok := <-ka:
+			if ok {
+				deadline.Reset(time.Duration(resp.TTL) * time.Second)
+				continue
 			}
+			// The client gave up on the stream; the lease may live on
+			// (etcd extends leases across its own leader changes).
+			left, reason := s.check(ctx)
+			if reason == nil {
+				if ka, reason = s.c.cli.KeepAlive(ctx, s.lease); reason == nil {
+					deadline.Reset(left)
+					continue
+				}
+				reason = fmt.Errorf("%w: %v", ErrRenew, reason)
+			}
+			s.end(reason)
+			s.cancel()
+			return
+		case <-deadline.C:
+			left, reason := s.check(ctx)
+			if reason == nil {
+				deadline.Reset(left)
+				continue
+			}
+			s.end(reason)
+			s.cancel()
+			return
 		case resp, ok := <-wch:
 			if !ok || resp.Err() != nil || resp.Canceled {
 				// A broken watch (no etcd leader, ctx end) proves nothing:
@@ -250,26 +277,28 @@ func (s *etcdSession) watchKey(ctx context.Context) clientv3.WatchChan {
 	return s.c.cli.Watch(clientv3.WithRequireLeader(ctx), s.c.key, clientv3.WithRev(s.rev+1))
 }
 
-// lossReason explains a closed keep-alive stream: our own end, a lease
-// that no longer exists (revoked or expired on the server), or a server
-// we could not reach for the TTL.
-func (s *etcdSession) lossReason(ctx context.Context) error {
+// check asks etcd about the lease after the keep-alives went quiet: a
+// live lease gives the time it has left; otherwise the loss reason:
+// ErrClosed (our own end), ErrLeadershipLost (revoked or expired on the
+// server) or ErrRenew (etcd unreachable for the TTL).
+func (s *etcdSession) check(ctx context.Context) (time.Duration, error) {
 	if ctx.Err() != nil {
-		return ErrClosed
+		return 0, ErrClosed
 	}
 	qctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	ttl, err := s.c.cli.TimeToLive(qctx, s.lease)
 	switch {
+	case ctx.Err() != nil:
+		return 0, ErrClosed
 	case err == nil && ttl.TTL <= 0:
-		return fmt.Errorf("%w: lease %x expired or revoked", ErrLeadershipLost, int64(s.lease))
+		return 0, fmt.Errorf("%w: lease %x expired or revoked", ErrLeadershipLost, int64(s.lease))
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return fmt.Errorf("%w: lease %x not found", ErrLeadershipLost, int64(s.lease))
+		return 0, fmt.Errorf("%w: lease %x not found", ErrLeadershipLost, int64(s.lease))
 	case err != nil:
-		return fmt.Errorf("%w: lease keep-alive stopped: %v", ErrRenew, err)
-	default:
-		return fmt.Errorf("%w: lease keep-alive stopped (ttl %d s left)", ErrRenew, ttl.TTL)
+		return 0, fmt.Errorf("%w: no keep-alive answer for the lease TTL: %v", ErrRenew, err)
 	}
+	return time.Duration(ttl.TTL) * time.Second, nil
 }
 
 // Renew sends one keep-alive now.
