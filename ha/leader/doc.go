@@ -39,9 +39,11 @@
 // the key, so a contended candidate sees the winner in the same
 // transaction. Version = the key's CreateRevision (etcd's global
 // revision: it never goes back, so WithMinTerm is rejected). The lease
-// is kept alive by the client (KeepAlive); the keep-alive stream ending
-// is the loss signal, classified by a TimeToLive: lease gone ->
-// ErrLeadershipLost, etcd unreachable -> ErrRenew. The session also
+// is kept alive by the client (KeepAlive). When the keep-alive stream
+// ends, or no answer came for the granted TTL, the session asks etcd
+// (TimeToLive, 1 s): a live lease keeps the session (etcd extends
+// leases across its own leader changes), a lease gone is
+// ErrLeadershipLost, no answer is ErrRenew. The session also
 // watches the key: a delete or a new create revision is
 // ErrLeadershipLost. Release deletes the key only if its CreateRevision
 // is still the term, then revokes the lease. WaitChange and the session
