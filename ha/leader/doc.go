@@ -1,0 +1,88 @@
+// Package leader elects one master per cluster: the Coordinator
+// interface and its etcd and Redis backends.
+//
+// # Contract
+//
+// A View is {Leader address, Version}; Version is the fencing term, and
+// the zero View means nobody leads. Versions handed out by one backend
+// strictly increase across acquisitions (Redis: see Fencing below).
+//
+//   - View(ctx) reads the current view.
+//   - TryAcquire(ctx, addr) tries once: acquired gives a live Session and
+//     its view; contended gives a nil Session and the observed view;
+//     never both. An empty addr is ErrInvalid.
+//   - WaitChange(ctx, after) returns the first view with Version != after
+//     (at once if the current one already differs), or ctx's error.
+//   - Session.Term is the version it holds. The lease is renewed in the
+//     background; Session.Renew renews once now. When the session ends,
+//     Lost is closed and Err says why: ErrLeadershipLost (the view is no
+//     longer ours: lease revoked or expired, key deleted or taken),
+//     ErrRenew wrapping the cause (the backend could not be reached for
+//     a lease TTL), or ErrClosed (Release, or the coordinator's Close).
+//     The first reason sticks. Release also deletes the view if it is
+//     still ours, compared by term (etcd) or owner token (Redis).
+//   - Monitor(s, fn) calls fn(reason) exactly once, when s ends.
+//   - Coordinator.Close ends its live sessions with ErrClosed without
+//     deleting their views (they expire after the TTL) and refuses new
+//     acquisitions; the client passed in stays the caller's to close.
+//
+// Options: WithPrefix (default "crescent"), WithTTL (default 5 s),
+// WithPollInterval (Redis, default 200 ms), WithMinTerm (Redis only).
+// A cluster id must be non-empty and free of '/', '{', '}', ':'.
+//
+// # etcd
+//
+// One key, `<prefix>/<cluster_id>/master_view`, whose value is the
+// leader address (raw bytes), put with a lease of the TTL (whole
+// seconds, rounded up; etcd may raise it to its minimum) in a
+// transaction guarded by CreateRevision(key) == 0; the else branch reads
+// the key, so a contended candidate sees the winner in the same
+// transaction. Version = the key's CreateRevision (etcd's global
+// revision: it never goes back, so WithMinTerm is rejected). The lease
+// is kept alive by the client (KeepAlive). When the keep-alive stream
+// ends, or no answer came for the granted TTL, the session asks etcd
+// (TimeToLive, 1 s): a live lease keeps the session (etcd extends
+// leases across its own leader changes), a lease gone is
+// ErrLeadershipLost, no answer is ErrRenew. The session also
+// watches the key: a delete or a new create revision is
+// ErrLeadershipLost. Release deletes the key only if its CreateRevision
+// is still the term, then revokes the lease. WaitChange and the session
+// watch with clientv3.WithRequireLeader, so a member cut off from its
+// cluster breaks the watch instead of holding it silently; after a
+// break the key is read again (each watch's context is cancelled on
+// return, so no watch stream or goroutine is left behind). Build the
+// client from EtcdClientConfig: it sets dial keep-alives (2 s + 2 s) so
+// a hung etcd member is noticed and the client moves to another.
+//
+// # Redis
+//
+// Leadership only: Redis replication is asynchronous, so the log stays
+// on etcd or local files. Two keys in one hash-tag slot:
+//
+//	{<prefix>:<cluster_id>}:master_view  hash
+//	    leader_address  the address
+//	    view_version    the term, decimal ASCII
+//	    owner_token     32 lowercase hex digits (16 random bytes), one per session
+//	{<prefix>:<cluster_id>}:term         string, decimal: the last term handed out
+//
+// Acquire is one Lua script: if the hash exists (Redis removes it when
+// its TTL passes) it returns the current leader_address and
+// view_version; otherwise it INCRs the term (raised to min term + 1 when
+// WithMinTerm is larger), HSETs the three fields and PEXPIREs the hash
+// for the TTL. Renew (Lua) compares owner_token and PEXPIREs; release
+// (Lua) compares owner_token and DELs. Renewals run every max(TTL/3,
+// 200 ms), so the TTL must be at least 600 ms. A renewal that finds
+// another token (or no hash) ends the session with ErrLeadershipLost;
+// failed renewals end it with ErrRenew once the last successful one
+// started a TTL ago. Terms are below 2^53 (Lua numbers are doubles).
+// WaitChange polls the hash every poll interval: keyspace notifications
+// are off by default on redis-server.
+//
+// # Fencing on Redis
+//
+// The term counter is only as durable as Redis: without persistence
+// (AOF with fsync) a restart loses it and INCR starts again from 1, so
+// a new leader could get a term an old one already used. Either run
+// Redis with persistence or seed the counter with WithMinTerm from the
+// last term found in the operation log, as the supervisor does.
+package leader

@@ -1,0 +1,348 @@
+package leader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+// Dial keep-alives: a hung etcd member (accepting connections but not
+// answering) is noticed within about their sum and the client moves on.
+const (
+	etcdDialTimeout          = 5 * time.Second
+	etcdDialKeepAliveTime    = 2 * time.Second
+	etcdDialKeepAliveTimeout = 2 * time.Second
+	// etcdRetryPause spaces re-reads after a broken watch.
+	etcdRetryPause = 100 * time.Millisecond
+)
+
+// EtcdClientConfig is the client configuration the coordinator expects:
+// the endpoints with dial keep-alives on, so a hung etcd leader does not
+// leave the view stale.
+func EtcdClientConfig(endpoints []string) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:            endpoints,
+		DialTimeout:          etcdDialTimeout,
+		DialKeepAliveTime:    etcdDialKeepAliveTime,
+		DialKeepAliveTimeout: etcdDialKeepAliveTimeout,
+		PermitWithoutStream:  true,
+		Logger:               zap.NewNop(),
+	}
+}
+
+// Etcd is the etcd Coordinator.
+type Etcd struct {
+	cli       *clientv3.Client
+	clusterID string
+	key       string
+	ttl       int64 // seconds
+	reg       registry
+}
+
+var _ Coordinator = (*Etcd)(nil)
+
+// NewEtcd returns a coordinator on cli (see EtcdClientConfig) for
+// clusterID. cli stays the caller's to close, after the coordinator.
+func NewEtcd(cli *clientv3.Client, clusterID string, opts ...Option) (*Etcd, error) {
+	if cli == nil {
+		return nil, fmt.Errorf("%w: nil etcd client", ErrInvalid)
+	}
+	o, err := buildOptions(clusterID, opts)
+	if err != nil {
+		return nil, err
+	}
+	if o.minSet {
+		return nil, fmt.Errorf("%w: WithMinTerm is for Redis; etcd revisions never go back", ErrInvalid)
+	}
+	return &Etcd{cli: cli, clusterID: clusterID, key: EtcdKey(o.prefix, clusterID), ttl: int64(math.Ceil(o.ttl.Seconds()))}, nil
+}
+
+// EtcdKey is the view key: <prefix>/<clusterID>/master_view.
+func EtcdKey(prefix, clusterID string) string { return prefix + "/" + clusterID + "/master_view" }
+
+// View reads the key.
+func (c *Etcd) View(ctx context.Context) (View, error) {
+	v, _, err := c.read(ctx)
+	return v, err
+}
+
+// read returns the view and the revision it was read at.
+func (c *Etcd) read(ctx context.Context) (View, int64, error) {
+	resp, err := c.cli.Get(ctx, c.key)
+	if err != nil {
+		return View{}, 0, fmt.Errorf("leader: etcd read view: %w", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return View{}, resp.Header.Revision, nil
+	}
+	kv := resp.Kvs[0]
+	return View{Leader: string(kv.Value), Version: uint64(kv.CreateRevision)}, resp.Header.Revision, nil
+}
+
+// TryAcquire grants a lease and puts the key under it if absent.
+func (c *Etcd) TryAcquire(ctx context.Context, addr string) (Session, View, error) {
+	if err := checkAddr(addr); err != nil {
+		return nil, View{}, err
+	}
+	if c.reg.isClosed() {
+		return nil, View{}, ErrClosed
+	}
+	lease, err := c.cli.Grant(ctx, c.ttl)
+	if err != nil {
+		return nil, View{}, fmt.Errorf("leader: etcd grant: %w", err)
+	}
+	revoke := func() {
+		rctx, cancel := context.WithTimeout(context.Background(), etcdDialTimeout)
+		c.cli.Revoke(rctx, lease.ID)
+		cancel()
+	}
+	resp, err := c.cli.Txn(ctx).
+		If(clientv3.Compare(clientv3.CreateRevision(c.key), "=", 0)).
+		Then(clientv3.OpPut(c.key, addr, clientv3.WithLease(lease.ID))).
+		Else(clientv3.OpGet(c.key)).
+		Commit()
+	if err != nil {
+		revoke()
+		return nil, View{}, fmt.Errorf("leader: etcd acquire: %w", err)
+	}
+	if !resp.Succeeded {
+		revoke()
+		var v View
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			v = View{Leader: string(kvs[0].Value), Version: uint64(kvs[0].CreateRevision)}
+		}
+		return nil, v, nil
+	}
+	// The put is the transaction's only write: the key's create revision
+	// is the transaction's revision.
+	term := resp.Header.Revision
+	s := &etcdSession{c: c, ending: newEnding(), lease: lease.ID, ttl: lease.TTL, rev: term, done: make(chan struct{})}
+	sctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	ka, err := c.cli.KeepAlive(sctx, lease.ID)
+	if err != nil {
+		cancel()
+		revoke()
+		return nil, View{}, fmt.Errorf("leader: etcd keepalive: %w", err)
+	}
+	if !c.reg.add(s) {
+		cancel()
+		revoke()
+		return nil, View{}, ErrClosed
+	}
+	go s.run(sctx, ka)
+	return s, View{Leader: addr, Version: uint64(term)}, nil
+}
+
+// WaitChange watches the key (requiring an etcd leader, so a partitioned
+// member does not hold the watch silently) and re-reads it whenever the
+// watch breaks.
+func (c *Etcd) WaitChange(ctx context.Context, after uint64) (View, error) {
+	for {
+		v, rev, err := c.read(ctx)
+		if err == nil && v.Version != after {
+			return v, nil
+		}
+		if ctx.Err() != nil {
+			return View{}, ctx.Err()
+		}
+		if err == nil {
+			if v, ok := c.watch(ctx, after, rev); ok {
+				return v, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return View{}, ctx.Err()
+		case <-time.After(etcdRetryPause):
+		}
+	}
+}
+
+// watch waits from rev+1 for a view with another version; false when
+// the watch broke or ctx ended. Its context is cancelled on return so
+// the client's watch stream goes away.
+func (c *Etcd) watch(ctx context.Context, after uint64, rev int64) (View, bool) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for resp := range c.cli.Watch(wctx, c.key, clientv3.WithRev(rev+1)) {
+		if resp.Err() != nil || resp.Canceled {
+			return View{}, false
+		}
+		for _, ev := range resp.Events {
+			var v View
+			if ev.Type == clientv3.EventTypePut {
+				v = View{Leader: string(ev.Kv.Value), Version: uint64(ev.Kv.CreateRevision)}
+			}
+			if v.Version != after {
+				return v, true
+			}
+		}
+	}
+	return View{}, false
+}
+
+// Close ends every live session with ErrClosed.
+func (c *Etcd) Close() error {
+	c.reg.closeAll()
+	return nil
+}
+
+type etcdSession struct {
+	c *Etcd
+	ending
+	lease  clientv3.LeaseID
+	rev    int64 // the key's create revision: the term
+	ttl    int64 // granted, seconds
+	cancel context.CancelFunc
+	done   chan struct{}
+	rel    sync.Once
+}
+
+func (s *etcdSession) Term() uint64 { return uint64(s.rev) }
+
+// run follows the keep-alive stream and the key; either ending is a loss.
+func (s *etcdSession) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+	defer close(s.done)
+	defer s.c.reg.remove(s)
+	wch := s.watchKey(ctx)
+	var rearm <-chan time.Time
+	// Our own deadline, a TTL after the last keep-alive answer: the
+	// client's reaper alone was seen to let a dead cluster go unnoticed.
+	deadline := time.NewTimer(time.Duration(s.ttl) * time.Second)
+	defer deadline.Stop()
+	for {
+		select {
+		case <-rearm:
+			rearm, wch = nil, s.watchKey(ctx)
+		case resp, ok := <-ka:
+			if ok {
+				deadline.Reset(time.Duration(resp.TTL) * time.Second)
+				continue
+			}
+			// The client gave up on the stream; the lease may live on
+			// (etcd extends leases across its own leader changes).
+			left, reason := s.check(ctx)
+			if reason == nil {
+				if ka, reason = s.c.cli.KeepAlive(ctx, s.lease); reason == nil {
+					deadline.Reset(left)
+					continue
+				}
+				reason = fmt.Errorf("%w: %v", ErrRenew, reason)
+			}
+			s.end(reason)
+			s.cancel()
+			return
+		case <-deadline.C:
+			left, reason := s.check(ctx)
+			if reason == nil {
+				deadline.Reset(left)
+				continue
+			}
+			s.end(reason)
+			s.cancel()
+			return
+		case resp, ok := <-wch:
+			if !ok || resp.Err() != nil || resp.Canceled {
+				// A broken watch (no etcd leader, ctx end) proves nothing:
+				// the keep-alive decides. Re-arm it unless we are ending.
+				if ctx.Err() != nil {
+					s.end(ErrClosed)
+					return
+				}
+				wch, rearm = nil, time.After(etcdRetryPause)
+				continue
+			}
+			for _, ev := range resp.Events {
+				if ev.Type == clientv3.EventTypeDelete || ev.Kv.CreateRevision != s.rev {
+					s.end(fmt.Errorf("%w: view key deleted or replaced", ErrLeadershipLost))
+					s.cancel()
+					return
+				}
+			}
+		}
+	}
+}
+
+// watchKey watches our key from its creation; a watch whose context is
+// done closes at once.
+func (s *etcdSession) watchKey(ctx context.Context) clientv3.WatchChan {
+	return s.c.cli.Watch(clientv3.WithRequireLeader(ctx), s.c.key, clientv3.WithRev(s.rev+1))
+}
+
+// check asks etcd about the lease after the keep-alives went quiet: a
+// live lease gives the time it has left; otherwise the loss reason:
+// ErrClosed (our own end), ErrLeadershipLost (revoked or expired on the
+// server) or ErrRenew (etcd unreachable for the TTL).
+func (s *etcdSession) check(ctx context.Context) (time.Duration, error) {
+	if ctx.Err() != nil {
+		return 0, ErrClosed
+	}
+	qctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	ttl, err := s.c.cli.TimeToLive(qctx, s.lease)
+	switch {
+	case ctx.Err() != nil:
+		return 0, ErrClosed
+	case err == nil && ttl.TTL <= 0:
+		return 0, fmt.Errorf("%w: lease %x expired or revoked", ErrLeadershipLost, int64(s.lease))
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return 0, fmt.Errorf("%w: lease %x not found", ErrLeadershipLost, int64(s.lease))
+	case err != nil:
+		return 0, fmt.Errorf("%w: no keep-alive answer for the lease TTL: %v", ErrRenew, err)
+	}
+	return time.Duration(ttl.TTL) * time.Second, nil
+}
+
+// Renew sends one keep-alive now.
+func (s *etcdSession) Renew(ctx context.Context) error {
+	if err := s.Err(); err != nil {
+		return err
+	}
+	_, err := s.c.cli.KeepAliveOnce(ctx, s.lease)
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		err = fmt.Errorf("%w: lease %x not found", ErrLeadershipLost, int64(s.lease))
+		s.end(err)
+		s.cancel()
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrRenew, err)
+	}
+	return nil
+}
+
+func (s *etcdSession) close() {
+	s.end(ErrClosed)
+	s.cancel()
+	<-s.done
+}
+
+// Release ends the session, deletes the key if it is still ours and
+// revokes the lease.
+func (s *etcdSession) Release(ctx context.Context) error {
+	s.close()
+	var err error
+	s.rel.Do(func() {
+		_, terr := s.c.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(s.c.key), "=", s.rev)).
+			Then(clientv3.OpDelete(s.c.key)).
+			Commit()
+		_, rerr := s.c.cli.Revoke(ctx, s.lease)
+		if errors.Is(rerr, rpctypes.ErrLeaseNotFound) {
+			rerr = nil
+		}
+		err = errors.Join(terr, rerr)
+		if err != nil {
+			err = fmt.Errorf("leader: etcd release: %w", err)
+		}
+	})
+	return err
+}
