@@ -2,19 +2,13 @@ package leader
 
 import (
 	"context"
-	"fmt"
-	"net/url"
 	"runtime"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
 )
 
 // etcdTTL is the lease TTL in the etcd tests (etcd's minimum here).
@@ -112,81 +106,11 @@ func TestEtcdWaitChangeNoBuildUp(t *testing.T) {
 		10*time.Second, 20*time.Millisecond, "goroutines %d, base %d", runtime.NumGoroutine(), base)
 }
 
-// etcdCluster is an in-process multi-member etcd.
-type etcdCluster struct {
-	members   []*embed.Etcd
-	endpoints []string
-	stopped   []sync.Once
-}
-
-func startEtcdCluster(t *testing.T, n int) *etcdCluster {
-	var lastErr error
-	for range 3 { // ports picked free may be taken meanwhile
-		c, err := tryEtcdCluster(t, n)
-		if err == nil {
-			return c
-		}
-		lastErr = err
-	}
-	t.Fatalf("etcd cluster: %v", lastErr)
-	return nil
-}
-
-func tryEtcdCluster(t *testing.T, n int) (*etcdCluster, error) {
-	cfgs := make([]*embed.Config, n)
-	var initial []string
-	for i := range n {
-		cfg := embed.NewConfig()
-		cfg.Name = fmt.Sprintf("m%d", i)
-		cfg.Dir = t.TempDir()
-		cfg.UnsafeNoFsync = true
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-		cu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", testsvc.FreePort(t))}
-		pu := url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", testsvc.FreePort(t))}
-		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}
-		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{pu}, []url.URL{pu}
-		initial = append(initial, cfg.Name+"="+pu.String())
-		cfgs[i] = cfg
-	}
-	c := &etcdCluster{stopped: make([]sync.Once, n)}
-	for _, cfg := range cfgs {
-		cfg.InitialCluster = strings.Join(initial, ",")
-		m, err := embed.StartEtcd(cfg)
-		if err != nil {
-			c.stopAll()
-			return nil, err
-		}
-		c.members = append(c.members, m)
-		c.endpoints = append(c.endpoints, cfg.ListenClientUrls[0].Host)
-	}
-	for _, m := range c.members {
-		select {
-		case <-m.Server.ReadyNotify():
-		case err := <-m.Err():
-			c.stopAll()
-			return nil, err
-		case <-time.After(60 * time.Second):
-			c.stopAll()
-			return nil, fmt.Errorf("member not ready")
-		}
-	}
-	t.Cleanup(c.stopAll)
-	return c, nil
-}
-
-func (c *etcdCluster) stop(i int) { c.stopped[i].Do(c.members[i].Close) }
-
-func (c *etcdCluster) stopAll() {
-	for i := range c.members {
-		c.stop(i)
-	}
-}
-
 // TestEtcdMemberStopKeepsLeadership stops one member of three: quorum
 // remains, so the session lives on.
 func TestEtcdMemberStopKeepsLeadership(t *testing.T) {
-	cl := startEtcdCluster(t, 3)
-	cli := etcdClient(t, cl.endpoints...)
+	cl := testsvc.StartEtcdCluster(t, 3)
+	cli := etcdClient(t, cl.Endpoints...)
 	c, err := NewEtcd(cli, "m", WithTTL(etcdTTL))
 	require.NoError(t, err)
 	defer c.Close()
@@ -194,13 +118,9 @@ func TestEtcdMemberStopKeepsLeadership(t *testing.T) {
 	s, v, err := c.TryAcquire(ctx, "a:1")
 	require.NoError(t, err)
 	// Stop the etcd leader: the worst member to lose.
-	lead := 0
-	for i, m := range cl.members {
-		if m.Server.Leader() == m.Server.MemberID() {
-			lead = i
-		}
-	}
-	cl.stop(lead)
+	lead := cl.Leader()
+	require.GreaterOrEqual(t, lead, 0)
+	cl.Stop(lead)
 	require.Never(t, func() bool { return isClosed(s.Lost()) }, 3*etcdTTL, 50*time.Millisecond,
 		"session lost: %v", s.Err())
 	require.NoError(t, s.Renew(ctx))
@@ -213,8 +133,8 @@ func TestEtcdMemberStopKeepsLeadership(t *testing.T) {
 // TestEtcdClusterStopRenewError stops every member: the keep-alive
 // cannot reach anyone and the session ends with ErrRenew.
 func TestEtcdClusterStopRenewError(t *testing.T) {
-	cl := startEtcdCluster(t, 3)
-	cli := etcdClient(t, cl.endpoints...)
+	cl := testsvc.StartEtcdCluster(t, 3)
+	cli := etcdClient(t, cl.Endpoints...)
 	c, err := NewEtcd(cli, "all", WithTTL(etcdTTL))
 	require.NoError(t, err)
 	defer c.Close()
@@ -222,7 +142,7 @@ func TestEtcdClusterStopRenewError(t *testing.T) {
 	require.NoError(t, err)
 	fired := make(chan error, 1)
 	Monitor(s, func(r error) { fired <- r })
-	cl.stopAll()
+	cl.StopAll()
 	require.Eventually(t, func() bool { return isClosed(s.Lost()) }, 5*etcdTTL, 50*time.Millisecond)
 	require.ErrorIs(t, s.Err(), ErrRenew)
 	require.ErrorIs(t, <-fired, ErrRenew)

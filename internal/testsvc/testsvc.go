@@ -145,6 +145,67 @@ func (e *Etcd) Restart() error {
 // Stop closes the server; safe to call more than once.
 func (e *Etcd) Stop() { e.once.Do(e.e.Close) }
 
+// EtcdCluster is an in-process etcd cluster of several members on free
+// 127.0.0.1 ports, closed by the test's cleanup.
+type EtcdCluster struct {
+	Members   []*embed.Etcd
+	Endpoints []string // the members' client host:port, in order
+	stopped   []sync.Once
+}
+
+// StartEtcdCluster starts an n-member cluster and waits until every
+// member serves.
+func StartEtcdCluster(t testing.TB, n int) *EtcdCluster {
+	t.Helper()
+	logs := &syncbuf.Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("embedded etcd cluster log:\n%s", logs.String())
+		}
+	})
+	enc := zap.NewProductionEncoderConfig()
+	enc.TimeKey = ""
+	lg := zap.New(zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(logs), zapcore.WarnLevel))
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ { // free ports may be taken meanwhile
+		cs := make([]etcdembed.Config, n)
+		for i := range cs {
+			cs[i] = etcdembed.Config{Name: fmt.Sprintf("m%d", i), Dir: t.TempDir(), ClientPort: FreePort(t),
+				PeerPort: FreePort(t), Logger: lg, NoFsync: true}
+		}
+		es, hosts, err := etcdembed.StartCluster(cs)
+		if err == nil {
+			c := &EtcdCluster{Members: es, Endpoints: hosts, stopped: make([]sync.Once, n)}
+			t.Cleanup(c.StopAll)
+			return c
+		}
+		lastErr = err
+	}
+	t.Fatalf("testsvc: embedded etcd cluster did not start: %v", lastErr)
+	return nil
+}
+
+// Stop closes member i; safe to call more than once.
+func (c *EtcdCluster) Stop(i int) { c.stopped[i].Do(c.Members[i].Close) }
+
+// StopAll closes every member.
+func (c *EtcdCluster) StopAll() {
+	for i := range c.Members {
+		c.Stop(i)
+	}
+}
+
+// Leader is the index of the member that leads the cluster now (-1 if
+// none of the running ones does).
+func (c *EtcdCluster) Leader() int {
+	for i, m := range c.Members {
+		if m.Server.Leader() == m.Server.MemberID() {
+			return i
+		}
+	}
+	return -1
+}
+
 // GoleakIgnores lists goroutines that may outlive a closed embedded etcd
 // server or client by design. With etcd v3.7.3 none was seen (servers
 // and clients stop all theirs on Close), so the list is empty; it is

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -90,4 +91,26 @@ func TestEtcdStartStop(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
 		t.Fatalf("get: %v %v", resp, err)
 	}
+}
+
+// A 3-member cluster serves with one member down and not with two.
+func TestEtcdClusterQuorum(t *testing.T) {
+	c := StartEtcdCluster(t, 3)
+	require.Len(t, c.Endpoints, 3)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints, DialTimeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer cli.Close()
+	put := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := cli.Put(ctx, "k", "v")
+		return err
+	}
+	require.NoError(t, put())
+	lead := c.Leader()
+	require.GreaterOrEqual(t, lead, 0)
+	c.Stop(lead)
+	require.Eventually(t, func() bool { return put() == nil }, 30*time.Second, 100*time.Millisecond)
+	c.Stop((lead + 1) % 3)
+	require.Error(t, put(), "a write without quorum succeeded")
 }
