@@ -187,23 +187,16 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	}
 	select {
 	case f := <-ch:
-		// The reader sends once per call and has let go of ch.
-		replyChans.Put(ch)
-		if f.kind == kindError {
-			var st spb.Status
-			if err := proto.Unmarshal(f.body, &st); err != nil {
-				return status.Errorf(codes.Internal, "crpc: decoding an error of %s: %v", method, err)
-			}
-			if st.Code == int32(codes.OK) {
-				st.Code = int32(codes.Unknown) // an error frame is never OK
-			}
-			return status.ErrorProto(&st)
-		}
-		if err := proto.Unmarshal(f.body, out); err != nil {
-			return status.Errorf(codes.Internal, "crpc: decoding the reply of %s: %v", method, err)
-		}
-		return nil
+		return replyOf(ch, f, method, out)
 	case <-cc.done:
+		// The reader hands a reply over before it sees the end of the
+		// stream: a reply that came just before the server closed is
+		// the call's answer, not a lost connection.
+		select {
+		case f := <-ch:
+			return replyOf(ch, f, method, out)
+		default:
+		}
 		return cc.err
 	case <-ctx.Done():
 		if cc.remove(id) {
@@ -217,6 +210,27 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		}
 		return status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// replyOf is a call's outcome from its reply or error frame f; ch, which
+// delivered it, goes back to the pool (the reader sends once per call and
+// has let go of it).
+func replyOf(ch chan frame, f frame, method string, out proto.Message) error {
+	replyChans.Put(ch)
+	if f.kind == kindError {
+		var st spb.Status
+		if err := proto.Unmarshal(f.body, &st); err != nil {
+			return status.Errorf(codes.Internal, "crpc: decoding an error of %s: %v", method, err)
+		}
+		if st.Code == int32(codes.OK) {
+			st.Code = int32(codes.Unknown) // an error frame is never OK
+		}
+		return status.ErrorProto(&st)
+	}
+	if err := proto.Unmarshal(f.body, out); err != nil {
+		return status.Errorf(codes.Internal, "crpc: decoding the reply of %s: %v", method, err)
+	}
+	return nil
 }
 
 // replyChans recycles calls' reply channels: one that delivered its
