@@ -208,6 +208,11 @@ func (b *Buffer) Len() int { return len(b.Bytes()) }
 // segment, in place.
 func (b *Buffer) Local() bool { return b.local }
 
+// Mapped reports whether Bytes lies in the client's own memory (its
+// segment or staging pool) rather than the Go heap, so it may be shown
+// to C (the C ABI copies heap buffers instead).
+func (b *Buffer) Mapped() bool { return b.mapped }
+
 // LeaseDeadline is when the read lease granted for this value ends.
 func (b *Buffer) LeaseDeadline() time.Time { return b.deadline }
 

@@ -1,0 +1,30 @@
+// Command capi is libcrescent.so: the C ABI of include/crescent.h,
+// built with `go build -buildmode=c-shared` (make lib). It is a package
+// main only because c-shared needs one; nothing imports it.
+//
+// # Contract
+//
+//   - Objects (engines, store clients, zero-copy buffers) cross into C as
+//     64-bit handles from one table (handles.go): a counter that never
+//     repeats, so a destroyed, stale or forged handle finds nothing and
+//     the call fails with a code instead of a crash. No Go pointer is
+//     handed to C: values read for C are either viewed in place in
+//     memory outside the Go heap (the store's segment and staging pool)
+//     or copied into C.malloc memory the caller frees.
+//   - Engine segment and batch handles are the engine's own (a slot and a
+//     generation), passed through unchanged.
+//   - Every failure returns a negative code: engine calls the codes of
+//     Mooncake's transfer engine error.h (engineCode), store calls the
+//     store's codes (store/errcode) unchanged (storeCode); the message
+//     goes to a thread-local buffer in C (errbuf.c), read with
+//     crescent_last_error(). An exported function runs on the calling C
+//     thread, so the thread-local is the caller's.
+//   - Arrays given by C are bounded (maxItems) before any Go memory is
+//     allocated for them.
+//   - The library's logs (slog text on stderr) start at level warn;
+//     CRESCENT_LOG_LEVEL=debug|info|warn|error changes that.
+//
+// The exports are thin (exports_*.go): they convert C types and call the
+// Go core (core_*.go), which the package's Go tests exercise directly
+// (cgo is not allowed in test files).
+package main

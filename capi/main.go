@@ -1,0 +1,4 @@
+package main
+
+// main is never run: c-shared builds need a package main.
+func main() {}
