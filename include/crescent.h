@@ -128,7 +128,7 @@ typedef uint64_t crescent_buffer_t;  /* a zero-copy view from get_buffer */
 #define CRESCENT_DESERIALIZE_FAIL (-1502)
 
 /* The message of this thread's last failed call ("" when none yet).
- * Owned by the library, valid until this thread's next crescent_* call. */
+ * Owned by the library, valid until this thread's next failed call. */
 const char *crescent_last_error(void);
 
 /* The code of this thread's last failed call (0 when none yet). */
@@ -329,7 +329,7 @@ int64_t crescent_store_get_into(crescent_store_t store, const char *key, void *d
  * crescent_free) and *size. */
 int crescent_store_get(crescent_store_t store, const char *key, void **value, size_t *size);
 
-/* Zero-copy read: *data/*size view the value (in place when the replica
+/* Zero-copy read: *data and *size view the value (in place when the replica
  * is in this client's own segment, else in its staging pool) until
  * crescent_buffer_release(*out). A view in place is guaranteed unchanged
  * only within the read lease (the master's default_kv_lease_ttl). */
