@@ -12,7 +12,7 @@ DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack \
 BENCH_FLAGS ?= --table --duration 5 --threads 2 --buffer_size 256MiB
 TEST_TIMEOUT ?= 14m
 
-.PHONY: all deps build test race nocgo bench lint fmt invariants clean proto proto-check msgp msgp-check
+.PHONY: all deps build test race nocgo bench lint fmt invariants clean proto proto-check msgp msgp-check lib ctest
 
 # Generated gRPC code is committed; these pinned generators make it.
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
@@ -42,11 +42,23 @@ build:
 	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/...
 
 # The test command of the README and of CI: lint, stale generated code,
-# the no-cgo build, and every test under the race detector, with external
-# services required.
+# the no-cgo build, every test under the race detector, with external
+# services required, and the C and Python tests of the C ABI.
 test: deps lint proto-check msgp-check nocgo
 	CRESCENT_REQUIRE_DEPS=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags "$(TAGS)" ./...
 	CRESCENT_REQUIRE_DEPS=1 $(GO) test -count=1 -tags "invariants $(TAGS)" ./engine/... ./internal/...
+	$(MAKE) ctest
+
+# The C ABI: build/libcrescent.so for include/crescent.h (the cgo header
+# it generates, build/libcrescent.h, is for reference only).
+lib:
+	@mkdir -p build
+	$(GO) build -tags "$(TAGS)" -buildmode=c-shared -o build/libcrescent.so ./capi
+
+# C tests, the C example and the Python tests (python/tests) against a
+# master started on a free loopback port.
+ctest: lib build
+	csrc/run_tests.sh
 
 race:
 	$(GO) test -race -count=1 -tags "$(TAGS)" ./...
@@ -112,4 +124,4 @@ msgp-check: $(TOOLS)/msgp
 	done; done; rm -rf $$tmp; echo "msgp code up to date"
 
 clean:
-	rm -rf bin
+	rm -rf bin build
