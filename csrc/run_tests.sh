@@ -29,5 +29,5 @@ timeout 120 build/test_engine
 timeout 120 build/test_store
 timeout 60 build/example "$addr"
 if [ "${CRESCENT_SKIP_PYTHON:-}" = "" ]; then
-	CRESCENT_LIB=$PWD/build/libcrescent.so timeout 300 python3 -m unittest discover -s python/tests -t python -v
+	CRESCENT_LIB=$PWD/build/libcrescent.so timeout 300 python3 -m unittest discover -s python/tests -t python/tests -v
 fi

@@ -19,7 +19,7 @@ from . import _lib
 from ._lib import lib
 
 __all__ = ["CrescentError", "StoreError", "EngineError", "Store", "Engine", "ReplicateConfig",
-           "BufferView", "address_of", "READ", "WRITE", "codes"]
+           "BufferView", "address_of", "live_views", "READ", "WRITE", "codes"]
 
 READ, WRITE = 0, 1
 STATUS_NAMES = {0: "WAITING", 1: "PENDING", 2: "INVALID", 3: "CANCELED", 4: "COMPLETED", 5: "TIMEOUT",
@@ -139,32 +139,75 @@ def _rc(config):
     return None if config is None else ctypes.byref(config._c())
 
 
+class _Held:
+    """Mixin of the ctypes arrays over a zero-copy value: the library's
+    view is released when the last reference goes (the array, or any
+    memoryview or slice of it), so no Python object ever points at freed
+    memory."""
+
+    _h = 0
+
+    def ptr(self):
+        return ctypes.addressof(self) if len(self) else 0
+
+    def size(self):
+        return len(self)
+
+    def __del__(self):
+        h, self._h = self._h, 0
+        if h:
+            lib.crescent_buffer_release(h)
+            with _live_lock:
+                _live[0] -= 1
+
+
+_live, _live_lock = [0], threading.Lock()  # views held (for tests)
+_held_types = {}
+
+
+def _held_type(n):
+    t = _held_types.get(n)
+    if t is None:
+        if len(_held_types) > 4096:
+            _held_types.clear()
+        t = _held_types[n] = type("BufferHandle", (ctypes.c_ubyte * n, _Held), {})
+    return t
+
+
+def _held(h, addr, n):
+    if n == 0:
+        lib.crescent_buffer_release(h)
+        return _held_type(0)()
+    a = _held_type(n).from_address(addr)
+    a._h = h
+    with _live_lock:
+        _live[0] += 1
+    return a
+
+
+def live_views():
+    """How many zero-copy values are still held (released ones are not)."""
+    return _live[0]
+
+
 class BufferView:
     """A zero-copy view of a stored value (Store.get_buffer). Use it as a
     context manager: ``with store.get_buffer(k) as mv: ...``; the
-    memoryview is released, then the library's view, when the block ends
-    (release() does the same; a view still exported, e.g. to numpy, makes
-    release raise BufferError and keeps the memory)."""
+    memoryview is released when the block ends (or at release()), and the
+    library's view as soon as nothing else refers to the memory: slices
+    or numpy arrays made from it keep it alive until they go."""
 
-    def __init__(self, handle, addr, size):
-        self._h = handle
-        self.size = size
-        self.address = addr or 0
-        self._arr = (ctypes.c_char * size).from_address(addr) if size else None
-        self._mv = memoryview(self._arr).cast("B") if size else memoryview(b"")
-        self._lock = threading.Lock()
+    def __init__(self, held):
+        self._mv = memoryview(held).cast("B")
+        self.size = len(held)
+        self.address = held.ptr()
 
     @property
     def memoryview(self):
         return self._mv
 
     def release(self):
-        with self._lock:
-            if self._h is None:
-                return
-            self._mv.release()  # BufferError while exported elsewhere
-            h, self._h, self._arr = self._h, None, None
-        _check(StoreError, lib.crescent_buffer_release(h))
+        self._mv.release()
 
     def __enter__(self):
         return self._mv
@@ -174,12 +217,6 @@ class BufferView:
 
     def __len__(self):
         return self.size
-
-    def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass
 
 
 def _cstrings(keys):
@@ -231,8 +268,11 @@ class Store:
         _check(StoreError, lib.crescent_store_put_from(self._h, _key(key), addr, size, _rc(config)))
 
     def get(self, key):
-        with self.get_buffer(key) as mv:
-            return mv.tobytes()
+        h, p, n = self._get_buffer(key)
+        try:
+            return ctypes.string_at(p, n) if n else b""
+        finally:
+            lib.crescent_buffer_release(h)
 
     def get_into(self, key, buf):
         """Reads the value into a writable buffer; returns its size."""
@@ -244,11 +284,20 @@ class Store:
     def get_into_ptr(self, key, addr, size):
         return _check(StoreError, lib.crescent_store_get_into(self._h, _key(key), addr, size))
 
-    def get_buffer(self, key):
+    def _get_buffer(self, key):
         h, p, n = ctypes.c_uint64(), ctypes.c_void_p(), ctypes.c_size_t()
         _check(StoreError, lib.crescent_store_get_buffer(self._h, _key(key), ctypes.byref(h), ctypes.byref(p),
                                                          ctypes.byref(n)))
-        return BufferView(h.value, p.value, n.value)
+        return h.value, p.value, n.value
+
+    def get_buffer(self, key):
+        """A zero-copy BufferView of the value (a context manager)."""
+        return BufferView(self.get_buffer_handle(key))
+
+    def get_buffer_handle(self, key):
+        """The value as a ctypes array over the library's memory (buffer
+        protocol, ptr(), size()); released when its last reference goes."""
+        return _held(*self._get_buffer(key))
 
     def exist(self, key):
         return _check(StoreError, lib.crescent_store_exist(self._h, _key(key))) == 1

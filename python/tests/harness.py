@@ -1,0 +1,70 @@
+"""Starts a real crescent-master and crescent-client (bin/, `make build`)
+on free loopback ports for the Python tests, and stops them."""
+
+import os
+import re
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN = os.path.join(REPO, "bin")
+PYTHON = os.path.join(REPO, "python")
+sys.path.insert(0, PYTHON)
+os.environ.setdefault("CRESCENT_LIB", os.path.join(REPO, "build", "libcrescent.so"))
+
+
+def _wait_line(proc, stream, pattern, timeout=30):
+    """Reads proc's stream (on a thread that keeps draining it, so a
+    chatty process never blocks on a full pipe) until a line matches
+    pattern; returns the match."""
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in stream] + [lines.put(None)], daemon=True).start()
+    deadline, seen = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            threading.Thread(target=lambda: [None for _ in iter(lines.get, None)], daemon=True).start()
+            return m
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"{proc.args[0]}: no line matching {pattern!r} in:\n{''.join(seen)}")
+
+
+class Cluster:
+    """A master and (clients > 0) crescent-client daemons contributing
+    segment bytes each."""
+
+    def __init__(self, clients=1, segment="64MiB"):
+        self.procs = []
+        m = subprocess.Popen([os.path.join(BIN, "crescent-master"), "--rpc_address", "127.0.0.1", "--rpc_port", "0",
+                              "--metrics_port", "0"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+        self.procs.append(m)
+        self.master = _wait_line(m, m.stderr, r"rpc=(127\.0\.0\.1:\d+)").group(1)
+        for _ in range(clients):
+            c = subprocess.Popen([os.path.join(BIN, "crescent-client"), "--master_server_address", self.master,
+                                  "--global_segment_size", segment, "--local_buffer_size", "16MiB",
+                                  "--metrics_port", "0", "--metrics_address", "127.0.0.1",
+                                  "--local_hostname", "127.0.0.1"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.procs.append(c)
+            _wait_line(c, c.stdout, r"metrics on")
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
