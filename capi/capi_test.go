@@ -1,0 +1,220 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/store"
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+func header(t *testing.T) string {
+	b, err := os.ReadFile("../include/crescent.h")
+	require.NoError(t, err)
+	return string(b)
+}
+
+// Every store code is in the header under its reference name and value,
+// and nothing else is.
+func TestHeaderStoreCodesMatchErrcode(t *testing.T) {
+	h := header(t)
+	re := regexp.MustCompile(`#define CRESCENT_([A-Z_]+) \((-?\d+)\)`)
+	defined := map[string]int{}
+	for _, m := range re.FindAllStringSubmatch(h, -1) {
+		v, _ := strconv.Atoi(m[2])
+		defined[m[1]] = v
+	}
+	n := 0
+	for c := errcode.Code(0); c >= -1502; c-- {
+		if !c.Known() || c == errcode.OK {
+			continue
+		}
+		n++
+		v, ok := defined[c.String()]
+		if assert.True(t, ok, "CRESCENT_%s missing", c) {
+			assert.Equal(t, int(c), v, c.String())
+		}
+	}
+	store := 0
+	for name := range defined {
+		if !strings.HasPrefix(name, "ERR_") {
+			store++
+		}
+	}
+	assert.Equal(t, n, store, "store codes in the header that errcode lacks")
+	// The engine codes used here are the header's.
+	for name, v := range map[string]int{
+		"ERR_INVALID_ARGUMENT": errInvalidArgument, "ERR_TOO_MANY_REQUESTS": errTooManyRequests,
+		"ERR_ADDRESS_NOT_REGISTERED": errAddressNotRegistered, "ERR_BATCH_BUSY": errBatchBusy,
+		"ERR_ADDRESS_OVERLAPPED": errAddressOverlapped, "ERR_QUARANTINED": errQuarantined,
+		"ERR_DNS": errDNS, "ERR_SOCKET": errSocket, "ERR_METADATA": errMetadata,
+		"ERR_ENDPOINT": errEndpoint, "ERR_CONTEXT": errContext, "ERR_MEMORY": errMemory,
+	} {
+		assert.Equal(t, v, defined[name], name)
+	}
+}
+
+// Every function the header declares is exported by this package or
+// defined in errbuf.c, and every export is declared.
+func TestHeaderDeclaresEveryExport(t *testing.T) {
+	decl := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^[a-z_0-9 ]+[ *](crescent_[a-z_0-9]+)\(`).FindAllStringSubmatch(header(t), -1) {
+		decl[m[1]] = true
+	}
+	impl := map[string]bool{}
+	files, _ := os.ReadDir(".")
+	for _, f := range files {
+		b, err := os.ReadFile(f.Name())
+		require.NoError(t, err)
+		for _, m := range regexp.MustCompile(`//export (crescent_\w+)|(?m)^[a-z_ ]+[ *](crescent_[a-z_0-9]+)\([^)]*\) \{`).FindAllStringSubmatch(string(b), -1) {
+			impl[m[1]+m[2]] = true
+		}
+	}
+	delete(impl, "crescent_set_error_") // internal
+	assert.Equal(t, decl, impl)
+}
+
+func TestHandlesNeverReuseAndCheckKind(t *testing.T) {
+	var tb handleTable
+	a := tb.add(&engineObj{})
+	b := tb.add(&storeObj{})
+	assert.NotEqual(t, a, b)
+	_, ok := lookup[*storeObj](&tb, a)
+	assert.False(t, ok, "an engine handle is not a store")
+	_, ok = take[*engineObj](&tb, a)
+	assert.True(t, ok)
+	_, ok = take[*engineObj](&tb, a)
+	assert.False(t, ok, "taken twice")
+	c := tb.add(&engineObj{})
+	assert.Greater(t, c, b)
+	_, ok = lookup[*engineObj](&tb, 0)
+	assert.False(t, ok)
+
+	// Of racing destroys exactly one wins.
+	h := tb.add(&engineObj{})
+	var wins sync.WaitGroup
+	var mu sync.Mutex
+	won := 0
+	for range 8 {
+		wins.Go(func() {
+			if _, ok := take[*engineObj](&tb, h); ok {
+				mu.Lock()
+				won++
+				mu.Unlock()
+			}
+		})
+	}
+	wins.Wait()
+	assert.Equal(t, 1, won)
+}
+
+func TestEngineCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want int
+	}{
+		{nil, 0},
+		{errBadHandle, errInvalidArgument},
+		{badArg("x"), errInvalidArgument},
+		{fmt.Errorf("w: %w", engine.ErrBatchFull), errTooManyRequests},
+		{&engine.RequestError{Index: 1, Err: engine.ErrNotRegistered}, errAddressNotRegistered},
+		{engine.ErrBatchBusy, errBatchBusy},
+		{engine.ErrUnregisterBusy, errBatchBusy},
+		{engine.ErrAlreadyRegistered, errAddressOverlapped},
+		{&engine.QuarantineError{Err: errors.New("x")}, errQuarantined},
+		{engine.ErrSegmentNotFound, errMetadata},
+		{engine.ErrNoTransport, errEndpoint},
+		{engine.ErrClosed, errContext},
+		{context.DeadlineExceeded, errSocket},
+	} {
+		assert.Equal(t, tc.want, engineCode(tc.err), "%v", tc.err)
+	}
+}
+
+func TestStoreCodes(t *testing.T) {
+	assert.Equal(t, 0, storeCode(nil))
+	assert.Equal(t, -704, storeCode(fmt.Errorf("get: %w", errcode.New(errcode.ObjectNotFound, "k"))))
+	assert.Equal(t, -600, storeCode(errBadHandle))
+	assert.Equal(t, -600, storeCode(fmt.Errorf("%w: x", store.ErrInvalidConfig)))
+	assert.Equal(t, -1010, storeCode(store.ErrClosed))
+	assert.Equal(t, -901, storeCode(context.DeadlineExceeded))
+	assert.Equal(t, -1, storeCode(errors.New("other")))
+}
+
+func TestParseKV(t *testing.T) {
+	c, err := parseKV([]string{"master_server_addr", "global_segment_size", "protocol", "rdma_devices"},
+		[]string{"h:1", "1024", "tcp", "mlx5_0"})
+	require.NoError(t, err)
+	assert.Equal(t, storeConfig{MasterServerAddress: "h:1", GlobalSegmentSize: 1024, Protocol: "tcp", DeviceName: "mlx5_0"}, c)
+	_, err = parseKV([]string{"local_buffer_size"}, []string{"-1"})
+	assert.ErrorIs(t, err, errcode.ErrInvalidParams)
+	_, err = parseKV([]string{"nope"}, []string{"1"})
+	assert.ErrorContains(t, err, `unknown config key "nope"`)
+}
+
+func TestCMemBounds(t *testing.T) {
+	var x [8]byte
+	_, err := cMem(nil, 8)
+	assert.Error(t, err)
+	_, err = cMem(unsafe.Pointer(&x[0]), 0)
+	assert.Error(t, err)
+	_, err = cMem(unsafe.Pointer(&x[0]), 1<<60)
+	assert.Error(t, err)
+	b, err := cMem(unsafe.Pointer(&x[0]), 8)
+	require.NoError(t, err)
+	assert.Len(t, b, 8)
+}
+
+// The Go core behind the engine exports, on loopback: registration
+// bookkeeping and a transfer, with no C in between.
+func TestEngineCore(t *testing.T) {
+	pool, err := mempool.New(mempool.Options{Size: 4 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	src, _ := pool.Alloc(1 << 20)
+	dst, _ := pool.Alloc(1 << 20)
+	copy(src, "crescent")
+
+	h, err := engineCreate("", "127.0.0.1", "tcp")
+	require.NoError(t, err)
+	o, err := getEngine(h)
+	require.NoError(t, err)
+	ps, pd := unsafe.Pointer(&src[0]), unsafe.Pointer(&dst[0])
+	require.NoError(t, o.register(ps, 1<<20, ""))
+	require.NoError(t, o.register(pd, 1<<20, "cpu:0"))
+	assert.Equal(t, errAddressOverlapped, engineCode(o.register(ps, 1<<20, "")))
+	seg, err := o.e.OpenSegment(context.Background(), o.e.Name())
+	require.NoError(t, err)
+	b, err := o.e.AllocateBatch(2)
+	require.NoError(t, err)
+	err = o.submit(uint64(b), []request{{op: 5, src: ps, target: uint64(seg), addr: uint64(uintptr(pd)), length: 8}}, false, 0, "")
+	assert.Equal(t, errInvalidArgument, engineCode(err))
+	require.NoError(t, o.submit(uint64(b), []request{{op: 1, src: ps, target: uint64(seg), addr: uint64(uintptr(pd)), length: 8}}, true, uint64(seg), "m"))
+	st, err := o.wait(uint64(b), 10000)
+	require.NoError(t, err)
+	assert.Equal(t, engine.Completed, st.Status)
+	assert.Equal(t, "crescent", string(dst[:8]))
+	_, err = o.wait(12345, 10)
+	assert.Equal(t, errInvalidArgument, engineCode(err))
+	require.NoError(t, o.e.FreeBatch(b))
+	require.NoError(t, o.unregister(ps))
+	assert.Equal(t, errAddressNotRegistered, engineCode(o.unregister(ps)))
+	require.NoError(t, o.unregister(pd))
+	require.NoError(t, engineDestroy(h))
+	assert.Equal(t, errInvalidArgument, engineCode(engineDestroy(h)))
+	_, err = getEngine(h)
+	assert.ErrorIs(t, err, errBadHandle)
+}
