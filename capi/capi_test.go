@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -19,6 +21,8 @@ import (
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 func header(t *testing.T) string {
@@ -217,4 +221,82 @@ func TestEngineCore(t *testing.T) {
 	assert.Equal(t, errInvalidArgument, engineCode(engineDestroy(h)))
 	_, err = getEngine(h)
 	assert.ErrorIs(t, err, errBadHandle)
+}
+
+func startMaster(t *testing.T) string {
+	m, err := master.New(master.Config{})
+	require.NoError(t, err)
+	require.NoError(t, m.Start())
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- service.New(m, service.WithGracePeriod(100*time.Millisecond)).Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+		m.Close()
+	})
+	return lis.Addr().String()
+}
+
+// A value the store answers from the Go heap (its staging pool too small)
+// is copied into memory from alloc, never shown to C in place; one in the
+// staging pool is shown in place.
+func TestStoreCoreGetBufferNeverShowsGoHeap(t *testing.T) {
+	addr := startMaster(t)
+	holder, err := store.New(context.Background(), store.Config{MasterAddr: addr, LocalHostname: "127.0.0.1",
+		GlobalSegmentSize: 16 << 20, LocalBufferSize: 1 << 20, Logger: logger})
+	require.NoError(t, err)
+	defer holder.Close()
+
+	pool, err := mempool.New(mempool.Options{Size: 4 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	var allocs []unsafe.Pointer
+	alloc := func(n int) unsafe.Pointer {
+		b, err := pool.Alloc(n)
+		require.NoError(t, err)
+		allocs = append(allocs, unsafe.Pointer(&b[0]))
+		return allocs[len(allocs)-1]
+	}
+	var freed []unsafe.Pointer
+	free := func(p unsafe.Pointer) { freed = append(freed, p) }
+
+	value := make([]byte, 1<<20)
+	for i := range value {
+		value[i] = byte(i * 7)
+	}
+	for _, tc := range []struct {
+		name    string
+		staging uint64
+		copied  bool
+	}{{"heap answer", 64 << 10, true}, {"staging answer", 8 << 20, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			allocs, freed = nil, nil
+			h, err := storeCreate(storeConfig{MasterServerAddress: addr, LocalHostname: "127.0.0.1", LocalBufferSize: tc.staging})
+			require.NoError(t, err)
+			o, err := getStore(h)
+			require.NoError(t, err)
+			key := "k/" + tc.name
+			require.NoError(t, o.c.Put(context.Background(), key, value, store.ReplicateConfig{}))
+			bh, p, n, err := o.getBuffer(key, alloc)
+			require.NoError(t, err)
+			require.Equal(t, len(value), n)
+			assert.Equal(t, value, unsafe.Slice((*byte)(p), n))
+			if tc.copied {
+				require.Len(t, allocs, 1)
+				assert.Equal(t, allocs[0], p, "the C copy is what C sees")
+			} else {
+				assert.Empty(t, allocs, "a staging view needs no copy")
+			}
+			require.NoError(t, releaseBuffer(bh, free))
+			assert.Equal(t, allocs, freed)
+			assert.ErrorIs(t, releaseBuffer(bh, free), errBadHandle)
+			_, _, _, err = o.getBuffer("missing", alloc)
+			assert.Equal(t, -704, storeCode(err))
+			require.NoError(t, storeClose(h))
+			assert.Equal(t, -600, storeCode(storeClose(h)))
+		})
+	}
 }
