@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""Python store put/get against the Go client, in the same run.
+
+Starts a crescent-master (bin/, `make build`), then for each value size
+and mode runs `crescent-bench store` (the Go client: one client, one
+thread) and the same loop from Python through libcrescent.so (one client,
+one thread, the same segment and staging sizes, the same ring of put keys
+removed once per lap), and prints ops/s, GB/s and the ratio Python/Go.
+
+Modes: "staged" is Put/Get of ordinary memory (Go heap slices; Python
+bytes in, bytes out); "zero-copy" is PutFrom/GetInto on a registered
+buffer (Python: an mmap given to register_buffer).
+
+    python3 python/bench.py [--duration 3] [--sizes 1MiB,4KiB]
+"""
+
+import argparse
+import json
+import mmap
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "tests"))
+os.environ.setdefault("CRESCENT_LIB", os.path.join(REPO, "build", "libcrescent.so"))
+
+import crescent  # noqa: E402
+from harness import Cluster  # noqa: E402
+
+SEGMENT = 256 << 20
+STAGING = 64 << 20
+
+
+def size(s):
+    units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+    for u, m in units.items():
+        if s.endswith(u):
+            return int(s[:-len(u)]) * m
+    return int(s)
+
+
+def go_bench(master, op, vs, zero_copy, duration):
+    out = subprocess.run([os.path.join(REPO, "bin", "crescent-bench"), "store", "--master", master, "--clients", "1",
+                          "--threads", "1", "--operation", op, "--value_size", str(vs), "--duration", str(duration),
+                          "--warmup", "0.5", "--baseline", "none", f"--zero_copy={str(zero_copy).lower()}",
+                          "--segment_size", str(SEGMENT), "--local_buffer_size", str(STAGING), "--json"],
+                         capture_output=True, text=True, timeout=duration * 10 + 60)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr)
+    return json.loads(out.stdout)["ops_per_sec"]
+
+
+def py_bench(master, op, vs, zero_copy, duration, tag):
+    # A client per figure, as the Go bench has: a segment that outlived a
+    # Go run would receive the Go client's values and evict ours.
+    with crescent.Store(master, local_hostname="127.0.0.1", global_segment_size=SEGMENT,
+                        local_buffer_size=STAGING) as s:
+        return _py_bench(s, op, vs, zero_copy, duration, tag)
+
+
+def _py_bench(s, op, vs, zero_copy, duration, tag):
+    # Keys sized like the Go bench's: a ring of puts filling at most half
+    # the segment, or a set of keys to read.
+    n = max(4, min(1024, int(0.5 * SEGMENT / (vs + vs // 8 + 64))))
+    keys = [f"pybench/{tag}/{op}/{vs}/{i}" for i in range(n)]
+    buf = mmap.mmap(-1, 2 * vs)
+    buf[:vs] = os.urandom(vs)
+    value = bytes(buf[:vs])
+    addr = s.register_buffer(buf) if zero_copy else None
+    # As in the Go bench (one client: one segment), values live in this
+    # client's own segment.
+    rc = crescent.ReplicateConfig(preferred_segment=s.hostname)
+    if op == "get":
+        for k in keys:
+            s.put(k, value, rc)
+
+    def put(k):
+        if zero_copy:
+            s.put_from(k, addr, vs, rc)
+        else:
+            s.put(k, value, rc)
+
+    def get(k):
+        if zero_copy:
+            s.get_into_ptr(k, addr + vs, vs)
+        else:
+            assert len(s.get(k)) == vs
+
+    step = put if op == "put" else get
+    ops, i, lap = 0, 0, False
+    start = time.perf_counter()
+    warm = start + 0.5
+    end = warm + duration
+    counting = False
+    while True:
+        now = time.perf_counter()
+        if not counting and now >= warm:
+            counting, ops, t0 = True, 0, now
+        if now >= end:
+            break
+        if op == "put" and i == 0 and lap:
+            s.remove_batch(keys, force=True)
+            lap = False
+        step(keys[i])
+        ops += 1
+        i += 1
+        if i == len(keys):
+            i, lap = 0, True
+    elapsed = time.perf_counter() - t0
+    s.remove_batch(keys, force=True)
+    if zero_copy:
+        s.unregister_buffer(addr)
+    return ops / elapsed
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--duration", type=float, default=3)
+    ap.add_argument("--sizes", default="1MiB,4KiB")
+    ap.add_argument("--modes", default="staged,zero-copy")
+    a = ap.parse_args()
+    cl = Cluster(clients=0)
+    try:
+        print(f"master {cl.master}; one client, one thread each; {a.duration:g} s per figure")
+        print(f"{'op':4} {'size':>8} {'mode':10} {'python ops/s':>13} {'GB/s':>7} {'go ops/s':>10} {'GB/s':>7} {'py/go':>6}")
+        for sz in a.sizes.split(","):
+            vs = size(sz)
+            for mode in a.modes.split(","):
+                zc = mode == "zero-copy"
+                for op in ("put", "get"):
+                    g = go_bench(cl.master, op, vs, zc, a.duration)
+                    p = py_bench(cl.master, op, vs, zc, a.duration, mode)
+                    print(f"{op:4} {sz:>8} {mode:10} {p:13.0f} {p * vs / 1e9:7.2f} {g:10.0f} {g * vs / 1e9:7.2f} "
+                          f"{p / g:6.2f}", flush=True)
+    finally:
+        cl.stop()
+
+
+if __name__ == "__main__":
+    main()
