@@ -28,6 +28,7 @@ export CRESCENT_MASTER=$addr
 timeout 120 build/test_engine
 timeout 120 build/test_store
 timeout 60 build/example "$addr"
+timeout 60 build/bench_abi 100000
 if [ "${CRESCENT_SKIP_PYTHON:-}" = "" ]; then
 	CRESCENT_LIB=$PWD/build/libcrescent.so timeout 300 python3 -m unittest discover -s python/tests -t python/tests -v
 fi
