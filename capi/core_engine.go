@@ -161,7 +161,7 @@ func (o *engineObj) submit(batch uint64, reqs []request, notify bool, target uin
 
 func (o *engineObj) wait(batch uint64, timeoutMs int64) (engine.BatchStatus, error) {
 	ctx := context.Background()
-	if timeoutMs >= 0 {
+	if timeoutMs >= 0 && timeoutMs < 1<<40 { // longer: no limit but the engine's
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, time.Duration(timeoutMs)*time.Millisecond)
 		defer cancel()

@@ -201,7 +201,7 @@ func crescent_store_get(s C.crescent_store_t, key *C.char, out *unsafe.Pointer, 
 	if err := needOut(out != nil && size != nil); err != nil {
 		return storeRC(err)
 	}
-	_, p, n, err := o.getBufferCopy(C.GoString(key))
+	p, n, err := o.getBufferCopy(C.GoString(key))
 	if err != nil {
 		return storeRC(err)
 	}
@@ -210,18 +210,18 @@ func crescent_store_get(s C.crescent_store_t, key *C.char, out *unsafe.Pointer, 
 }
 
 // getBufferCopy reads key into C memory the caller frees.
-func (o *storeObj) getBufferCopy(key string) (uint64, unsafe.Pointer, int, error) {
+func (o *storeObj) getBufferCopy(key string) (unsafe.Pointer, int, error) {
 	b, err := o.c.GetBuffer(bg(), key)
 	if err != nil {
-		return 0, nil, 0, err
+		return nil, 0, err
 	}
 	defer b.Release()
 	data := b.Bytes()
 	p := cBytes(data)
 	if p == nil {
-		return 0, nil, 0, errcode.New(errcode.InternalError, "out of memory for %d bytes", len(data))
+		return nil, 0, errcode.New(errcode.InternalError, "out of memory for %d bytes", len(data))
 	}
-	return 0, p, len(data), nil
+	return p, len(data), nil
 }
 
 //export crescent_store_get_buffer
