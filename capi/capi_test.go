@@ -300,3 +300,26 @@ func TestStoreCoreGetBufferNeverShowsGoHeap(t *testing.T) {
 		})
 	}
 }
+
+// The Go side of crescent_engine_get_transfer_status without the
+// crossing from C (csrc/bench_abi.c measures the whole call from C; the
+// difference is the crossing).
+func BenchmarkTransferStatusGoSide(b *testing.B) {
+	h, err := engineCreate("", "127.0.0.1", "tcp")
+	require.NoError(b, err)
+	defer engineDestroy(h)
+	o, _ := getEngine(h)
+	id, err := o.e.AllocateBatch(1)
+	require.NoError(b, err)
+	defer o.e.FreeBatch(id)
+	b.ReportAllocs()
+	for b.Loop() {
+		o, err := getEngine(h)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := o.e.Status(id, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
