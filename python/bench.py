@@ -11,13 +11,14 @@ Modes: "staged" is Put/Get of ordinary memory (Go heap slices; Python
 bytes in, bytes out); "zero-copy" is PutFrom/GetInto on a registered
 buffer (Python: an mmap given to register_buffer).
 
-    python3 python/bench.py [--duration 3] [--sizes 1MiB,4KiB]
+    python3 python/bench.py [--duration 2] [--rounds 3] [--sizes 1MiB,4KiB]
 """
 
 import argparse
 import json
 import mmap
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -119,21 +120,26 @@ def _py_bench(s, op, vs, zero_copy, duration, tag):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--duration", type=float, default=3)
+    ap.add_argument("--duration", type=float, default=2)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating Go/Python rounds; the median is printed")
     ap.add_argument("--sizes", default="1MiB,4KiB")
     ap.add_argument("--modes", default="staged,zero-copy")
     a = ap.parse_args()
     cl = Cluster(clients=0)
     try:
-        print(f"master {cl.master}; one client, one thread each; {a.duration:g} s per figure")
+        print(f"master {cl.master}; one client, one thread each; median of {a.rounds} alternating rounds "
+              f"of {a.duration:g} s")
         print(f"{'op':4} {'size':>8} {'mode':10} {'python ops/s':>13} {'GB/s':>7} {'go ops/s':>10} {'GB/s':>7} {'py/go':>6}")
         for sz in a.sizes.split(","):
             vs = size(sz)
             for mode in a.modes.split(","):
                 zc = mode == "zero-copy"
                 for op in ("put", "get"):
-                    g = go_bench(cl.master, op, vs, zc, a.duration)
-                    p = py_bench(cl.master, op, vs, zc, a.duration, mode)
+                    gs, ps = [], []
+                    for _ in range(a.rounds):  # alternate, so both see the same machine
+                        gs.append(go_bench(cl.master, op, vs, zc, a.duration))
+                        ps.append(py_bench(cl.master, op, vs, zc, a.duration, mode))
+                    g, p = statistics.median(gs), statistics.median(ps)
                     print(f"{op:4} {sz:>8} {mode:10} {p:13.0f} {p * vs / 1e9:7.2f} {g:10.0f} {g * vs / 1e9:7.2f} "
                           f"{p / g:6.2f}", flush=True)
     finally:
