@@ -90,28 +90,42 @@ def _key(k):
     raise TypeError(f"key must be str or bytes, not {type(k).__name__}")
 
 
-def _pointer(value):
-    """(address, length, keepalive) of a buffer-protocol object, without a
-    copy for bytes and writable buffers (a read-only non-bytes buffer is
-    copied once)."""
+def _pointer(value, arg=False):
+    """(address, length, keepalive) of a buffer-protocol object to read
+    from, without a copy for bytes and writable buffers (a read-only
+    non-bytes buffer is copied once). arg: the address may be the bytes
+    object itself (ctypes passes its buffer), which is cheaper."""
     if isinstance(value, bytes):
+        if arg:
+            return value, len(value), value
         return ctypes.cast(ctypes.c_char_p(value), ctypes.c_void_p).value, len(value), value
     mv = memoryview(value)
+    if mv.readonly:
+        if not mv.c_contiguous:
+            raise ValueError("value must be a C-contiguous buffer")
+        b = mv.tobytes()
+        return _pointer(b, arg)
+    return _wpointer(mv)
+
+
+def _wpointer(buf):
+    """(address, length, keepalive) of a writable C-contiguous buffer, for
+    the library to write into or register."""
+    mv = memoryview(buf)
+    if mv.readonly:
+        raise TypeError(f"a writable buffer is needed, not a read-only {type(buf).__name__}")
     if not mv.c_contiguous:
-        raise ValueError("value must be a C-contiguous buffer")
+        raise ValueError("buffer must be C-contiguous")
     n = mv.nbytes
     if n == 0:
         return None, 0, None
-    if mv.readonly:
-        b = mv.tobytes()
-        return ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value, n, b
     arr = (ctypes.c_char * n).from_buffer(mv.cast("B") if mv.format != "B" or mv.ndim != 1 else mv)
     return ctypes.addressof(arr), n, arr
 
 
 def address_of(buf):
     """Address of a writable buffer (mmap, bytearray, numpy array, ...)."""
-    addr, _, _ = _pointer(buf)
+    addr, _, _ = _wpointer(buf)
     return addr
 
 
@@ -259,7 +273,7 @@ class Store:
         return buf.value.decode()
 
     def put(self, key, value, config=None):
-        addr, n, keep = _pointer(value)
+        addr, n, keep = _pointer(value, arg=True)
         _check(StoreError, lib.crescent_store_put(self._h, _key(key), addr, n, _rc(config)))
         del keep
 
@@ -276,7 +290,7 @@ class Store:
 
     def get_into(self, key, buf):
         """Reads the value into a writable buffer; returns its size."""
-        addr, n, keep = _pointer(buf)
+        addr, n, keep = _wpointer(buf)
         r = _check(StoreError, lib.crescent_store_get_into(self._h, _key(key), addr, n))
         del keep
         return r
@@ -348,7 +362,7 @@ class Store:
         n = len(keys)
         ptrs, caps, keep = (ctypes.c_void_p * n)(), (ctypes.c_size_t * n)(), []
         for i, b in enumerate(bufs):
-            ptrs[i], caps[i], k = _pointer(b)
+            ptrs[i], caps[i], k = _wpointer(b)
             keep.append(k)
         res = (ctypes.c_int64 * n)()
         rc = lib.crescent_store_batch_get_into(self._h, _cstrings(keys), ptrs, caps, n, res)
@@ -377,7 +391,7 @@ class Store:
     def register_buffer(self, buf):
         """Registers a writable buffer (kept alive until unregistered) for
         zero-copy put_from/get_into; returns its address."""
-        addr, n, keep = _pointer(buf)
+        addr, n, keep = _wpointer(buf)
         self.register_buffer_ptr(addr, n)
         self._regs[addr] = keep
         return addr
@@ -427,7 +441,7 @@ class Engine:
     def register_memory(self, buf, location="*"):
         """Registers a writable buffer (kept alive until unregistered);
         returns its address."""
-        addr, n, keep = _pointer(buf)
+        addr, n, keep = _wpointer(buf)
         _check(EngineError, lib.crescent_engine_register_memory(self._h, addr, n, location.encode(), 1))
         self._regs[addr] = keep
         return addr

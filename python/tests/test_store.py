@@ -68,6 +68,18 @@ class StoreTest(unittest.TestCase):
             self.s.get_into("k", bytearray(10))
         self.assertEqual(e.exception.code, codes.BUFFER_OVERFLOW)
 
+    def test_get_into_refuses_read_only_buffers(self):
+        self.s.put("ro", b"y" * 64)
+        frozen = b"x" * 64
+        for buf in (frozen, memoryview(frozen), memoryview(bytearray(64)).toreadonly()):
+            with self.subTest(type(buf).__name__), self.assertRaises(TypeError):
+                self.s.get_into("ro", buf)
+        self.assertEqual(frozen, b"x" * 64)  # never written through
+        with self.assertRaises(TypeError):
+            self.s.get_batch_into(["ro"], [frozen])
+        with self.assertRaises(TypeError):
+            self.s.register_buffer(frozen)
+
     def test_view_memory_lives_while_referenced(self):
         v = payload(4096, 3)
         self.s.put("k", v)
