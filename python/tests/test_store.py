@@ -182,9 +182,9 @@ class StoreTest(unittest.TestCase):
         s.close()
         s.close()  # twice: nothing
         with self.assertRaises(StoreError) as e:
-            crescent.lib.crescent_store_close(12345) and None or (_ for _ in ()).throw(
-                crescent._err(StoreError, crescent.lib.crescent_store_close(12345)))
+            s.put("k", b"v")  # its handle is gone: refused, not a crash
         self.assertEqual(e.exception.code, codes.INVALID_PARAMS)
+        self.assertEqual(crescent.lib.crescent_store_close(12345), codes.INVALID_PARAMS)
 
 
 EXIT_SCRIPT = r"""
