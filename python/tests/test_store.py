@@ -177,6 +177,21 @@ class StoreTest(unittest.TestCase):
         self.assertEqual(errors, [])
         self.assertEqual(self.s.remove_all(force=True), 16 * 20)
 
+    def test_close_leaks_no_fds(self):
+        def cycle():
+            with crescent.Store(cluster.master, local_hostname="127.0.0.1", global_segment_size=8 << 20,
+                                local_buffer_size=4 << 20) as s:
+                s.put("fd", b"v" * 4096)
+                with s.get_buffer("fd") as mv:
+                    self.assertEqual(len(mv), 4096)
+                s.remove("fd", force=True)
+
+        cycle()  # the runtime's own fds (epoll, ...) stay open once made
+        base = len(os.listdir("/proc/self/fd"))
+        for _ in range(5):
+            cycle()
+        self.assertLessEqual(len(os.listdir("/proc/self/fd")), base)
+
     def test_closed_store(self):
         s = crescent.Store(cluster.master, local_hostname="127.0.0.1", local_buffer_size=4 << 20)
         s.close()
