@@ -208,7 +208,9 @@ sys.path.insert(0, {python!r})
 import crescent
 s = crescent.Store({master!r}, local_hostname="127.0.0.1", global_segment_size=8 << 20,
                    local_buffer_size=4 << 20)
-s.put({key!r}, b"v" * 4096)
+# On its own segment: earlier exit tests left dead segments mounted (until
+# the master's client TTL), and a put placed on one would fail.
+s.put({key!r}, b"v" * 4096, crescent.ReplicateConfig(preferred_segment=s.hostname))
 assert s.get({key!r}) == b"v" * 4096
 print("put", flush=True)
 {exit}
