@@ -203,23 +203,26 @@ func run(ctx context.Context, args []string, stdio IO) error {
 	}
 	// The command's flags, with the global ones again (bound to the same
 	// options, so values given before the command stand unless repeated).
+	given := map[string]string{}
+	gfs.Visit(func(f *flag.Flag) { given[f.Name] = f.Value.String() }) // before bind resets them
 	fs := flag.NewFlagSet(name+" "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	o.bind(fs)
-	gfs.Visit(func(f *flag.Flag) { fs.Set(f.Name, f.Value.String()) })
+	for k, v := range given {
+		fs.Set(k, v)
+	}
 	runCmd := cmd.setup(fs)
 	pos, err := parseInterspersed(fs, rest[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintf(stdio.Stdout, "usage: %s %s %s [flags]\n\n%s\n", name, cmd.name, cmd.args, cmd.help)
 		own := flag.NewFlagSet(cmd.name, flag.ContinueOnError)
 		cmd.setup(own)
-		if n := 0; true {
-			own.VisitAll(func(*flag.Flag) { n++ })
-			if n > 0 {
-				fmt.Fprintln(stdio.Stdout, "\nflags:")
-				own.SetOutput(stdio.Stdout)
-				own.PrintDefaults()
-			}
+		hasOwn := false
+		own.VisitAll(func(*flag.Flag) { hasOwn = true })
+		if hasOwn {
+			fmt.Fprintln(stdio.Stdout, "\nflags:")
+			own.SetOutput(stdio.Stdout)
+			own.PrintDefaults()
 		}
 		fmt.Fprintf(stdio.Stdout, "\nThe global flags (%s -h) work here too.\n", name)
 		return err

@@ -9,7 +9,7 @@
 //	put KEY FILE|-        store FILE's bytes (- = stdin) under KEY
 //	get KEY [--file F]    write KEY's value to stdout (or to F)
 //	rm KEY [--force]      remove KEY
-//	rm --regex RE         remove every key matching RE (prints the count)
+//	rm --regex RE         remove every key RE matches whole (prints the count)
 //	ls [--prefix P]       list keys, sorted
 //	stat KEY              size, replicas, lease and pins of KEY
 //	segments              mounted segments: capacity, use, status

@@ -45,7 +45,7 @@ func init() {
 		&command{
 			name: "rm", args: "KEY | --regex RE", help: "remove KEY, or every key matching RE", nargs: [2]int{0, 1},
 			setup: func(fs *flag.FlagSet) runFunc {
-				regex := fs.String("regex", "", "remove every key matching this regular expression (RE2 syntax)")
+				regex := fs.String("regex", "", "remove every key this regular expression matches whole (RE2 syntax: \"doc/.*\")")
 				force := fs.Bool("force", false, "remove even objects with a read lease or a put in progress")
 				return func(ctx context.Context, o *options, pos []string, stdio IO) error {
 					switch {
@@ -183,6 +183,9 @@ func remove(ctx context.Context, o *options, pos []string, regex string, force b
 		err := c.Remove(ctx, pos[0], force)
 		if errors.Is(err, errcode.ErrObjectNotFound) {
 			return fmt.Errorf("rm %q: %w", pos[0], errNotFound)
+		}
+		if errors.Is(err, errcode.ErrObjectHasLease) || errors.Is(err, errcode.ErrObjectReplicaBusy) {
+			return fmt.Errorf("rm %q: %w (--force removes it anyway)", pos[0], err)
 		}
 		if err != nil {
 			return fmt.Errorf("rm %q: %w", pos[0], err)
