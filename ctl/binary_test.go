@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os/exec"
 	"path/filepath"
@@ -77,7 +78,7 @@ func TestBinary(t *testing.T) {
 	assert.Equal(t, "bin/k\n", out)
 
 	// events until SIGINT: exit 0.
-	require.NoError(t, c.client.Put(t.Context(), "0x33", []byte("block"), store.ReplicateConfig{}))
+	require.NoError(t, c.client.Put(context.Background(), "0x33", []byte("block"), store.ReplicateConfig{}))
 	cmd := exec.Command(bin, "events", "--events", c.events, "--replay", c.replay, "--replay-from", "0")
 	var evOut, evErr syncbuf.Buffer
 	cmd.Stdout, cmd.Stderr = &evOut, &evErr
