@@ -29,7 +29,9 @@
 // them (for a key that starts with "-"). --master is handed to the store
 // client unchanged, so every address form the store client accepts works.
 // -o text|json selects the output of every command; json listings are one
-// JSON document (events: one JSON object per batch and line).
+// JSON document (events: one JSON object per batch and line). get without
+// --file writes the raw value whatever -o says. Diagnostics go to stderr,
+// one line per error.
 //
 // Exit codes:
 //
