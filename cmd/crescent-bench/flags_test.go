@@ -85,6 +85,29 @@ func TestRefusedFlags(t *testing.T) {
 	}
 }
 
+// Addresses that do not resolve or are not this host's name their flag
+// (exit 1: the command line is well formed).
+func TestAddressErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"transfer", "--local_server_name", "no-such-host.invalid"}, `--local_server_name "no-such-host.invalid": host "no-such-host.invalid" does not resolve`},
+		{[]string{"transfer", "--local_server_name", "192.0.2.1"}, `--local_server_name "192.0.2.1": not an address of this host`},
+		{[]string{"store", "--local_server_name", "192.0.2.1"}, `--local_server_name "192.0.2.1": not an address of this host`},
+		{[]string{"store", "--master", "no-such-host.invalid:50051"}, `--master "no-such-host.invalid:50051": host "no-such-host.invalid" does not resolve`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			err := benchMain(context.Background(), tc.args)
+			require.Error(t, err)
+			assert.Equal(t, 1, exitCode(err))
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+	err := benchMain(context.Background(), []string{"store", "--master", "nohost"})
+	assert.Equal(t, 2, exitCode(err))
+}
+
 func TestExitCode(t *testing.T) {
 	assert.Equal(t, 0, exitCode(nil))
 	assert.Equal(t, 1, exitCode(errors.New("run failed")))

@@ -60,6 +60,12 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	case !(c.GetRatio > 0 && c.GetRatio <= 1):
 		return usagef("--get_ratio %v: want a share in (0, 1]", c.GetRatio)
 	}
+	if err := checkMaster(c.MasterAddr); err != nil {
+		return err
+	}
+	if err := checkLocalHost("local_server_name", c.LocalHostname); err != nil {
+		return err
+	}
 	var err error
 	if c.SegmentSize, err = parseSize(*segSize); err != nil {
 		return usagef("--segment_size: %w", err)

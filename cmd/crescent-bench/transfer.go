@@ -77,6 +77,9 @@ func transferMain(ctx context.Context, args []string) error {
 	if !ok {
 		return usagef("--report_unit %q: want one of GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb", *unit)
 	}
+	if err := checkLocalHost("local_server_name", c.LocalServerName); err != nil {
+		return err
+	}
 	stop, err := startCPUProfile(*cpuProfile)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strings"
 
@@ -80,6 +81,50 @@ func firstErr(errs ...error) error {
 	for _, err := range errs {
 		if err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// checkLocalHost gives a --local_server_name (host or host:port) that
+// does not resolve or is not this host's an error naming the flag,
+// instead of the engine's "no free handshake port".
+func checkLocalHost(flagName, hostport string) error {
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host, port = hostport, "0"
+	}
+	if host == "" {
+		return nil
+	}
+	if net.ParseIP(host) == nil {
+		if _, err := net.LookupHost(host); err != nil {
+			return fmt.Errorf("--%s %q: host %q does not resolve: %w", flagName, hostport, host, err)
+		}
+	}
+	if port == "0" {
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return fmt.Errorf("--%s %q: not an address of this host: %w", flagName, hostport, err)
+		}
+		l.Close()
+	}
+	return nil
+}
+
+// checkMaster gives a --master host:port that does not resolve an error
+// naming the flag, instead of the RPC layer's resolver jargon.
+func checkMaster(addr string) error {
+	if addr == "" || strings.Contains(addr, "://") {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usagef("--master %q: want host:port", addr)
+	}
+	if host != "" && net.ParseIP(host) == nil {
+		if _, err := net.LookupHost(host); err != nil {
+			return fmt.Errorf("--master %q: host %q does not resolve: %w", addr, host, err)
 		}
 	}
 	return nil
