@@ -5,5 +5,11 @@
 //	crescent-bench store [flags]      store put/get throughput and latency vs Redis
 //	crescent-bench rpc [flags]        unary latency of the master's RPC layers vs plain gRPC
 //
-// Run "crescent-bench transfer -h" (or store -h, rpc -h) for the flags.
+// Run "crescent-bench transfer -h" (or store -h, rpc -h) for the flags;
+// --version prints the build. A bad command line exits 2 with one line
+// naming the flag: unknown flags and stray arguments, counts below 1
+// (--threads, --batch_size, --clients, --replicas, ...; 0 never means "the
+// default"), sizes that are not positive, an unknown --report_unit, and
+// --duration 0 (every run is timed; a target runs until signalled
+// whatever --duration says). Other failures exit 1.
 package main

@@ -7,35 +7,44 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"syscall"
+
+	"github.com/crescent-kv/crescent/internal/buildinfo"
 )
 
 func main() {
-	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer|store|rpc [flags]\n\nRun 'crescent-bench transfer -h', 'crescent-bench store -h' or 'crescent-bench rpc -h' for the flags.")
-		if len(os.Args) < 2 {
-			os.Exit(2)
-		}
-		return
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	var err error
-	switch os.Args[1] {
+	err := benchMain(ctx, os.Args[1:])
+	stop()
+	if code := exitCode(err); code != 0 {
+		fmt.Fprintln(os.Stderr, "crescent-bench:", oneLine(err))
+		os.Exit(code)
+	}
+}
+
+const usage = "usage: crescent-bench transfer|store|rpc [flags]\n\nRun 'crescent-bench transfer -h', 'crescent-bench store -h' or 'crescent-bench rpc -h' for the flags.\n" +
+	"Exit codes: 0 ok, 1 error, 2 usage error."
+
+func benchMain(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return usagef("no command (want transfer, store or rpc; -h for help)")
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Fprintln(os.Stderr, usage)
+		return nil
+	case "-version", "--version", "version":
+		fmt.Println(buildinfo.Line("crescent-bench"))
+		return nil
 	case "transfer":
-		err = transferMain(ctx, os.Args[2:])
+		return transferMain(ctx, args[1:])
 	case "store":
-		err = storeMain(ctx, os.Args[2:], os.Stdout)
+		return storeMain(ctx, args[1:], os.Stdout)
 	case "rpc":
-		err = rpcMain(ctx, os.Args[2:], os.Stdout)
+		return rpcMain(ctx, args[1:], os.Stdout)
 	case storeClientCmd:
-		err = storeClientMain(ctx, os.Args[2:])
-	default:
-		err = fmt.Errorf("unknown command %q (want transfer, store or rpc)", os.Args[1])
+		return storeClientMain(ctx, args[1:])
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "crescent-bench:", err)
-		os.Exit(1)
-	}
+	return usagef("unknown command %q (want transfer, store or rpc)", args[0])
 }
 
 // startCPUProfile writes a CPU profile to path until the returned stop;

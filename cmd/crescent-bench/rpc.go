@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -24,19 +23,16 @@ func rpcMain(ctx context.Context, args []string, out io.Writer) error {
 	rounds := fs.Int("rounds", 0, "slices each cell is measured in, the layers taking turns (default: one per 0.5 s, at least 2)")
 	asJSON := fs.Bool("json", false, "print the rows as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (master and clients) to this file")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("rpc: unexpected argument %q", fs.Arg(0))
+	if err := checkSeconds("duration", *duration, false); err != nil {
+		return err
+	}
+	if *rounds < 0 {
+		return usagef("--rounds %d: must not be negative (0 = the default)", *rounds)
 	}
 	c := bench.RPCConfig{Duration: time.Duration(*duration * float64(time.Second)), Rounds: *rounds}
-	if *duration <= 0 {
-		return fmt.Errorf("--duration %v: must be positive", *duration)
-	}
 	for _, l := range strings.Split(*layers, ",") {
 		if l = strings.TrimSpace(l); l != "" {
 			c.Layers = append(c.Layers, l)
@@ -44,8 +40,8 @@ func rpcMain(ctx context.Context, args []string, out io.Writer) error {
 	}
 	for _, s := range strings.Split(*inflight, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("--inflight %q: %w", *inflight, err)
+		if err != nil || n < 1 {
+			return usagef("--inflight %q: want positive counts separated by commas", *inflight)
 		}
 		c.Inflight = append(c.Inflight, n)
 	}

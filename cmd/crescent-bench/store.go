@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -45,36 +44,46 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.IntVar(&c.Objects, "objects", bench.DefaultMetaObjects, "meta: objects to store")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file (client processes: to FILE.PID each)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil
-		}
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("store: unexpected argument %q", fs.Arg(0))
+	// 0 would quietly become the default in bench.StoreConfig.
+	if err := firstErr(positive("clients", c.Clients), positive("threads", c.Threads), positive("replicas", c.Replicas),
+		positive("objects", c.Objects), checkSeconds("duration", *duration, false), checkSeconds("warmup", *warmup, true)); err != nil {
+		return err
+	}
+	switch {
+	case c.Batch < 0:
+		return usagef("--batch %d: must not be negative (0 = the default)", c.Batch)
+	case c.PutAhead < -1:
+		return usagef("--put_ahead %d: want -1 (off), 0 (the client's default) or a count", c.PutAhead)
+	case !(c.GetRatio > 0 && c.GetRatio <= 1):
+		return usagef("--get_ratio %v: want a share in (0, 1]", c.GetRatio)
+	}
+	if err := checkMaster(c.MasterAddr); err != nil {
+		return err
+	}
+	if err := checkLocalHost("local_server_name", c.LocalHostname); err != nil {
+		return err
 	}
 	var err error
 	if c.SegmentSize, err = parseSize(*segSize); err != nil {
-		return fmt.Errorf("--segment_size: %w", err)
+		return usagef("--segment_size: %w", err)
 	}
 	if c.LocalBufferSize, err = parseSize(*stage); err != nil {
-		return fmt.Errorf("--local_buffer_size: %w", err)
+		return usagef("--local_buffer_size: %w", err)
 	}
 	vs, err := parseSize(*valSize)
 	if err != nil {
-		return fmt.Errorf("--value_size: %w", err)
+		return usagef("--value_size: %w", err)
 	}
 	if vs > 1<<30 {
-		return fmt.Errorf("--value_size %d above 1 GiB", vs)
+		return usagef("--value_size %d above 1 GiB", vs)
 	}
 	c.ValueSize = int(vs)
 	c.Staged = !*zeroCopy
 	c.Duration = time.Duration(*duration * float64(time.Second))
 	c.Warmup = time.Duration(*warmup * float64(time.Second))
-	if *duration <= 0 {
-		return fmt.Errorf("--duration %v must be positive", *duration)
-	}
 	if c.Warmup == 0 {
 		c.Warmup = -1
 	}
@@ -158,7 +167,7 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 func storeClientMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(storeClientCmd, flag.ContinueOnError)
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.PID")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	path := *cpuProfile

@@ -52,7 +52,32 @@ func transferMain(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	table := fs.Bool("table", false, "run each of --table_protocols, write and read, 64 KiB and 1 MiB blocks; print a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := firstErr(positive("batch_size", c.BatchSize), positive("threads", c.Threads), positive("rdma_nics", c.RDMANICs),
+		checkSeconds("duration", *duration, false), checkSeconds("warmup", *warmup, true)); err != nil {
+		return err
+	}
+	switch {
+	case c.Mode != "loopback" && c.Mode != "initiator" && c.Mode != "target":
+		return usagef("--mode %q: want loopback, initiator or target", c.Mode)
+	case c.Operation != "read" && c.Operation != "write":
+		return usagef("--operation %q: want read or write", c.Operation)
+	case c.Mode == "initiator" && c.SegmentID == "":
+		return usagef("--mode initiator needs --segment_id (the target prints it)")
+	}
+	if c.Lanes < 0 {
+		return usagef("--lanes %d: must not be negative (0 = the transport's default)", c.Lanes)
+	}
+	if *precision < 0 || *precision > 12 {
+		return usagef("--report_precision %d: want 0 to 12", *precision)
+	}
+	mult, ok := rateUnits[*unit]
+	if !ok {
+		return usagef("--report_unit %q: want one of GB, GiB, Gb, MB, MiB, Mb, KB, KiB, Kb", *unit)
+	}
+	if err := checkLocalHost("local_server_name", c.LocalServerName); err != nil {
 		return err
 	}
 	stop, err := startCPUProfile(*cpuProfile)
@@ -61,22 +86,20 @@ func transferMain(ctx context.Context, args []string) error {
 	}
 	defer stop()
 	if c.BufferSize, err = parseSize(*bufSize); err != nil {
-		return fmt.Errorf("--buffer_size: %w", err)
+		return usagef("--buffer_size: %w", err)
 	}
 	bs, err := parseSize(*blockSize)
 	if err != nil {
-		return fmt.Errorf("--block_size: %w", err)
+		return usagef("--block_size: %w", err)
+	}
+	if bs > 1<<30 {
+		return usagef("--block_size %d: above 1 GiB", bs)
 	}
 	c.BlockSize = int(bs)
 	c.Duration = time.Duration(*duration * float64(time.Second))
 	c.Warmup = time.Duration(*warmup * float64(time.Second))
 	if c.Warmup == 0 {
 		c.Warmup = -1
-	}
-	mult, ok := rateUnits[*unit]
-	if !ok {
-		fmt.Fprintf(os.Stderr, "unknown --report_unit %q, using GB\n", *unit)
-		*unit, mult = "GB", 1e9
 	}
 	if isTerminal(os.Stderr) && !*asJSON {
 		c.Progress = os.Stderr
@@ -153,6 +176,7 @@ func sizeName(n int) string {
 
 // parseSize reads "65536", "64KiB", "1MiB", "1GiB", "1G", "512M".
 func parseSize(s string) (int64, error) {
+	orig := s
 	s = strings.TrimSpace(s)
 	mult := int64(1)
 	for _, u := range []struct {
@@ -165,10 +189,15 @@ func parseSize(s string) (int64, error) {
 		}
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
+	switch {
+	case err == nil && n > 0 && n <= (1<<62)/mult:
+		return n * mult, nil
+	case err == nil && n <= 0:
+		return 0, fmt.Errorf("size %q: must be positive", orig)
+	case err == nil:
+		return 0, fmt.Errorf("size %q: too large", orig)
 	}
-	return n * mult, nil
+	return 0, fmt.Errorf("size %q: not a number with an optional unit (65536, 64KiB, 1MiB, 1GiB, 1MB)", orig)
 }
 
 func isTerminal(f *os.File) bool {

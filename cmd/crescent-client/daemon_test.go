@@ -49,9 +49,9 @@ func TestMain(m *testing.M) {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, strings.Split(args, "\x1f"), os.Stdout, os.Stderr)
 		stop()
-		if err != nil {
+		if code := exitCode(err); code != 0 {
 			fmt.Fprintln(os.Stderr, "crescent-client:", err)
-			os.Exit(1)
+			os.Exit(code)
 		}
 		os.Exit(0)
 	}

@@ -1,11 +1,18 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"io"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestParseSize(t *testing.T) {
@@ -28,6 +35,7 @@ func TestParseSize(t *testing.T) {
 		{"GB", 0, false},
 		{"4 XB", 0, false},
 		{"-1", 0, false},
+		{"-4 GB", 0, false},
 		{"1e3", 0, false},
 		{"9999999 TB", 0, false},
 	}
@@ -81,4 +89,103 @@ func FuzzParseSize(f *testing.F) {
 			t.Fatalf("parseSize(%q) = %d", s, n)
 		}
 	})
+}
+
+// Every refused command line is a usage error (exit 2) in one line
+// naming the flag, before anything is allocated or dialled.
+func TestRefusedFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--global_segment_size", "-1"}, `--global_segment_size: size "-1": must not be negative`},
+		{[]string{"--local_buffer_size", "-64 MB"}, `--local_buffer_size: size "-64 MB": must not be negative`},
+		{[]string{"--global_segment_size", "lots"}, `--global_segment_size: size "lots": not a number`},
+		{[]string{"--log_level", "loud"}, `--log_level "loud"`},
+		{[]string{"--master_protocol", "smoke"}, `--master_protocol "smoke"`},
+		{[]string{"--master_server_address", "nohost"}, `--master_server_address "nohost": want host:port`},
+		{[]string{"--metrics_port", "-1"}, "--metrics_port -1"},
+		{[]string{"--heartbeat_interval", "0s"}, "--heartbeat_interval 0s"},
+		{[]string{"--heartbeat_interval", "soon"}, "-heartbeat_interval"},
+		{[]string{"--no_such_flag"}, "flag provided but not defined: -no_such_flag"},
+		{[]string{"stray"}, `unexpected argument "stray"`},
+		{[]string{"--metrics_port", "9004", "stray"}, `unexpected argument "stray"`},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stderr strings.Builder
+			err := run(context.Background(), tc.args, io.Discard, &stderr)
+			require.Error(t, err)
+			assert.Equal(t, 2, exitCode(err), err.Error())
+			assert.Contains(t, err.Error(), tc.want)
+			assert.NotContains(t, err.Error(), "\n")
+			assert.Empty(t, stderr.String(), "nothing printed but the caller's one line")
+		})
+	}
+}
+
+// Addresses that do not resolve or are not this host's name their flag
+// (exit 1: the command line is well formed).
+func TestAddressErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--master_server_address", "no-such-host.invalid:50051"}, `--master_server_address "no-such-host.invalid:50051": host "no-such-host.invalid" does not resolve`},
+		{[]string{"--local_hostname", "no-such-host.invalid"}, `--local_hostname "no-such-host.invalid": host "no-such-host.invalid" does not resolve`},
+		{[]string{"--local_hostname", "192.0.2.1"}, `--local_hostname "192.0.2.1": not an address of this host`},
+		{[]string{"--metrics_address", "192.0.2.1", "--local_hostname", "127.0.0.1"}, "--metrics_address/--metrics_port"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			args := append([]string{"--global_segment_size", "0", "--local_buffer_size", "1 MB", "--metrics_port", "0", "--log_level", "error"}, tc.args...)
+			err := run(context.Background(), args, io.Discard, io.Discard)
+			require.Error(t, err)
+			assert.Equal(t, 1, exitCode(err))
+			assert.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	var stdout, stderr strings.Builder
+	err := run(context.Background(), []string{"-h"}, &stdout, &stderr)
+	assert.Equal(t, 0, exitCode(err))
+	assert.Contains(t, stderr.String(), "usage: crescent-client")
+	assert.Contains(t, stderr.String(), "-global_segment_size")
+	stdout.Reset()
+	err = run(context.Background(), []string{"--version"}, &stdout, io.Discard)
+	assert.Equal(t, 0, exitCode(err))
+	assert.True(t, strings.HasPrefix(stdout.String(), "crescent-client "), stdout.String())
+}
+
+// The process: -h exits 0, a bad flag 2.
+func TestMainExitCodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"-h"}, 0},
+		{[]string{"--version"}, 0},
+		{[]string{"--global_segment_size", "-1"}, 2},
+		{[]string{"stray"}, 2},
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), daemonEnv+"="+strings.Join(tc.args, "\x1f"))
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		code := 0
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			code = ee.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		assert.Equal(t, tc.code, code, "%v: %s", tc.args, stderr.String())
+		if tc.code == 2 {
+			assert.Equal(t, 1, strings.Count(stderr.String(), "\n"), stderr.String())
+		}
+	}
 }

@@ -17,19 +17,42 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/internal/buildinfo"
 	"github.com/crescent-kv/crescent/store"
+	"github.com/crescent-kv/crescent/store/errcode"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if code := exitCode(err); code != 0 {
 		fmt.Fprintln(os.Stderr, "crescent-client:", err)
-		os.Exit(1)
+		os.Exit(code)
 	}
+}
+
+// usageError is a bad command line: exit 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// errVersion: --version was printed.
+var errVersion = errors.New("version printed")
+
+// exitCode is main's exit status: 0 for success, -h and --version, 2 for
+// a bad command line, 1 for anything else.
+func exitCode(err error) int {
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp), errors.Is(err, errVersion):
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	}
+	return 1
 }
 
 type options struct {
@@ -60,37 +83,106 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.heartbeat, "heartbeat_interval", time.Second, "interval between heartbeats to the master")
 	fs.StringVar(&o.logLevel, "log_level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.allowOvercommit, "allow_overcommit", false, "start even when --global_segment_size plus --local_buffer_size exceed the memory available (MemAvailable, cgroup limit); the kernel may then OOM-kill this or another process")
-	if err := fs.Parse(args); err != nil {
+	version := fs.Bool("version", false, "print the version and exit")
+	fs.SetOutput(io.Discard) // errors are one line, from run's caller
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(stderr, "usage: crescent-client [flags]\n\nExit codes: 0 ok (also after SIGTERM), 1 error, 2 usage error.\n\nflags:")
+		fs.SetOutput(stderr)
+		fs.PrintDefaults()
 		return o, err
+	} else if err != nil {
+		return o, usageError{err}
+	}
+	if *version {
+		return o, errVersion
 	}
 	if fs.NArg() > 0 {
-		return o, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+		return o, usagef("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
 	o.segmentFlag, o.bufferFlag = *seg, *buf
 	if o.segment, err = parseSize(*seg); err != nil {
-		return o, fmt.Errorf("--global_segment_size: %w", err)
+		return o, usagef("--global_segment_size: %w", err)
 	}
 	if o.buffer, err = parseSize(*buf); err != nil {
-		return o, fmt.Errorf("--local_buffer_size: %w", err)
+		return o, usagef("--local_buffer_size: %w", err)
 	}
 	if o.metricsPort < 0 || o.metricsPort > 65535 {
-		return o, fmt.Errorf("--metrics_port %d out of range", o.metricsPort)
+		return o, usagef("--metrics_port %d out of range", o.metricsPort)
 	}
 	if o.heartbeat <= 0 {
-		return o, fmt.Errorf("--heartbeat_interval must be positive")
+		return o, usagef("--heartbeat_interval %v: must be positive", o.heartbeat)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return o, usagef("--log_level %q: want debug, info, warn or error", o.logLevel)
+	}
+	switch o.masterProtocol {
+	case "auto", "crpc", "grpc", "grpc_tuned":
+	default:
+		return o, usagef("--master_protocol %q: want auto, crpc, grpc or grpc_tuned", o.masterProtocol)
+	}
+	if !strings.Contains(o.master, "://") { // other forms are the store client's
+		if _, _, err := net.SplitHostPort(o.master); err != nil {
+			return o, usagef("--master_server_address %q: want host:port", o.master)
+		}
 	}
 	return o, nil
 }
 
+// checkAddrs gives an address that does not resolve or cannot be bound
+// an error naming its flag, before the engine or the RPC layer words it
+// ("no free handshake port", resolver jargon).
+func checkAddrs(o options) error {
+	if !strings.Contains(o.master, "://") {
+		host, _, _ := net.SplitHostPort(o.master)
+		if err := resolves(host); err != nil {
+			return fmt.Errorf("--master_server_address %q: %w", o.master, err)
+		}
+	}
+	if o.hostname == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(o.hostname)
+	if err != nil {
+		host, port = o.hostname, "0"
+	}
+	if err := resolves(host); err != nil {
+		return fmt.Errorf("--local_hostname %q: %w", o.hostname, err)
+	}
+	if port == "0" || port == "" {
+		// Only whether this host has the address: the engine picks the port.
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return fmt.Errorf("--local_hostname %q: not an address of this host: %w", o.hostname, err)
+		}
+		l.Close()
+	}
+	return nil
+}
+
+func resolves(host string) error {
+	if host == "" || net.ParseIP(host) != nil {
+		return nil
+	}
+	if _, err := net.LookupHost(host); err != nil {
+		return fmt.Errorf("host %q does not resolve: %w", host, err)
+	}
+	return nil
+}
+
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
+	if errors.Is(err, errVersion) {
+		fmt.Fprintln(stdout, buildinfo.Line("crescent-client"))
+	}
 	if err != nil {
 		return err
 	}
 	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return fmt.Errorf("--log_level: %w", err)
+	level.UnmarshalText([]byte(o.logLevel)) // checked by parseFlags
+	if err := checkAddrs(o); err != nil {
+		return err
 	}
 	if !o.allowOvercommit {
 		if err := checkMemory(o); err != nil {
@@ -111,13 +203,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	// Listen first: a port conflict should fail before memory is mounted.
 	lis, err := net.Listen("tcp", net.JoinHostPort(o.metricsAddr, strconv.Itoa(o.metricsPort)))
 	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
+		return fmt.Errorf("--metrics_address/--metrics_port: %w", err)
 	}
 	defer lis.Close()
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	c, err := store.New(startCtx, cfg)
 	cancel()
+	if errors.Is(err, errcode.ErrRPCFail) || errors.Is(err, errcode.ErrRPCTimeout) {
+		return fmt.Errorf("--master_server_address %s: master not reachable: %w", o.master, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -186,8 +281,11 @@ func parseSize(s string) (int64, error) {
 	}
 	num, unit := t[:i], strings.ToUpper(strings.TrimSpace(t[i:]))
 	v, err := strconv.ParseFloat(num, 64)
+	if strings.HasPrefix(t, "-") {
+		return 0, fmt.Errorf("size %q: must not be negative", s)
+	}
 	if err != nil || num == "" {
-		return 0, fmt.Errorf("size %q: not a number", s)
+		return 0, fmt.Errorf("size %q: not a number with an optional unit (4096, 512MiB, \"4 GB\")", s)
 	}
 	mult := map[string]float64{
 		"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20, "MIB": 1 << 20,

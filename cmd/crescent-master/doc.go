@@ -1,5 +1,13 @@
 // Command crescent-master runs the store's master: metadata of keys,
 // replicas, leases, pins and segments, over gRPC, with an HTTP admin port.
 // It runs with no flags (rpc 0.0.0.0:50051, admin 9003); every flag can
-// also be set in a YAML file (--config) under the same name.
+// also be set in a YAML file (--config) under the same name; docs/master.yaml
+// is a commented sample listing every key with its default.
+//
+// A bad command line or config exits 2 with one line naming the flag or
+// key: unknown flags, stray arguments, unknown YAML keys, more than one
+// YAML document, a bad log_level, values out of range (counts below 1,
+// negative durations), an rpc_address that does not resolve. An address
+// that cannot be bound exits 1 naming its flags. --version prints the
+// build; -h the flags.
 package main

@@ -1,15 +1,18 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +26,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/metadata/httpmeta"
 	"github.com/crescent-kv/crescent/event"
 	"github.com/crescent-kv/crescent/ha/oplog"
+	"github.com/crescent-kv/crescent/internal/buildinfo"
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -159,30 +163,32 @@ func (c *config) flags(fs *flag.FlagSet) {
 // command line (which win).
 func load(args []string) (config, error) {
 	c := defaults()
-	fs := flag.NewFlagSet("crescent-master", flag.ContinueOnError)
-	path := fs.String("config", "", "YAML file with any of these settings (flags given on the command line win)")
-	c.flags(fs)
+	fs, path, version := flagSet(&c)
 	if err := fs.Parse(args); err != nil {
-		return c, err
+		return c, err // flag.ErrHelp: main prints the usage
+	}
+	if *version {
+		return c, errVersion
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected argument %q (settings are flags, or keys of --config)", fs.Arg(0))
 	}
 	if *path == "" {
 		return c, c.validate()
 	}
 	b, err := os.ReadFile(*path)
 	if err != nil {
-		return c, err
+		return c, fmt.Errorf("--config: %w", err)
 	}
 	fromFile := defaults()
-	if err := yaml.Unmarshal(b, &fromFile); err != nil {
-		return c, fmt.Errorf("%s: %w", *path, err)
+	if err := decodeYAML(b, &fromFile); err != nil {
+		return c, fmt.Errorf("--config %s: %w", *path, err)
 	}
 	// Re-apply the command line on top of the file.
-	fs2 := flag.NewFlagSet("crescent-master", flag.ContinueOnError)
-	fs2.String("config", "", "")
-	fromFile.flags(fs2)
+	fs2, _, _ := flagSet(&fromFile)
 	var set []string
 	fs.Visit(func(f *flag.Flag) {
-		if f.Name != "config" {
+		if f.Name != "config" && f.Name != "version" {
 			set = append(set, "--"+f.Name+"="+f.Value.String())
 		}
 	})
@@ -192,7 +198,54 @@ func load(args []string) (config, error) {
 	return fromFile, fromFile.validate()
 }
 
+// errVersion: --version was given.
+var errVersion = errors.New("version requested")
+
+// flagSet is the command line: --config, --version and every setting. It
+// prints nothing: main words errors in one line, and the usage on -h.
+func flagSet(c *config) (fs *flag.FlagSet, path *string, version *bool) {
+	fs = flag.NewFlagSet("crescent-master", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	path = fs.String("config", "", "YAML file with any of these settings (flags given on the command line win); an unknown key is an error")
+	version = fs.Bool("version", false, "print the version and exit")
+	c.flags(fs)
+	return fs, path, version
+}
+
+// yamlUnknown is yaml.v3's wording for a key the struct lacks.
+var yamlUnknown = regexp.MustCompile(`field (\S+) not found in type \S+`)
+
+// decodeYAML reads one YAML document into c, refusing keys that are not
+// settings (a typo would otherwise fall back to the default silently).
+func decodeYAML(b []byte, c *config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	err := dec.Decode(c)
+	if errors.Is(err, io.EOF) {
+		return nil // empty file: the defaults
+	}
+	var te *yaml.TypeError
+	if errors.As(err, &te) {
+		msgs := make([]string, len(te.Errors))
+		for i, m := range te.Errors {
+			msgs[i] = yamlUnknown.ReplaceAllString(m, "unknown key $1")
+		}
+		return errors.New(strings.Join(msgs, "; "))
+	}
+	if err != nil {
+		return err
+	}
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return errors.New("more than one YAML document")
+	}
+	return nil
+}
+
 func (c *config) validate() error {
+	if err := c.validateStrict(); err != nil {
+		return err
+	}
 	switch {
 	case c.RPCPort < 0 || c.RPCPort > 65535:
 		return fmt.Errorf("rpc_port %d out of range", c.RPCPort)
@@ -232,21 +285,91 @@ func (c *config) validate() error {
 	return c.validateSnapshots()
 }
 
+// validateStrict refuses what run would otherwise rewrite or ignore.
+func (c *config) validateStrict() error {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return fmt.Errorf("log_level %q: want debug, info, warn or error", c.LogLevel)
+	}
+	if _, err := event.ParseEncoding(c.KVEventsEncoding); err != nil {
+		return fmt.Errorf("kv_events_encoding %q: want map or array", c.KVEventsEncoding)
+	}
+	switch {
+	case c.KVEventsOverflow != "drop_oldest" && c.KVEventsOverflow != "block":
+		return fmt.Errorf("kv_events_overflow %q: want drop_oldest or block", c.KVEventsOverflow)
+	case c.KVEventsQueueSize < 1 || c.KVEventsBatchSize < 1 || c.KVEventsReplayBufferSize < 1:
+		return fmt.Errorf("kv_events_queue_size %d, kv_events_batch_size %d, kv_events_replay_buffer_size %d: each must be at least 1",
+			c.KVEventsQueueSize, c.KVEventsBatchSize, c.KVEventsReplayBufferSize)
+	case c.KVEventsBatchIntervalMs < 0:
+		return fmt.Errorf("kv_events_batch_interval_ms %v: must not be negative", c.KVEventsBatchIntervalMs)
+	case c.DefaultKVSoftPinTTL < 0 || c.MaxKVSoftPinTTL < 0:
+		return errors.New("default_kv_soft_pin_ttl and max_kv_soft_pin_ttl must not be negative")
+	case c.PutStartDiscardTimeoutSec < 0 || c.PutStartReleaseTimeoutSec < 0:
+		return errors.New("put_start_discard_timeout_sec and put_start_release_timeout_sec must not be negative")
+	case c.HTTPMetadataServerPort < 0 || c.HTTPMetadataServerPort > 65535:
+		return fmt.Errorf("http_metadata_server_port %d out of range", c.HTTPMetadataServerPort)
+	case c.MetricsPort != 0 && c.MetricsPort == c.RPCPort:
+		return fmt.Errorf("rpc_port and metrics_port are both %d", c.RPCPort)
+	case c.EnableHTTPMetadataServer && c.HTTPMetadataServerPort != 0 && (c.HTTPMetadataServerPort == c.RPCPort || c.HTTPMetadataServerPort == c.MetricsPort):
+		return fmt.Errorf("http_metadata_server_port %d is taken by rpc_port or metrics_port", c.HTTPMetadataServerPort)
+	}
+	for _, a := range []struct{ key, host string }{{"rpc_address", c.RPCAddress}, {"http_metadata_server_host", c.HTTPMetadataServerHost}} {
+		if a.host == "" || net.ParseIP(a.host) != nil {
+			continue
+		}
+		if _, err := net.LookupHost(a.host); err != nil {
+			return fmt.Errorf("%s %q does not resolve: %w", a.key, a.host, err)
+		}
+	}
+	return nil
+}
+
+func usage(w io.Writer) {
+	c := defaults()
+	fs, _, _ := flagSet(&c)
+	fmt.Fprintln(w, "usage: crescent-master [flags]\n\nEvery flag is also a key of the --config YAML file.\nExit codes: 0 ok (also after SIGTERM), 1 error, 2 bad flag or config.\n\nflags:")
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+}
+
 func main() {
 	cfg, err := load(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		usage(os.Stderr)
 		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "crescent-master:", err)
+	case errors.Is(err, errVersion):
+		fmt.Println(buildinfo.Line("crescent-master"))
+		return
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "crescent-master:", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, cfg); err != nil {
-		fmt.Fprintln(os.Stderr, "crescent-master:", err)
+		fmt.Fprintln(os.Stderr, "crescent-master:", explainListen(cfg, err))
 		os.Exit(1)
 	}
+}
+
+// explainListen names the flags of an address run could not listen on.
+func explainListen(cfg config, err error) error {
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "listen" || oe.Addr == nil {
+		return err
+	}
+	flags := "--rpc_address/--rpc_port"
+	if _, port, _ := net.SplitHostPort(oe.Addr.String()); port != "" {
+		switch port {
+		case strconv.Itoa(cfg.RPCPort):
+		case strconv.Itoa(cfg.MetricsPort):
+			flags = "--rpc_address/--metrics_port"
+		case strconv.Itoa(cfg.HTTPMetadataServerPort):
+			flags = "--http_metadata_server_host/--http_metadata_server_port"
+		}
+	}
+	return fmt.Errorf("%s: cannot listen on %s: %w", flags, oe.Addr, oe.Err)
 }
 
 func run(ctx context.Context, cfg config) error {

@@ -1,0 +1,5 @@
+package main
+
+// Every metadata backend, so --metadata_server takes etcd://, bare
+// host:port, redis(s):// and http(s):// strings; the engine links none.
+import _ "github.com/crescent-kv/crescent/engine/metadata/all"
