@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
@@ -226,7 +227,7 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		_, err := c.master.ServiceReady(rctx, &storepb.ServiceReadyRequest{})
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("store: master %s: %w", cfg.MasterAddr, rpcerr.FromStatus(err))
+			return nil, fmt.Errorf("store: master %s: %w", metadata.Redact(cfg.MasterAddr), rpcerr.FromStatus(err))
 		}
 		ok = true
 		return c, nil

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -118,6 +119,8 @@ const (
 	// call runs again on a leader that did not answer.
 	haRetryMin = 20 * time.Millisecond
 	haRetryMax = time.Second
+	// haKickMin spaces the reads of the view that failed calls ask for.
+	haKickMin = 100 * time.Millisecond
 	// haRetryPause spaces reads of the view after the source failed.
 	haRetryPause = 200 * time.Millisecond
 )
@@ -233,6 +236,11 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 			h.fails.Store(0)
 			return err
 		}
+		if status.Code(err) == codes.Canceled {
+			// Its connection was closed by a switch: the old leader may
+			// or may not have applied it.
+			err = status.Error(codes.Unavailable, "store: the master leader changed during the call")
+		}
 		if h.fails.Add(1)%haFailThreshold == 0 {
 			h.readView()
 		}
@@ -280,6 +288,7 @@ func (h *haConn) monitor(ctx context.Context) {
 		v   LeaderView
 		err error
 	}
+	var lastKick time.Time
 	for ctx.Err() == nil {
 		wctx, cancel := context.WithCancel(ctx)
 		res := make(chan result, 1)
@@ -294,6 +303,17 @@ func (h *haConn) monitor(ctx context.Context) {
 		case <-h.kick:
 			cancel()
 			<-res
+			// However fast calls fail, the backend is read at most
+			// once per haKickMin for them.
+			if d := haKickMin - time.Since(lastKick); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+				}
+			}
+			lastKick = time.Now()
 			r.v, r.err = h.src.View(ctx)
 		}
 		cancel()
@@ -392,11 +412,13 @@ func (h *haConn) Close() error {
 func (c *Client) connectHA(ctx context.Context, open LeaderOpener) error {
 	src, err := open(ctx, c.cfg.MasterAddr, c.cfg.ClusterID)
 	if err != nil {
-		return fmt.Errorf("store: master view at %s: %w", c.cfg.MasterAddr, err)
+		return fmt.Errorf("store: master view at %s: %w", metadata.Redact(c.cfg.MasterAddr), err)
 	}
 	h := &haConn{log: c.log, onSwitch: c.leaderSwitched}
 	dial := func(ctx context.Context, addr string) (MasterConn, string, error) {
 		if c.cfg.MasterDialer != nil {
+			ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+			defer cancel()
 			conn, err := c.cfg.MasterDialer(ctx, addr, c.stats.interceptor)
 			return conn, c.cfg.MasterProtocol, err
 		}
@@ -406,8 +428,9 @@ func (c *Client) connectHA(ctx context.Context, open LeaderOpener) error {
 		src.Close()
 		return err
 	}
-	c.log.Debug("master leader", "addr", h.view.Leader, "view", h.view.Version, "protocol", h.proto)
-	c.ha, c.conn, c.master, c.rpcProto = h, h, storepb.NewMasterClient(h), h.proto
+	v := h.View()
+	c.log.Debug("master leader", "addr", v.Leader, "view", v.Version)
+	c.ha, c.conn, c.master, c.rpcProto = h, h, storepb.NewMasterClient(h), c.cfg.MasterProtocol
 	return nil
 }
 
