@@ -123,6 +123,11 @@ func testHAFailover(t *testing.T, backend, proto string) {
 	require.Equal(t, va, c.Leader())
 	rc := store.ReplicateConfig{}
 	v1 := value(64<<10, 1)
+	// Puts of one size: the client holds put-ahead reservations on the
+	// leader, which mean nothing to the next one.
+	for i := range 6 {
+		require.NoError(t, c.Put(ctx, fmt.Sprintf("ahead/%d", i), value(32<<10, byte(100+i)), rc))
+	}
 	require.NoError(t, c.Put(ctx, "before", v1, rc))
 	got, err := c.Get(ctx, "before")
 	require.NoError(t, err)
@@ -157,7 +162,7 @@ func testHAFailover(t *testing.T, backend, proto string) {
 	assert.Equal(t, vb.Version, st.LeaderVersion)
 	assert.Equal(t, mb.Addr(), st.Leader)
 
-	for i := range 5 {
+	for i := range 20 {
 		k, v := fmt.Sprintf("after/%d", i), value(32<<10, byte(i))
 		require.NoError(t, c.Put(ctx, k, v, rc))
 		got, err := c.Get(ctx, k)
@@ -169,6 +174,8 @@ func testHAFailover(t *testing.T, backend, proto string) {
 		assert.Equal(t, c.SegmentName(), info.Replicas[0].SegmentName)
 	}
 	assert.Equal(t, proto, c.MasterProtocol())
+	assert.Positive(t, c.Stats().PutsAhead, "no put went ahead: the reservations were not exercised")
+	assert.Zero(t, c.Stats().AheadGone, "a put used a reservation of the old leader")
 
 	// A view older than the current one changes nothing.
 	switched, err := c.SwitchLeader(ctx, store.LeaderView{Leader: ma.Addr(), Version: vb.Version - 1})
