@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
-	_ "github.com/crescent-kv/crescent/store/haview"
+	"github.com/crescent-kv/crescent/store/haview"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
@@ -233,4 +234,46 @@ func TestHAAddress(t *testing.T) {
 	_, err := store.New(ctx, store.Config{MasterAddr: "etcd://127.0.0.1:2379", ClusterID: "a/b", Logger: store.QuietLogger})
 	require.ErrorIs(t, err, store.ErrInvalidConfig)
 	require.ErrorIs(t, err, leader.ErrInvalid)
+}
+
+// stuckWatch is a leader source whose watch never reports (as a watch on
+// a hung etcd member once did upstream): only reads of the view see
+// changes.
+type stuckWatch struct{ store.LeaderSource }
+
+func (s stuckWatch) WaitChange(ctx context.Context, _ uint64) (store.LeaderView, error) {
+	<-ctx.Done()
+	return store.LeaderView{}, ctx.Err()
+}
+
+func init() {
+	store.RegisterLeaderScheme("stuck-etcd", func(ctx context.Context, addr, clusterID string) (store.LeaderSource, error) {
+		src, err := haview.OpenEtcd(ctx, "etcd://"+strings.TrimPrefix(addr, "stuck-etcd://"), clusterID)
+		if err != nil {
+			return nil, err
+		}
+		return stuckWatch{src}, nil
+	})
+}
+
+// TestHAFailedCallsReadView: with a watch that reports nothing, calls
+// that fail UNAVAILABLE make the client read the view, find the new
+// leader and switch; the idempotent call that found the old one gone is
+// answered by the new one.
+func TestHAFailedCallsReadView(t *testing.T) {
+	ctx := testCtx(t)
+	el := startElection(t, "etcd")
+	ma := store.StartTestMaster(t, master.Config{})
+	mb := store.StartTestMaster(t, master.Config{})
+	sa, va := el.acquire(t, ctx, ma.Addr())
+	c := haClient(t, ctx, "stuck-"+el.addr, "crpc", 0)
+	require.Equal(t, va, c.Leader())
+	require.NoError(t, c.Ready(ctx))
+
+	ma.Stop()
+	require.NoError(t, sa.Release(ctx))
+	_, vb := el.acquire(t, ctx, mb.Addr())
+	require.NoError(t, c.Ready(ctx))
+	assert.Equal(t, vb, c.Leader())
+	assert.Equal(t, uint64(1), c.Stats().LeaderSwitches)
 }
