@@ -125,8 +125,9 @@
 //     ReportFailedSegments (IdempotentMethods; Stats.LeaderRetries).
 //     Every other call (puts, commits, reservations, removes, mount and
 //     unmount) returns its error: the old leader may have applied it, and
-//     only its log knows. So no answer ever comes from a leader the
-//     client has left, and an acknowledged write is one a leader took.
+//     only its log knows. No call is sent to a leader the client has
+//     left, and a call cut off by a switch fails UNAVAILABLE (or, when
+//     idempotent, runs again on the new leader).
 //
 // Stats returns the client's counters (bytes moved, put/get latency
 // histograms, per-RPC counts and latencies, puts that went ahead); cmd/crescent-client exports

@@ -149,7 +149,7 @@ type haConn struct {
 	fails    atomic.Int32  // consecutive UNAVAILABLE calls
 	switches atomic.Uint64
 	ignored  atomic.Uint64 // views with a version below the current one
-	retries  atomic.Uint64 // idempotent calls sent again after a switch
+	retries  atomic.Uint64 // idempotent calls sent again after UNAVAILABLE
 	kick     chan struct{} // read the view now
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
