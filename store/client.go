@@ -207,12 +207,15 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		}
 	}()
 
+	if cfg.PutAhead > 0 {
+		// Before connect: an HA switch may come at once and drop them.
+		c.ahead = newPutAhead(cfg.PutAhead, cfg.PutAheadBytes)
+	}
 	if err := c.connect(ctx); err != nil {
 		return nil, err
 	}
 	c.startCoalescers()
-	if cfg.PutAhead > 0 {
-		c.ahead = newPutAhead(cfg.PutAhead, cfg.PutAheadBytes)
+	if c.ahead != nil {
 		var actx context.Context
 		actx, c.aheadStop = context.WithCancel(context.Background())
 		c.ahead.wg.Add(1)

@@ -1,16 +1,3 @@
-// Package haview lets store clients follow masters in high availability:
-// importing it registers the master address schemes
-//
-//	etcd://host:port[,host2:port2...]        (';' also separates)
-//	redis://[user:password@]host[:port][/db]  (rediss:// for TLS)
-//
-// for store.Config.MasterAddr. The client reads the leader view that
-// crescent-master --ha_backend etcd|redis publishes (package ha/leader,
-// prefix leader.DefaultPrefix, cluster id store.Config.ClusterID) through
-// a leader.Coordinator, used read-only: View and WaitChange, never
-// TryAcquire. The etcd client is built from leader.EtcdClientConfig (dial
-// keep-alives, so a hung member is left for another). It links etcd's
-// client and go-redis, which the store package itself does not.
 package haview
 
 import (
@@ -67,12 +54,6 @@ func OpenRedis(_ context.Context, addr, clusterID string) (store.LeaderSource, e
 		return nil, fmt.Errorf("%w: %s: %w", store.ErrInvalidConfig, metadata.Redact(addr), err)
 	}
 	return &source{co: co, closeCli: cli.Close}, nil
-}
-
-// Wrap makes a LeaderSource of any coordinator (read-only use); closeFn,
-// when not nil, runs after the coordinator's Close (its backend client).
-func Wrap(co leader.Coordinator, closeFn func() error) store.LeaderSource {
-	return &source{co: co, closeCli: closeFn}
 }
 
 type source struct {
