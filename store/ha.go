@@ -136,14 +136,9 @@ type haConn struct {
 	log      *slog.Logger
 	onSwitch func(LeaderView) // after a switch, outside mu
 
-	switchMu sync.Mutex // serializes switchLeader, dials included
+	switchMu sync.Mutex // serializes switchLeader (dials included) and Close
 
-	mu      sync.Mutex
-	cur     MasterConn
-	proto   string
-	view    LeaderView
-	changed chan struct{} // closed at each switch
-	closed  bool
+	state atomic.Pointer[haState] // replaced, never modified; nil once closed
 
 	seen     atomic.Uint64 // last version the source reported, kept or not
 	fails    atomic.Int32  // consecutive UNAVAILABLE calls
@@ -155,11 +150,18 @@ type haConn struct {
 	wg       sync.WaitGroup
 }
 
+// haState is one leader's connection.
+type haState struct {
+	conn    MasterConn
+	proto   string
+	view    LeaderView
+	changed chan struct{} // closed when this state is replaced
+}
+
 // dialHA opens src's current leader (waiting for one within ctx) and
 // starts the monitor.
 func dialHA(ctx context.Context, src LeaderSource, dial func(context.Context, string) (MasterConn, string, error), h *haConn) error {
 	h.src, h.dial = src, dial
-	h.changed = make(chan struct{})
 	h.kick = make(chan struct{}, 1)
 	v, err := src.View(ctx)
 	if err != nil {
@@ -175,7 +177,7 @@ func dialHA(ctx context.Context, src LeaderSource, dial func(context.Context, st
 	if err != nil {
 		return err
 	}
-	h.cur, h.proto, h.view = conn, proto, v
+	h.state.Store(&haState{conn: conn, proto: proto, view: v, changed: make(chan struct{})})
 	mctx, cancel := context.WithCancel(context.Background())
 	h.stop = cancel
 	h.wg.Add(1)
@@ -184,30 +186,32 @@ func dialHA(ctx context.Context, src LeaderSource, dial func(context.Context, st
 }
 
 // current returns the connection and the view it belongs to.
-func (h *haConn) current() (MasterConn, LeaderView, chan struct{}, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.closed {
-		return nil, LeaderView{}, nil, status.Error(codes.Canceled, "store: master connection closed")
+func (h *haConn) current() (*haState, error) {
+	st := h.state.Load()
+	if st == nil {
+		return nil, status.Error(codes.Canceled, "store: master connection closed")
 	}
-	return h.cur, h.view, h.changed, nil
+	return st, nil
 }
 
 // View is the leader view the client follows now.
 func (h *haConn) View() LeaderView {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.view
+	if st := h.state.Load(); st != nil {
+		return st.view
+	}
+	return LeaderView{}
 }
 
 // Protocol is the current connection's protocol.
 func (h *haConn) Protocol() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if p, ok := h.cur.(interface{ Protocol() string }); ok {
+	st := h.state.Load()
+	if st == nil {
+		return ""
+	}
+	if p, ok := st.conn.(interface{ Protocol() string }); ok {
 		return p.Protocol()
 	}
-	return h.proto
+	return st.proto
 }
 
 // leaderGone reports whether err means the leader may be gone: the
@@ -227,11 +231,11 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 	idem := idempotentMethods[method[strings.LastIndexByte(method, '/')+1:]]
 	pause := haRetryMin
 	for {
-		conn, _, changed, err := h.current()
+		st, err := h.current()
 		if err != nil {
 			return err
 		}
-		err = conn.Invoke(ctx, method, args, reply, opts...)
+		err = st.conn.Invoke(ctx, method, args, reply, opts...)
 		if !leaderGone(ctx, err) {
 			h.fails.Store(0)
 			return err
@@ -251,7 +255,7 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 		// restarting) after a pause, within the caller's context.
 		t := time.NewTimer(pause)
 		select {
-		case <-changed:
+		case <-st.changed:
 			pause = haRetryMin
 		case <-t.C:
 			pause = min(2*pause, haRetryMax)
@@ -265,11 +269,11 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 }
 
 func (h *haConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	conn, _, _, err := h.current()
+	st, err := h.current()
 	if err != nil {
 		return nil, err
 	}
-	return conn.NewStream(ctx, desc, method, opts...)
+	return st.conn.NewStream(ctx, desc, method, opts...)
 }
 
 // readView asks the monitor to read the view now.
@@ -365,21 +369,17 @@ func (h *haConn) switchLeader(ctx context.Context, v LeaderView) (bool, error) {
 		h.log.Warn("dialling the new master leader failed", "leader", v.Leader, "view", v.Version, "err", err)
 		return false, err
 	}
-	h.mu.Lock()
-	if h.closed {
-		h.mu.Unlock()
+	old := h.state.Load()
+	if old == nil {
 		conn.Close()
 		return false, ErrClosed
 	}
-	old := h.cur
-	h.cur, h.proto, h.view = conn, proto, v
-	close(h.changed)
-	h.changed = make(chan struct{})
-	h.mu.Unlock()
+	h.state.Store(&haState{conn: conn, proto: proto, view: v, changed: make(chan struct{})})
+	close(old.changed)
 	h.fails.Store(0)
 	h.switches.Add(1)
 	h.log.Info("master leader switched", "leader", v.Leader, "view", v.Version, "old_leader", cur.Leader, "old_view", cur.Version)
-	old.Close()
+	old.conn.Close()
 	if h.onSwitch != nil {
 		h.onSwitch(v)
 	}
@@ -393,15 +393,12 @@ func (h *haConn) Close() error {
 	}
 	h.wg.Wait()
 	h.switchMu.Lock() // no switch in progress
-	h.mu.Lock()
-	h.closed = true
-	c := h.cur
-	h.cur = nil
-	h.mu.Unlock()
+	st := h.state.Swap(nil)
 	h.switchMu.Unlock()
 	var errs []error
-	if c != nil {
-		errs = append(errs, c.Close())
+	if st != nil {
+		close(st.changed) // waiting calls find it closed
+		errs = append(errs, st.conn.Close())
 	}
 	errs = append(errs, h.src.Close())
 	return errors.Join(errs...)
