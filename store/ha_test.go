@@ -285,3 +285,36 @@ func TestHAFailedCallsReadView(t *testing.T) {
 	assert.Equal(t, vb, c.Leader())
 	assert.Equal(t, uint64(1), c.Stats().LeaderSwitches)
 }
+
+// TestHASwitchAwayFromLiveLeader: a leader that loses the view but still
+// answers (deposed, not dead) gets no more calls once the client has
+// switched: puts land on the new leader and reads are answered by it.
+func TestHASwitchAwayFromLiveLeader(t *testing.T) {
+	for _, proto := range []string{"crpc", "grpc"} {
+		t.Run(proto, func(t *testing.T) {
+			ctx := testCtx(t)
+			el := startElection(t, "etcd")
+			ma := store.StartTestMaster(t, master.Config{})
+			mb := store.StartTestMaster(t, master.Config{})
+			sa, _ := el.acquire(t, ctx, ma.Addr())
+			c := haClient(t, ctx, el.addr, proto, 16<<20)
+			rc := store.ReplicateConfig{}
+			require.NoError(t, c.Put(ctx, "on-a", value(4096, 1), rc))
+
+			require.NoError(t, sa.Release(ctx)) // ma keeps serving
+			_, vb := el.acquire(t, ctx, mb.Addr())
+			require.Eventually(t, func() bool { return c.Leader() == vb }, 30*time.Second, 10*time.Millisecond)
+			require.Eventually(t, func() bool { return mountedOn(mb.Master(), c.SegmentName()) }, 30*time.Second, 10*time.Millisecond)
+
+			v := value(4096, 2)
+			require.NoError(t, c.Put(ctx, "on-b", v, rc))
+			_, err := ma.Master().QueryKey("on-b")
+			require.ErrorIs(t, err, errcode.ErrObjectNotFound, "the deposed leader took a put")
+			got, err := c.Get(ctx, "on-b")
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(v, got))
+			_, err = c.Get(ctx, "on-a")
+			require.ErrorIs(t, err, errcode.ErrObjectNotFound, "the deposed leader answered a get")
+		})
+	}
+}
