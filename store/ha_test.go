@@ -19,6 +19,7 @@ import (
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/haview"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // election is a real coordinator the test campaigns on for the masters
@@ -316,5 +317,21 @@ func TestHASwitchAwayFromLiveLeader(t *testing.T) {
 			_, err = c.Get(ctx, "on-a")
 			require.ErrorIs(t, err, errcode.ErrObjectNotFound, "the deposed leader answered a get")
 		})
+	}
+}
+
+// TestIdempotentMethods: the retried RPCs are the documented ones, and
+// each is a method of the master service (a misspelt name would silently
+// never be retried).
+func TestIdempotentMethods(t *testing.T) {
+	want := []string{"BatchExistKey", "BatchGetReplicaList", "ExistKey", "GetReplicaList", "Ping",
+		"QuerySegmentStatus", "ReMountSegment", "ReportFailedSegments", "ServiceReady"}
+	assert.Equal(t, want, store.IdempotentMethods())
+	methods := map[string]bool{}
+	for _, m := range storepb.Master_ServiceDesc.Methods {
+		methods[m.MethodName] = true
+	}
+	for _, m := range want {
+		assert.True(t, methods[m], m)
 	}
 }
