@@ -29,31 +29,43 @@ type election struct {
 	co   leader.Coordinator
 	addr string        // MasterAddr: etcd://... or redis://...
 	rdb  *redis.Client // redis only
+	// open makes another coordinator on the same backend (another
+	// candidate), closed at the end of the test.
+	open func(t *testing.T) leader.Coordinator
 }
 
-func startElection(t *testing.T, backend string) *election {
+func startElection(t *testing.T, backend string, opts ...leader.Option) *election {
 	t.Helper()
+	el := &election{}
 	switch backend {
 	case "etcd":
 		e := testsvc.StartEtcd(t)
 		cli, err := clientv3.New(leader.EtcdClientConfig([]string{e.Endpoint}))
 		require.NoError(t, err)
 		t.Cleanup(func() { cli.Close() })
-		co, err := leader.NewEtcd(cli, store.DefaultClusterID)
-		require.NoError(t, err)
-		t.Cleanup(func() { co.Close() })
-		return &election{co: co, addr: e.URL()}
+		el.addr = e.URL()
+		el.open = func(t *testing.T) leader.Coordinator {
+			co, err := leader.NewEtcd(cli, store.DefaultClusterID, opts...)
+			require.NoError(t, err)
+			t.Cleanup(func() { co.Close() })
+			return co
+		}
 	case "redis":
 		r := testsvc.StartRedis(t)
 		cli := redis.NewClient(&redis.Options{Addr: r.Addr})
 		t.Cleanup(func() { cli.Close() })
-		co, err := leader.NewRedis(cli, store.DefaultClusterID)
-		require.NoError(t, err)
-		t.Cleanup(func() { co.Close() })
-		return &election{co: co, addr: r.URL(), rdb: cli}
+		el.addr, el.rdb = r.URL(), cli
+		el.open = func(t *testing.T) leader.Coordinator {
+			co, err := leader.NewRedis(cli, store.DefaultClusterID, opts...)
+			require.NoError(t, err)
+			t.Cleanup(func() { co.Close() })
+			return co
+		}
+	default:
+		t.Fatalf("backend %q", backend)
 	}
-	t.Fatalf("backend %q", backend)
-	return nil
+	el.co = el.open(t)
+	return el
 }
 
 func (e *election) acquire(t *testing.T, ctx context.Context, addr string) (leader.Session, store.LeaderView) {
@@ -333,5 +345,52 @@ func TestIdempotentMethods(t *testing.T) {
 	}
 	for _, m := range want {
 		assert.True(t, methods[m], m)
+	}
+}
+
+// TestHALeaseExpiry: the leader dies without giving the view up (its
+// coordinator closes: the lease is left to expire, as after kill -9), so
+// for up to a TTL the view still names it and the client's calls fail;
+// once the lease is gone another master acquires, and the client follows
+// it, re-mounts and works there.
+func TestHALeaseExpiry(t *testing.T) {
+	for _, backend := range []string{"etcd", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			ctx := testCtx(t)
+			el := startElection(t, backend, leader.WithTTL(time.Second))
+			ma := store.StartTestMaster(t, master.Config{})
+			mb := store.StartTestMaster(t, master.Config{})
+			coA := el.open(t)
+			sa, va, err := coA.TryAcquire(ctx, ma.Addr())
+			require.NoError(t, err)
+			require.NotNil(t, sa)
+			c := haClient(t, ctx, el.addr, "crpc", 16<<20)
+			rc := store.ReplicateConfig{}
+			require.NoError(t, c.Put(ctx, "on-a", value(4096, 1), rc))
+
+			ma.Stop()
+			require.NoError(t, coA.Close()) // the view stays until the lease expires
+			require.ErrorIs(t, sa.Err(), leader.ErrClosed)
+			var vb store.LeaderView
+			require.Eventually(t, func() bool {
+				s, v, err := el.co.TryAcquire(ctx, mb.Addr())
+				if err != nil || s == nil {
+					return false
+				}
+				t.Cleanup(func() { s.Release(context.Background()) })
+				vb = store.LeaderView{Leader: v.Leader, Version: v.Version}
+				return true
+			}, 30*time.Second, 50*time.Millisecond)
+			require.Greater(t, vb.Version, va.Version)
+
+			require.Eventually(t, func() bool { return c.Leader() == vb && mountedOn(mb.Master(), c.SegmentName()) },
+				30*time.Second, 10*time.Millisecond)
+			v := value(4096, 2)
+			require.NoError(t, c.Put(ctx, "on-b", v, rc))
+			got, err := c.Get(ctx, "on-b")
+			require.NoError(t, err)
+			require.True(t, bytes.Equal(v, got))
+			assert.Equal(t, uint64(1), c.Stats().LeaderSwitches)
+		})
 	}
 }
