@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -393,4 +394,69 @@ func TestHALeaseExpiry(t *testing.T) {
 			assert.Equal(t, uint64(1), c.Stats().LeaderSwitches)
 		})
 	}
+}
+
+// TestHAFailoverUnderLoad: puts and gets run while the leader stops and
+// another takes over. No call hangs past its context, every get that
+// succeeds returns the bytes put under its key, and once the client has
+// switched its puts succeed on the new leader.
+func TestHAFailoverUnderLoad(t *testing.T) {
+	ctx := testCtx(t)
+	el := startElection(t, "etcd")
+	ma := store.StartTestMaster(t, master.Config{})
+	mb := store.StartTestMaster(t, master.Config{})
+	sa, _ := el.acquire(t, ctx, ma.Addr())
+	c := haClient(t, ctx, el.addr, "crpc", 32<<20)
+
+	const workers = 4
+	var afterSwitch [workers]atomic.Int64 // puts acknowledged by the new leader
+	var vb atomic.Pointer[store.LeaderView]
+	stop := make(chan struct{})
+	errs := make(chan error, workers)
+	for w := range workers {
+		go func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					errs <- nil
+					return
+				default:
+				}
+				k, v := fmt.Sprintf("w%d/%d", w, i), value(8<<10, byte(w*31+i))
+				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				want := vb.Load()
+				err := c.Put(cctx, k, v, store.ReplicateConfig{})
+				if err == nil {
+					got, gerr := c.Get(cctx, k)
+					if gerr == nil && !bytes.Equal(v, got) {
+						cancel()
+						errs <- fmt.Errorf("get %s: wrong bytes", k)
+						return
+					}
+					if want != nil && c.Leader() == *want {
+						afterSwitch[w].Add(1)
+					}
+				}
+				cancel()
+			}
+		}()
+	}
+	ma.Stop()
+	require.NoError(t, sa.Release(ctx))
+	_, v := el.acquire(t, ctx, mb.Addr())
+	vb.Store(&v)
+	require.Eventually(t, func() bool {
+		for w := range workers {
+			if afterSwitch[w].Load() < 20 {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, 10*time.Millisecond)
+	close(stop)
+	for range workers {
+		require.NoError(t, <-errs)
+	}
+	assert.Equal(t, v, c.Leader())
+	assert.Equal(t, uint64(1), c.Stats().LeaderSwitches)
 }
