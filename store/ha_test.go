@@ -460,3 +460,28 @@ func TestHAFailoverUnderLoad(t *testing.T) {
 	assert.Equal(t, v, c.Leader())
 	assert.Equal(t, uint64(1), c.Stats().LeaderSwitches)
 }
+
+// TestHANewWaitsForLeader: New with nobody leading waits for a leader
+// within its context, and fails clearly when none comes.
+func TestHANewWaitsForLeader(t *testing.T) {
+	ctx := testCtx(t)
+	el := startElection(t, "etcd")
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := store.New(short, store.Config{MasterAddr: el.addr, LocalHostname: "127.0.0.1", LocalBufferSize: 16 << 20, Logger: store.QuietLogger})
+	cancel()
+	require.ErrorContains(t, err, "no master leader")
+
+	ma := store.StartTestMaster(t, master.Config{})
+	made := make(chan *store.Client, 1)
+	go func() {
+		c, err := store.New(ctx, store.Config{MasterAddr: el.addr, LocalHostname: "127.0.0.1", LocalBufferSize: 16 << 20, Logger: store.QuietLogger})
+		assert.NoError(t, err)
+		made <- c
+	}()
+	_, va := el.acquire(t, ctx, ma.Addr())
+	c := <-made
+	require.NotNil(t, c)
+	defer c.Close()
+	assert.Equal(t, va, c.Leader())
+	require.NoError(t, c.Ready(ctx))
+}
