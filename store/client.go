@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -158,7 +159,8 @@ type Client struct {
 	regs     regions
 	stage    *stager
 	segs     atomic.Pointer[[]*segment] // copy on write (mount.go)
-	retired  []*segment                 // unmounted; unmapped with the rest (mountMu)
+	retired  []*segment                 // unmounted, maybe still in use by calls (mountMu)
+	drained  []*segment                 // unmounted, used by no call; unmapped at views == 0 (mountMu)
 	mountMu  sync.Mutex                 // serializes Mount, Unmount, remount
 
 	segMu  sync.Mutex
@@ -605,7 +607,7 @@ func (c *Client) teardown() error {
 func (c *Client) unmapMemory() {
 	c.mountMu.Lock()
 	defer c.mountMu.Unlock()
-	for _, s := range append(c.segList(), c.retired...) {
+	for _, s := range slices.Concat(c.segList(), c.retired, c.drained) {
 		s.pool.Close()
 	}
 	if c.stage != nil {

@@ -21,8 +21,10 @@
 //     pure client. Close unmounts the segments first, then stops
 //     heartbeats, withdraws the memory from the engine and releases it.
 //   - Mount(size) after New contributes one more segment and Unmount(id)
-//     withdraws one (its memory stays mapped until Close: calls and
-//     Buffers in progress may still touch it).
+//     withdraws one: from the master, then the engine; its memory is
+//     unmapped once the calls in progress have returned (Unmount waits
+//     for them, holding new calls back meanwhile) and no Buffer views the
+//     client's memory (at the last Release, or at Close).
 //   - Heartbeats (Ping, every Config.HeartbeatInterval) run only while a
 //     segment is mounted: they start with the first mount (in New or
 //     Mount) and stop with the last Unmount; a client with no segment

@@ -64,11 +64,21 @@ func (c *Client) mountNew(ctx context.Context, size int64) (SegmentInfo, error) 
 
 // Unmount withdraws a segment given by Mount (or New) from the master and
 // the engine; the heartbeat stops with the last one. Objects with
-// replicas there lose them. Its memory stays mapped until Close, since
-// calls and Buffers in progress may still touch it.
+// replicas there lose them. Its memory is unmapped once the calls in
+// progress have returned (Unmount waits for them, holding new calls
+// back meanwhile) and no Buffer views the client's memory (the last
+// Release, else Close).
 func (c *Client) Unmount(ctx context.Context, id UUID) error {
+	removed, err := c.unmount(ctx, id)
+	if removed {
+		c.freeRetired()
+	}
+	return err
+}
+
+func (c *Client) unmount(ctx context.Context, id UUID) (removed bool, _ error) {
 	if err := c.enter(); err != nil {
-		return err
+		return false, err
 	}
 	defer c.leave()
 	c.mountMu.Lock()
@@ -76,7 +86,7 @@ func (c *Client) Unmount(ctx context.Context, id UUID) error {
 	i := slices.IndexFunc(segs, func(s *segment) bool { return s.info.ID == id })
 	if i < 0 {
 		c.mountMu.Unlock()
-		return errcode.New(errcode.SegmentNotFound, "segment %s is not mounted by this client", id)
+		return false, errcode.New(errcode.SegmentNotFound, "segment %s is not mounted by this client", id)
 	}
 	seg := segs[i]
 	rest := slices.Delete(slices.Clone(segs), i, i+1)
@@ -103,9 +113,42 @@ func (c *Client) Unmount(ctx context.Context, id UUID) error {
 		uerr = nil
 	}
 	if err != nil && !errors.Is(rpcerr.FromStatus(err), errcode.ErrSegmentNotFound) {
-		return errors.Join(fmt.Errorf("store: unmount segment %s: %w", id, rpcerr.FromStatus(err)), uerr)
+		return true, errors.Join(fmt.Errorf("store: unmount segment %s: %w", id, rpcerr.FromStatus(err)), uerr)
 	}
-	return uerr
+	return true, uerr
+}
+
+// freeRetired unmaps unmounted segments once nothing can touch them: no
+// call that may have seen them is still running (the exclusive lock
+// waits for those), and no Buffer holds a view (else the last Release
+// unmaps them).
+func (c *Client) freeRetired() {
+	c.life.Lock()
+	defer c.life.Unlock()
+	if c.closed.Load() {
+		return // teardown unmaps them
+	}
+	c.mountMu.Lock()
+	c.drained = append(c.drained, c.retired...)
+	c.retired = nil
+	c.mountMu.Unlock()
+	c.bufMu.Lock()
+	idle := c.views == 0
+	c.bufMu.Unlock()
+	if idle {
+		c.unmapDrained()
+	}
+}
+
+// unmapDrained unmaps the segments freeRetired found unreachable.
+func (c *Client) unmapDrained() {
+	c.mountMu.Lock()
+	d := c.drained
+	c.drained = nil
+	c.mountMu.Unlock()
+	for _, s := range d {
+		s.pool.Close()
+	}
 }
 
 // newSegment sets aside size bytes of memfd memory, registered with the

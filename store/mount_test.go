@@ -9,9 +9,20 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 )
+
+func segPool(t *testing.T, c *Client, id UUID) interface{ Stats() mempool.Stats } {
+	for _, s := range c.segList() {
+		if s.info.ID == id {
+			return s.pool
+		}
+	}
+	t.Fatalf("segment %s not mounted", id)
+	return nil
+}
 
 func pings(c *Client) uint64 { return c.Stats().RPC["Ping"].Calls }
 
@@ -59,12 +70,21 @@ func TestMountStartsHeartbeat(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.Equal(v, got))
 
+	poolA, poolB := segPool(t, c, a.ID), segPool(t, c, b.ID)
+	// A Buffer viewing the client's memory keeps unmounted segments mapped.
+	buf, err := c.GetBuffer(ctx, "mine")
+	require.NoError(t, err)
+	require.True(t, buf.Local())
 	require.NoError(t, c.Unmount(ctx, a.ID))
 	assert.True(t, c.heartbeating(), "one segment is still mounted")
 	assert.False(t, mountedOnMaster(tm, a.ID))
+	assert.False(t, poolA.Stats().Closed, "unmapped under a Buffer")
+	buf.Release()
+	assert.True(t, poolA.Stats().Closed, "not unmapped at the last Release")
 	require.NoError(t, c.Unmount(ctx, b.ID))
 	assert.False(t, c.heartbeating())
 	assert.False(t, mountedOnMaster(tm, b.ID))
+	assert.True(t, poolB.Stats().Closed, "not unmapped at Unmount")
 	n := pings(c)
 	for i := range 20 {
 		_, err := c.IsExist(ctx, fmt.Sprintf("k%d", i))
