@@ -252,9 +252,12 @@ func (c *Client) dropView() {
 	c.bufMu.Lock()
 	c.views--
 	unmap := c.views == 0 && c.memOff
+	idle := c.views == 0
 	c.bufMu.Unlock()
 	if unmap {
 		c.unmapMemory()
+	} else if idle {
+		c.unmapDrained()
 	}
 }
 
