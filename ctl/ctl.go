@@ -54,6 +54,7 @@ type IO struct {
 // options are the global flags; every command takes them.
 type options struct {
 	master, masterProtocol, admin string
+	clusterID                     string
 	output, logLevel              string
 	localHostname, protocols      string
 	metadata, bufferSize          string
@@ -65,7 +66,8 @@ type options struct {
 }
 
 func (o *options) bind(fs *flag.FlagSet) {
-	fs.StringVar(&o.master, "master", DefaultMaster, "master address, handed to the store client unchanged")
+	fs.StringVar(&o.master, "master", DefaultMaster, "master address host:port, or the HA masters' view: etcd://h:p[,h:p] or redis://h:p")
+	fs.StringVar(&o.clusterID, "cluster_id", "", "with an etcd:// or redis:// --master: the masters' --cluster_id (default crescent)")
 	fs.StringVar(&o.masterProtocol, "master_protocol", "auto", "protocol to the master: auto, crpc, grpc or grpc_tuned")
 	fs.StringVar(&o.admin, "admin", DefaultAdmin, "master's admin HTTP address host:port (ls, stat, segments, clients, health)")
 	fs.StringVar(&o.output, "o", "text", "output format: text or json")

@@ -73,7 +73,7 @@ func withClient(ctx context.Context, o *options, stdio IO, f func(ctx context.Co
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	cfg := store.Config{
-		MasterAddr: o.master, MasterProtocol: o.masterProtocol, LocalHostname: o.localHostname,
+		MasterAddr: o.master, ClusterID: o.clusterID, MasterProtocol: o.masterProtocol, LocalHostname: o.localHostname,
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, PutAhead: -1, RPCTimeout: o.timeout,
 		Logger: slog.New(slog.NewTextHandler(stdio.Stderr, &slog.HandlerOptions{Level: o.level})),
 	}
