@@ -268,7 +268,9 @@ func (f *fconn) readFull(b []byte) error {
 		if flags&unix.MSG_CTRUNC != 0 {
 			return fmt.Errorf("%w: too many descriptors in one message", ErrProtocol)
 		}
-		b = b[n:]
+		if n > 0 {
+			b = b[n:]
+		}
 		if err != nil {
 			return err
 		}

@@ -1,0 +1,320 @@
+package local
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/store"
+	"github.com/crescent-kv/crescent/store/errcode"
+)
+
+func val(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+// TestDummyAPI: every forwarded call answers as the real client would,
+// batches per item.
+func TestDummyAPI(t *testing.T) {
+	s, _, _ := serve(t, shmCache())
+	d := dial(t, s)
+	ctx := tctx(t)
+	v := val(100<<10, 1)
+	require.NoError(t, d.Put(ctx, "a", v, store.ReplicateConfig{}))
+	got, err := d.Get(ctx, "a")
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(v, got))
+	dst := make([]byte, len(v)+10)
+	n, err := d.GetInto(ctx, "a", dst)
+	require.NoError(t, err)
+	require.Equal(t, len(v), n)
+	require.True(t, bytes.Equal(v, dst[:n]))
+	_, err = d.GetInto(ctx, "a", make([]byte, 10))
+	require.ErrorIs(t, err, errcode.ErrBufferOverflow)
+	ok, err := d.IsExist(ctx, "a")
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = d.Get(ctx, "missing")
+	require.ErrorIs(t, err, errcode.ErrObjectNotFound)
+
+	errs := d.BatchPut(ctx, []string{"b1", "b2", "a"}, [][]byte{val(10, 2), val(20, 3), v}, store.ReplicateConfig{})
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	require.ErrorIs(t, errs[2], errcode.ErrObjectAlreadyExists)
+	vals, gerrs := d.BatchGet(ctx, []string{"b1", "nope", "b2"})
+	require.NoError(t, gerrs[0])
+	require.ErrorIs(t, gerrs[1], errcode.ErrObjectNotFound)
+	require.Equal(t, val(20, 3), vals[2])
+	oks, eerrs := d.BatchIsExist(ctx, []string{"b1", "nope"})
+	require.NoError(t, eerrs[0])
+	require.Equal(t, []bool{true, false}, oks)
+	for _, err := range d.BatchRemove(ctx, []string{"b1", "b2"}, true) {
+		require.NoError(t, err)
+	}
+	require.NoError(t, d.Remove(ctx, "a", true))
+	_, err = d.Get(ctx, "a")
+	require.ErrorIs(t, err, errcode.ErrObjectNotFound)
+}
+
+// TestGetBufferSharedHit: the second miss admits the key; then a
+// GetBuffer is a view of the shared cache; the block is held until
+// Release.
+func TestGetBufferSharedHit(t *testing.T) {
+	s, _, _ := serve(t, shmCache())
+	d := dial(t, s)
+	ctx := tctx(t)
+	v := val(512<<10, 9)
+	require.NoError(t, d.Put(ctx, "k", v, store.ReplicateConfig{}))
+	b1, err := d.GetBuffer(ctx, "k") // miss, not admitted: a transient view
+	require.NoError(t, err)
+	require.True(t, bytes.Equal(v, b1.Bytes()))
+	b1.Release()
+	b2, err := d.GetBuffer(ctx, "k") // miss, admitted: published
+	require.NoError(t, err)
+	require.True(t, b2.Shared())
+	b2.Release()
+	b3, err := d.GetBuffer(ctx, "k") // hit
+	require.NoError(t, err)
+	require.True(t, b3.Shared())
+	require.True(t, bytes.Equal(v, b3.Bytes()))
+	st := s.Stats()
+	assert.EqualValues(t, 1, st.Hits)
+	assert.EqualValues(t, 1, st.Admissions)
+	assert.EqualValues(t, 1, st.Dummies)
+	require.Eventually(t, func() bool { return s.hot.held() == 1 }, 10*time.Second, 5*time.Millisecond)
+	b3.Release()
+	require.Eventually(t, func() bool { return s.hot.held() == 0 }, 10*time.Second, 5*time.Millisecond)
+	bs, errs := d.BatchGetBuffer(ctx, []string{"k", "none"})
+	require.NoError(t, errs[0])
+	require.ErrorIs(t, errs[1], errcode.ErrObjectNotFound)
+	require.True(t, bytes.Equal(v, bs[0].Bytes()))
+	bs[0].Release()
+}
+
+// TestOverwriteInvalidates: a remove and a new put through the real
+// client's server never leave the old bytes visible, even while a dummy
+// still holds a view of them (that view keeps the old bytes intact).
+func TestOverwriteInvalidates(t *testing.T) {
+	s, _, _ := serve(t, shmCache())
+	d := dial(t, s)
+	ctx := tctx(t)
+	old, cur := val(4096, 1), val(4096, 2)
+	require.NoError(t, d.Put(ctx, "k", old, store.ReplicateConfig{}))
+	for range 3 {
+		b, err := d.GetBuffer(ctx, "k")
+		require.NoError(t, err)
+		b.Release()
+	}
+	held, err := d.GetBuffer(ctx, "k")
+	require.NoError(t, err)
+	require.NoError(t, d.Remove(ctx, "k", true))
+	require.NoError(t, d.Put(ctx, "k", cur, store.ReplicateConfig{}))
+	got, err := d.Get(ctx, "k")
+	require.NoError(t, err)
+	require.Equal(t, cur, got)
+	require.Equal(t, old, held.Bytes(), "a held view changed under its reader")
+	held.Release()
+}
+
+// TestDirtyReadFillAfterRemove is the reference's dirty read: a fill
+// that read the value, then a remove, then the fill publishing; the
+// cache must not bring the removed value back.
+func TestDirtyReadFillAfterRemove(t *testing.T) {
+	s, _, _ := serve(t, Options{CacheSize: 4 << 20, BlockSize: 1 << 20}) // private cache: async fills
+	d := dial(t, s)
+	ctx := tctx(t)
+	require.NoError(t, d.Put(ctx, "k", val(1000, 5), store.ReplicateConfig{}))
+	read, resume := make(chan struct{}), make(chan struct{})
+	s.hot.beforePublish = func(string) {
+		close(read)
+		<-resume
+	}
+	_, err := d.Get(ctx, "k")
+	require.NoError(t, err)
+	_, err = d.Get(ctx, "k") // second miss: admitted, queued
+	require.NoError(t, err)
+	<-read // the fill has the old bytes
+	require.NoError(t, d.Remove(ctx, "k", true))
+	close(resume)
+	require.Eventually(t, func() bool { return s.hot.startFill("probe") != 0 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return s.hot.held() == 0 }, 10*time.Second, time.Millisecond)
+	_, err = d.Get(ctx, "k")
+	require.ErrorIs(t, err, errcode.ErrObjectNotFound, "the removed value came back from the cache")
+	require.Nil(t, s.hot.acquire("k"))
+}
+
+// TestRegisteredPool: values in a pool the dummy registered are put and
+// read in place; an out-of-bounds span is refused.
+func TestRegisteredPool(t *testing.T) {
+	s, _, _ := serve(t, shmCache())
+	d := dial(t, s)
+	ctx := tctx(t)
+	p, err := mempool.New(mempool.Options{Size: 4 << 20, Name: "dummy-test"})
+	require.NoError(t, err)
+	defer p.Close()
+	require.NoError(t, d.RegisterPool(ctx, p))
+	src, err := p.Alloc(256 << 10)
+	require.NoError(t, err)
+	copy(src, val(len(src), 3))
+	require.NoError(t, d.PutFrom(ctx, "r", src, store.ReplicateConfig{}))
+	dst, err := p.Alloc(256 << 10)
+	require.NoError(t, err)
+	n, err := d.GetInto(ctx, "r", dst)
+	require.NoError(t, err)
+	require.Equal(t, len(src), n)
+	require.True(t, bytes.Equal(src, dst))
+
+	// A forged span past the region's end.
+	dc, err := d.conn(ctx)
+	require.NoError(t, err)
+	e := newEnc(opGet, 0, dc.tok)
+	e.str("r")
+	e.u8(refRegion)
+	e.u32(dc.pools[p])
+	e.u64(uint64(p.Size()) - 10)
+	e.u64(1 << 20)
+	_, err = dc.call(ctx, e, -1)
+	require.ErrorIs(t, err, errcode.ErrInvalidParams)
+	require.ErrorContains(t, err, "outside buffer")
+	// The session survives a refused request.
+	_, err = d.Get(ctx, "r")
+	require.NoError(t, err)
+}
+
+// rawHello registers on a plain connection and returns it with the token.
+func rawHello(t *testing.T, s *Server) (*fconn, token) {
+	t.Helper()
+	c, err := net.Dial("unix", s.Path())
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	f := newFconn(c.(*net.UnixConn))
+	t.Cleanup(f.closeFDs)
+	e := newEnc(opHello, 1, token{})
+	e.u32(protoVersion)
+	require.NoError(t, f.write(e.frame(stOK), -1))
+	h, body, err := f.read(10*time.Second, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, stOK, h.status)
+	var tok token
+	copy(tok[:], body[:16])
+	return f, tok
+}
+
+// TestForgedToken: a request with another token is refused and the
+// connection closed.
+func TestForgedToken(t *testing.T) {
+	s, _, _ := serve(t, shmCache())
+	f, tok := rawHello(t, s)
+	tok[3] ^= 0xff
+	e := newEnc(opExist, 7, tok)
+	e.str("k")
+	require.NoError(t, f.write(e.frame(stOK), -1))
+	h, body, err := f.read(10*time.Second, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, stErr, h.status)
+	d := dec{b: body}
+	require.ErrorIs(t, d.errReply(), errcode.ErrIllegalClient)
+	_, _, err = f.read(10*time.Second, 10*time.Second)
+	require.Error(t, err, "connection still open after a forged token")
+	require.EqualValues(t, 1, s.Stats().BadTokens)
+}
+
+// TestSilentDummyExpires: a dummy that stops pinging is dropped with
+// its references.
+func TestSilentDummyExpires(t *testing.T) {
+	s, _, _ := serve(t, Options{CacheSize: 4 << 20, BlockSize: 1 << 20, Shm: true, PingInterval: 50 * time.Millisecond, ExpireAfter: 300 * time.Millisecond})
+	d := dial(t, s)
+	ctx := tctx(t)
+	require.NoError(t, d.Put(ctx, "k", val(1000, 1), store.ReplicateConfig{}))
+	f, tok := rawHello(t, s)
+	e := newEnc(opGetBuffer, 9, tok)
+	e.str("k")
+	require.NoError(t, f.write(e.frame(stOK), -1))
+	h, _, err := f.read(10*time.Second, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, stOK, h.status)
+	require.Equal(t, 1, s.hot.held())
+	// d keeps pinging and stays; the raw one is silent and goes.
+	require.Eventually(t, func() bool { return s.Stats().Expired == 1 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return s.hot.held() == 0 }, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, s.Dummies())
+	ok, err := d.IsExist(ctx, "k")
+	require.NoError(t, err)
+	require.True(t, ok)
+}
+
+// TestMalformedFrames: oversized frames and batches are refused before
+// allocation; the connection is closed.
+func TestMalformedFrames(t *testing.T) {
+	s, _, _ := serve(t, Options{})
+	for _, tc := range []struct {
+		name string
+		mod  func(b []byte) []byte
+	}{
+		{"huge frame", func(b []byte) []byte { b[0], b[1], b[2], b[3] = 0xff, 0xff, 0xff, 0x7f; return b[:hdrLen] }},
+		{"unknown op", func(b []byte) []byte { b[4] = 200; return b }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, tok := rawHello(t, s)
+			e := newEnc(opPing, 1, tok)
+			require.NoError(t, f.write(tc.mod(e.frame(stOK)), -1))
+			_, _, err := f.read(10*time.Second, 10*time.Second)
+			require.Error(t, err)
+		})
+	}
+	f, tok := rawHello(t, s)
+	e := newEnc(opBatchExist, 1, tok)
+	e.u32(maxBatch + 1)
+	require.NoError(t, f.write(e.frame(stOK), -1))
+	h, body, err := f.read(10*time.Second, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, stErr, h.status)
+	d := dec{b: body}
+	require.ErrorContains(t, d.errReply(), "batch of")
+}
+
+// TestConcurrentDummies: several dummies put and read at once.
+func TestConcurrentDummies(t *testing.T) {
+	s, _, _ := serve(t, shmCache())
+	ctx := tctx(t)
+	errc := make(chan error, 3)
+	for w := range 3 {
+		d := dial(t, s)
+		go func() {
+			errc <- func() error {
+				for i := range 20 {
+					k := fmt.Sprintf("w%d-%d", w, i)
+					v := val(8192+i, byte(w))
+					if err := d.Put(ctx, k, v, store.ReplicateConfig{}); err != nil {
+						return err
+					}
+					for range 3 {
+						b, err := d.GetBuffer(ctx, k)
+						if err != nil {
+							return err
+						}
+						if !bytes.Equal(b.Bytes(), v) {
+							return fmt.Errorf("%s: wrong bytes", k)
+						}
+						b.Release()
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range 3 {
+		require.NoError(t, <-errc)
+	}
+	require.Eventually(t, func() bool { return s.hot.held() == 0 }, 10*time.Second, 5*time.Millisecond)
+}
