@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,6 +43,7 @@ type options struct {
 	logLevel                             string
 	segmentFlag, bufferFlag              string // as given, for messages
 	allowOvercommit                      bool
+	local                                localOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -60,6 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.heartbeat, "heartbeat_interval", time.Second, "interval between heartbeats to the master")
 	fs.StringVar(&o.logLevel, "log_level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.allowOvercommit, "allow_overcommit", false, "start even when --global_segment_size plus --local_buffer_size exceed the memory available (MemAvailable, cgroup limit); the kernel may then OOM-kill this or another process")
+	registerLocalFlags(fs, &o.local)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -121,6 +124,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopLocal, err := startLocal(c, o.local, log)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	stopLocal = sync.OnceFunc(stopLocal)
+	defer stopLocal()
 	srv := &http.Server{Handler: newHandler(c, time.Now()), ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -139,6 +149,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	srv.Shutdown(shutCtx)
 	cancel()
+	stopLocal() // dummies first: they call into c
 	if err := c.Close(); err != nil {
 		return fmt.Errorf("close: %w", err)
 	}
