@@ -713,3 +713,9 @@ func (d *Dummy) batchGetBuffer(ctx context.Context, keys []string, op byte) ([]*
 	}
 	return bs, errs
 }
+
+// Ping is one round trip to the real client (no master involved).
+func (d *Dummy) Ping(ctx context.Context) error {
+	_, _, err := d.do(ctx, opPing, func(*enc, *dconn) error { return nil })
+	return err
+}
