@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -130,10 +131,11 @@ func TestOverwriteInvalidates(t *testing.T) {
 // that read the value, then a remove, then the fill publishing; the
 // cache must not bring the removed value back.
 func TestDirtyReadFillAfterRemove(t *testing.T) {
-	s, _, _ := serve(t, Options{CacheSize: 4 << 20, BlockSize: 1 << 20}) // private cache: async fills
+	s, _, tm := serve(t, Options{CacheSize: 4 << 20, BlockSize: 1 << 20}) // private cache: async fills
 	d := dial(t, s)
 	ctx := tctx(t)
-	require.NoError(t, d.Put(ctx, "k", val(1000, 5), store.ReplicateConfig{}))
+	other := newRealClient(t, tm) // a replica off the real client: a private cache keeps those
+	require.NoError(t, other.Put(ctx, "k", val(1000, 5), store.ReplicateConfig{Preferred: []string{other.SegmentName()}}))
 	read, resume := make(chan struct{}), make(chan struct{})
 	s.hot.beforePublish = func(string) {
 		close(read)
@@ -143,7 +145,11 @@ func TestDirtyReadFillAfterRemove(t *testing.T) {
 	require.NoError(t, err)
 	_, err = d.Get(ctx, "k") // second miss: admitted, queued
 	require.NoError(t, err)
-	<-read // the fill has the old bytes
+	select { // the fill has the old bytes
+	case <-read:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no fill")
+	}
 	require.NoError(t, d.Remove(ctx, "k", true))
 	close(resume)
 	require.Eventually(t, func() bool { return s.hot.startFill("probe") != 0 }, 10*time.Second, time.Millisecond)
@@ -156,7 +162,7 @@ func TestDirtyReadFillAfterRemove(t *testing.T) {
 // TestRegisteredPool: values in a pool the dummy registered are put and
 // read in place; an out-of-bounds span is refused.
 func TestRegisteredPool(t *testing.T) {
-	s, _, _ := serve(t, shmCache())
+	s, c, _ := serve(t, shmCache())
 	d := dial(t, s)
 	ctx := tctx(t)
 	p, err := mempool.New(mempool.Options{Size: 4 << 20, Name: "dummy-test"})
@@ -166,6 +172,7 @@ func TestRegisteredPool(t *testing.T) {
 	src, err := p.Alloc(256 << 10)
 	require.NoError(t, err)
 	copy(src, val(len(src), 3))
+	staged := c.Stats().StagedBytes
 	require.NoError(t, d.PutFrom(ctx, "r", src, store.ReplicateConfig{}))
 	dst, err := p.Alloc(256 << 10)
 	require.NoError(t, err)
@@ -173,6 +180,7 @@ func TestRegisteredPool(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, len(src), n)
 	require.True(t, bytes.Equal(src, dst))
+	require.Equal(t, staged, c.Stats().StagedBytes, "a registered pool's values went through staging")
 
 	// A forged span past the region's end.
 	dc, err := d.conn(ctx)
@@ -317,4 +325,49 @@ func TestConcurrentDummies(t *testing.T) {
 		require.NoError(t, <-errc)
 	}
 	require.Eventually(t, func() bool { return s.hot.held() == 0 }, 10*time.Second, 5*time.Millisecond)
+}
+
+func openFDs(t *testing.T) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
+}
+
+// TestNoLeaks: dummies that register pools, hold views and go away leave
+// no descriptor or mapping behind in either side.
+func TestNoLeaks(t *testing.T) {
+	s, _, _ := serve(t, shmCache())
+	ctx := tctx(t)
+	d0 := dial(t, s)
+	require.NoError(t, d0.Put(ctx, "k", val(5000, 1), store.ReplicateConfig{}))
+	before := openFDs(t)
+	for range 5 {
+		d, err := Dial(ctx, s.Path())
+		require.NoError(t, err)
+		p, err := mempool.New(mempool.Options{Size: 1 << 20, Name: "leak"})
+		require.NoError(t, err)
+		require.NoError(t, d.RegisterPool(ctx, p))
+		b, err := d.GetBuffer(ctx, "k")
+		require.NoError(t, err)
+		require.NoError(t, d.Close())
+		require.Equal(t, val(5000, 1), b.Bytes()) // still mapped until released
+		b.Release()
+		require.NoError(t, p.Close())
+	}
+	require.Eventually(t, func() bool { return s.Dummies() == 1 && openFDs(t) == before && s.hot.held() == 0 },
+		10*time.Second, 5*time.Millisecond, "fds %d, before %d", openFDs(t), before)
+}
+
+// TestPrivateCacheSkipsLocal: without shm, values in the real client's
+// own segment are not cached (reading them is already a local copy).
+func TestPrivateCacheSkipsLocal(t *testing.T) {
+	s, c, _ := serve(t, Options{CacheSize: 4 << 20, BlockSize: 1 << 20})
+	d := dial(t, s)
+	ctx := tctx(t)
+	require.NoError(t, d.Put(ctx, "k", val(100, 1), store.ReplicateConfig{Preferred: []string{c.SegmentName()}}))
+	b, err := s.fill(ctx, "k", s.hot.startFill("k"))
+	require.ErrorIs(t, err, errLocal)
+	require.Nil(t, b)
+	require.EqualValues(t, 0, s.Stats().Admissions)
+	require.NotZero(t, s.hot.startFill("k"), "the cancelled fill kept its token")
 }

@@ -391,6 +391,10 @@ func (s *Server) fill(ctx context.Context, key string, tok uint64) (*block, erro
 		s.hot.cancelFill(key, tok)
 		return nil, errTooBig
 	}
+	if !s.opts.Shm && len(loc.Replicas) > 0 && loc.Replicas[0].Segment == s.c.SegmentName() {
+		s.hot.cancelFill(key, tok) // a private cache gains nothing on a local replica
+		return nil, errLocal
+	}
 	b := s.hot.take()
 	if b == nil {
 		s.hot.cancelFill(key, tok)
@@ -412,6 +416,7 @@ func (s *Server) fill(ctx context.Context, key string, tok uint64) (*block, erro
 var (
 	errTooBig  = errors.New("local: value larger than a cache block")
 	errNoBlock = errors.New("local: every cache block is held")
+	errLocal   = errors.New("local: replica in the real client's own segment")
 )
 
 // getBuffer answers one GetBuffer: a view of a shared cache block when

@@ -12,7 +12,6 @@ import (
 	"os"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -308,7 +307,11 @@ func (ss *session) send(b []byte, fd int) error {
 	ss.wmu.Lock()
 	defer ss.wmu.Unlock()
 	ss.f.c.SetWriteDeadline(time.Now().Add(ss.s.opts.RecvTimeout))
-	return ss.f.write(b, fd)
+	err := ss.f.write(b, fd)
+	if err != nil {
+		ss.f.c.Close() // a partial frame leaves the stream unusable
+	}
+	return err
 }
 
 func (ss *session) replyErr(h header, err error) {
@@ -579,4 +582,3 @@ func (ss *session) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 30*time.Second)
 }
 
-var _ = atomic.Int64{}
