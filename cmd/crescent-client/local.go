@@ -123,6 +123,7 @@ func newLocalCollector() *localCollector {
 		"crescent_hot_cache_hit_bytes_total":     "Bytes served from the hot cache.",
 		"crescent_hot_cache_bytes":               "Bytes of values in the hot cache.",
 		"crescent_hot_cache_capacity_bytes":      "Hot cache size.",
+		"crescent_hot_cache_references":          "Hot cache block references held now (dummies' views, reads in progress).",
 		"crescent_local_request_latency_seconds": "Latency of requests from dummies, served.",
 	} {
 		d[n] = prometheus.NewDesc(n, h, nil, nil)
@@ -160,6 +161,7 @@ func (l *localCollector) Collect(ch chan<- prometheus.Metric) {
 	c("crescent_hot_cache_hit_bytes_total", st.HitBytes)
 	g("crescent_hot_cache_bytes", st.CacheBytes)
 	g("crescent_hot_cache_capacity_bytes", st.CacheCapacity)
+	g("crescent_hot_cache_references", st.References)
 	buckets := map[float64]uint64{}
 	var cum uint64
 	for i, n := range st.Latency {
@@ -178,8 +180,8 @@ func localSummary() string {
 	st := s.Stats()
 	var b strings.Builder
 	fmt.Fprintf(&b, "Local dummies: %d (refused %d, bad tokens %d, expired %d)\n", st.Dummies, st.Refused, st.BadTokens, st.Expired)
-	fmt.Fprintf(&b, "Hot cache: %s of %s; hits %d, misses %d, admissions %d, evictions %d, invalidations %d, hit bytes %s\n",
-		bytesStr(float64(st.CacheBytes)), bytesStr(float64(st.CacheCapacity)), st.Hits, st.Misses, st.Admissions, st.Evictions,
+	fmt.Fprintf(&b, "Hot cache: %s of %s, %d references held; hits %d, misses %d, admissions %d, evictions %d, invalidations %d, hit bytes %s\n",
+		bytesStr(float64(st.CacheBytes)), bytesStr(float64(st.CacheCapacity)), st.References, st.Hits, st.Misses, st.Admissions, st.Evictions,
 		st.Invalidations, bytesStr(float64(st.HitBytes)))
 	if st.LatencyCount > 0 {
 		fmt.Fprintf(&b, "Local requests: count=%d, mean=%v, p50<%v, p99<%v\n", st.LatencyCount,

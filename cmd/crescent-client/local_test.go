@@ -309,11 +309,12 @@ func TestLocalProcesses(t *testing.T) {
 	require.Equal(t, "holding shared=true", h.expect(t, "holding"))
 	_, body := httpGet(t, url+"/metrics")
 	require.Contains(t, body, "crescent_local_dummies 1")
+	require.Contains(t, body, "crescent_hot_cache_references 1")
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGKILL))
 	h.wait(t)
-	eventually(t, "the killed dummy's session to end", func() bool {
+	eventually(t, "the killed dummy's references to be released", func() bool {
 		_, body := httpGet(t, url+"/metrics")
-		return strings.Contains(body, "crescent_local_dummies 0")
+		return strings.Contains(body, "crescent_local_dummies 0") && strings.Contains(body, "crescent_hot_cache_references 0")
 	})
 
 	nobody := startDummy(t, sock, "probe", "", &syscall.Credential{Uid: 65534, Gid: 65534})

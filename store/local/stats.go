@@ -20,6 +20,7 @@ type Stats struct {
 	HitBytes      uint64 // bytes served from the cache
 	CacheBytes    int64  // bytes of values in the cache now
 	CacheCapacity int64  // the cache's size (0: no cache)
+	References    int64  // block references held now (views out, reads in progress)
 	// Latency of requests served (from frame read to reply written),
 	// in power-of-two microsecond buckets: Latency[i] counts requests
 	// that took less than 2^i µs (the last bucket: the rest).
@@ -82,6 +83,7 @@ func (s *Server) Stats() Stats {
 		st.Hits, st.Misses = h.hits.Load(), h.misses.Load()
 		st.Admissions, st.Evictions, st.Invalidations = h.admissions.Load(), h.evictions.Load(), h.invalidations.Load()
 		st.CacheBytes, st.CacheCapacity = h.used.Load(), h.pool.Size()
+		st.References = int64(h.held())
 	}
 	return st
 }
