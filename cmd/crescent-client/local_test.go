@@ -307,9 +307,10 @@ func TestLocalProcesses(t *testing.T) {
 
 	h := startDummy(t, sock, "hold", "w1-3", nil)
 	require.Equal(t, "holding shared=true", h.expect(t, "holding"))
-	_, body := httpGet(t, url+"/metrics")
-	require.Contains(t, body, "crescent_local_dummies 1")
-	require.Contains(t, body, "crescent_hot_cache_references 1")
+	eventually(t, "the workers' sessions to end, the holder's view held", func() bool {
+		_, body := httpGet(t, url+"/metrics")
+		return strings.Contains(body, "crescent_local_dummies 1") && strings.Contains(body, "crescent_hot_cache_references 1")
+	})
 	require.NoError(t, h.cmd.Process.Signal(syscall.SIGKILL))
 	h.wait(t)
 	eventually(t, "the killed dummy's references to be released", func() bool {
@@ -322,7 +323,7 @@ func TestLocalProcesses(t *testing.T) {
 	require.Contains(t, l, "ILLEGAL_CLIENT")
 	require.Contains(t, l, "uid 65534")
 
-	_, body = httpGet(t, url+"/metrics")
+	_, body := httpGet(t, url+"/metrics")
 	for _, m := range []string{"crescent_hot_cache_hits_total", "crescent_hot_cache_admissions_total", "crescent_local_refused_total 1",
 		"crescent_local_request_latency_seconds_count"} {
 		require.Contains(t, body, m)

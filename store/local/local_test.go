@@ -119,6 +119,8 @@ func TestOverwriteInvalidates(t *testing.T) {
 	held, err := d.GetBuffer(ctx, "k")
 	require.NoError(t, err)
 	require.NoError(t, d.Remove(ctx, "k", true))
+	_, err = d.Get(ctx, "k")
+	require.ErrorIs(t, err, errcode.ErrObjectNotFound, "a removed value served from the cache")
 	require.NoError(t, d.Put(ctx, "k", cur, store.ReplicateConfig{}))
 	got, err := d.Get(ctx, "k")
 	require.NoError(t, err)
@@ -370,4 +372,28 @@ func TestPrivateCacheSkipsLocal(t *testing.T) {
 	require.Nil(t, b)
 	require.EqualValues(t, 0, s.Stats().Admissions)
 	require.NotZero(t, s.hot.startFill("k"), "the cancelled fill kept its token")
+}
+
+// TestCacheNeverReusesHeldBlock: eviction skips blocks with references.
+func TestCacheNeverReusesHeldBlock(t *testing.T) {
+	c, err := newCache(2<<16, 1<<16, 1)
+	require.NoError(t, err)
+	defer c.close()
+	loc := store.Location{Size: 10, Replicas: []store.ReplicaLoc{{Segment: "s", Addr: 1}}, Deadline: time.Now().Add(time.Hour)}
+	for _, k := range []string{"a", "b"} {
+		b := c.take()
+		require.NotNil(t, b)
+		require.True(t, c.publish(k, c.startFill(k), b, 10, loc))
+		c.release(b)
+	}
+	held := c.acquire("b") // "a" is now the least recently used
+	held2 := c.acquire("a")
+	c.release(held2) // ... and "a" is most recent, but free of references
+	got := c.take()
+	require.NotNil(t, got)
+	require.False(t, held == got, "a held block was reused")
+	require.Nil(t, c.take(), "every block is held: nothing to take")
+	require.NotNil(t, c.acquire("b"))
+	require.Nil(t, c.acquire("a"))
+	require.EqualValues(t, 1, c.evictions.Load())
 }
