@@ -254,14 +254,14 @@ func (s *Server) handle(nc *netx.Conn) {
 	d := dec{b: body}
 	ver := d.u32()
 	if err := d.done(); err != nil || ver != protoVersion {
+		s.st.refused.Add(1) // counted before the dummy hears of it
 		ss.replyErr(h, errcode.New(errcode.InvalidVersion, "local protocol version %d, this server speaks %d", ver, protoVersion))
-		s.st.refused.Add(1)
 		return
 	}
 	if !s.allowed(cred.Uid) {
 		s.opts.Logger.Warn("local: dummy refused: uid not allowed", "uid", cred.Uid, "pid", cred.Pid)
-		ss.replyErr(h, errcode.New(errcode.IllegalClient, "uid %d may not use this real client (it runs as uid %d)", cred.Uid, s.uid))
 		s.st.refused.Add(1)
+		ss.replyErr(h, errcode.New(errcode.IllegalClient, "uid %d may not use this real client (it runs as uid %d)", cred.Uid, s.uid))
 		return
 	}
 	if _, err := rand.Read(ss.tok[:]); err != nil {
