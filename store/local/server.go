@@ -581,4 +581,3 @@ func (s *Server) Dummies() int {
 func (ss *session) ctx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), 30*time.Second)
 }
-
