@@ -220,6 +220,9 @@ func (dc *dconn) send(e *enc, fd int) error {
 
 // call sends a request and waits for its reply body.
 func (dc *dconn) call(ctx context.Context, e *enc, fd int) (dec, error) {
+	if len(e.b)-4 > maxFrame {
+		return dec{}, errcode.New(errcode.InvalidParams, "request of %d bytes over the frame limit %d: move large values through a registered pool", len(e.b), maxFrame)
+	}
 	ch := make(chan reply, 1)
 	dc.mu.Lock()
 	select {

@@ -397,3 +397,36 @@ func TestCacheNeverReusesHeldBlock(t *testing.T) {
 	require.Nil(t, c.acquire("a"))
 	require.EqualValues(t, 1, c.evictions.Load())
 }
+
+// TestFrameLimitOnDummy: a request over the frame limit is refused by
+// the dummy before it is sent; the connection stays up.
+func TestFrameLimitOnDummy(t *testing.T) {
+	s, _, _ := serve(t, Options{})
+	d := dial(t, s)
+	ctx := tctx(t)
+	v := make([]byte, 16<<20)
+	errs := d.BatchPut(ctx, []string{"a", "b", "c", "d", "e"}, [][]byte{v, v, v, v, v}, store.ReplicateConfig{})
+	for _, err := range errs {
+		require.ErrorIs(t, err, errcode.ErrInvalidParams)
+	}
+	require.NoError(t, d.Ping(ctx))
+}
+
+// TestLocateReadAt: the split Get the server uses; a read past the
+// lease is LEASE_EXPIRED.
+func TestLocateReadAt(t *testing.T) {
+	_, c, _ := serve(t, Options{})
+	ctx := tctx(t)
+	v := val(3000, 4)
+	require.NoError(t, c.Put(ctx, "k", v, store.ReplicateConfig{}))
+	loc, err := c.Locate(ctx, "k")
+	require.NoError(t, err)
+	require.EqualValues(t, len(v), loc.Size)
+	require.NotEmpty(t, loc.Replicas)
+	dst := make([]byte, len(v))
+	require.NoError(t, c.ReadAt(ctx, "k", loc, dst))
+	require.Equal(t, v, dst)
+	require.ErrorIs(t, c.ReadAt(ctx, "k", loc, dst[:10]), errcode.ErrBufferOverflow)
+	loc.Deadline = time.Now().Add(-time.Second)
+	require.ErrorIs(t, c.ReadAt(ctx, "k", loc, dst), errcode.ErrLeaseExpired)
+}
