@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -306,6 +307,35 @@ func (d *Dummy) RegisterPool(ctx context.Context, p *mempool.Pool) error {
 	d.pools = append(d.pools, p)
 	d.mu.Unlock()
 	return nil
+}
+
+// UnregisterPool withdraws a pool given to RegisterPool; the real
+// client unmaps it once requests using it are done.
+func (d *Dummy) UnregisterPool(ctx context.Context, p *mempool.Pool) error {
+	d.mu.Lock()
+	i := slices.Index(d.pools, p)
+	if i >= 0 {
+		d.pools = slices.Delete(d.pools, i, i+1)
+	}
+	d.mu.Unlock()
+	if i < 0 {
+		return errcode.New(errcode.InvalidParams, "pool %q not registered", p.Name())
+	}
+	dc, err := d.conn(ctx)
+	if err != nil {
+		return err
+	}
+	dc.mu.Lock()
+	id, ok := dc.pools[p]
+	delete(dc.pools, p)
+	dc.mu.Unlock()
+	if !ok {
+		return nil // registered on an earlier connection only: gone with it
+	}
+	e := newEnc(opUnregister, 0, dc.tok)
+	e.u32(id)
+	_, err = dc.call(ctx, e, -1)
+	return err
 }
 
 func (dc *dconn) register(ctx context.Context, p *mempool.Pool) error {

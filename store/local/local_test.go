@@ -199,6 +199,28 @@ func TestRegisteredPool(t *testing.T) {
 	// The session survives a refused request.
 	_, err = d.Get(ctx, "r")
 	require.NoError(t, err)
+
+	require.NoError(t, d.UnregisterPool(ctx, p))
+	require.ErrorIs(t, d.UnregisterPool(ctx, p), errcode.ErrInvalidParams)
+	n, err = d.GetInto(ctx, "r", dst) // now carried inline
+	require.NoError(t, err)
+	require.Equal(t, len(src), n)
+}
+
+// TestSocketInUse: a second server does not take over a live socket; a
+// dead server's socket file is replaced.
+func TestSocketInUse(t *testing.T) {
+	s, c, _ := serve(t, Options{})
+	_, err := Serve(c, s.Path(), Options{})
+	require.ErrorContains(t, err, "in use")
+	path := t.TempDir() + "/stale.sock"
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	ln.(*net.UnixListener).SetUnlinkOnClose(false)
+	ln.Close()
+	s2, err := Serve(c, path, Options{})
+	require.NoError(t, err)
+	require.NoError(t, s2.Close())
 }
 
 // rawHello registers on a plain connection and returns it with the token.

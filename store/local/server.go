@@ -130,7 +130,11 @@ func Serve(c *store.Client, path string, opts Options) (*Server, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("local: %s exists and is not a socket", path)
 		}
-		os.Remove(path)
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("local: %s is in use by another server", path)
+		}
+		os.Remove(path) // left by a server that died
 	}
 	s := &Server{c: c, opts: opts, path: path, uid: uint32(os.Getuid()), sessions: map[*session]struct{}{},
 		fillq: make(chan fillTask, opts.FillQueue), fillStop: make(chan struct{})}
