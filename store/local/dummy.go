@@ -6,7 +6,6 @@ import (
 	"net"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -52,8 +51,9 @@ type dconn struct {
 	dead   chan struct{}
 	err    error
 	shm    *mempool.Mapping // the shared cache, or nil
-	views  atomic.Int64     // Buffers of shm not released
-	unmap  atomic.Bool      // dead: unmap when views reach 0
+	vmu    sync.Mutex       // guards views, unmap and the mapping's end
+	views  int              // Buffers of shm not released
+	unmap  bool             // dead: unmap when views reach 0
 	pools  map[*mempool.Pool]uint32
 	wg     sync.WaitGroup
 }
@@ -201,14 +201,36 @@ func (dc *dconn) fail(err error) {
 	dc.calls = map[uint64]chan reply{}
 	dc.mu.Unlock()
 	dc.f.c.Close()
-	dc.unmap.Store(true)
-	if dc.views.Load() == 0 {
-		dc.unmapShm()
-	}
+	dc.vmu.Lock()
+	dc.unmap = true
+	dc.unmapLocked()
+	dc.vmu.Unlock()
 }
 
-func (dc *dconn) unmapShm() {
-	if dc.shm != nil && dc.views.Load() == 0 && dc.unmap.Load() {
+// holdShm counts a view of the shared cache and returns the mapping, or
+// nil when there is none (any more).
+func (dc *dconn) holdShm() []byte {
+	dc.vmu.Lock()
+	defer dc.vmu.Unlock()
+	if dc.shm == nil {
+		return nil
+	}
+	mem := dc.shm.Bytes()
+	if mem != nil {
+		dc.views++
+	}
+	return mem
+}
+
+func (dc *dconn) releaseShm() {
+	dc.vmu.Lock()
+	dc.views--
+	dc.unmapLocked()
+	dc.vmu.Unlock()
+}
+
+func (dc *dconn) unmapLocked() {
+	if dc.shm != nil && dc.views == 0 && dc.unmap {
 		dc.shm.Close()
 	}
 }
@@ -666,9 +688,7 @@ func (b *Buffer) Release() {
 			dc.fail(err)
 		}
 	}
-	if dc.views.Add(-1) == 0 {
-		dc.unmapShm()
-	}
+	dc.releaseShm()
 }
 
 // Close is Release.
@@ -716,17 +736,17 @@ func (d *Dummy) batchGetBuffer(ctx context.Context, keys []string, op byte) ([]*
 			bs[i] = &Buffer{dc: dc, b: v}
 		case refShm:
 			hd, off, n, dl := r.u64(), r.u64(), r.u64(), r.u64()
-			var mem []byte
-			if dc.shm != nil {
-				mem = dc.shm.Bytes()
-			}
-			if r.err == nil && (off > uint64(len(mem)) || n > uint64(len(mem))-off) {
-				r.err = fmt.Errorf("%w: view [%d, +%d) outside the shared cache", ErrProtocol, off, n)
-			}
 			if r.err != nil {
 				break
 			}
-			dc.views.Add(1)
+			mem := dc.holdShm() // counted before use: the mapping stays until released
+			if off > uint64(len(mem)) || n > uint64(len(mem))-off {
+				if mem != nil {
+					dc.releaseShm()
+				}
+				r.err = fmt.Errorf("%w: view [%d, +%d) outside the shared cache (or it is gone)", ErrProtocol, off, n)
+				break
+			}
 			bs[i] = &Buffer{dc: dc, b: mem[off : off+n : off+n], handle: hd, shared: true, deadline: time.Unix(0, int64(dl))}
 		default:
 			r.fail("view kind")
