@@ -354,3 +354,43 @@ func TestLocalRestart(t *testing.T) {
 	require.Equal(t, "phase2 shared=true", d.expect(t, "phase2"))
 	require.NoError(t, d.wait(t))
 }
+
+// TestLocalFlags: the local flags over the environment, and their errors.
+func TestLocalFlags(t *testing.T) {
+	t.Setenv(local.EnvCacheSize, "64mb")
+	t.Setenv(local.EnvUseShm, "1")
+	o, err := parseFlags([]string{"--local_socket", "/tmp/x.sock", "--local_hot_block_size", "4MB", "--local_allow_uids", "1000, 1001",
+		"--local_socket_mode", "0660"}, io.Discard)
+	require.NoError(t, err)
+	lo, err := o.local.localOpts(quiet)
+	require.NoError(t, err)
+	require.EqualValues(t, 64<<20, lo.CacheSize)
+	require.EqualValues(t, 4<<20, lo.BlockSize)
+	require.True(t, lo.Shm)
+	require.Equal(t, []uint32{1000, 1001}, lo.AllowUIDs)
+	require.EqualValues(t, 0o660, lo.SocketMode)
+	o, err = parseFlags([]string{"--local_hot_cache_shm=false", "--local_hot_cache_size", "0"}, io.Discard)
+	require.NoError(t, err)
+	lo, err = o.local.localOpts(quiet)
+	require.NoError(t, err)
+	require.False(t, lo.Shm)
+	require.Zero(t, lo.CacheSize)
+	for _, args := range [][]string{
+		{"--local_socket_mode", "999"}, {"--local_allow_uids", "root"}, {"--local_hot_cache_size", "big"}, {"--local_hot_block_size", "0"},
+	} {
+		o, err := parseFlags(args, io.Discard)
+		require.NoError(t, err)
+		_, err = o.local.localOpts(quiet)
+		require.Error(t, err, "%v", args)
+	}
+	_, err = parseFlags([]string{"--local_hot_cache_shm=maybe"}, io.Discard)
+	require.Error(t, err)
+}
+
+// TestLocalFlagsCheckedFirst: a bad local flag fails before the client
+// starts (no master is even dialled).
+func TestLocalFlagsCheckedFirst(t *testing.T) {
+	err := run(context.Background(), []string{"--master_server_address", "127.0.0.1:1", "--local_socket", "/tmp/x.sock",
+		"--local_socket_mode", "9"}, io.Discard, io.Discard)
+	require.ErrorContains(t, err, "--local_socket_mode")
+}

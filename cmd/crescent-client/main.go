@@ -95,6 +95,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log_level: %w", err)
 	}
+	if _, err := o.local.localOpts(nil); err != nil { // before any memory is mounted
+		return err
+	}
 	if !o.allowOvercommit {
 		if err := checkMemory(o); err != nil {
 			return err
