@@ -80,9 +80,6 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	if c.Warmup == 0 {
 		c.Warmup = -1
 	}
-	if *dummies > 0 {
-		return storeLocal(ctx, *dummies, *hot, c.ValueSize, c.Duration, *asJSON, out)
-	}
 	if c.ClientProcesses {
 		exe, err := os.Executable()
 		if err != nil {
@@ -101,6 +98,9 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer stop()
+	if *dummies > 0 {
+		return storeLocal(ctx, *dummies, *hot, c.ValueSize, c.Duration, *asJSON, out)
+	}
 	res, err := bench.RunStore(ctx, c)
 	if err != nil {
 		return err
