@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -245,37 +246,69 @@ func (d *dec) done() error {
 }
 
 // fconn reads and writes frames on a Unix stream socket, collecting the
-// descriptors that arrive with SCM_RIGHTS.
+// descriptors that arrive with SCM_RIGHTS. Reads go through a small
+// buffer, so a frame usually costs one recvmsg; a descriptor arrives with
+// the first bytes of its frame's header, so it is in fds by the time the
+// frame is parsed.
 type fconn struct {
-	c   *net.UnixConn
-	oob []byte
-	fds []int // received, not yet claimed
+	c    *net.UnixConn
+	oob  []byte
+	fds  []int  // received, not yet claimed
+	buf  []byte // received bytes not yet consumed: buf[r:w]
+	r, w int
 }
+
+// readBuf is the read buffer of one connection.
+const readBuf = 16 << 10
 
 func newFconn(c *net.UnixConn) *fconn {
 	return &fconn{c: c, oob: make([]byte, unix.CmsgSpace(4*maxFDs))}
 }
 
-// readFull fills b, keeping any descriptors that come along.
+// recv is one recvmsg into b, keeping the descriptors that come along.
+func (f *fconn) recv(b []byte) (int, error) {
+	n, oobn, flags, _, err := f.c.ReadMsgUnix(b, f.oob)
+	if oobn > 0 {
+		if perr := f.takeFDs(f.oob[:oobn]); perr != nil {
+			return 0, perr
+		}
+	}
+	if flags&unix.MSG_CTRUNC != 0 {
+		return 0, fmt.Errorf("%w: too many descriptors in one message", ErrProtocol)
+	}
+	n = max(n, 0)
+	if err == nil && n == 0 && len(b) > 0 {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// fill reads once more into the buffer.
+func (f *fconn) fill() error {
+	if f.buf == nil {
+		f.buf = make([]byte, readBuf)
+	}
+	if f.r > 0 {
+		f.w = copy(f.buf, f.buf[f.r:f.w])
+		f.r = 0
+	}
+	n, err := f.recv(f.buf[f.w:])
+	f.w += n
+	if n > 0 {
+		return nil // bytes first; an error comes back on the next read
+	}
+	return err
+}
+
+// readFull fills b: buffered bytes first, then straight from the socket.
 func (f *fconn) readFull(b []byte) error {
-	for len(b) > 0 {
-		n, oobn, flags, _, err := f.c.ReadMsgUnix(b, f.oob)
-		if oobn > 0 {
-			if perr := f.takeFDs(f.oob[:oobn]); perr != nil {
-				return perr
-			}
-		}
-		if flags&unix.MSG_CTRUNC != 0 {
-			return fmt.Errorf("%w: too many descriptors in one message", ErrProtocol)
-		}
-		if n > 0 {
-			b = b[n:]
-		}
-		if err != nil {
+	k := copy(b, f.buf[f.r:f.w])
+	f.r += k
+	for b = b[k:]; len(b) > 0; {
+		n, err := f.recv(b)
+		b = b[n:]
+		if err != nil && len(b) > 0 {
 			return err
-		}
-		if n == 0 && len(b) > 0 {
-			return net.ErrClosed
 		}
 	}
 	return nil
@@ -328,23 +361,27 @@ func (f *fconn) closeFDs() {
 // read returns the next frame: header and body. headerWait bounds the
 // wait for its first byte (0: none), bodyWait the rest.
 func (f *fconn) read(headerWait, bodyWait time.Duration) (header, []byte, error) {
-	var hb [hdrLen]byte
-	if headerWait > 0 {
-		f.c.SetReadDeadline(time.Now().Add(headerWait))
-	} else {
-		f.c.SetReadDeadline(time.Time{})
-	}
-	if err := f.readFull(hb[:1]); err != nil {
-		return header{}, nil, err
+	if f.r == f.w {
+		if headerWait > 0 {
+			f.c.SetReadDeadline(time.Now().Add(headerWait))
+		} else {
+			f.c.SetReadDeadline(time.Time{})
+		}
+		if err := f.fill(); err != nil {
+			return header{}, nil, err
+		}
 	}
 	f.c.SetReadDeadline(time.Now().Add(bodyWait))
-	if err := f.readFull(hb[1:]); err != nil {
-		return header{}, nil, err
+	for f.w-f.r < hdrLen {
+		if err := f.fill(); err != nil {
+			return header{}, nil, err
+		}
 	}
-	h, err := parseHeader(hb[:])
+	h, err := parseHeader(f.buf[f.r : f.r+hdrLen])
 	if err != nil {
 		return h, nil, err
 	}
+	f.r += hdrLen
 	body := make([]byte, int(h.n)-(hdrLen-4))
 	if err := f.readFull(body); err != nil {
 		return h, nil, err
