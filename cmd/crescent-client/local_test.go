@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -19,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store"
-	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/local"
 )
 
@@ -74,14 +72,12 @@ func runDummy(mode, sock string) int {
 			}
 		}
 		say("put done")
-		for round := range 3 {
+		bufio.NewReader(os.Stdin).ReadString('\n') // every worker has put its keys
+		for range 3 {
 			for _, who := range []string{"w0", "w1", "w2"} {
 				for i := range 10 {
 					k := fmt.Sprintf("%s-%d", who, i)
 					b, err := d.GetBuffer(ctx, k)
-					if errors.Is(err, errcode.ErrObjectNotFound) && round == 0 {
-						continue // not put yet
-					}
 					if err != nil {
 						say("get %s: %v", k, err)
 						return 1
@@ -299,6 +295,9 @@ func TestLocalProcesses(t *testing.T) {
 	}
 	for _, w := range ws {
 		w.expect(t, "put done")
+	}
+	for _, w := range ws {
+		fmt.Fprintln(w.stdin)
 	}
 	for _, w := range ws {
 		w.expect(t, "ok")
