@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +18,11 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
+	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/store"
+	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/local"
 )
 
@@ -392,4 +397,110 @@ func TestLocalFlagsCheckedFirst(t *testing.T) {
 	err := run(context.Background(), []string{"--master_server_address", "127.0.0.1:1", "--local_socket", "/tmp/x.sock",
 		"--local_socket_mode", "9"}, io.Discard, io.Discard)
 	require.ErrorContains(t, err, "--local_socket_mode")
+}
+
+// rawLocal speaks store/local's wire format by hand (doc.go), from this
+// process to the real client's process.
+type rawLocal struct {
+	t   *testing.T
+	c   *net.UnixConn
+	tok [16]byte
+}
+
+func rawDial(t *testing.T, sock string) *rawLocal {
+	c, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	r := &rawLocal{t: t, c: c.(*net.UnixConn)}
+	r.send(1, 1, nil, binary.LittleEndian.AppendUint32(nil, 1), -1)
+	st, body := r.recv()
+	require.Zero(t, st)
+	copy(r.tok[:], body[:16])
+	return r
+}
+
+func (r *rawLocal) send(op byte, id uint64, tok []byte, body []byte, fd int) {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(28+len(body)))
+	b = append(b, op, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, id)
+	b = append(b, make([]byte, 16)...)
+	copy(b[16:32], tok)
+	b = append(b, body...)
+	var oob []byte
+	if fd >= 0 {
+		oob = unix.UnixRights(fd)
+	}
+	_, _, err := r.c.WriteMsgUnix(b, oob, nil)
+	require.NoError(r.t, err)
+}
+
+// recv reads one reply (closing any descriptor that came with it).
+func (r *rawLocal) recv() (status byte, body []byte) {
+	r.c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	hdr := make([]byte, 32)
+	oob := make([]byte, 64)
+	n, oobn, _, _, err := r.c.ReadMsgUnix(hdr, oob)
+	require.NoError(r.t, err)
+	if oobn > 0 {
+		msgs, _ := unix.ParseSocketControlMessage(oob[:oobn])
+		for _, m := range msgs {
+			fds, _ := unix.ParseUnixRights(&m)
+			for _, fd := range fds {
+				unix.Close(fd)
+			}
+		}
+	}
+	_, err = io.ReadFull(r.c, hdr[n:])
+	require.NoError(r.t, err)
+	body = make([]byte, binary.LittleEndian.Uint32(hdr)-28)
+	_, err = io.ReadFull(r.c, body)
+	require.NoError(r.t, err)
+	return hdr[5], body
+}
+
+func errCode(body []byte) int32 { return int32(binary.LittleEndian.Uint32(body)) }
+
+// TestLocalProcessRefusals: against the real client's process, a
+// forged token is refused and the connection closed, and a span past a
+// registered buffer's end is refused.
+func TestLocalProcessRefusals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	tm := startMaster(t, "127.0.0.1:0")
+	sock := filepath.Join(openDir(t), "crescent.sock")
+	startRealClient(t, tm, sock)
+
+	r := rawDial(t, sock)
+	forged := r.tok
+	forged[0] ^= 1
+	key := binary.LittleEndian.AppendUint32(nil, 1)
+	key = append(key, 'k')
+	r.send(9, 2, forged[:], key, -1) // Exist
+	st, body := r.recv()
+	require.EqualValues(t, 1, st)
+	require.EqualValues(t, errcode.IllegalClient, errCode(body))
+	_, err := r.c.Read(make([]byte, 1))
+	require.Error(t, err, "still connected after a forged token")
+
+	r = rawDial(t, sock)
+	p, err := mempool.New(mempool.Options{Size: 1 << 20, Name: "raw"})
+	require.NoError(t, err)
+	defer p.Close()
+	r.send(3, 3, r.tok[:], binary.LittleEndian.AppendUint64(nil, 1<<20), p.Fd()) // Register
+	st, body = r.recv()
+	require.Zero(t, st, "register: %x", body)
+	region := binary.LittleEndian.Uint32(body)
+	get := append(append([]byte(nil), key...), 1) // Get into region ref
+	get = binary.LittleEndian.AppendUint32(get, region)
+	get = binary.LittleEndian.AppendUint64(get, 1<<20-8)
+	get = binary.LittleEndian.AppendUint64(get, 16)
+	r.send(6, 4, r.tok[:], get, -1)
+	st, body = r.recv()
+	require.EqualValues(t, 1, st)
+	require.EqualValues(t, errcode.InvalidParams, errCode(body))
+	require.Contains(t, string(body), "outside buffer")
+	r.send(2, 5, r.tok[:], nil, -1) // still registered: Ping answers
+	st, _ = r.recv()
+	require.Zero(t, st)
 }
