@@ -29,6 +29,19 @@
 // Threads workers store Objects objects with BatchPutStart+BatchPutEnd of
 // Batch keys on a segment mounted for the run, unmounted at the end.
 //
+// RunStoreLocal ("store --dummy N") measures the store through dummy
+// clients (store/local) in this process: an in-process master, a real
+// client serving two local sockets (one with a shared hot cache of
+// blocks of the value size, one without), a second client whose segment
+// holds the "remote" replicas, and N dummies, one worker each, for
+// Duration per phase: GetBuffer of keys hot in the shared cache (a view,
+// no copy; baseline memcpy of the same size by N goroutines right after,
+// ratio = hot / memcpy), GetInto a registered pool of a replica in the
+// real client's segment and of one in the other client's, Ping (the IPC
+// round trip), and PutFrom of a registered pool followed by Remove (so
+// the pool never fills; the figures are per pair). HotOnly stops after
+// the hot phase.
+//
 // The Redis baseline (Baseline "redis") starts redis-server on a free
 // loopback port (persistence off) and runs the same key sets, value size,
 // operation mix and concurrency through go-redis: Clients clients of

@@ -84,6 +84,9 @@
 //     and the replicas when the buffer lies in memory registered through
 //     RegisterBuffer (or in this client's segment or staging pool), with no
 //     copy in user space; unregistered buffers work too, through staging.
+//   - Locate and ReadAt split a Get in two for local servers (store/local):
+//     where the object is and its lease, then a read of exactly those
+//     replicas, failing with LEASE_EXPIRED as Get does.
 //   - Errors are store error codes (package store/errcode): test them with
 //     errors.Is(err, errcode.ErrObjectNotFound) and the like. Failed RPCs
 //     map through rpcerr.FromStatus (RPC_FAIL, RPC_TIMEOUT, or the code

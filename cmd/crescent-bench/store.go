@@ -43,6 +43,8 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&c.MasterProtocol, "master_protocol", "", "clients' protocol to the master: auto (crpc when the master answers it), crpc, grpc, grpc_tuned (the in-process master serves tuned gRPC options too) or drpc (in-process master only)")
 	fs.IntVar(&c.Objects, "objects", bench.DefaultMetaObjects, "meta: objects to store")
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
+	dummies := fs.Int("dummy", 0, "N > 0: measure gets and puts through N dummy clients of a real client's local socket (hot-cache hit vs memcpy, local and remote replica, IPC round trip, put)")
+	hot := fs.Bool("hot", false, "with --dummy: only the hot-cache hit and its memcpy baseline")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file (client processes: to FILE.PID each)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -105,6 +107,9 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer stop()
+	if *dummies > 0 {
+		return storeLocal(ctx, *dummies, *hot, c.ValueSize, c.Duration, *asJSON, out)
+	}
 	res, err := bench.RunStore(ctx, c)
 	if err != nil {
 		return err

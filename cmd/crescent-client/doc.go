@@ -19,4 +19,15 @@
 // minus its use); a larger request exits 1 with an error naming both
 // flags and what is available, since prefaulting it would end in the OOM
 // killer. --allow_overcommit skips the check.
+//
+// --local_socket PATH serves the inference processes of this host as
+// dummy clients (package store/local): SO_PEERCRED (this uid and
+// --local_allow_uids) plus a per-dummy token, socket mode
+// --local_socket_mode (0600). The hot cache takes its size, block size
+// and sharing from --local_hot_cache_size, --local_hot_block_size and
+// --local_hot_cache_shm, else from MC_STORE_LOCAL_HOT_CACHE_SIZE,
+// MC_STORE_LOCAL_HOT_BLOCK_SIZE, MC_STORE_LOCAL_HOT_CACHE_USE_SHM and
+// MC_STORE_LOCAL_HOT_ADMISSION_THRESHOLD; its counters and the dummies'
+// are on /metrics (crescent_local_*, crescent_hot_cache_*) and
+// /metrics/summary. SIGTERM disconnects the dummies before unmounting.
 package main

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -66,6 +67,7 @@ type options struct {
 	logLevel                             string
 	segmentFlag, bufferFlag              string // as given, for messages
 	allowOvercommit                      bool
+	local                                localOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -85,6 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.heartbeat, "heartbeat_interval", time.Second, "interval between heartbeats to the master")
 	fs.StringVar(&o.logLevel, "log_level", "info", "debug, info, warn or error")
 	fs.BoolVar(&o.allowOvercommit, "allow_overcommit", false, "start even when --global_segment_size plus --local_buffer_size exceed the memory available (MemAvailable, cgroup limit); the kernel may then OOM-kill this or another process")
+	registerLocalFlags(fs, &o.local)
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.SetOutput(io.Discard) // errors are one line, from run's caller
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
@@ -186,6 +189,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := checkAddrs(o); err != nil {
 		return err
 	}
+	if _, err := o.local.localOpts(nil); err != nil { // before any memory is mounted
+		return usageError{err}
+	}
 	if !o.allowOvercommit {
 		if err := checkMemory(o); err != nil {
 			return err
@@ -218,6 +224,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	stopLocal, err := startLocal(c, o.local, log)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	stopLocal = sync.OnceFunc(stopLocal)
+	defer stopLocal()
 	srv := &http.Server{Handler: newHandler(c, time.Now()), ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -236,6 +249,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	srv.Shutdown(shutCtx)
 	cancel()
+	stopLocal() // dummies first: they call into c
 	if err := c.Close(); err != nil {
 		return fmt.Errorf("close: %w", err)
 	}

@@ -18,12 +18,12 @@ import (
 // newHandler serves /metrics, /metrics/summary and /health for c.
 func newHandler(c *store.Client, started time.Time) http.Handler {
 	reg := prometheus.NewRegistry() // not the global one: tests run several daemons' handlers
-	reg.MustRegister(newCollector(c), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newCollector(c), newLocalCollector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /metrics/summary", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprint(w, summary(c, time.Since(started)))
+		fmt.Fprint(w, summary(c, time.Since(started)), localSummary())
 	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
