@@ -123,14 +123,19 @@
 //     NEED_REMOUNT re-mounts the segments. Stats.Leader, LeaderVersion
 //     and LeaderSwitches tell where it is.
 //   - A call answered UNAVAILABLE (or cut off by a switch) is sent again,
-//     on the new leader or after a pause (20 ms doubling to 1 s) on the
-//     same one, within the caller's context, only if it is idempotent:
+//     on the new leader or after a pause (20 ms doubling to 250 ms) on
+//     the same one, within the caller's context, if it is idempotent:
 //     GetReplicaList, BatchGetReplicaList, ExistKey, BatchExistKey,
 //     QuerySegmentStatus, ServiceReady, Ping, ReMountSegment,
-//     ReportFailedSegments (IdempotentMethods; Stats.LeaderRetries).
-//     Every other call (puts, commits, reservations, removes, mount and
-//     unmount) returns its error: the old leader may have applied it, and
-//     only its log knows. No call is sent to a leader the client has
+//     ReportFailedSegments (IdempotentMethods; Stats.LeaderRetries), or
+//     if it was never sent (crpc.NotSent: no connection could be made to
+//     the leader, which is dead or not yet serving). Every other call
+//     (puts, commits, reservations, removes, mount and unmount) that
+//     reached a leader returns its error: the old leader may have
+//     applied it, and only its log knows. So under crpc a failover makes
+//     puts wait for the new leader instead of failing, unless the old
+//     leader took them and died; gRPC gives no such mark, and a put there
+//     fails UNAVAILABLE. No call is sent to a leader the client has
 //     left, and a call cut off by a switch fails UNAVAILABLE (or, when
 //     idempotent, runs again on the new leader).
 //

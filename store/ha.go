@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -118,7 +119,7 @@ const (
 	// haRetryMin and haRetryMax bound the pause before an idempotent
 	// call runs again on a leader that did not answer.
 	haRetryMin = 20 * time.Millisecond
-	haRetryMax = time.Second
+	haRetryMax = 250 * time.Millisecond // a new leader serving is found within it
 	// haKickMin spaces the reads of the view that failed calls ask for.
 	haKickMin = 100 * time.Millisecond
 	// haRetryPause spaces reads of the view after the source failed.
@@ -240,7 +241,8 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 			h.fails.Store(0)
 			return err
 		}
-		if status.Code(err) == codes.Canceled {
+		unsent := crpc.NotSent(err) // nobody saw it: safe to send again
+		if status.Code(err) == codes.Canceled && !unsent {
 			// Its connection was closed by a switch: the old leader may
 			// or may not have applied it.
 			err = status.Error(codes.Unavailable, "store: the master leader changed during the call")
@@ -248,7 +250,7 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 		if h.fails.Add(1)%haFailThreshold == 0 {
 			h.readView()
 		}
-		if !idem {
+		if !idem && !unsent {
 			return err
 		}
 		// Again on the next leader, or on this one (still warming up, or

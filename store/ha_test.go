@@ -153,7 +153,11 @@ func testHAFailover(t *testing.T, backend, proto string) {
 	// The leader goes; nobody leads for a while.
 	ma.Stop()
 	require.NoError(t, sa.Release(ctx))
-	require.Error(t, c.Put(ctx, "lost", v1, rc), "a put with no leader must fail, not hang or succeed")
+	// A put with no leader waits for one (its request is never sent)
+	// within its context, then fails: it neither hangs nor succeeds.
+	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	require.Error(t, c.Put(pctx, "lost", v1, rc), "a put with no leader must fail, not hang or succeed")
+	cancel()
 
 	// An idempotent call in flight waits for the next leader.
 	getErr := make(chan error, 1)
@@ -484,4 +488,40 @@ func TestHANewWaitsForLeader(t *testing.T) {
 	defer c.Close()
 	assert.Equal(t, va, c.Leader())
 	require.NoError(t, c.Ready(ctx))
+}
+
+// TestHAPutWaitsForNextLeader: under crpc a put made while nobody serves
+// is never sent (no connection can be made), so the client sends it again
+// and it succeeds on the next leader, within its context, instead of
+// failing the caller.
+func TestHAPutWaitsForNextLeader(t *testing.T) {
+	ctx := testCtx(t)
+	el := startElection(t, "etcd")
+	ma := store.StartTestMaster(t, master.Config{})
+	mb := store.StartTestMaster(t, master.Config{})
+	sa, _ := el.acquire(t, ctx, ma.Addr())
+	c := haClient(t, ctx, el.addr, "crpc", 16<<20)
+	rc := store.ReplicateConfig{}
+	require.NoError(t, c.Put(ctx, "before", value(4096, 1), rc))
+	// The next leader has room before c re-mounts there (a durable
+	// master would know c's segment from the log).
+	holder := haClient(t, ctx, mb.Addr(), "crpc", 16<<20)
+	_ = holder
+
+	ma.Stop()
+	require.NoError(t, sa.Release(ctx))
+	putErr := make(chan error, 1)
+	retries := c.Stats().LeaderRetries
+	go func() { putErr <- c.Put(ctx, "during", value(4096, 2), rc) }()
+	require.Eventually(t, func() bool { return c.Stats().LeaderRetries > retries }, 30*time.Second, 10*time.Millisecond)
+	select {
+	case err := <-putErr:
+		t.Fatalf("the put ended with nobody serving: %v", err)
+	default:
+	}
+	el.acquire(t, ctx, mb.Addr())
+	require.NoError(t, <-putErr)
+	got, err := c.Get(ctx, "during")
+	require.NoError(t, err)
+	assert.Equal(t, value(4096, 2), got)
 }

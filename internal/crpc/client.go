@@ -157,7 +157,7 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	}
 	cc, err := c.conn(ctx)
 	if err != nil {
-		return err
+		return notSent(err)
 	}
 	buf := make([]byte, headerLen+requestFixed, headerLen+requestFixed+len(method)+proto.Size(in))
 	buf[headerLen+8] = byte(len(method))
@@ -169,7 +169,7 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	id, err := cc.add(ch)
 	if err != nil {
 		replyChans.Put(ch)
-		return err
+		return notSent(err)
 	}
 	if err := putHeader(buf, id, kindRequest, c.maxFrame); err != nil {
 		cc.remove(id)
@@ -543,4 +543,27 @@ func (cc *clientConn) fail(err error) {
 	close(cc.done)
 	cc.mu.Unlock()
 	cc.c.Close()
+}
+
+// notSentError is the error of a call whose request never left this
+// client: no connection could be had, or it had ended before the call
+// was registered on it. The server saw nothing, so sending it again is
+// safe whatever the method. It keeps the underlying error's status
+// (status.Code, errors.Is).
+type notSentError struct{ err error }
+
+func (e *notSentError) Error() string { return e.err.Error() }
+func (e *notSentError) Unwrap() error { return e.err }
+func (e *notSentError) GRPCStatus() *status.Status {
+	st, _ := status.FromError(e.err)
+	return st
+}
+
+func notSent(err error) error { return &notSentError{err} }
+
+// NotSent reports whether err comes from a call whose request was never
+// sent (see notSentError): a client may send it again, elsewhere too.
+func NotSent(err error) bool {
+	var e *notSentError
+	return errors.As(err, &e)
 }
