@@ -22,12 +22,17 @@
 //     the claimed store must end at the handed-over seq. A Sink with the
 //     term numbers from there.
 //  4. warmup: until one TTL has passed since the acquisition, so any old
-//     leader has seen its own session end.
+//     leader has seen its own session end. Skipped when the released
+//     marker (Config.Released, ReleasedTerm) equals the log's term as
+//     read just before the claim: the master that last claimed the log
+//     wrote it after it stopped serving, so nobody else can be serving
+//     (a SIGTERM hand-off then takes well under a TTL).
 //  5. leader: the master is started and Config.Serve serves it;
 //     leader.Monitor cancels Serve's context when the session ends (the
 //     reason is logged at error level).
 //  6. When Serve returns: the Durable (master, sink, store) is closed,
-//     then the session released (the view is deleted if still ours, so a
+//     the released marker written with the term, then the session
+//     released (the view is deleted if still ours, so a
 //     standby takes over at once), then back to 1.
 //
 // Run's context ending (SIGTERM) stops at whatever step: leading, it

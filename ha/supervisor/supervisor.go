@@ -73,6 +73,18 @@ type Config struct {
 	// returns; d stays the supervisor's to close.
 	Serve func(ctx context.Context, d *oplog.Durable) error
 
+	// Released and ReleasedTerm (optional, both or neither) keep a
+	// marker, next to the log, of the last term that stopped serving for
+	// good: Released(term) is called once this master no longer serves
+	// that term (the log closed, before the view is released);
+	// ReleasedTerm reads it. A candidate skips the warm-up when the
+	// marker equals the log's term before its claim: the last master
+	// that could have served has stopped (a SIGTERM hand-off takes no
+	// TTL). Any other case (no marker, a later claim, a read error)
+	// warms up.
+	Released     func(ctx context.Context, term uint64) error
+	ReleasedTerm func(ctx context.Context) (uint64, error)
+
 	Follower ha.FollowerOptions
 	// Retry is the pause after a failed round (default 1s).
 	Retry  time.Duration
@@ -102,6 +114,8 @@ func New(cfg Config) (*Supervisor, error) {
 		return nil, errors.New("supervisor: Coordinator, OpenLog, Replica and Serve are required")
 	case cfg.Advertise == "":
 		return nil, errors.New("supervisor: empty advertise address")
+	case (cfg.Released == nil) != (cfg.ReleasedTerm == nil):
+		return nil, errors.New("supervisor: Released and ReleasedTerm go together")
 	case cfg.TTL <= 0:
 		return nil, fmt.Errorf("supervisor: TTL %v must be positive", cfg.TTL)
 	}
@@ -223,7 +237,7 @@ func (s *Supervisor) round(ctx context.Context) error {
 			continue
 		}
 		promoted = true // lead owns m from here
-		return s.lead(ctx, c, sess, f, fw)
+		return s.lead(ctx, c, sess, rd, f, fw)
 	}
 	return nil
 }
@@ -284,6 +298,20 @@ func (s *Supervisor) elect(ctx context.Context, rd oplog.Store, f *ha.Follower) 
 	return nil, nil, nil
 }
 
+// needWarmup is false only when the released marker is the log's term
+// as read now, before this master's claim.
+func (s *Supervisor) needWarmup(ctx context.Context, rd oplog.Store) bool {
+	if s.cfg.ReleasedTerm == nil {
+		return true
+	}
+	lt, err := logTerm(ctx, rd)
+	if err != nil || lt == 0 {
+		return true
+	}
+	rt, err := s.cfg.ReleasedTerm(ctx)
+	return err != nil || rt != lt
+}
+
 func (s *Supervisor) pause(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -296,7 +324,7 @@ func (s *Supervisor) pause(ctx context.Context, d time.Duration) {
 // lead runs an acquired session: claim the log, final catch-up,
 // warm-up, serve; then close and release. It owns c, sess and the
 // follower's master.
-func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader.Session, f *ha.Follower, fw *forwarder) (err error) {
+func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader.Session, rd oplog.Store, f *ha.Follower, fw *forwarder) (err error) {
 	acquired := time.Now()
 	term := sess.Term()
 	s.elections.Add(1)
@@ -317,6 +345,13 @@ func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader
 		} else {
 			m.Close()
 		}
+		if s.cfg.Released != nil {
+			mctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL)
+			if merr := s.cfg.Released(mctx, term); merr != nil {
+				log.Warn("writing the released marker", "err", merr)
+			}
+			cancel()
+		}
 		// After the log is closed: nothing is written once a standby may
 		// claim it. A released view lets a standby take over at once.
 		rctx, cancel := context.WithTimeout(context.Background(), s.cfg.TTL)
@@ -327,9 +362,10 @@ func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader
 		c.Close()
 	}()
 
-	// Claim the log: from here a deposed leader's appends are fenced.
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.TTL+10*time.Second)
 	defer cancel()
+	warm := s.needWarmup(wctx, rd)
+	// Claim the log: from here a deposed leader's appends are fenced.
 	st, err := s.cfg.OpenLog(wctx, term)
 	if err != nil {
 		return fmt.Errorf("claim the log with term %d: %w", term, err)
@@ -361,15 +397,22 @@ func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader
 
 	// Warm-up: one full TTL from acquisition before serving, so that any
 	// old leader's session has ended on its side too.
-	s.setRole(Warmup, term)
-	wait := time.NewTimer(time.Until(acquired.Add(s.cfg.TTL)))
-	defer wait.Stop()
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-sess.Lost():
-		return fmt.Errorf("lost leadership during warm-up: %w", sess.Err())
-	case <-wait.C:
+	if warm {
+		s.setRole(Warmup, term)
+		wait := time.NewTimer(time.Until(acquired.Add(s.cfg.TTL)))
+		defer wait.Stop()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-sess.Lost():
+			return fmt.Errorf("lost leadership during warm-up: %w", sess.Err())
+		case <-wait.C:
+		}
+	} else {
+		log.Info("candidate: the last leader released the log; no warm-up")
+	}
+	if err := sess.Err(); err != nil {
+		return fmt.Errorf("lost leadership before serving: %w", err)
 	}
 	if err := m.Start(); err != nil {
 		return err
