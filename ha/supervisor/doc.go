@@ -29,7 +29,10 @@
 //     (a SIGTERM hand-off then takes well under a TTL).
 //  5. leader: the master is started and Config.Serve serves it;
 //     leader.Monitor cancels Serve's context when the session ends (the
-//     reason is logged at error level).
+//     reason is logged at error level), and so does a failed log
+//     (Durable.Failed, checked every TTL/4: fenced by a newer term, or
+//     etcd unreachable past the write timeout), which acknowledges
+//     nothing more: the master steps down so a standby can take over.
 //  6. When Serve returns: the Durable (master, sink, store) is closed,
 //     the released marker written with the term, then the session
 //     released (the view is deleted if still ours, so a

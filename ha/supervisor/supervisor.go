@@ -429,7 +429,30 @@ func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader
 	took := time.Since(acquired)
 	s.timeToServ.Store(int64(took))
 	log.Info("leader: serving", "time_to_serve", took, "seq", seq)
+	// A failed log (fenced by a newer term, or etcd unreachable past its
+	// write timeout) acknowledges nothing more: step down, so that a
+	// standby with a fresh store can take over.
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		t := time.NewTicker(max(s.cfg.TTL/4, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-t.C:
+				if ferr := d.Failed(); ferr != nil {
+					log.Error("operation log failed: stepping down", "err", ferr)
+					stop()
+					return
+				}
+			}
+		}
+	}()
 	serr := s.cfg.Serve(sctx, d)
+	stop()
+	<-watched
 	if ctx.Err() != nil {
 		log.Info("leader: stopping (shutdown)")
 		return nil
@@ -439,6 +462,9 @@ func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader
 	}
 	if e := sess.Err(); e != nil {
 		return fmt.Errorf("leadership lost: %w", e)
+	}
+	if e := d.Failed(); e != nil {
+		return fmt.Errorf("operation log failed: %w", e)
 	}
 	return errors.New("serve returned")
 }

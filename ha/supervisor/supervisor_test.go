@@ -21,6 +21,7 @@ import (
 	"github.com/crescent-kv/crescent/ha/leader"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/internal/testsvc"
+	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
@@ -64,13 +65,15 @@ type node struct {
 	cancel  context.CancelFunc
 	done    chan error
 	serving chan context.Context // one per term served: Serve's ctx
+	durs    chan *oplog.Durable  // and what it served
 }
 
 func startNode(t *testing.T, ep, name string, released *atomic.Uint64) *node {
 	t.Helper()
 	cli, err := clientv3.New(leader.EtcdClientConfig([]string{ep}))
 	require.NoError(t, err)
-	n := &node{name: name, done: make(chan error, 1), serving: make(chan context.Context, 16)}
+	n := &node{name: name, done: make(chan error, 1), serving: make(chan context.Context, 16),
+		durs: make(chan *oplog.Durable, 16)}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sup, err := New(Config{
 		Coordinator: func(context.Context, uint64) (leader.Coordinator, error) {
@@ -86,6 +89,7 @@ func startNode(t *testing.T, ep, name string, released *atomic.Uint64) *node {
 			return m, 0, err
 		},
 		Serve: func(ctx context.Context, d *oplog.Durable) error {
+			n.durs <- d
 			n.serving <- ctx
 			<-ctx.Done()
 			return nil
@@ -229,4 +233,30 @@ func gather(t *testing.T, s *Supervisor) map[string][]float64 {
 		}
 	}
 	return out
+}
+
+// A leader whose log fails (here: fenced by a claim with a higher term,
+// its session still alive) acknowledges nothing more and steps down:
+// Serve's context is cancelled and it leaves the leader role.
+func TestFailedLogStepsDown(t *testing.T) {
+	e := testsvc.StartEtcd(t)
+	var released atomic.Uint64
+	cli, err := clientv3.New(oplog.EtcdClientConfig([]string{e.Endpoint}))
+	require.NoError(t, err)
+	defer cli.Close()
+	a := startNode(t, e.Endpoint, "a", &released)
+	ctx := <-a.serving
+	d := <-a.durs
+	st, err := oplog.OpenEtcd(context.Background(), cli, oplog.EtcdOptions{ClusterID: "sup", Term: 1 << 40})
+	require.NoError(t, err)
+	require.NoError(t, st.Close())
+	seg := alloc.Segment{ID: alloc.UUID{Hi: 1, Lo: 1}, Name: "s", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
+	require.NoError(t, d.Master.MountSegment(alloc.UUID{Hi: 2, Lo: 2}, seg)) // its append is fenced
+	select {
+	case <-ctx.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("a leader with a failed log kept serving")
+	}
+	require.Error(t, d.Failed())
+	require.Eventually(t, func() bool { return !a.sup.Serving() }, 10*time.Second, 10*time.Millisecond)
 }
