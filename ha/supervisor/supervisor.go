@@ -229,7 +229,7 @@ func (s *Supervisor) round(ctx context.Context) error {
 		if err := f.Err(); err != nil {
 			return fmt.Errorf("follower: %w", err)
 		}
-		c, sess, err := s.elect(ctx, rd, f)
+		c, sess, err := s.elect(ctx, rd)
 		if err != nil {
 			return err
 		}
@@ -256,7 +256,7 @@ func logTerm(ctx context.Context, st oplog.Store) (uint64, error) {
 // elect tries once to acquire if nobody leads, else waits (at most a
 // TTL) for the view to change. It returns the coordinator and the
 // session when this master won; the coordinator is closed otherwise.
-func (s *Supervisor) elect(ctx context.Context, rd oplog.Store, f *ha.Follower) (leader.Coordinator, leader.Session, error) {
+func (s *Supervisor) elect(ctx context.Context, rd oplog.Store) (leader.Coordinator, leader.Session, error) {
 	rctx, cancel := context.WithTimeout(ctx, s.cfg.TTL)
 	defer cancel()
 	lt, err := logTerm(rctx, rd)
