@@ -10,4 +10,10 @@
 // negative durations), an rpc_address that does not resolve. An address
 // that cannot be bound exits 1 naming its flags. --version prints the
 // build; -h the flags.
+//
+// With --ha_backend etcd|redis (and --oplog etcd://...) several masters
+// run as one: ha/supervisor elects a leader, the others follow the log as
+// hot standbys with their RPC port unbound; the admin port is always up,
+// with /role and /leader (JSON) and /health 200 only on the serving
+// leader (ha.go).
 package main

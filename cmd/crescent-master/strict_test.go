@@ -92,12 +92,19 @@ func TestSampleConfig(t *testing.T) {
 		}
 	}
 	var missing []string
-	rt := reflect.TypeOf(config{})
-	for i := range rt.NumField() {
-		if k := strings.Split(rt.Field(i).Tag.Get("yaml"), ",")[0]; k != "" && !listed[k] {
-			missing = append(missing, k)
+	var walk func(rt reflect.Type)
+	walk = func(rt reflect.Type) {
+		for i := range rt.NumField() {
+			name, opts, _ := strings.Cut(rt.Field(i).Tag.Get("yaml"), ",")
+			switch {
+			case opts == "inline":
+				walk(rt.Field(i).Type)
+			case name != "" && !listed[name]:
+				missing = append(missing, name)
+			}
 		}
 	}
+	walk(reflect.TypeOf(config{}))
 	assert.Empty(t, missing, "keys missing from %s (add them, with a comment)", sample)
 }
 
