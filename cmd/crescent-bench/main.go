@@ -11,7 +11,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
-		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer|store|rpc [flags]\n\nRun 'crescent-bench transfer -h', 'crescent-bench store -h' or 'crescent-bench rpc -h' for the flags.")
+		fmt.Fprintln(os.Stderr, "usage: crescent-bench transfer|store|rpc|ha [flags]\n\nRun 'crescent-bench transfer -h', 'crescent-bench store -h', 'crescent-bench rpc -h' or 'crescent-bench ha -h' for the flags.")
 		if len(os.Args) < 2 {
 			os.Exit(2)
 		}
@@ -27,10 +27,12 @@ func main() {
 		err = storeMain(ctx, os.Args[2:], os.Stdout)
 	case "rpc":
 		err = rpcMain(ctx, os.Args[2:], os.Stdout)
+	case "ha":
+		err = haMain(ctx, os.Args[2:], os.Stdout)
 	case storeClientCmd:
 		err = storeClientMain(ctx, os.Args[2:])
 	default:
-		err = fmt.Errorf("unknown command %q (want transfer, store or rpc)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (want transfer, store, rpc or ha)", os.Args[1])
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "crescent-bench:", err)
