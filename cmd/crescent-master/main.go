@@ -93,6 +93,8 @@ type config struct {
 	OplogWriteTimeoutSec int64 `yaml:"oplog_write_timeout_sec"`
 
 	LogLevel string `yaml:"log_level"`
+
+	haConfig `yaml:",inline"` // ha.go
 }
 
 func defaults() config {
@@ -108,6 +110,7 @@ func defaults() config {
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
 		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
+		haConfig:             haConfig{HALeaseTTLSec: 5},
 		SnapshotInterval:     10 * time.Minute, SnapshotRetain: oplog.DefaultSnapshotRetain, OplogRetain: oplog.DefaultLogRetain, OplogSyncers: oplog.DefaultSyncers,
 	}
 }
@@ -153,6 +156,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ClusterID, "cluster_id", c.ClusterID, "name of this master's cluster: the etcd operation log lives under crescent/oplog/<cluster_id>/")
 	fs.Int64Var(&c.OplogWriteTimeoutSec, "oplog_write_timeout_sec", c.OplogWriteTimeoutSec, "--oplog etcd: seconds one write may keep failing before the log is failed and the master stops acknowledging (fail-stop)")
 	fs.StringVar(&c.LogLevel, "log_level", c.LogLevel, "debug, info, warn or error")
+	c.haFlags(fs)
 }
 
 // load reads defaults, then the YAML file, then the flags given on the
@@ -229,6 +233,9 @@ func (c *config) validate() error {
 			return fmt.Errorf("oplog_write_timeout_sec %d must be positive", c.OplogWriteTimeoutSec)
 		}
 	}
+	if err := c.validateHA(); err != nil {
+		return err
+	}
 	return c.validateSnapshots()
 }
 
@@ -277,6 +284,9 @@ func run(ctx context.Context, cfg config) error {
 		}
 		mc.Events = kvevents.New(pub)
 		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
+	}
+	if cfg.HABackend != "" {
+		return runHA(ctx, cfg, mc, pub, log)
 	}
 
 	var (
