@@ -238,6 +238,13 @@ func (a *putAhead) age(all bool) bool {
 	return len(a.release) > 0
 }
 
+// forget drops every reservation without giving it back: they were made
+// on a master that no longer leads.
+func (a *putAhead) forget() {
+	a.age(true)
+	a.takeRelease()
+}
+
 // dropOn gives back the reservations held with a replica on one of the
 // segments ids (writes there failed).
 func (a *putAhead) dropOn(ids []*storepb.UUID) {

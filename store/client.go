@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
@@ -28,13 +30,22 @@ const (
 	DefaultRPCTimeout        = 10 * time.Second
 	DefaultMaxKeyLen         = 4096
 	DefaultPutRetries        = 2
+	DefaultClusterID         = "crescent"
 )
 
 // Config configures a Client. Only MasterAddr matters for a pure client on
 // this host; the zero value of every other field takes its default.
 type Config struct {
-	// MasterAddr is the master's gRPC address (default 127.0.0.1:50051).
+	// MasterAddr is the master's address (default 127.0.0.1:50051):
+	// host:port for one master, or, for masters in high availability,
+	// where the leader view lives: "etcd://h:p[,h2:p2]" or
+	// "redis://[user:pass@]h:p[/db]" (schemes registered by importing
+	// store/haview). The client then follows the leader (ha.go).
 	MasterAddr string
+	// ClusterID names the HA cluster whose leader view the client follows
+	// (default "crescent", crescent-master's --cluster_id default);
+	// ignored for a host:port MasterAddr.
+	ClusterID string
 	// MasterProtocol is how to talk to the master: "crpc" (the master
 	// service over internal/crpc's light framing, on the same port),
 	// "grpc", or "auto" (default): crpc when the master answers it, else
@@ -98,8 +109,11 @@ type Config struct {
 func (c *Config) setDefaults() error {
 	c.MasterAddr = cmp.Or(c.MasterAddr, DefaultMasterAddr)
 	c.MasterProtocol = cmp.Or(c.MasterProtocol, "auto") // DialMaster checks it
-	if _, _, err := net.SplitHostPort(c.MasterAddr); err != nil {
-		return fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, c.MasterAddr, err)
+	c.ClusterID = cmp.Or(c.ClusterID, DefaultClusterID)
+	if !strings.Contains(c.MasterAddr, "://") {
+		if _, _, err := net.SplitHostPort(c.MasterAddr); err != nil {
+			return fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, c.MasterAddr, err)
+		}
 	}
 	if c.GlobalSegmentSize < 0 {
 		return fmt.Errorf("%w: global segment size %d", ErrInvalidConfig, c.GlobalSegmentSize)
@@ -132,6 +146,7 @@ type Client struct {
 	id       UUID
 	log      *slog.Logger
 	conn     MasterConn
+	ha       *haConn // nil unless MasterAddr is etcd:// or redis://
 	rpcProto string
 	master   storepb.MasterClient
 	eng      *engine.Engine
@@ -142,7 +157,9 @@ type Client struct {
 	stats    *stats
 	regs     regions
 	stage    *stager
-	segments []*segment // fixed after New
+	segs     atomic.Pointer[[]*segment] // copy on write (mount.go)
+	retired  []*segment                 // unmounted; unmapped with the rest (mountMu)
+	mountMu  sync.Mutex                 // serializes Mount, Unmount, remount
 
 	segMu  sync.Mutex
 	segIDs map[string]engine.SegmentID
@@ -164,8 +181,10 @@ type Client struct {
 	life   sync.RWMutex // held shared by calls in progress, exclusively by Close
 	closed atomic.Bool
 
-	hbStop context.CancelFunc
-	hbWG   sync.WaitGroup
+	hbMu   sync.Mutex
+	hbStop context.CancelFunc // nil while no heartbeat runs
+	hbDone chan struct{}      // closed when that heartbeat loop exits
+	hbNow  chan struct{}      // beat now (after a leader switch)
 	viewV  atomic.Uint64
 
 	// Test hooks.
@@ -188,12 +207,15 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		}
 	}()
 
+	if cfg.PutAhead > 0 {
+		// Before connect: an HA switch may come at once and drop them.
+		c.ahead = newPutAhead(cfg.PutAhead, cfg.PutAheadBytes)
+	}
 	if err := c.connect(ctx); err != nil {
 		return nil, err
 	}
 	c.startCoalescers()
-	if cfg.PutAhead > 0 {
-		c.ahead = newPutAhead(cfg.PutAhead, cfg.PutAheadBytes)
+	if c.ahead != nil {
 		var actx context.Context
 		actx, c.aheadStop = context.WithCancel(context.Background())
 		c.ahead.wg.Add(1)
@@ -208,29 +230,29 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		_, err := c.master.ServiceReady(rctx, &storepb.ServiceReadyRequest{})
 		cancel()
 		if err != nil {
-			return nil, fmt.Errorf("store: master %s: %w", cfg.MasterAddr, rpcerr.FromStatus(err))
+			return nil, fmt.Errorf("store: master %s: %w", metadata.Redact(cfg.MasterAddr), rpcerr.FromStatus(err))
 		}
 		ok = true
 		return c, nil
 	}
-	if err := c.addSegment(cfg.GlobalSegmentSize); err != nil {
+	if _, err := c.mountNew(ctx, cfg.GlobalSegmentSize); err != nil {
 		return nil, err
 	}
-	if err := c.mount(ctx); err != nil {
-		return nil, err
-	}
-	var hbCtx context.Context
-	hbCtx, c.hbStop = context.WithCancel(context.Background())
-	c.hbWG.Add(1)
-	go c.heartbeatLoop(hbCtx)
 	ok = true
 	return c, nil
 }
 
-// connect opens the master connection: crpc or gRPC (Config.MasterProtocol).
+// connect opens the master connection: crpc or gRPC (Config.MasterProtocol),
+// to the one master or, in HA, to the leader the view names.
 func (c *Client) connect(ctx context.Context) error {
+	open, isHA, err := leaderOpener(c.cfg.MasterAddr)
+	if err != nil {
+		return err
+	}
+	if isHA {
+		return c.connectHA(ctx, open)
+	}
 	var conn MasterConn
-	var err error
 	proto := c.cfg.MasterProtocol
 	if c.cfg.MasterDialer != nil {
 		conn, err = c.cfg.MasterDialer(ctx, c.cfg.MasterAddr, c.stats.interceptor)
@@ -258,7 +280,8 @@ func newClient(cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, id: newUUID(), clock: clock.Real{}, stats: newStats(), segIDs: make(map[string]engine.SegmentID)}
+	c := &Client{cfg: cfg, id: newUUID(), clock: clock.Real{}, stats: newStats(), segIDs: make(map[string]engine.SegmentID),
+		hbNow: make(chan struct{}, 1)}
 	c.log = cfg.Logger.With("client", c.id.String())
 	return c
 }
@@ -294,39 +317,6 @@ func (c *Client) startMemory() error {
 	return nil
 }
 
-// addSegment sets aside size bytes of memfd memory, registered with the
-// engine, to contribute as one segment.
-func (c *Client) addSegment(size int64) error {
-	pool, err := newArena("crescent-segment", size, 0, c.cfg.AllowOvercommit)
-	if err != nil {
-		return fmt.Errorf("store: segment memory: %w", err)
-	}
-	mem := pool.Bytes()[:size:size]
-	if err := c.eng.RegisterMemory(mem, "*"); err != nil {
-		pool.Close()
-		return fmt.Errorf("store: register segment: %w", err)
-	}
-	c.segments = append(c.segments, &segment{pool: pool, mem: mem, info: SegmentInfo{
-		ID: newUUID(), Name: c.name, Base: spanOf(mem).addr, Size: uint64(size), Protocol: c.eng.LocalDesc().Protocol,
-	}})
-	c.regs.add(mem)
-	return nil
-}
-
-// mount mounts the segments on the master.
-func (c *Client) mount(ctx context.Context) error {
-	for _, seg := range c.segments {
-		rctx, cancel := c.rpcCtx(ctx)
-		_, err := c.master.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: c.id.pb(), Segment: seg.pb()})
-		cancel()
-		if err != nil {
-			return fmt.Errorf("store: mount segment: %w", rpcerr.FromStatus(err))
-		}
-		seg.mounted = true
-	}
-	return nil
-}
-
 func (s *segment) pb() *storepb.Segment {
 	return &storepb.Segment{Id: s.info.ID.pb(), Name: s.info.Name, Base: s.info.Base, Size: s.info.Size, Protocol: s.info.Protocol}
 }
@@ -348,8 +338,8 @@ func (c *Client) enter() error {
 
 func (c *Client) leave() { c.life.RUnlock() }
 
-func (c *Client) heartbeatLoop(ctx context.Context) {
-	defer c.hbWG.Done()
+func (c *Client) heartbeatLoop(ctx context.Context, done chan struct{}) {
+	defer close(done)
 	t := time.NewTicker(c.cfg.HeartbeatInterval)
 	defer t.Stop()
 	failing := false
@@ -358,6 +348,7 @@ func (c *Client) heartbeatLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-c.hbNow:
 		}
 		if c.hbPaused.Load() {
 			continue
@@ -396,9 +387,14 @@ func (c *Client) heartbeat(ctx context.Context) error {
 
 // remount mounts every segment again, after the master forgot them.
 func (c *Client) remount(ctx context.Context) error {
+	c.mountMu.Lock() // not interleaved with an Unmount's
+	defer c.mountMu.Unlock()
 	req := &storepb.ReMountSegmentRequest{ClientId: c.id.pb()}
-	for _, s := range c.segments {
+	for _, s := range c.segList() {
 		req.Segments = append(req.Segments, s.pb())
+	}
+	if len(req.Segments) == 0 {
+		return nil
 	}
 	if _, err := c.master.ReMountSegment(ctx, req); err != nil {
 		return fmt.Errorf("store: remount: %w", rpcerr.FromStatus(err))
@@ -420,8 +416,9 @@ func (c *Client) Engine() *engine.Engine { return c.eng }
 
 // Segments describes the segments this client mounted.
 func (c *Client) Segments() []SegmentInfo {
-	out := make([]SegmentInfo, len(c.segments))
-	for i, s := range c.segments {
+	segs := c.segList()
+	out := make([]SegmentInfo, len(segs))
+	for i, s := range segs {
 		out[i] = s.info
 	}
 	return out
@@ -457,8 +454,13 @@ func (c *Client) Ready(ctx context.Context) error {
 // Stats returns a snapshot of the client's counters.
 func (c *Client) Stats() Stats {
 	s := c.stats.snapshot()
-	for _, seg := range c.segments {
+	for _, seg := range c.segList() {
 		s.SegmentBytes += seg.info.Size
+	}
+	if c.ha != nil {
+		v := c.ha.View()
+		s.Leader, s.LeaderVersion = v.Leader, v.Version
+		s.LeaderSwitches, s.StaleLeaderViews, s.LeaderRetries = c.ha.switches.Load(), c.ha.ignored.Load(), c.ha.retries.Load()
 	}
 	if c.stage != nil {
 		s.StagingBytes = uint64(len(c.stage.mem))
@@ -539,11 +541,8 @@ func (c *Client) teardown() error {
 	c.closeAhead()
 	// Heartbeats stop first: a Ping after the unmount could be told
 	// NEED_REMOUNT and mount the segments again.
-	if c.hbStop != nil {
-		c.hbStop()
-		c.hbWG.Wait()
-	}
-	for _, s := range c.segments {
+	c.stopHeartbeat()
+	for _, s := range c.segList() {
 		if !s.mounted {
 			continue
 		}
@@ -556,7 +555,7 @@ func (c *Client) teardown() error {
 	}
 	if c.eng != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
-		for _, s := range c.segments {
+		for _, s := range c.segList() {
 			if err := c.eng.UnregisterMemory(ctx, s.mem); err != nil && !errors.Is(err, engine.ErrClosed) {
 				errs = append(errs, err)
 			}
@@ -604,7 +603,9 @@ func (c *Client) teardown() error {
 
 // unmapMemory closes the pools once nothing can touch them.
 func (c *Client) unmapMemory() {
-	for _, s := range c.segments {
+	c.mountMu.Lock()
+	defer c.mountMu.Unlock()
+	for _, s := range append(c.segList(), c.retired...) {
 		s.pool.Close()
 	}
 	if c.stage != nil {

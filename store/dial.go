@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -103,6 +104,7 @@ func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor, extra ...grpc.
 type autoConn struct {
 	addr      string
 	intercept grpc.UnaryClientInterceptor
+	crpcOnly  bool          // MasterProtocol "crpc": never settle on gRPC
 	sem       chan struct{} // one dial at a time; waiters keep their deadline
 
 	mu     sync.Mutex
@@ -163,11 +165,13 @@ func (a *autoConn) get(ctx context.Context) (MasterConn, error) {
 	switch {
 	case err == nil:
 		conn = cc
-	case errors.Is(err, crpc.ErrNotCRPC):
+	case errors.Is(err, crpc.ErrNotCRPC) && !a.crpcOnly:
 		if conn, err = dialGRPC(a.addr, nil); err != nil {
 			return nil, err
 		}
 		proto = "grpc"
+	case errors.Is(err, crpc.ErrNotCRPC) || errors.Is(err, crpc.ErrTLSRequired):
+		return nil, fmt.Errorf("store: master %s: %w", a.addr, rpcerr.FromStatus(err))
 	default:
 		return nil, err // still unreachable: the next call tries again
 	}
@@ -199,4 +203,23 @@ func (a *autoConn) Close() error {
 		return c.Close()
 	}
 	return nil
+}
+
+// dialLazy connects to addr without waiting for it to answer, for an HA
+// client's new leader (which may still be warming up): gRPC connects in
+// the background; crpc and "auto" dial at the first call, and again at
+// each call until the master answers.
+func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor) (MasterConn, string, error) {
+	switch proto {
+	case "grpc", "grpc_tuned":
+		return DialMaster(context.Background(), addr, proto, intercept)
+	case "", "auto", "crpc":
+		g, err := dialGRPC(addr, nil) // refuses a malformed address now
+		if err != nil {
+			return nil, "", err
+		}
+		g.Close()
+		return &autoConn{addr: addr, intercept: intercept, sem: make(chan struct{}, 1), crpcOnly: proto == "crpc"}, cmp.Or(proto, "auto"), nil
+	}
+	return DialMaster(context.Background(), addr, proto, intercept) // the error
 }

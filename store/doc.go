@@ -20,11 +20,16 @@
 //     segment (its "host:port"). A client that contributes nothing is a
 //     pure client. Close unmounts the segments first, then stops
 //     heartbeats, withdraws the memory from the engine and releases it.
+//   - Mount(size) after New contributes one more segment and Unmount(id)
+//     withdraws one (its memory stays mapped until Close: calls and
+//     Buffers in progress may still touch it).
 //   - Heartbeats (Ping, every Config.HeartbeatInterval) run only while a
-//     segment is mounted. A Ping answered NEED_REMOUNT (the master forgot
+//     segment is mounted: they start with the first mount (in New or
+//     Mount) and stop with the last Unmount; a client with no segment
+//     sends none. A Ping answered NEED_REMOUNT (the master forgot
 //     this client, e.g. after it missed heartbeats for the master's client
-//     TTL) re-mounts every segment with ReMountSegment; the objects the
-//     master dropped meanwhile are gone.
+//     TTL, or a new leader never knew it) re-mounts every segment with
+//     ReMountSegment; the objects the master dropped meanwhile are gone.
 //   - Put: PutStart reserves replica space; each replica is written, with
 //     a plain copy when it lies in this client's own segment and with an
 //     engine WRITE otherwise (straight from the caller's memory when it is
@@ -85,6 +90,44 @@
 //     TRANSFER_FAIL wrapping the engine's error.
 //   - All methods are safe for concurrent use. Close waits for calls in
 //     progress; later calls return ErrClosed.
+//
+// # Masters in high availability
+//
+// Config.MasterAddr "etcd://h:p[,h2:p2]" or "redis://[user:pass@]h:p[/db]"
+// (a plain host:port is one master, no HA) names where the leader view
+// lives: the one crescent-master --ha_backend etcd|redis keeps (package
+// ha/leader: prefix "crescent", cluster id Config.ClusterID, default
+// "crescent"; view = leader's RPC address + version, the fencing term).
+// The schemes are registered by importing store/haview
+// (RegisterLeaderScheme, database/sql style), so the store package links
+// neither etcd's client nor go-redis. The leader monitor runs apart from
+// the heartbeat, in every HA client, segments or not:
+//
+//   - New reads the view (waiting within its context for a leader) and
+//     connects to the leader; a goroutine then waits for view changes
+//     (ha/leader's WaitChange), and every 3rd consecutive call answered
+//     UNAVAILABLE makes it read the view at once (at most every 100 ms).
+//   - Every view goes through one serialized switch: a view with no
+//     leader, or a version not above the current one (a Redis that lost
+//     its term counter), is ignored (Stats.StaleLeaderViews counts the
+//     lower ones); otherwise the client opens a connection to the new
+//     leader (crpc, gRPC, or "auto" settled at its first call, lazily:
+//     a new leader warms up for a lease TTL before it serves), replaces
+//     the old one and closes it, drops its put-ahead reservations (made
+//     on the old leader) and heartbeats at once, so the new leader's
+//     NEED_REMOUNT re-mounts the segments. Stats.Leader, LeaderVersion
+//     and LeaderSwitches tell where it is.
+//   - A call answered UNAVAILABLE (or cut off by a switch) is sent again,
+//     on the new leader or after a pause (20 ms doubling to 1 s) on the
+//     same one, within the caller's context, only if it is idempotent:
+//     GetReplicaList, BatchGetReplicaList, ExistKey, BatchExistKey,
+//     QuerySegmentStatus, ServiceReady, Ping, ReMountSegment,
+//     ReportFailedSegments (IdempotentMethods; Stats.LeaderRetries).
+//     Every other call (puts, commits, reservations, removes, mount and
+//     unmount) returns its error: the old leader may have applied it, and
+//     only its log knows. No call is sent to a leader the client has
+//     left, and a call cut off by a switch fails UNAVAILABLE (or, when
+//     idempotent, runs again on the new leader).
 //
 // Stats returns the client's counters (bytes moved, put/get latency
 // histograms, per-RPC counts and latencies, puts that went ahead); cmd/crescent-client exports

@@ -17,8 +17,8 @@ func FuzzReplicaList(f *testing.F) {
 	mem := make([]byte, 1<<16)
 	c := newClient(Config{})
 	c.name, c.host = "127.0.0.1:15000", "127.0.0.1"
-	c.segments = []*segment{{mem: mem, info: SegmentInfo{Name: c.name, Base: spanOf(mem).addr, Size: uint64(len(mem))}}}
-	base := c.segments[0].info.Base
+	c.setSegs([]*segment{{mem: mem, info: SegmentInfo{Name: c.name, Base: spanOf(mem).addr, Size: uint64(len(mem))}}})
+	base := c.segList()[0].info.Base
 
 	seed := func(reps ...*storepb.ReplicaDescriptor) []byte {
 		b, err := proto.Marshal(&storepb.GetReplicaListResponse{Replicas: reps, LeaseTtlMs: 10000})

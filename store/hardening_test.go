@@ -26,7 +26,7 @@ func TestMountOverlapRefusedEndToEnd(t *testing.T) {
 	a := newTestClient(t, tm, 4<<20, twoRPCPuts)
 	b := newTestClient(t, tm, 0, twoRPCPuts)
 	ctx := tctx(t)
-	sa := a.segments[0].info
+	sa := a.segList()[0].info
 	dup := &storepb.Segment{Id: newUUID().pb(), Name: sa.Name, Base: sa.Base, Size: sa.Size, Protocol: sa.Protocol}
 	_, err := b.master.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: b.id.pb(), Segment: dup})
 	assert.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)

@@ -283,7 +283,7 @@ func TestGetBuffer(t *testing.T) {
 	}
 	lb.Close()
 	rb2.Close()
-	if !a.stage.pool.Stats().Closed || !a.segments[0].pool.Stats().Closed {
+	if !a.stage.pool.Stats().Closed || !a.segList()[0].pool.Stats().Closed {
 		t.Fatal("memory still mapped after the last release")
 	}
 }

@@ -68,7 +68,7 @@ type segment struct {
 	info    SegmentInfo
 	pool    *mempool.Pool
 	mem     []byte
-	mounted bool // MountSegment succeeded (written in New only)
+	mounted bool // MountSegment succeeded (written before the segment is listed)
 }
 
 // slice returns the bytes [addr, addr+n) of the segment, and false when

@@ -134,6 +134,13 @@ type Stats struct {
 	// SegmentBytes is the memory mounted on the master; StagingBytes the
 	// staging pool's size.
 	SegmentBytes, StagingBytes uint64
+	// HA (MasterAddr etcd:// or redis://): the leader followed and its
+	// view version; LeaderSwitches counts switches to a new leader,
+	// StaleLeaderViews views ignored for a version below the current
+	// one, LeaderRetries idempotent calls sent again after UNAVAILABLE.
+	Leader                                          string
+	LeaderVersion                                   uint64
+	LeaderSwitches, StaleLeaderViews, LeaderRetries uint64
 }
 
 type stats struct {

@@ -56,7 +56,7 @@ func (c *Client) localSlice(seg string, addr, n uint64) ([]byte, bool) {
 	if seg != c.name {
 		return nil, false
 	}
-	for _, s := range c.segments {
+	for _, s := range c.segList() {
 		if b, ok := s.slice(addr, n); ok {
 			return b, true
 		}

@@ -46,6 +46,17 @@ func bareClient(t testing.TB, protocols []string, segSize, stageSize int64) *Cli
 	return c
 }
 
+// addSegment adds a segment of size bytes without mounting it.
+func (c *Client) addSegment(size int64) error {
+	seg, err := c.newSegment(size)
+	if err != nil {
+		return err
+	}
+	c.regs.add(seg.mem)
+	c.setSegs(append(c.segList(), seg))
+	return nil
+}
+
 func randBytes(n int, seed uint64) []byte {
 	b := make([]byte, n)
 	r := rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15+1))
@@ -200,7 +211,7 @@ func memReplica(seg string, addr, size uint64, st storepb.ReplicaStatus) *storep
 
 func TestChooseReplicas(t *testing.T) {
 	c := bareClient(t, []string{"tcp"}, 1<<20, 1<<20)
-	base := c.segments[0].info.Base
+	base := c.segList()[0].info.Base
 	complete := storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE
 	processing := storepb.ReplicaStatus_REPLICA_STATUS_PROCESSING
 	sameHost := "127.0.0.1:1"
@@ -374,7 +385,7 @@ func TestTransferPaths(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			a := bareClient(t, []string{proto}, 4<<20, 1<<20) // small staging: forces rounds
 			b := bareClient(t, []string{proto}, 16<<20, 1<<20)
-			bseg := b.segments[0]
+			bseg := b.segList()[0]
 			ctx := context.Background()
 
 			// A registered source buffer for the direct path.
@@ -432,7 +443,7 @@ func TestTransferPaths(t *testing.T) {
 				}
 			}
 			// Local copies: A's own segment, no engine involved.
-			aseg := a.segments[0]
+			aseg := a.segList()[0]
 			val := randBytes(5000, 99)
 			transfers := a.eng.Stats().Completed
 			w := &xfer{op: engine.Write, buf: val, seg: a.name, addr: aseg.info.Base + 100}
@@ -458,7 +469,7 @@ func TestTransferPaths(t *testing.T) {
 func TestTransferBatchMixed(t *testing.T) {
 	a := bareClient(t, []string{"tcp"}, 0, 256<<10)
 	b := bareClient(t, []string{"tcp"}, 8<<20, 1<<20)
-	base := b.segments[0].info.Base
+	base := b.segList()[0].info.Base
 	var xs []*xfer
 	vals := make([][]byte, 20)
 	for i := range vals {
@@ -478,7 +489,7 @@ func TestTransferBatchMixed(t *testing.T) {
 			t.Fatalf("item %d: %v is not TRANSFER_FAIL", x.item, x.err)
 		}
 		if !bad {
-			got, _ := b.segments[0].slice(x.addr, uint64(len(x.buf)))
+			got, _ := b.segList()[0].slice(x.addr, uint64(len(x.buf)))
 			if !bytes.Equal(got, x.buf) {
 				t.Fatalf("item %d: bytes differ", x.item)
 			}
@@ -491,7 +502,7 @@ func TestTransferBatchMixed(t *testing.T) {
 func TestTransferDeadPeer(t *testing.T) {
 	a := bareClient(t, []string{"tcp"}, 0, 1<<20)
 	peer := bareClient(t, []string{"tcp"}, 1<<20, 1<<20)
-	addr := peer.segments[0].info.Base
+	addr := peer.segList()[0].info.Base
 	ctx := context.Background()
 	ok := &xfer{op: engine.Write, buf: []byte("hello"), seg: peer.name, addr: addr}
 	a.transfer(ctx, []*xfer{ok})
@@ -515,7 +526,7 @@ func TestTransferDeadPeer(t *testing.T) {
 func TestTransferConcurrentStaging(t *testing.T) {
 	a := bareClient(t, []string{"tcp"}, 0, 256<<10)
 	b := bareClient(t, []string{"tcp"}, 16<<20, 1<<20)
-	base := b.segments[0].info.Base
+	base := b.segList()[0].info.Base
 	var wg sync.WaitGroup
 	errs := make(chan error, 16)
 	for g := range 16 {
@@ -549,7 +560,7 @@ func TestTransferCancelled(t *testing.T) {
 	b := bareClient(t, []string{"tcp"}, 8<<20, 1<<20)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	x := &xfer{op: engine.Write, buf: randBytes(4<<20, 3), seg: b.name, addr: b.segments[0].info.Base}
+	x := &xfer{op: engine.Write, buf: randBytes(4<<20, 3), seg: b.name, addr: b.segList()[0].info.Base}
 	a.transfer(ctx, []*xfer{x})
 	if x.err == nil {
 		t.Fatal("cancelled transfer succeeded")

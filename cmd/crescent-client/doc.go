@@ -4,6 +4,11 @@
 //
 //	crescent-client --master_server_address 127.0.0.1:50051 --global_segment_size "4 GB"
 //
+// With masters in HA, --master_server_address names where their leader
+// view lives, etcd://h:p[,h2:p2] or redis://h:p (and --cluster_id their
+// --cluster_id): the client follows the leader (package store, "Masters in
+// high availability").
+//
 // HTTP on --metrics_port: /metrics (Prometheus), /metrics/summary (text),
 // /health (200, or 503 when the master does not answer). SIGTERM or SIGINT
 // unmounts the segment, then exits 0.

@@ -39,6 +39,7 @@ type options struct {
 	metricsAddr                          string
 	metricsPort                          int
 	heartbeat                            time.Duration
+	clusterID                            string
 	logLevel                             string
 	segmentFlag, bufferFlag              string // as given, for messages
 	allowOvercommit                      bool
@@ -48,7 +49,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("crescent-client", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.master, "master_server_address", store.DefaultMasterAddr, "master gRPC address host:port")
+	fs.StringVar(&o.master, "master_server_address", store.DefaultMasterAddr, "master address host:port, or for masters in HA where the leader view lives: etcd://h:p[,h2:p2] or redis://h:p")
+	fs.StringVar(&o.clusterID, "cluster_id", store.DefaultClusterID, "HA cluster id of the masters (their --cluster_id)")
 	fs.StringVar(&o.masterProtocol, "master_protocol", "auto", "protocol to the master: auto (crpc when it answers, else gRPC), crpc or grpc")
 	fs.StringVar(&o.hostname, "local_hostname", "", `transfer engine host or host:port (default: this host's first IPv4 address, port chosen in 15000-17000)`)
 	seg := fs.String("global_segment_size", "4 GB", `memory contributed to the pool ("4 GB", "512MiB", bytes; units are powers of 1024; 0 = none)`)
@@ -99,7 +101,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	cfg := store.Config{
-		MasterAddr: o.master, MasterProtocol: o.masterProtocol, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
+		MasterAddr: o.master, ClusterID: o.clusterID, MasterProtocol: o.masterProtocol, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,
 		AllowOvercommit: o.allowOvercommit,
 	}

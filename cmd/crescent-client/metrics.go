@@ -50,6 +50,7 @@ type collector struct {
 	heartbeats, heartbeatFail, remounts      *prometheus.Desc
 	segmentBytes, stagingBytes               *prometheus.Desc
 	underReplicated, putRetries              *prometheus.Desc
+	leaderSwitches, staleViews, leaderView   *prometheus.Desc
 }
 
 func newCollector(c *store.Client) *collector {
@@ -79,7 +80,10 @@ func newCollector(c *store.Client) *collector {
 		stagingBytes:  d("crescent_client_staging_bytes", "Size of the staging buffer pool."),
 		underReplicated: d("crescent_client_under_replicated_puts_total",
 			"Puts stored with fewer replicas than asked (at least ReplicateConfig.MinReplicas)."),
-		putRetries: d("crescent_client_put_retries_total", "Puts placed again after a write to a segment failed."),
+		putRetries:     d("crescent_client_put_retries_total", "Puts placed again after a write to a segment failed."),
+		leaderSwitches: d("crescent_client_leader_switches_total", "Switches to a new master leader (HA)."),
+		staleViews:     d("crescent_client_stale_leader_views_total", "Leader views ignored for a version below the current one (HA)."),
+		leaderView:     d("crescent_client_leader_view_version", "View version (fencing term) of the master leader followed (HA; 0 without)."),
 	}
 }
 
@@ -88,7 +92,7 @@ func (col *collector) Describe(ch chan<- *prometheus.Desc) {
 		col.readBytes, col.writeBytes, col.stagedBytes, col.puts, col.putFail, col.gets, col.getFail,
 		col.putLat, col.getLat, col.batchPutLat, col.batchGetLat, col.rpcCount, col.rpcFail, col.rpcLat,
 		col.heartbeats, col.heartbeatFail, col.remounts, col.segmentBytes, col.stagingBytes,
-		col.underReplicated, col.putRetries,
+		col.underReplicated, col.putRetries, col.leaderSwitches, col.staleViews, col.leaderView,
 	} {
 		ch <- d
 	}
@@ -111,6 +115,9 @@ func (col *collector) Collect(ch chan<- prometheus.Metric) {
 	counter(col.remounts, s.Remounts)
 	counter(col.underReplicated, s.UnderReplicatedPuts)
 	counter(col.putRetries, s.PutRetries)
+	counter(col.leaderSwitches, s.LeaderSwitches)
+	counter(col.staleViews, s.StaleLeaderViews)
+	ch <- prometheus.MustNewConstMetric(col.leaderView, prometheus.GaugeValue, float64(s.LeaderVersion))
 	ch <- prometheus.MustNewConstMetric(col.segmentBytes, prometheus.GaugeValue, float64(s.SegmentBytes))
 	ch <- prometheus.MustNewConstMetric(col.stagingBytes, prometheus.GaugeValue, float64(s.StagingBytes))
 	ch <- histogram(col.putLat, s.PutLatency)
