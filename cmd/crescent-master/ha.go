@@ -67,6 +67,10 @@ func (c *config) validateHA() error {
 		return fmt.Errorf("ha_lease_ttl_sec %d not in [1, 3600]", c.HALeaseTTLSec)
 	case c.RPCPort == 0:
 		return errors.New("ha_backend needs a fixed rpc_port (0 picks a port nobody could advertise)")
+	case c.SnapshotDir != "" && c.SnapshotCatalog == "":
+		// A catalog in one master's directory is locked by it and unseen
+		// by the others: a standby could not rebuild after a compaction.
+		return errors.New("ha_backend with snapshot_dir needs --snapshot_catalog redis://...: every master must see the snapshots (and read snapshot_dir)")
 	case c.HABackend == "redis" && c.HAEndpoints == "":
 		return errors.New("ha_backend redis needs --ha_endpoints host:port")
 	}

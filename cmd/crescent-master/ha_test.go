@@ -70,6 +70,7 @@ func TestLoadHA(t *testing.T) {
 		{append(base, "--ha_backend", "redis", "--ha_endpoints", "a:1,b:2"), "one host:port"},
 		{append(base, "--ha_backend", "etcd", "--ha_endpoints", "a"), "ha_endpoints"},
 		{append(base, "--ha_backend", "etcd", "--rpc_port", "0"), "fixed rpc_port"},
+		{append(base, "--ha_backend", "etcd", "--snapshot_dir", t.TempDir()), "needs --snapshot_catalog"},
 	} {
 		_, err := load(tc.args)
 		assert.ErrorContains(t, err, tc.want, "%v", tc.args)
@@ -512,4 +513,49 @@ func TestHARedisTermAboveLog(t *testing.T) {
 	assert.Greater(t, role.Term, uint64(1000))
 	cl := haClient(t, p.rpc)
 	require.NoError(t, cl.Put(context.Background(), "k", crashValue("k"), store.ReplicateConfig{Replicas: 1}))
+}
+
+// With --snapshot_dir (shared by the masters) and a Redis catalog, a standby started after
+// the log was compacted behind a snapshot builds its replica from the
+// snapshot and follows from there; it then takes over with every
+// acknowledged put.
+func TestHASnapshotStandby(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	e := testsvc.StartEtcd(t)
+	r := testsvc.StartRedis(t)
+	args := haArgs("etcd", 1, e.URL(), "--snapshot_dir", t.TempDir(), "--snapshot_catalog", r.URL(),
+		"--snapshot_interval", "0", "--oplog_retain", "0")
+	a := startHA(t, "m0", args...)
+	oneLeader(t, 30*time.Second, a)
+	cl := haClient(t, a.rpc)
+	ctx := context.Background()
+	var keys []string
+	put := func(k string) {
+		require.NoError(t, cl.Put(ctx, k, crashValue(k), store.ReplicateConfig{Replicas: 1}))
+		keys = append(keys, k)
+	}
+	for i := range 20 {
+		put(fmt.Sprintf("a/%d", i))
+	}
+	resp, err := httpc.Post(a.admin+"/snapshot", "", nil)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode, "the leader's /snapshot")
+	for i := range 5 {
+		put(fmt.Sprintf("b/%d", i))
+	}
+	b := startHA(t, "m1", args...)
+	want, err := a.role()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r, err := b.role()
+		return err == nil && r.Role == "standby" && r.AppliedSeq == want.AppliedSeq
+	}, 30*time.Second, 20*time.Millisecond, "the standby follows from the snapshot")
+	assert.Contains(t, b.output(), "from_seq="+strconv.FormatUint(want.AppliedSeq-9, 10), "5 puts of 2 entries after the snapshot")
+	a.signal(t, syscall.SIGKILL)
+	<-a.done
+	oneLeader(t, 30*time.Second, b)
+	checkAcked(t, b, keys)
 }
