@@ -12,6 +12,7 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/etcdembed"
 	"github.com/crescent-kv/crescent/store"
+	_ "github.com/crescent-kv/crescent/store/haview" // etcd:// and redis:// master addresses
 )
 
 // HAConfig configures RunHA: a cluster of HA masters under put load whose

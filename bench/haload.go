@@ -28,10 +28,11 @@ type HALoadConfig struct {
 // HALoad puts fresh keys at a steady rate and remembers every put that
 // was acknowledged, with when it started and ended.
 type HALoad struct {
-	cfg    HALoadConfig
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	failed atomic.Int64
+	cfg     HALoadConfig
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	failed  atomic.Int64
+	lastErr atomic.Pointer[error]
 
 	mu    sync.Mutex
 	acked []HAAck
@@ -117,6 +118,7 @@ func StartHALoad(c *store.Client, cfg HALoadConfig) *HALoad {
 				cancel()
 				if err != nil {
 					l.failed.Add(1)
+					l.lastErr.Store(&err)
 					continue
 				}
 				l.Record(HAAck{Key: key, Start: start, End: time.Now()})
@@ -172,6 +174,14 @@ func (l *HALoad) Acked() []HAAck {
 
 // Failed is how many puts returned an error (not acknowledged: allowed).
 func (l *HALoad) Failed() int64 { return l.failed.Load() }
+
+// LastErr is the last error a put returned (nil: none).
+func (l *HALoad) LastErr() error {
+	if e := l.lastErr.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
 
 // Stop stops the writers and waits for them.
 func (l *HALoad) Stop() {

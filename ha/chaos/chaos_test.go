@@ -18,6 +18,7 @@ import (
 	"github.com/crescent-kv/crescent/bench"
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store"
+	_ "github.com/crescent-kv/crescent/store/haview" // etcd:// and redis:// master addresses
 )
 
 var masterBin string
@@ -95,7 +96,7 @@ func verify(t *testing.T, c *store.Client, load *bench.HALoad, size int) {
 	lost, err := bench.VerifyAcked(ctxT(t, time.Minute), c, acked, size)
 	require.NoError(t, err)
 	assert.Empty(t, lost, "acknowledged puts lost (of %d)", len(acked))
-	t.Logf("%d puts acknowledged, %d failed, %d lost", len(acked), load.Failed(), len(lost))
+	t.Logf("%d puts acknowledged, %d failed (last: %v), %d lost", len(acked), load.Failed(), load.LastErr(), len(lost))
 }
 
 // killLeader kills the leader with SIGKILL, waits for the first put
@@ -134,7 +135,7 @@ func TestKillLeaderRepeatedly(t *testing.T) {
 	for k := range 10 {
 		waitServing(t, load)
 		d := killLeader(t, cl, load)
-		t.Logf("kill %d: failover %.2f s (lease %v)", k+1, d.Seconds(), ttl)
+		t.Logf("kill %d: failover %.2f s (lease %v), %d acked, %d failed (last: %v)", k+1, d.Seconds(), ttl, len(load.Acked()), load.Failed(), load.LastErr())
 	}
 	waitServing(t, load)
 	verify(t, c, load, 4096)
@@ -250,4 +251,23 @@ func TestRedisRestarted(t *testing.T) {
 	t.Logf("redis restarted: puts acknowledged again after %.2f s", d.Seconds())
 	waitServing(t, load)
 	verify(t, c, load, 4096)
+}
+
+// TestRunHA: crescent-bench ha's run (bench.RunHA) on Redis leadership,
+// two kills: its result adds up.
+func TestRunHA(t *testing.T) {
+	res, err := bench.RunHA(ctxT(t, 3*time.Minute), bench.HAConfig{Backend: "redis", Kills: 2, LeaseTTL: ttl,
+		MasterBin: masterBin, Settle: 200 * time.Millisecond, SegmentSize: 64 << 20})
+	require.NoError(t, err)
+	t.Logf("%+v", res)
+	assert.Equal(t, "redis", res.Backend)
+	assert.Equal(t, 2, res.Kills)
+	require.Len(t, res.FailoversS, 2)
+	assert.Zero(t, res.LostAcks)
+	assert.Positive(t, res.AckedPuts)
+	assert.LessOrEqual(t, res.FailoverSMin, res.FailoverSMed)
+	assert.LessOrEqual(t, res.FailoverSMed, res.FailoverSMax)
+	require.Len(t, res.TermsSeen, 2)
+	assert.Less(t, res.TermsSeen[0], res.TermsSeen[1], "each kill's leader has a higher term")
+	assert.Equal(t, 1.0, res.LeaseTTLS)
 }
