@@ -5,8 +5,9 @@
 //	crescent-bench store [flags]      store put/get throughput and latency vs Redis
 //	                                  (--dummy N: through dummy clients of a local socket)
 //	crescent-bench rpc [flags]        unary latency of the master's RPC layers vs plain gRPC
+//	crescent-bench ha [flags]         failover of HA masters under put load: seconds and lost acks
 //
-// Run "crescent-bench transfer -h" (or store -h, rpc -h) for the flags;
+// Run "crescent-bench transfer -h" (or store -h, rpc -h, ha -h) for the flags;
 // --version prints the build. A bad command line exits 2 with one line
 // naming the flag: unknown flags and stray arguments, counts below 1
 // (--threads, --batch_size, --clients, --replicas, ...; 0 never means "the

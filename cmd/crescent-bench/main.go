@@ -21,12 +21,12 @@ func main() {
 	}
 }
 
-const usage = "usage: crescent-bench transfer|store|rpc [flags]\n\nRun 'crescent-bench transfer -h', 'crescent-bench store -h' or 'crescent-bench rpc -h' for the flags.\n" +
+const usage = "usage: crescent-bench transfer|store|rpc|ha [flags]\n\nRun 'crescent-bench transfer -h', 'crescent-bench store -h', 'crescent-bench rpc -h' or 'crescent-bench ha -h' for the flags.\n" +
 	"Exit codes: 0 ok, 1 error, 2 usage error."
 
 func benchMain(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return usagef("no command (want transfer, store or rpc; -h for help)")
+		return usagef("no command (want transfer, store, rpc or ha; -h for help)")
 	}
 	switch args[0] {
 	case "-h", "-help", "--help", "help":
@@ -41,10 +41,12 @@ func benchMain(ctx context.Context, args []string) error {
 		return storeMain(ctx, args[1:], os.Stdout)
 	case "rpc":
 		return rpcMain(ctx, args[1:], os.Stdout)
+	case "ha":
+		return haMain(ctx, args[1:], os.Stdout)
 	case storeClientCmd:
 		return storeClientMain(ctx, args[1:])
 	}
-	return usagef("unknown command %q (want transfer, store or rpc)", args[0])
+	return usagef("unknown command %q (want transfer, store, rpc or ha)", args[0])
 }
 
 // startCPUProfile writes a CPU profile to path until the returned stop;

@@ -74,6 +74,23 @@ func runContract(t *testing.T, h harness) {
 		require.NoError(t, err)
 		assert.True(t, v.IsZero(), "release leaves %v", v)
 	})
+	t.Run("Deadline", func(t *testing.T) {
+		c, ctx := newCluster(t, h), ctxT(t)
+		before := time.Now()
+		s, _, err := c.TryAcquire(ctx, "a:1")
+		require.NoError(t, err)
+		defer s.Release(ctx)
+		d0 := s.Deadline()
+		// Counted from a send time within the call, by at most the TTL.
+		require.True(t, d0.After(before), "deadline %v before the acquisition began (%v)", d0, before)
+		require.False(t, d0.After(time.Now().Add(h.ttl)), "deadline %v more than a TTL ahead", d0)
+		mid := time.Now()
+		require.NoError(t, s.Renew(ctx))
+		d1 := s.Deadline()
+		require.False(t, d1.Before(d0), "a renewal moved the deadline back")
+		require.False(t, d1.Before(mid.Add(h.ttl)), "renewal sent after %v confirmed only until %v", mid, d1)
+		require.False(t, d1.After(time.Now().Add(h.ttl)))
+	})
 	t.Run("BadAddress", func(t *testing.T) {
 		c, ctx := newCluster(t, h), ctxT(t)
 		s, _, err := c.TryAcquire(ctx, "")

@@ -94,6 +94,7 @@ func (c *Etcd) TryAcquire(ctx context.Context, addr string) (Session, View, erro
 	if c.reg.isClosed() {
 		return nil, View{}, ErrClosed
 	}
+	granted := time.Now() // the lease cannot expire before granted+TTL
 	lease, err := c.cli.Grant(ctx, c.ttl)
 	if err != nil {
 		return nil, View{}, fmt.Errorf("leader: etcd grant: %w", err)
@@ -124,20 +125,15 @@ func (c *Etcd) TryAcquire(ctx context.Context, addr string) (Session, View, erro
 	// is the transaction's revision.
 	term := resp.Header.Revision
 	s := &etcdSession{c: c, ending: newEnding(), lease: lease.ID, ttl: lease.TTL, rev: term, done: make(chan struct{})}
+	s.extend(granted.Add(time.Duration(lease.TTL) * time.Second))
 	sctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	ka, err := c.cli.KeepAlive(sctx, lease.ID)
-	if err != nil {
-		cancel()
-		revoke()
-		return nil, View{}, fmt.Errorf("leader: etcd keepalive: %w", err)
-	}
 	if !c.reg.add(s) {
 		cancel()
 		revoke()
 		return nil, View{}, ErrClosed
 	}
-	go s.run(sctx, ka)
+	go s.run(sctx)
 	return s, View{Leader: addr, Version: uint64(term)}, nil
 }
 
@@ -198,6 +194,7 @@ func (c *Etcd) Close() error {
 type etcdSession struct {
 	c *Etcd
 	ending
+	leaseClock
 	lease  clientv3.LeaseID
 	rev    int64 // the key's create revision: the term
 	ttl    int64 // granted, seconds
@@ -208,51 +205,49 @@ type etcdSession struct {
 
 func (s *etcdSession) Term() uint64 { return uint64(s.rev) }
 
-// run follows the keep-alive stream and the key; either ending is a loss.
-func (s *etcdSession) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliveResponse) {
+// run renews the lease every TTL/3 with single keep-alives (so each
+// confirmed renewal's send time is known: the deadline) and follows the
+// key. A confirmed loss (lease gone, key deleted or replaced) or the
+// deadline passing without a confirmed renewal ends the session.
+func (s *etcdSession) run(ctx context.Context) {
 	defer close(s.done)
 	defer s.c.reg.remove(s)
 	wch := s.watchKey(ctx)
 	var rearm <-chan time.Time
-	// Our own deadline, a TTL after the last keep-alive answer: the
-	// client's reaper alone was seen to let a dead cluster go unnoticed.
-	deadline := time.NewTimer(time.Duration(s.ttl) * time.Second)
-	defer deadline.Stop()
+	ttl := time.Duration(s.ttl) * time.Second
+	renew := time.NewTimer(ttl / 3)
+	defer renew.Stop()
+	expire := time.NewTimer(time.Until(s.Deadline()))
+	defer expire.Stop()
 	for {
 		select {
 		case <-rearm:
 			rearm, wch = nil, s.watchKey(ctx)
-		case resp, ok := <-ka:
-			if ok {
-				deadline.Reset(time.Duration(resp.TTL) * time.Second)
-				continue
+		case <-renew.C:
+			err := s.keepAlive(ctx)
+			switch {
+			case err == nil:
+				expire.Reset(time.Until(s.Deadline()))
+				renew.Reset(ttl / 3)
+			case errors.Is(err, ErrLeadershipLost), errors.Is(err, ErrClosed):
+				s.end(err)
+				s.cancel()
+				return
+			default: // unreachable for now: try again soon, the deadline decides
+				renew.Reset(etcdRetryPause)
 			}
-			// The client gave up on the stream; the lease may live on
-			// (etcd extends leases across its own leader changes).
-			left, reason := s.check(ctx)
-			if reason == nil {
-				if ka, reason = s.c.cli.KeepAlive(ctx, s.lease); reason == nil {
-					deadline.Reset(left)
-					continue
-				}
-				reason = fmt.Errorf("%w: %v", ErrRenew, reason)
+		case <-expire.C:
+			if ctx.Err() != nil {
+				s.end(ErrClosed)
+				return
 			}
-			s.end(reason)
-			s.cancel()
-			return
-		case <-deadline.C:
-			left, reason := s.check(ctx)
-			if reason == nil {
-				deadline.Reset(left)
-				continue
-			}
-			s.end(reason)
+			s.end(fmt.Errorf("%w: no renewal confirmed within the lease TTL (%v)", ErrRenew, ttl))
 			s.cancel()
 			return
 		case resp, ok := <-wch:
 			if !ok || resp.Err() != nil || resp.Canceled {
 				// A broken watch (no etcd leader, ctx end) proves nothing:
-				// the keep-alive decides. Re-arm it unless we are ending.
+				// the renewals decide. Re-arm it unless we are ending.
 				if ctx.Err() != nil {
 					s.end(ErrClosed)
 					return
@@ -271,52 +266,45 @@ func (s *etcdSession) run(ctx context.Context, ka <-chan *clientv3.LeaseKeepAliv
 	}
 }
 
+// keepAlive renews the lease once, bounded by the deadline, and extends
+// the deadline from the send time by the TTL etcd confirms.
+func (s *etcdSession) keepAlive(ctx context.Context) error {
+	sent := time.Now()
+	kctx, cancel := context.WithDeadline(ctx, s.Deadline())
+	defer cancel()
+	resp, err := s.c.cli.KeepAliveOnce(kctx, s.lease)
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound), err == nil && resp.TTL <= 0:
+		return fmt.Errorf("%w: lease %x expired or revoked", ErrLeadershipLost, int64(s.lease))
+	case err != nil && ctx.Err() != nil:
+		return ErrClosed
+	case err != nil:
+		return fmt.Errorf("%w: %v", ErrRenew, err)
+	}
+	s.extend(sent.Add(time.Duration(resp.TTL) * time.Second))
+	return nil
+}
+
 // watchKey watches our key from its creation; a watch whose context is
 // done closes at once.
 func (s *etcdSession) watchKey(ctx context.Context) clientv3.WatchChan {
 	return s.c.cli.Watch(clientv3.WithRequireLeader(ctx), s.c.key, clientv3.WithRev(s.rev+1))
 }
 
-// check asks etcd about the lease after the keep-alives went quiet: a
-// live lease gives the time it has left; otherwise the loss reason:
-// ErrClosed (our own end), ErrLeadershipLost (revoked or expired on the
-// server) or ErrRenew (etcd unreachable for the TTL).
-func (s *etcdSession) check(ctx context.Context) (time.Duration, error) {
-	if ctx.Err() != nil {
-		return 0, ErrClosed
-	}
-	qctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	ttl, err := s.c.cli.TimeToLive(qctx, s.lease)
-	switch {
-	case ctx.Err() != nil:
-		return 0, ErrClosed
-	case err == nil && ttl.TTL <= 0:
-		return 0, fmt.Errorf("%w: lease %x expired or revoked", ErrLeadershipLost, int64(s.lease))
-	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return 0, fmt.Errorf("%w: lease %x not found", ErrLeadershipLost, int64(s.lease))
-	case err != nil:
-		return 0, fmt.Errorf("%w: no keep-alive answer for the lease TTL: %v", ErrRenew, err)
-	}
-	return time.Duration(ttl.TTL) * time.Second, nil
-}
-
-// Renew sends one keep-alive now.
+// Renew sends one keep-alive now; a lease found gone ends the session.
 func (s *etcdSession) Renew(ctx context.Context) error {
 	if err := s.Err(); err != nil {
 		return err
 	}
-	_, err := s.c.cli.KeepAliveOnce(ctx, s.lease)
-	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		err = fmt.Errorf("%w: lease %x not found", ErrLeadershipLost, int64(s.lease))
+	err := s.keepAlive(ctx)
+	switch {
+	case errors.Is(err, ErrClosed) && ctx.Err() != nil: // the caller's ctx, not ours
+		return fmt.Errorf("%w: %v", ErrRenew, ctx.Err())
+	case errors.Is(err, ErrLeadershipLost):
 		s.end(err)
 		s.cancel()
-		return err
 	}
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrRenew, err)
-	}
-	return nil
+	return err
 }
 
 func (s *etcdSession) close() {

@@ -145,6 +145,8 @@ func TestEtcdClusterStopRenewError(t *testing.T) {
 	cl.StopAll()
 	require.Eventually(t, func() bool { return isClosed(s.Lost()) }, 5*etcdTTL, 50*time.Millisecond)
 	require.ErrorIs(t, s.Err(), ErrRenew)
+	// It ended at its own deadline, not before.
+	require.False(t, time.Now().Before(s.Deadline()), "lost before the deadline %v", s.Deadline())
 	require.ErrorIs(t, <-fired, ErrRenew)
 	rctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()

@@ -59,6 +59,15 @@ type Session interface {
 	// Err is nil while the session lives, then the reason it ended:
 	// wrapping ErrRenew, ErrLeadershipLost or ErrClosed.
 	Err() error
+	// Deadline is the latest time this process may act as leader: the
+	// send time of the last renewal (or the acquisition) the backend
+	// confirmed, plus the TTL. The backend counts its expiry from when it
+	// received that renewal, so it never expires the lease before
+	// Deadline; a session nothing renews ends at Deadline (ErrRenew), by
+	// this process's clock, without waiting for the backend to say so.
+	// Whoever acquires the view after this session's lease expired
+	// therefore acquires it after Deadline.
+	Deadline() time.Time
 }
 
 // Monitor calls fn exactly once, with the session's loss reason, when
@@ -146,6 +155,28 @@ type ending struct {
 }
 
 func newEnding() ending { return ending{lost: make(chan struct{})} }
+
+// leaseClock is a session's Deadline, extended by confirmed renewals.
+type leaseClock struct {
+	mu       sync.Mutex
+	deadline time.Time
+}
+
+func (l *leaseClock) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// extend moves the deadline to d unless it is already later (answers
+// to renewals may arrive out of order).
+func (l *leaseClock) extend(d time.Time) {
+	l.mu.Lock()
+	if d.After(l.deadline) {
+		l.deadline = d
+	}
+	l.mu.Unlock()
+}
 
 // end records the first reason and closes Lost; later calls do nothing.
 func (e *ending) end(reason error) bool {

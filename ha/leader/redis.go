@@ -146,7 +146,8 @@ func (c *Redis) TryAcquire(ctx context.Context, addr string) (Session, View, err
 		return nil, v, nil
 	}
 	s := &redisSession{c: c, ending: newEnding(), token: token, term: v.Version,
-		lastOK: start, stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{})}
+	s.extend(start.Add(c.ttl)) // PEXPIRE counted from when Redis ran the script
 	if !c.reg.add(s) {
 		releaseScript.Run(context.Background(), c.cli, []string{c.view}, token)
 		return nil, View{}, ErrClosed
@@ -184,9 +185,7 @@ type redisSession struct {
 	ending
 	token string
 	term  uint64
-
-	mu     sync.Mutex
-	lastOK time.Time // start of the last renewal that succeeded
+	leaseClock
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -201,14 +200,24 @@ func (s *redisSession) run() {
 	defer s.c.reg.remove(s)
 	t := time.NewTicker(s.c.renew)
 	defer t.Stop()
+	expire := time.NewTimer(time.Until(s.Deadline()))
+	defer expire.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-s.Lost():
 			return
+		case <-expire.C:
+			if d := time.Until(s.Deadline()); d > 0 { // renewed meanwhile
+				expire.Reset(d)
+				continue
+			}
+			s.end(fmt.Errorf("%w: no renewal confirmed within the lease TTL (%v)", ErrRenew, s.c.ttl))
+			return
 		case <-t.C:
-			ctx, cancel := context.WithTimeout(context.Background(), s.c.renew)
+			// Never blocked past the deadline: the timer must get to run.
+			ctx, cancel := context.WithDeadline(context.Background(), minTime(time.Now().Add(s.c.renew), s.Deadline()))
 			s.renew(ctx)
 			cancel()
 		}
@@ -216,8 +225,7 @@ func (s *redisSession) run() {
 }
 
 // renew runs the renew script once. Another owner ends the session at
-// once; errors end it only when the last success is a TTL old, since
-// the hash has then expired.
+// once; errors leave it to the deadline (run's timer).
 func (s *redisSession) renew(ctx context.Context) error {
 	start := time.Now()
 	n, err := renewScript.Run(ctx, s.c.cli, []string{s.c.view}, s.token, s.c.ttl.Milliseconds()).Int()
@@ -226,18 +234,10 @@ func (s *redisSession) renew(ctx context.Context) error {
 		s.end(err)
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	if err != nil {
-		err = fmt.Errorf("%w: %v", ErrRenew, err)
-		if time.Since(s.lastOK) >= s.c.ttl {
-			s.end(err)
-		}
-		return err
+		return fmt.Errorf("%w: %v", ErrRenew, err)
 	}
-	if start.After(s.lastOK) {
-		s.lastOK = start
-	}
+	s.extend(start.Add(s.c.ttl))
 	return nil
 }
 
@@ -265,4 +265,11 @@ func (s *redisSession) Release(ctx context.Context) error {
 		}
 	})
 	return err
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

@@ -169,3 +169,19 @@ func errorIsAny(err error, targets ...error) bool {
 	}
 	return false
 }
+
+// TestRedisStopEndsAtDeadline: with Redis gone the session ends with
+// ErrRenew at its own deadline, without an answer from Redis.
+func TestRedisStopEndsAtDeadline(t *testing.T) {
+	srv := testsvc.StartRedis(t)
+	cli := redisClient(t, srv.Addr)
+	c, err := NewRedis(cli, "stop", WithTTL(redisTTL))
+	require.NoError(t, err)
+	defer c.Close()
+	s, _, err := c.TryAcquire(ctxT(t), "a:1")
+	require.NoError(t, err)
+	srv.Stop()
+	require.Eventually(t, func() bool { return isClosed(s.Lost()) }, 5*redisTTL, 20*time.Millisecond)
+	require.ErrorIs(t, s.Err(), ErrRenew)
+	require.False(t, time.Now().Before(s.Deadline()), "lost before the deadline %v", s.Deadline())
+}

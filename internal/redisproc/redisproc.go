@@ -23,11 +23,16 @@ var ErrNotInstalled = errors.New("redisproc: redis-server not found")
 // Server is a running redis-server.
 type Server struct {
 	Addr string // 127.0.0.1:port
-	cmd  *exec.Cmd
+	path string
+	args []string
+	port int
 	dir  string
 	out  *syncbuf.Buffer
+
+	mu   sync.Mutex // guards the process fields below across Restart
+	cmd  *exec.Cmd
 	done chan struct{}
-	once sync.Once
+	once *sync.Once
 }
 
 // Path resolves bin (redis-server on $PATH when empty).
@@ -81,36 +86,62 @@ func freePort() (int, error) {
 }
 
 func start(path, dir string, port int, args []string) (*Server, error) {
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), dir: dir, out: &syncbuf.Buffer{}, done: make(chan struct{})}
-	argv := append([]string{
-		"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir,
-		"--daemonize", "no", "--logfile", "", "--protected-mode", "yes",
-	}, args...)
-	s.cmd = exec.Command(path, argv...)
-	s.cmd.Stdout, s.cmd.Stderr = s.out, s.out
-	// Its own process group, so a Ctrl-C at the terminal reaches the
-	// parent, which stops the server; it dies with the parent.
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := s.cmd.Start(); err != nil {
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), path: path, args: args, port: port, dir: dir, out: &syncbuf.Buffer{}}
+	if err := s.launch(); err != nil {
 		return nil, err
 	}
-	go func() { s.cmd.Wait(); close(s.done) }()
+	return s, nil
+}
+
+// launch starts the process on s's port and waits until it answers PING.
+func (s *Server) launch() error {
+	argv := append([]string{
+		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--daemonize", "no", "--logfile", "", "--protected-mode", "yes",
+	}, s.args...)
+	cmd := exec.Command(s.path, argv...)
+	cmd.Stdout, cmd.Stderr = s.out, s.out
+	// Its own process group, so a Ctrl-C at the terminal reaches the
+	// parent, which stops the server; it dies with the parent.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	s.mu.Lock()
+	s.cmd, s.done, s.once = cmd, done, &sync.Once{}
+	s.mu.Unlock()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if err := Ping(s.Addr); err == nil {
-			return s, nil
+			return nil
 		}
 		select {
-		case <-s.done:
-			return nil, fmt.Errorf("redis-server on port %d exited: %s", port, strings.TrimSpace(s.out.String()))
+		case <-done:
+			return fmt.Errorf("redis-server on port %d exited: %s", s.port, strings.TrimSpace(s.out.String()))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			s.stop()
-			return nil, fmt.Errorf("redis-server on %s not answering PING: %s", s.Addr, strings.TrimSpace(s.out.String()))
+			return fmt.Errorf("redis-server on %s not answering PING: %s", s.Addr, strings.TrimSpace(s.out.String()))
 		}
 	}
+}
+
+// Restart stops the server and starts a new one on the same address
+// (empty: persistence is off), as an operator's restart would.
+func (s *Server) Restart() error {
+	s.stop()
+	var err error
+	for range 50 { // the old socket may linger for a moment
+		if err = s.launch(); err == nil {
+			return nil
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("redisproc: restart on %s: %w", s.Addr, err)
 }
 
 // Ping sends an inline PING and expects +PONG (or -NOAUTH: up, with a
@@ -136,13 +167,16 @@ func Ping(addr string) error {
 }
 
 func (s *Server) stop() {
-	s.once.Do(func() {
-		s.cmd.Process.Signal(syscall.SIGTERM)
+	s.mu.Lock()
+	cmd, done, once := s.cmd, s.done, s.once
+	s.mu.Unlock()
+	once.Do(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
 		select {
-		case <-s.done:
+		case <-done:
 		case <-time.After(10 * time.Second):
-			s.cmd.Process.Kill()
-			<-s.done
+			cmd.Process.Kill()
+			<-done
 		}
 	})
 }

@@ -77,6 +77,9 @@ func (r *Redis) Stop() { r.s.Close() }
 // Output is what the server printed so far.
 func (r *Redis) Output() string { return r.s.Output() }
 
+// Restart stops the server and starts an empty one on the same address.
+func (r *Redis) Restart() error { return r.s.Restart() }
+
 // Etcd is an in-process single-member etcd on free 127.0.0.1 ports with
 // a temporary data dir, closed by the test's cleanup.
 type Etcd struct {

@@ -33,6 +33,31 @@ func TestRedisStartStop(t *testing.T) {
 	}
 }
 
+// TestRedisRestart: a restarted server answers on the same address,
+// empty (persistence is off), and Stop still stops it.
+func TestRedisRestart(t *testing.T) {
+	r := StartRedis(t)
+	send := func(cmd string) string {
+		c, err := net.DialTimeout("tcp", r.Addr, time.Second)
+		require.NoError(t, err)
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, err = c.Write([]byte(cmd + "\r\n"))
+		require.NoError(t, err)
+		line, err := bufio.NewReader(c).ReadString('\n')
+		require.NoError(t, err)
+		return strings.TrimSpace(line)
+	}
+	require.Equal(t, "+OK", send("SET k v"))
+	require.Equal(t, ":1", send("EXISTS k"))
+	require.NoError(t, r.Restart())
+	require.NoError(t, redisproc.Ping(r.Addr))
+	require.Equal(t, ":0", send("EXISTS k"))
+	r.Stop()
+	_, err := net.DialTimeout("tcp", r.Addr, time.Second)
+	require.Error(t, err, "redis still listening after Stop")
+}
+
 func TestRedisBadArgsFailFast(t *testing.T) {
 	// redis-server exits on an unknown option: the start must report its
 	// output instead of waiting for a server that never comes.

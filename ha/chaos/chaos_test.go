@@ -1,0 +1,277 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/bench"
+	"github.com/crescent-kv/crescent/internal/testsvc"
+	"github.com/crescent-kv/crescent/store"
+	_ "github.com/crescent-kv/crescent/store/haview" // etcd:// and redis:// master addresses
+)
+
+var masterBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "crescent-chaos-*")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	masterBin = filepath.Join(dir, "crescent-master")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	build := exec.Command(gobin, "build", "-o", masterBin, "github.com/crescent-kv/crescent/cmd/crescent-master")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos: building crescent-master:", err)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+const ttl = time.Second
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// cluster starts three HA masters on a 3-member etcd cluster (and Redis
+// leadership with backend "redis").
+func cluster(t *testing.T, backend string) (*bench.HACluster, *testsvc.EtcdCluster, *testsvc.Redis) {
+	t.Helper()
+	ec := testsvc.StartEtcdCluster(t, 3)
+	cfg := bench.HAClusterConfig{MasterBin: masterBin, Backend: backend, Etcd: ec.Endpoints, LeaseTTL: ttl, Dir: t.TempDir(),
+		Args: []string{"--log_level", "debug"}}
+	var rs *testsvc.Redis
+	if backend == "redis" {
+		rs = testsvc.StartRedis(t)
+		cfg.Redis = rs.Addr
+	}
+	cl, err := bench.StartHACluster(ctxT(t, time.Minute), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i := range cl.Masters {
+				t.Logf("master %d log:\n%s", i, cl.Log(i))
+			}
+		}
+		cl.Close()
+	})
+	return cl, ec, rs
+}
+
+// client is a store client with a segment on the cluster's HA address.
+func client(t *testing.T, cl *bench.HACluster) *store.Client {
+	t.Helper()
+	c, err := store.New(ctxT(t, 30*time.Second), store.Config{MasterAddr: cl.ClientAddr(), ClusterID: cl.ClusterID(),
+		GlobalSegmentSize: 64 << 20, LocalBufferSize: 16 << 20, Protocols: []string{"tcp"},
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// verify stops the load and reads back every acknowledged put.
+func verify(t *testing.T, c *store.Client, load *bench.HALoad, size int) {
+	t.Helper()
+	load.Stop()
+	acked := load.Acked()
+	require.NotEmpty(t, acked)
+	lost, err := bench.VerifyAcked(ctxT(t, time.Minute), c, acked, size)
+	require.NoError(t, err)
+	assert.Empty(t, lost, "acknowledged puts lost (of %d)", len(acked))
+	t.Logf("%d puts acknowledged, %d failed (last: %v), %d lost", len(acked), load.Failed(), load.LastErr(), len(lost))
+}
+
+// killLeader kills the leader with SIGKILL, waits for the first put
+// acknowledged after, checks the new term and restarts the killed one.
+func killLeader(t *testing.T, cl *bench.HACluster, load *bench.HALoad) time.Duration {
+	t.Helper()
+	ctx := ctxT(t, time.Minute)
+	leader, role, err := cl.WaitLeader(ctx, -1)
+	require.NoError(t, err)
+	t0 := time.Now()
+	require.NoError(t, cl.Kill(leader))
+	d, err := load.WaitAckAfter(ctx, t0)
+	require.NoError(t, err)
+	next, nrole, err := cl.WaitLeader(ctx, leader)
+	require.NoError(t, err)
+	require.NotEqual(t, leader, next)
+	require.Greater(t, nrole.Term, role.Term, "a new leader takes a higher term")
+	require.NoError(t, cl.Start(leader))
+	_, err = cl.WaitRole(ctx, leader, "standby")
+	require.NoError(t, err)
+	return d
+}
+
+func waitServing(t *testing.T, load *bench.HALoad) {
+	t.Helper()
+	_, err := load.WaitAckAfter(ctxT(t, time.Minute), time.Now())
+	require.NoError(t, err)
+}
+
+// TestKillLeaderRepeatedly: kill -9 the leader ten times under load;
+// nothing acknowledged is lost.
+func TestKillLeaderRepeatedly(t *testing.T) {
+	cl, _, _ := cluster(t, "etcd")
+	c := client(t, cl)
+	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
+	for k := range 10 {
+		waitServing(t, load)
+		d := killLeader(t, cl, load)
+		t.Logf("kill %d: failover %.2f s (lease %v), %d acked, %d failed (last: %v)", k+1, d.Seconds(), ttl, len(load.Acked()), load.Failed(), load.LastErr())
+	}
+	waitServing(t, load)
+	verify(t, c, load, 4096)
+}
+
+// TestKillLeaderRedis: the same with leadership on Redis.
+func TestKillLeaderRedis(t *testing.T) {
+	cl, _, _ := cluster(t, "redis")
+	c := client(t, cl)
+	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
+	for k := range 3 {
+		waitServing(t, load)
+		d := killLeader(t, cl, load)
+		t.Logf("kill %d: failover %.2f s (lease %v)", k+1, d.Seconds(), ttl)
+	}
+	waitServing(t, load)
+	verify(t, c, load, 4096)
+}
+
+// TestStoppedLeaderAcknowledgesNothing: SIGSTOP the leader past its
+// lease; a standby takes over; after SIGCONT the old leader acknowledges
+// no put from a client still connected to it, and goes back to standby.
+func TestStoppedLeaderAcknowledgesNothing(t *testing.T) {
+	cl, _, _ := cluster(t, "etcd")
+	c := client(t, cl)
+	ctx := ctxT(t, 2*time.Minute)
+	leader, role, err := cl.WaitLeader(ctx, -1)
+	require.NoError(t, err)
+	// A client bound to the leader's own address (no HA): it keeps
+	// talking to the old leader after the failover.
+	direct, err := store.New(ctx, store.Config{MasterAddr: cl.Masters[leader].RPCAddr, GlobalSegmentSize: 16 << 20,
+		LocalBufferSize: 16 << 20, Protocols: []string{"tcp"}, RPCTimeout: 2 * time.Second, PutRetries: -1,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	defer direct.Close()
+	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
+	waitServing(t, load)
+	require.NoError(t, direct.Put(ctx, "direct/before", bench.HAValue("direct/before", 4096), store.ReplicateConfig{}))
+	load.Record(bench.HAAck{Key: "direct/before"})
+
+	require.NoError(t, cl.Signal(leader, syscall.SIGSTOP))
+	t0 := time.Now()
+	d, err := load.WaitAckAfter(ctx, t0)
+	require.NoError(t, err)
+	next, nrole, err := cl.WaitLeader(ctx, leader)
+	require.NoError(t, err)
+	require.Greater(t, nrole.Term, role.Term)
+	t.Logf("leader %d stopped, leader %d (term %d) serving after %.2f s", leader, next, nrole.Term, d.Seconds())
+	time.Sleep(ttl) // well past the old lease, still stopped
+	require.NoError(t, cl.Signal(leader, syscall.SIGCONT))
+
+	acked := 0
+	for i := range 20 {
+		key := fmt.Sprintf("direct/after/%d", i)
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := direct.Put(pctx, key, bench.HAValue(key, 4096), store.ReplicateConfig{})
+		cancel()
+		if err == nil {
+			acked++
+			load.Record(bench.HAAck{Key: key}) // must then be durable
+		}
+	}
+	assert.Zero(t, acked, "the deposed leader acknowledged puts after SIGCONT")
+	_, err = cl.WaitRole(ctx, leader, "standby")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		r, err := cl.Role(ctx, leader)
+		return err == nil && r.Leader == cl.Masters[next].RPCAddr
+	}, time.Minute, 20*time.Millisecond, "the old leader sees the new one")
+	waitServing(t, load)
+	verify(t, c, load, 4096)
+}
+
+// TestEtcdMemberStopped: the etcd cluster's leader member stops under
+// load; the masters go on (two of three members are a quorum).
+func TestEtcdMemberStopped(t *testing.T) {
+	cl, ec, _ := cluster(t, "etcd")
+	c := client(t, cl)
+	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
+	waitServing(t, load)
+	m := ec.Leader()
+	require.GreaterOrEqual(t, m, 0)
+	ec.Stop(m)
+	t0 := time.Now()
+	d, err := load.WaitAckAfter(ctxT(t, time.Minute), t0)
+	require.NoError(t, err)
+	t.Logf("etcd member %d stopped: puts acknowledged again after %.2f s", m, d.Seconds())
+	time.Sleep(2 * ttl) // keep the load up on two members
+	waitServing(t, load)
+	_, _, err = cl.WaitLeader(ctxT(t, time.Minute), -1)
+	require.NoError(t, err)
+	verify(t, c, load, 4096)
+}
+
+// TestRedisRestarted: Redis (leadership) restarts empty under load; a
+// master leads again with a term above the one before (the log's term
+// seeds it), and nothing acknowledged is lost.
+func TestRedisRestarted(t *testing.T) {
+	cl, _, rs := cluster(t, "redis")
+	c := client(t, cl)
+	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
+	waitServing(t, load)
+	ctx := ctxT(t, 2*time.Minute)
+	_, role, err := cl.WaitLeader(ctx, -1)
+	require.NoError(t, err)
+	require.NoError(t, rs.Restart())
+	t0 := time.Now()
+	d, err := load.WaitAckAfter(ctx, t0)
+	require.NoError(t, err)
+	// The view is gone with Redis's data: the leader's next renewal finds
+	// it so and it steps down; the election after must take a term above
+	// the log's (seeded from it) or its claim of the log would be fenced.
+	require.Eventually(t, func() bool {
+		_, r, err := cl.WaitLeader(ctx, -1)
+		return err == nil && r.Term > role.Term
+	}, time.Minute, 50*time.Millisecond)
+	t.Logf("redis restarted: puts acknowledged again after %.2f s", d.Seconds())
+	waitServing(t, load)
+	verify(t, c, load, 4096)
+}
+
+// TestRunHA: crescent-bench ha's run (bench.RunHA) on Redis leadership,
+// two kills: its result adds up.
+func TestRunHA(t *testing.T) {
+	res, err := bench.RunHA(ctxT(t, 3*time.Minute), bench.HAConfig{Backend: "redis", Kills: 2, LeaseTTL: ttl,
+		MasterBin: masterBin, Settle: 200 * time.Millisecond, SegmentSize: 64 << 20})
+	require.NoError(t, err)
+	t.Logf("%+v", res)
+	assert.Equal(t, "redis", res.Backend)
+	assert.Equal(t, 2, res.Kills)
+	require.Len(t, res.FailoversS, 2)
+	assert.Zero(t, res.LostAcks)
+	assert.Positive(t, res.AckedPuts)
+	assert.LessOrEqual(t, res.FailoverSMin, res.FailoverSMed)
+	assert.LessOrEqual(t, res.FailoverSMed, res.FailoverSMax)
+	require.Len(t, res.TermsSeen, 2)
+	assert.Less(t, res.TermsSeen[0], res.TermsSeen[1], "each kill's leader has a higher term")
+	assert.Equal(t, 1.0, res.LeaseTTLS)
+}
