@@ -45,6 +45,8 @@ type HAConfig struct {
 	// Settle is how long the cluster serves between a failover and the
 	// next kill (default 1 s).
 	Settle time.Duration
+	// WarmupMs, when not empty, is the masters' --ha_warmup_ms.
+	WarmupMs string
 	// Progress receives one line per kill (nil: none).
 	Progress io.Writer
 	// Logger is the store client's (nil: discarded).
@@ -54,6 +56,7 @@ type HAConfig struct {
 // HAResult is one RunHA run.
 type HAResult struct {
 	Backend      string    `json:"backend"`
+	WarmupMs     string    `json:"warmup_ms,omitempty"` // the masters' --ha_warmup_ms ("": their default)
 	Masters      int       `json:"masters"`
 	Kills        int       `json:"kills"`
 	LeaseTTLS    float64   `json:"lease_ttl_s"`
@@ -135,8 +138,12 @@ func RunHA(ctx context.Context, c HAConfig) (*HAResult, error) {
 		defer rs.Close()
 		redisAddr = rs.Addr
 	}
+	var args []string
+	if c.WarmupMs != "" {
+		args = []string{"--ha_warmup_ms", c.WarmupMs}
+	}
 	cl, err := StartHACluster(ctx, HAClusterConfig{MasterBin: c.MasterBin, Masters: c.Masters, Backend: c.Backend,
-		Etcd: eps, Redis: redisAddr, LeaseTTL: c.LeaseTTL})
+		Etcd: eps, Redis: redisAddr, LeaseTTL: c.LeaseTTL, Args: args})
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +164,7 @@ func RunHA(ctx context.Context, c HAConfig) (*HAResult, error) {
 		}
 	}()
 
-	res := &HAResult{Backend: c.Backend, Masters: len(cl.Masters), Kills: c.Kills, LeaseTTLS: c.LeaseTTL.Seconds(),
+	res := &HAResult{Backend: c.Backend, WarmupMs: c.WarmupMs, Masters: len(cl.Masters), Kills: c.Kills, LeaseTTLS: c.LeaseTTL.Seconds(),
 		ValueSize: load.cfg.ValueSize, PutRate: load.cfg.Rate}
 	wait := 10*c.LeaseTTL + 30*time.Second
 	for k := range c.Kills {

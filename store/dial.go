@@ -173,7 +173,7 @@ func (a *autoConn) get(ctx context.Context) (MasterConn, error) {
 	case errors.Is(err, crpc.ErrNotCRPC) || errors.Is(err, crpc.ErrTLSRequired):
 		return nil, fmt.Errorf("store: master %s: %w", a.addr, rpcerr.FromStatus(err))
 	default:
-		return nil, err // still unreachable: the next call tries again
+		return nil, crpc.Unsent(err) // still unreachable: the next call tries again
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()

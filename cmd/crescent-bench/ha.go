@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -28,6 +29,7 @@ func haMain(ctx context.Context, args []string, out io.Writer) error {
 	rate := fs.Int("rate", 200, "puts per second across putters (each acknowledged key is kept and read back at the end)")
 	valueSize := fs.Int("value_size", 4096, "bytes per value")
 	settle := fs.Float64("settle", 1, "seconds the cluster serves between a failover and the next kill")
+	warmup := fs.String("ha_warmup_ms", "", "the masters' --ha_warmup_ms (-1: one full lease TTL; default: the masters' default)")
 	asJSON := fs.Bool("json", false, "print the result as one JSON object")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -44,7 +46,7 @@ func haMain(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	c := bench.HAConfig{Backend: *backend, Kills: *kills, LeaseTTL: time.Duration(*ttl) * time.Second, Masters: *masters,
-		MasterBin: *masterBin, EtcdMembers: *members, Settle: time.Duration(*settle * float64(time.Second)),
+		MasterBin: *masterBin, WarmupMs: *warmup, EtcdMembers: *members, Settle: time.Duration(*settle * float64(time.Second)),
 		Load: bench.HALoadConfig{Writers: *writers, Rate: *rate, ValueSize: *valueSize}, Progress: os.Stderr}
 	if *etcd != "" {
 		c.Etcd = strings.Split(*etcd, ",")
@@ -58,7 +60,7 @@ func haMain(ctx context.Context, args []string, out io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(res)
 	}
-	fmt.Fprintf(out, "backend %s, %d masters, lease TTL %.0f s, %d kills\n", res.Backend, res.Masters, res.LeaseTTLS, res.Kills)
+	fmt.Fprintf(out, "backend %s, %d masters, lease TTL %.0f s, warm-up %s ms, %d kills\n", res.Backend, res.Masters, res.LeaseTTLS, cmp.Or(res.WarmupMs, "default"), res.Kills)
 	fmt.Fprintf(out, "failover s: min %.2f  median %.2f  max %.2f  (target <= %.0f)\n", res.FailoverSMin, res.FailoverSMed, res.FailoverSMax, 2*res.LeaseTTLS)
 	fmt.Fprintf(out, "acked puts %d, failed puts %d, lost acks %d\n", res.AckedPuts, res.FailedPuts, res.LostAcks)
 	if res.LostAcks > 0 {

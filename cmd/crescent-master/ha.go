@@ -38,6 +38,8 @@ type haConfig struct {
 	HABackend     string `yaml:"ha_backend"`
 	HAEndpoints   string `yaml:"ha_endpoints"`
 	HALeaseTTLSec int64  `yaml:"ha_lease_ttl_sec"`
+	// HAWarmupMs is the new leader's wait before serving (-1: one TTL).
+	HAWarmupMs int64 `yaml:"ha_warmup_ms"`
 	// AdvertiseAddress is the RPC address put into the leader view.
 	AdvertiseAddress string `yaml:"advertise_address"`
 }
@@ -46,6 +48,7 @@ func (c *config) haFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.HABackend, "ha_backend", c.HABackend, "etcd or redis: run as one of several masters, one leader elected there, the others hot standbys following --oplog (empty: no HA)")
 	fs.StringVar(&c.HAEndpoints, "ha_endpoints", c.HAEndpoints, "host:port[,host:port]: the etcd endpoints, or the redis host:port, of --ha_backend (default for etcd: --oplog's)")
 	fs.Int64Var(&c.HALeaseTTLSec, "ha_lease_ttl_sec", c.HALeaseTTLSec, "leader lease TTL, whole seconds: a dead leader is replaced within about two of them")
+	fs.Int64Var(&c.HAWarmupMs, "ha_warmup_ms", c.HAWarmupMs, "ms a new leader waits before serving after an old one died (-1: one full lease TTL, the reference's warm-up); old leaders stop answering at their own lease deadline, so this covers only clock rates and their stop")
 	fs.StringVar(&c.AdvertiseAddress, "advertise_address", c.AdvertiseAddress, "host:port of this master's RPC port as clients reach it, put into the leader view (default rpc_address:rpc_port; never 0.0.0.0)")
 }
 
@@ -65,6 +68,8 @@ func (c *config) validateHA() error {
 		return errors.New("ha_backend needs --oplog etcd://host:port[,host:port]: standbys follow the leader's log there")
 	case c.HALeaseTTLSec < 1 || c.HALeaseTTLSec > 3600:
 		return fmt.Errorf("ha_lease_ttl_sec %d not in [1, 3600]", c.HALeaseTTLSec)
+	case c.HAWarmupMs < -1 || c.HAWarmupMs > 3600_000:
+		return fmt.Errorf("ha_warmup_ms %d not in [-1, 3600000]", c.HAWarmupMs)
 	case c.RPCPort == 0:
 		return errors.New("ha_backend needs a fixed rpc_port (0 picks a port nobody could advertise)")
 	case c.SnapshotDir != "" && c.SnapshotCatalog == "":
@@ -176,6 +181,7 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 		Coordinator: newCoord,
 		Advertise:   adv,
 		TTL:         ttl,
+		Warmup:      warmup(cfg, ttl),
 		OpenLog: func(ctx context.Context, term uint64) (oplog.Store, error) {
 			return oplog.OpenEtcd(ctx, logCli, oplog.EtcdOptions{ClusterID: cfg.ClusterID, Term: term,
 				WriteTimeout: time.Duration(cfg.OplogWriteTimeoutSec) * time.Second})
@@ -202,8 +208,8 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 			}
 			return strconv.ParseUint(string(r.Kvs[0].Value), 10, 64)
 		},
-		Serve: func(ctx context.Context, d *oplog.Durable) error {
-			return serveLeader(ctx, cfg, mc, d, snaps, lead, log)
+		Serve: func(ctx context.Context, d *oplog.Durable, lease func() error) error {
+			return serveLeader(ctx, cfg, mc, d, lease, snaps, lead, log)
 		},
 		Logger: log,
 	})
@@ -306,7 +312,7 @@ func (l *leading) Collect(ch chan<- prometheus.Metric) {
 
 // serveLeader serves d on the RPC port, gRPC and crpc as without HA,
 // until ctx ends.
-func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Durable, snaps *snapshots, lead *leading, log *slog.Logger) error {
+func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Durable, lease func() error, snaps *snapshots, lead *leading, log *slog.Logger) error {
 	var adminOpts []admin.Option
 	if snaps != nil {
 		var err error
@@ -316,7 +322,7 @@ func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Dur
 		defer snaps.stop()
 	}
 	var metrics *admin.Metrics
-	svc := service.New(d.Master, d.ServiceOption(), service.WithObserver(func(rpc string, dur time.Duration, err error) {
+	svc := service.New(d.Master, d.ServiceOption(), service.WithGate(lease), service.WithObserver(func(rpc string, dur time.Duration, err error) {
 		metrics.Observe(rpc, dur, err)
 	}), service.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
 		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
@@ -340,4 +346,12 @@ func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Dur
 	err = svc.Serve(ctx, lis, gopts...)
 	log.Info("crescent-master stopped serving")
 	return err
+}
+
+// warmup is --ha_warmup_ms as the supervisor takes it (0 there: one TTL).
+func warmup(cfg config, ttl time.Duration) time.Duration {
+	if cfg.HAWarmupMs < 0 {
+		return ttl
+	}
+	return max(time.Duration(cfg.HAWarmupMs)*time.Millisecond, time.Millisecond)
 }

@@ -114,7 +114,7 @@ func defaults() config {
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
 		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
-		haConfig:             haConfig{HALeaseTTLSec: 5},
+		haConfig:             haConfig{HALeaseTTLSec: 5, HAWarmupMs: 500},
 		SnapshotInterval:     10 * time.Minute, SnapshotRetain: oplog.DefaultSnapshotRetain, OplogRetain: oplog.DefaultLogRetain, OplogSyncers: oplog.DefaultSyncers,
 	}
 }

@@ -21,6 +21,16 @@
 //     a lease TTL), or ErrClosed (Release, or the coordinator's Close).
 //     The first reason sticks. Release also deletes the view if it is
 //     still ours, compared by term (etcd) or owner token (Redis).
+//   - Session.Deadline is the latest time this process may act as
+//     leader: the send time of the last renewal (or acquisition) the
+//     backend confirmed plus the TTL it confirmed. The backend counts its
+//     expiry from when it received that renewal, later, so it never
+//     expires the lease before Deadline, and nobody can acquire the view
+//     before then. A session nothing renews ends at Deadline (ErrRenew)
+//     by its own clock, without waiting for the backend. A leader that
+//     stops answering at Deadline (ha/supervisor's lease gate) has
+//     stopped before any successor exists, so a successor needs to wait
+//     only for clock-rate differences, not a whole TTL.
 //   - Monitor(s, fn) calls fn(reason) exactly once, when s ends.
 //   - Coordinator.Close ends its live sessions with ErrClosed without
 //     deleting their views (they expire after the TTL) and refuses new
@@ -39,11 +49,13 @@
 // the key, so a contended candidate sees the winner in the same
 // transaction. Version = the key's CreateRevision (etcd's global
 // revision: it never goes back, so WithMinTerm is rejected). The lease
-// is kept alive by the client (KeepAlive). When the keep-alive stream
-// ends, or no answer came for the granted TTL, the session asks etcd
-// (TimeToLive, 1 s): a live lease keeps the session (etcd extends
-// leases across its own leader changes), a lease gone is
-// ErrLeadershipLost, no answer is ErrRenew. The session also
+// is renewed every granted TTL/3 by single keep-alives (KeepAliveOnce,
+// bounded by the deadline; after a failed one, again 100 ms later), so
+// each confirmed renewal's send time is known and extends Deadline. A
+// lease found gone (not found, TTL <= 0) is ErrLeadershipLost; the
+// deadline passing with no renewal confirmed is ErrRenew (etcd extends
+// leases across its own leader changes, so a live lease with an
+// unreachable etcd still ends here: the process cannot know). The session also
 // watches the key: a delete or a new create revision is
 // ErrLeadershipLost. Release deletes the key only if its CreateRevision
 // is still the term, then revokes the lease. WaitChange and the session
@@ -73,8 +85,9 @@
 // (Lua) compares owner_token and DELs. Renewals run every max(TTL/3,
 // 200 ms), so the TTL must be at least 600 ms. A renewal that finds
 // another token (or no hash) ends the session with ErrLeadershipLost;
-// failed renewals end it with ErrRenew once the last successful one
-// started a TTL ago. Terms are below 2^53 (Lua numbers are doubles).
+// each success extends Deadline to its send time plus the TTL, and a
+// timer ends the session with ErrRenew at Deadline (a renewal call never
+// runs past it). Terms are below 2^53 (Lua numbers are doubles).
 // WaitChange polls the hash every poll interval: keyspace notifications
 // are off by default on redis-server.
 //

@@ -21,15 +21,24 @@
 //     it acknowledges nothing. Then Follower.Handover applies the rest;
 //     the claimed store must end at the handed-over seq. A Sink with the
 //     term numbers from there.
-//  4. warmup: until one TTL has passed since the acquisition, so any old
-//     leader has seen its own session end. Skipped when the released
+//  4. warmup: until Config.Warmup (default one TTL; crescent-master
+//     --ha_warmup_ms, default 500 ms) has passed since the acquisition.
+//     Any old leader has already stopped answering: it serves only
+//     while its lease func (step 5) says yes, which ends at its
+//     session's Deadline, never after its lease expired on the backend,
+//     which came before our acquisition. The wait covers clocks running
+//     at different rates and the old leader's stop; the log's term
+//     fences its writes whatever happens. Skipped when the released
 //     marker (Config.Released, ReleasedTerm) equals the log's term as
 //     read just before the claim: the master that last claimed the log
 //     wrote it after it stopped serving, so nobody else can be serving
 //     (a SIGTERM hand-off then takes well under a TTL).
-//  5. leader: the master is started and Config.Serve serves it;
-//     leader.Monitor cancels Serve's context when the session ends (the
-//     reason is logged at error level), and so does a failed log
+//  5. leader: the master is started and Config.Serve serves it with a
+//     lease func (nil while the session lives and its Deadline is
+//     ahead) that Serve checks before every answer (service.WithGate,
+//     reads included); leader.Monitor cancels Serve's context when the
+//     session ends (the reason is logged at error level), and so does a
+//     failed log
 //     (Durable.Failed, checked every TTL/4: fenced by a newer term, or
 //     etcd unreachable past the write timeout), which acknowledges
 //     nothing more: the master steps down so a standby can take over.

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,10 +59,18 @@ type Config struct {
 	// Advertise is the address put into the view (host:port of the RPC
 	// port).
 	Advertise string
-	// TTL is the coordinator's lease TTL: the warm-up lasts that long
-	// after acquisition, and a standby re-reads the view at least that
-	// often.
+	// TTL is the coordinator's lease TTL: a standby re-reads the view at
+	// least that often.
 	TTL time.Duration
+	// Warmup is how long a new leader waits after acquiring the view
+	// before it serves, unless the last leader released (see Released).
+	// Every leader stops answering at its session's Deadline (the send
+	// time of its last confirmed renewal plus the TTL: Serve's lease
+	// func), which is never after the backend expires its lease, and the
+	// view can be acquired only after that expiry: so the wait needs to
+	// cover only clocks running at different rates and the old leader's
+	// stop. 0 means one full TTL, the reference's warm-up.
+	Warmup time.Duration
 	// OpenLog opens the operation log. term 0: a reader (the standby's
 	// follower). term > 0: claim the log with that term
 	// (oplog.EtcdOptions.Term), which fences any writer with a lower one.
@@ -70,8 +79,12 @@ type Config struct {
 	// sink, and returns the seq its state covers (from a snapshot, or 0).
 	Replica func(ctx context.Context, sink master.OpSink) (*master.Master, uint64, error)
 	// Serve serves d (started) until ctx ends, then stops serving and
-	// returns; d stays the supervisor's to close.
-	Serve func(ctx context.Context, d *oplog.Durable) error
+	// returns; d stays the supervisor's to close. lease is nil while the
+	// session may still act as leader (alive and before its Deadline),
+	// else why not: Serve must check it before every answer
+	// (service.WithGate), so that nothing is answered past the deadline
+	// even before ctx ends.
+	Serve func(ctx context.Context, d *oplog.Durable, lease func() error) error
 
 	// Released and ReleasedTerm (optional, both or neither) keep a
 	// marker, next to the log, of the last term that stopped serving for
@@ -395,11 +408,12 @@ func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader
 	s.mu.Unlock()
 	log.Info("candidate: caught up", "seq", seq)
 
-	// Warm-up: one full TTL from acquisition before serving, so that any
-	// old leader's session has ended on its side too.
+	// Warm-up: any old leader has stopped answering at its deadline,
+	// before its lease expired and we could acquire; Warmup (default one
+	// TTL) covers clock rates and its stop.
 	if warm {
 		s.setRole(Warmup, term)
-		wait := time.NewTimer(time.Until(acquired.Add(s.cfg.TTL)))
+		wait := time.NewTimer(time.Until(acquired.Add(cmp.Or(s.cfg.Warmup, s.cfg.TTL))))
 		defer wait.Stop()
 		select {
 		case <-ctx.Done():
@@ -450,7 +464,16 @@ func (s *Supervisor) lead(ctx context.Context, c leader.Coordinator, sess leader
 			}
 		}
 	}()
-	serr := s.cfg.Serve(sctx, d)
+	lease := func() error {
+		if err := sess.Err(); err != nil {
+			return err
+		}
+		if dl := sess.Deadline(); !time.Now().Before(dl) {
+			return fmt.Errorf("leadership lease ended at %s (no renewal confirmed)", dl.Format(time.RFC3339Nano))
+		}
+		return nil
+	}
+	serr := s.cfg.Serve(sctx, d, lease)
 	stop()
 	<-watched
 	if ctx.Err() != nil {

@@ -37,7 +37,7 @@ func TestNewErrors(t *testing.T) {
 		Coordinator:  func(context.Context, uint64) (leader.Coordinator, error) { return nil, nil },
 		OpenLog:      func(context.Context, uint64) (oplog.Store, error) { return nil, nil },
 		Replica:      func(context.Context, master.OpSink) (*master.Master, uint64, error) { return nil, 0, nil },
-		Serve:        func(context.Context, *oplog.Durable) error { return nil },
+		Serve:        func(context.Context, *oplog.Durable, func() error) error { return nil },
 		Advertise:    "127.0.0.1:1",
 		TTL:          time.Second,
 		Released:     func(context.Context, uint64) error { return nil },
@@ -66,6 +66,7 @@ type node struct {
 	done    chan error
 	serving chan context.Context // one per term served: Serve's ctx
 	durs    chan *oplog.Durable  // and what it served
+	leases  chan func() error    // and its lease
 }
 
 func startNode(t *testing.T, ep, name string, released *atomic.Uint64) *node {
@@ -73,7 +74,7 @@ func startNode(t *testing.T, ep, name string, released *atomic.Uint64) *node {
 	cli, err := clientv3.New(leader.EtcdClientConfig([]string{ep}))
 	require.NoError(t, err)
 	n := &node{name: name, done: make(chan error, 1), serving: make(chan context.Context, 16),
-		durs: make(chan *oplog.Durable, 16)}
+		durs: make(chan *oplog.Durable, 16), leases: make(chan func() error, 16)}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	sup, err := New(Config{
 		Coordinator: func(context.Context, uint64) (leader.Coordinator, error) {
@@ -88,8 +89,9 @@ func startNode(t *testing.T, ep, name string, released *atomic.Uint64) *node {
 			m, err := master.New(master.Config{OpLog: sink, Logger: log})
 			return m, 0, err
 		},
-		Serve: func(ctx context.Context, d *oplog.Durable) error {
+		Serve: func(ctx context.Context, d *oplog.Durable, lease func() error) error {
 			n.durs <- d
+			n.leases <- lease
 			n.serving <- ctx
 			<-ctx.Done()
 			return nil
@@ -216,6 +218,26 @@ func TestLossStopsServing(t *testing.T) {
 	assert.Len(t, m["crescent_ha_role"], 4)
 	assert.Equal(t, []float64{float64(r.Term)}, m["crescent_ha_term"])
 	assert.Len(t, m["crescent_ha_follower_applied_seq"], 1)
+}
+
+// TestLeaseEndsAtDeadline: with etcd gone nothing renews the session;
+// Serve's lease says no from the session's deadline on (what the RPC
+// gate checks), and Serve's context ends.
+func TestLeaseEndsAtDeadline(t *testing.T) {
+	e := testsvc.StartEtcd(t)
+	var released atomic.Uint64
+	a := startNode(t, e.Endpoint, "a", &released)
+	ctx := <-a.serving
+	lease := <-a.leases
+	require.NoError(t, lease())
+	e.Stop()
+	require.Eventually(t, func() bool { return lease() != nil }, 30*time.Second, 10*time.Millisecond)
+	assert.Contains(t, lease().Error(), "lease")
+	select {
+	case <-ctx.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("Serve's context was not cancelled at the deadline")
+	}
 }
 
 // gather returns the supervisor's metrics by name: the values of

@@ -110,7 +110,7 @@ func Dial(ctx context.Context, addr string, opts ...Option) (*Conn, error) {
 	defer c.mu.Unlock()
 	cc, err := c.dialLocked(ctx)
 	if err != nil {
-		return nil, err
+		return nil, notSent(err)
 	}
 	c.cur = cc
 	return c, nil
@@ -559,7 +559,16 @@ func (e *notSentError) GRPCStatus() *status.Status {
 	return st
 }
 
-func notSent(err error) error { return &notSentError{err} }
+func notSent(err error) error {
+	if NotSent(err) {
+		return err
+	}
+	return &notSentError{err}
+}
+
+// Unsent marks err as the error of a call that was never sent (for
+// layers above crpc that fail a call before it reaches a Conn).
+func Unsent(err error) error { return notSent(err) }
 
 // NotSent reports whether err comes from a call whose request was never
 // sent (see notSentError): a client may send it again, elsewhere too.

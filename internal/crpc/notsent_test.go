@@ -40,4 +40,10 @@ func TestNotSent(t *testing.T) {
 	require.Error(t, err)
 	assert.True(t, NotSent(err), "%v", err)
 	assert.False(t, NotSent(nil))
+
+	// Nor does a Dial that finds nobody.
+	_, err = Dial(ctx, addr)
+	require.Error(t, err)
+	assert.True(t, NotSent(err), "%v", err)
+	assert.Equal(t, codes.Unavailable, status.Code(err))
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -82,6 +84,7 @@ type Service struct {
 	conns   netx.Config
 	durable func(ctx context.Context) error // nil: no log to wait for
 	health  func() error
+	gate    func() error // nil: always answer
 }
 
 // Option configures New.
@@ -119,6 +122,12 @@ func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) Option {
 func WithDurability(wait func(ctx context.Context) error, failed func() error) Option {
 	return func(s *Service) { s.durable, s.health = wait, failed }
 }
+
+// WithGate makes every RPC check gate just before it answers: a non-nil
+// error replaces the answer with UNAVAILABLE carrying it. An HA leader
+// passes its lease (the session's deadline), so that a master that may
+// no longer lead answers nothing, not even a read, from then on.
+func WithGate(gate func() error) Option { return func(s *Service) { s.gate = gate } }
 
 // WaitDurable returns once every change the master made so far is
 // durable (at once without a log, or when nothing is pending), the
@@ -200,6 +209,11 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 					werr = &errcode.Error{Code: errcode.InternalError, Msg: "master: operation log not durable: " + werr.Error()}
 				}
 				resp, err = nil, rpcerr.ToStatus(werr)
+			}
+		}
+		if s.gate != nil {
+			if gerr := s.gate(); gerr != nil {
+				resp, err = nil, status.Error(codes.Unavailable, "master: "+gerr.Error())
 			}
 		}
 		items, bad := batchItems(resp)
