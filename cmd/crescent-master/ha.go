@@ -218,30 +218,18 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 	}
 	reg.MustRegister(sup.Collector(), lead)
 
-	var servers []*http.Server
+	servers := &httpServers{log: log}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		for _, s := range servers {
-			s.Shutdown(sctx)
-		}
+		servers.shutdown(sctx)
 		if pub != nil {
 			if perr := pub.Close(sctx); perr != nil {
 				log.Warn("kv events not all delivered", "err", perr)
 			}
 		}
 	}()
-	serve := func(addr string, h http.Handler) error {
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			return err
-		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-		servers = append(servers, srv)
-		go srv.Serve(l)
-		log.Info("http listening", "addr", l.Addr().String())
-		return nil
-	}
+	serve := servers.serve
 	if cfg.MetricsPort > 0 {
 		mux := http.NewServeMux()
 		mux.Handle("/role", sup.RoleHandler())

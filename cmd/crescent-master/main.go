@@ -479,18 +479,8 @@ func run(ctx context.Context, cfg config) error {
 		m.Close()
 		return err
 	}
-	var servers []*http.Server
-	serve := func(addr string, h http.Handler) error {
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			return err
-		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-		servers = append(servers, srv)
-		go srv.Serve(l)
-		log.Info("http listening", "addr", l.Addr().String())
-		return nil
-	}
+	servers := &httpServers{log: log}
+	serve := servers.serve
 	if cfg.MetricsPort > 0 {
 		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), admin.Handler(m, svc, reg, nil, adminOpts...)); err != nil {
 			lis.Close()
@@ -517,9 +507,7 @@ func run(ctx context.Context, cfg config) error {
 	log.Info("crescent-master stopping")
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, s := range servers {
-		s.Shutdown(sctx)
-	}
+	servers.shutdown(sctx)
 	m.Close()
 	if pub != nil {
 		if perr := pub.Close(sctx); perr != nil {

@@ -419,6 +419,20 @@ var (
 	errLocal   = errors.New("local: replica in the real client's own segment")
 )
 
+// encInline answers a GetBuffer item with the bytes themselves, within
+// the reply's MaxInline.
+func encInline(e *enc, key string, v []byte, total *int) error {
+	if *total+len(v) > MaxInline {
+		return errcode.New(errcode.BufferOverflow, "%q: reply over %d bytes", key, MaxInline)
+	}
+	*total += len(v)
+	encItemErr(e, nil)
+	e.u8(refNone)
+	e.bytes(v)
+	e.u64(0)
+	return nil
+}
+
 // getBuffer answers one GetBuffer: a view of a shared cache block when
 // the cache is shared, else the bytes inline.
 func (ss *session) getBuffer(ctx context.Context, e *enc, key string, total *int) error {
@@ -428,15 +442,7 @@ func (ss *session) getBuffer(ctx context.Context, e *enc, key string, total *int
 		if err != nil {
 			return err
 		}
-		if *total+len(v) > MaxInline {
-			return errcode.New(errcode.BufferOverflow, "%q: reply over %d bytes", key, MaxInline)
-		}
-		*total += len(v)
-		encItemErr(e, nil)
-		e.u8(refNone)
-		e.bytes(v)
-		e.u64(0)
-		return nil
+		return encInline(e, key, v, total)
 	}
 	b := s.lookup(ctx, key)
 	if b == nil {
@@ -454,15 +460,7 @@ func (ss *session) getBuffer(ctx context.Context, e *enc, key string, total *int
 			if gerr != nil {
 				return gerr
 			}
-			if *total+len(v) > MaxInline {
-				return errcode.New(errcode.BufferOverflow, "%q: reply over %d bytes", key, MaxInline)
-			}
-			*total += len(v)
-			encItemErr(e, nil)
-			e.u8(refNone)
-			e.bytes(v)
-			e.u64(0)
-			return nil
+			return encInline(e, key, v, total)
 		case err != nil:
 			return err
 		}
