@@ -67,6 +67,9 @@ type HAResult struct {
 	AckedPuts    int       `json:"acked_puts"`
 	FailedPuts   int64     `json:"failed_puts"`
 	LostAcks     int       `json:"lost_acks"`
+	Gets         int64     `json:"gets"`       // readers' gets of acked keys with the right bytes
+	GetErrors    int64     `json:"get_errors"` // that failed (allowed while nobody leads)
+	BadGets      int64     `json:"bad_gets"`   // that returned other bytes (never allowed)
 	LostKeys     []string  `json:"lost_keys,omitempty"`
 	TermsSeen    []uint64  `json:"terms"`
 	WithinTarget bool      `json:"within_target"` // failover_s_max <= 2 * lease_ttl_s and lost_acks == 0
@@ -215,6 +218,7 @@ func RunHA(ctx context.Context, c HAConfig) (*HAResult, error) {
 	stopped = true
 	acked := load.Acked()
 	res.AckedPuts, res.FailedPuts = len(acked), load.Failed()
+	res.Gets, res.GetErrors, res.BadGets, _ = load.Reads()
 	vctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	lost, err := VerifyAcked(vctx, cli, acked, load.cfg.ValueSize)
@@ -232,7 +236,7 @@ func RunHA(ctx context.Context, c HAConfig) (*HAResult, error) {
 	if len(s)%2 == 0 {
 		res.FailoverSMed = (s[len(s)/2-1] + s[len(s)/2]) / 2
 	}
-	res.WithinTarget = res.FailoverSMax <= 2*res.LeaseTTLS && res.LostAcks == 0
+	res.WithinTarget = res.FailoverSMax <= 2*res.LeaseTTLS && res.LostAcks == 0 && res.BadGets == 0
 	res.DurationS = time.Since(began).Seconds()
 	return res, nil
 }

@@ -16,9 +16,10 @@ import (
 	"github.com/crescent-kv/crescent/store/errcode"
 )
 
-// HALoadConfig is the put load an HA run keeps up while masters fail.
+// HALoadConfig is the put/get load an HA run keeps up while masters fail.
 type HALoadConfig struct {
 	Writers   int           // concurrent putters (default 4)
+	Readers   int           // concurrent getters of acknowledged keys, each at most Rate/2 gets per second (default 2; negative: none)
 	Rate      int           // puts per second across writers (default 200; bounds the memory the acked keys hold)
 	ValueSize int           // bytes (default 4096)
 	Timeout   time.Duration // per put, retries inside included (default 30 s)
@@ -26,13 +27,18 @@ type HALoadConfig struct {
 }
 
 // HALoad puts fresh keys at a steady rate and remembers every put that
-// was acknowledged, with when it started and ended.
+// was acknowledged, with when it started and ended; its readers get
+// acknowledged keys meanwhile and check their bytes.
 type HALoad struct {
 	cfg     HALoadConfig
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	failed  atomic.Int64
 	lastErr atomic.Pointer[error]
+
+	reads, readErrs atomic.Int64
+	badReads        atomic.Int64 // a value with other bytes: never allowed
+	badKey          atomic.Pointer[string]
 
 	mu    sync.Mutex
 	acked []HAAck
@@ -81,6 +87,9 @@ func StartHALoad(c *store.Client, cfg HALoadConfig) *HALoad {
 	if cfg.Prefix == "" {
 		cfg.Prefix = "ha"
 	}
+	if cfg.Readers == 0 {
+		cfg.Readers = 2
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &HALoad{cfg: cfg, cancel: cancel, wake: make(chan struct{})}
 	tokens := make(chan struct{})
@@ -125,7 +134,63 @@ func StartHALoad(c *store.Client, cfg HALoadConfig) *HALoad {
 			}
 		}()
 	}
+	for r := range max(cfg.Readers, 0) {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 7))
+			pace := time.NewTicker(2 * time.Second / time.Duration(cfg.Rate))
+			defer pace.Stop()
+			for ctx.Err() == nil {
+				select {
+				case <-ctx.Done():
+					return
+				case <-pace.C:
+				}
+				l.mu.Lock()
+				n := len(l.acked)
+				var key string
+				if n > 0 {
+					key = l.acked[rng.IntN(n)].Key
+				}
+				wake := l.wake
+				l.mu.Unlock()
+				if key == "" {
+					select {
+					case <-ctx.Done():
+						return
+					case <-wake:
+					}
+					continue
+				}
+				gctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+				v, err := c.Get(gctx, key)
+				cancel()
+				switch {
+				case err != nil:
+					if ctx.Err() == nil {
+						l.readErrs.Add(1)
+					}
+				case !bytes.Equal(v, HAValue(key, cfg.ValueSize)):
+					l.badReads.Add(1)
+					l.badKey.Store(&key)
+				default:
+					l.reads.Add(1)
+				}
+			}
+		}()
+	}
 	return l
+}
+
+// Reads counts the readers' gets: right bytes, errors (allowed while
+// nobody leads), and wrong bytes with the last such key (never allowed:
+// an acknowledged value read back changed).
+func (l *HALoad) Reads() (ok, errs, bad int64, badKey string) {
+	if k := l.badKey.Load(); k != nil {
+		badKey = *k
+	}
+	return l.reads.Load(), l.readErrs.Load(), l.badReads.Load(), badKey
 }
 
 // Record adds an acknowledged put (another client's, for example).

@@ -62,7 +62,11 @@ func haMain(ctx context.Context, args []string, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "backend %s, %d masters, lease TTL %.0f s, warm-up %s ms, %d kills\n", res.Backend, res.Masters, res.LeaseTTLS, cmp.Or(res.WarmupMs, "default"), res.Kills)
 	fmt.Fprintf(out, "failover s: min %.2f  median %.2f  max %.2f  (target <= %.0f)\n", res.FailoverSMin, res.FailoverSMed, res.FailoverSMax, 2*res.LeaseTTLS)
-	fmt.Fprintf(out, "acked puts %d, failed puts %d, lost acks %d\n", res.AckedPuts, res.FailedPuts, res.LostAcks)
+	fmt.Fprintf(out, "acked puts %d, failed puts %d, lost acks %d; gets %d, failed gets %d, gets with wrong bytes %d\n",
+		res.AckedPuts, res.FailedPuts, res.LostAcks, res.Gets, res.GetErrors, res.BadGets)
+	if res.BadGets > 0 {
+		return fmt.Errorf("%d gets returned other bytes than acknowledged", res.BadGets)
+	}
 	if res.LostAcks > 0 {
 		return fmt.Errorf("%d acknowledged puts lost (first: %v)", res.LostAcks, res.LostKeys)
 	}

@@ -96,6 +96,10 @@ func verify(t *testing.T, c *store.Client, load *bench.HALoad, size int) {
 	lost, err := bench.VerifyAcked(ctxT(t, time.Minute), c, acked, size)
 	require.NoError(t, err)
 	assert.Empty(t, lost, "acknowledged puts lost (of %d)", len(acked))
+	gets, getErrs, bad, badKey := load.Reads()
+	assert.Zero(t, bad, "gets returned other bytes than acknowledged (last: %s)", badKey)
+	assert.Positive(t, gets, "the readers read nothing")
+	t.Logf("%d gets with the right bytes, %d failed", gets, getErrs)
 	t.Logf("%d puts acknowledged, %d failed (last: %v), %d lost", len(acked), load.Failed(), load.LastErr(), len(lost))
 }
 
