@@ -685,7 +685,10 @@ func (a *Allocator) AllocateSetInto(dst []Placement, segs []uint32, size uint64,
 		ps = make([]Placement, 0, len(segs))
 	}
 	for _, i := range segs {
-		if s := a.seg(i); s != nil {
+		// The segment locked, not the table's entry now: a release and a
+		// mount in between may have put another segment at index i,
+		// whose lock we do not hold (its unmounting flag refuses us).
+		if s := lockedAt(locked, i); s != nil {
 			if p, err := a.allocLocked(s, size); err == nil {
 				ps = append(ps, p)
 			}
@@ -695,6 +698,16 @@ func (a *Allocator) AllocateSetInto(dst []Placement, segs []uint32, size uint64,
 		commit(ps)
 	}
 	return ps
+}
+
+// lockedAt is the segment of index i among those lockSet locked.
+func lockedAt(locked []*segState, i uint32) *segState {
+	for _, s := range locked {
+		if s.idx == i {
+			return s
+		}
+	}
+	return nil
 }
 
 // lockSet locks the distinct live segments among idx in index order,

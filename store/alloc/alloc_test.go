@@ -579,3 +579,49 @@ func BenchmarkAllocateOnFree(b *testing.B) {
 		}
 	}
 }
+
+// TestAllocateSetIndexReused: AllocateSet allocates on the segments it
+// locked. A release and a mount between its locking and its allocating
+// put another segment at the same index; allocating on the table's entry
+// then touched that segment without its lock, racing with AllocateOn on
+// it (seen by the race detector in a follower test).
+func TestAllocateSetIndexReused(t *testing.T) {
+	a := New(Random)
+	cur := seg(1, "r", 1, 16<<20)
+	idx := mustMount(t, a, cur)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for _, p := range a.AllocateSet([]uint32{idx}, 4096, nil) {
+					a.Free(p, 4096) // released meanwhile: refused, fine
+				}
+				if p, err := a.AllocateOn(idx, 4096); err == nil {
+					a.Free(p, 4096)
+				}
+			}
+		}()
+	}
+	for n := range 2000 {
+		if _, err := a.Unmount(cur.ID, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Release(idx, nil); err != nil {
+			t.Fatal(err)
+		}
+		cur = seg(2+n, "r", 1, 16<<20)
+		if i := mustMount(t, a, cur); i != idx {
+			t.Fatalf("index %d not reused (got %d)", idx, i)
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
