@@ -22,8 +22,8 @@ func TestMain(m *testing.M) {
 	// (its peer transport), seen stuck in keep-alive once in CI after
 	// TestEtcdClusterQuorum stopped members while others still ran.
 	goleak.VerifyTestMain(m, append(GoleakIgnores(),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
 		goleak.IgnoreAnyFunction("net/http.(*connReader).backgroundRead"),
 		goleak.IgnoreAnyFunction("net/http.(*conn).serve"))...)
 }
