@@ -609,6 +609,9 @@ func TestHeartbeatRemount(t *testing.T) {
 		st, err := b.SegmentStatus(ctx, segA)
 		return err == nil && st.Status == storepb.SegmentStatus_SEGMENT_STATUS_OK
 	})
+	// The master has the segment before the client counts the re-mount
+	// (the count follows the RPC's answer).
+	eventually(t, "the re-mount counted", func() bool { return a.Stats().Remounts >= 1 })
 	if a.Stats().Remounts != 1 {
 		t.Fatalf("remounts %d", a.Stats().Remounts)
 	}
