@@ -296,7 +296,14 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		return err
 	}
 	err = dc.Invoke(ctx, method, enc{}, args, reply)
-	c.put(dc)
+	if ctx.Err() != nil {
+		// drpc tears a connection down after a cancelled call, in the
+		// background: pooled, the next call on it got this call's error.
+		dc.Close()
+		<-c.slots
+	} else {
+		c.put(dc)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return status.FromContextError(ctx.Err()).Err()
