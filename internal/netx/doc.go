@@ -18,6 +18,9 @@
 //     peers; when an idle connection was passed over only for unread
 //     bytes, it looks again every 5 ms) and the per-host cap refuses the
 //     new connection;
+//   - Allow, when set, turns peers away by address before any handler
+//     runs (the protected default admits loopback peers only); refusals
+//     are counted and logged at most once per 10 s;
 //   - Close stops accepting, closes the listener and every live
 //     connection, and waits for the handlers to return.
 //

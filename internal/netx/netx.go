@@ -31,6 +31,12 @@ type Config struct {
 	// OnEvict, when set, is called for every connection closed to make
 	// room (for metrics).
 	OnEvict func(*Conn)
+	// Allow, when set, decides from the peer's address whether a
+	// connection is served at all (the protected default: loopback
+	// peers only). A refused connection is closed before the handler
+	// sees it, and OnRefuse (when set) is called with its address.
+	Allow    func(remote net.Addr) bool
+	OnRefuse func(remote net.Addr)
 }
 
 const (
@@ -79,6 +85,9 @@ type Loop struct {
 	perHost map[string]int
 	closed  bool
 	err     error
+
+	refused    uint64
+	refusedLog time.Time
 }
 
 // Conn is an accepted connection tracked by its Loop. It is idle until
@@ -185,6 +194,10 @@ func hostOf(a net.Addr) string {
 }
 
 func (l *Loop) admit(raw net.Conn) {
+	if l.cfg.Allow != nil && !l.cfg.Allow(raw.RemoteAddr()) {
+		l.refuse(raw)
+		return
+	}
 	c := &Conn{Conn: raw, l: l, host: hostOf(raw.RemoteAddr()), idleFrom: time.Now()}
 	l.mu.Lock()
 	if l.closed {
@@ -236,6 +249,36 @@ func (l *Loop) admit(raw net.Conn) {
 		defer c.Close()
 		l.handle(c)
 	}()
+}
+
+// refuse closes a connection Allow turned down, logging at most one line
+// per refuseLogEvery so that a scan cannot flood the log.
+func (l *Loop) refuse(raw net.Conn) {
+	addr := raw.RemoteAddr()
+	raw.Close()
+	if l.cfg.OnRefuse != nil {
+		l.cfg.OnRefuse(addr)
+	}
+	l.mu.Lock()
+	l.refused++
+	n, now := l.refused, time.Now()
+	quiet := now.Sub(l.refusedLog) < refuseLogEvery
+	if !quiet {
+		l.refusedLog = now
+	}
+	l.mu.Unlock()
+	if !quiet {
+		l.log.Warn("connection refused: peer not allowed", "listener", l.cfg.Name, "peer", addr.String(), "refused_total", n)
+	}
+}
+
+const refuseLogEvery = 10 * time.Second
+
+// Refused counts connections Allow turned down.
+func (l *Loop) Refused() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.refused
 }
 
 // pendingRecheck is how soon a loop held at the cap looks again when the
