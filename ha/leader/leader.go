@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -150,41 +151,44 @@ func checkAddr(addr string) error {
 type ending struct {
 	once sync.Once
 	lost chan struct{}
-	mu   sync.Mutex
-	err  error
+	err  atomic.Pointer[error] // read on every RPC through the gate: no lock
 }
 
 func newEnding() ending { return ending{lost: make(chan struct{})} }
 
-// leaseClock is a session's Deadline, extended by confirmed renewals.
+// leaseClock is a session's Deadline, extended by confirmed renewals. It
+// is read on every RPC (the leader's gate), so it is one atomic load; the
+// time.Time keeps its monotonic reading.
 type leaseClock struct {
-	mu       sync.Mutex
-	deadline time.Time
+	deadline atomic.Pointer[time.Time]
 }
 
 func (l *leaseClock) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
+	if d := l.deadline.Load(); d != nil {
+		return *d
+	}
+	return time.Time{}
 }
 
 // extend moves the deadline to d unless it is already later (answers
 // to renewals may arrive out of order).
 func (l *leaseClock) extend(d time.Time) {
-	l.mu.Lock()
-	if d.After(l.deadline) {
-		l.deadline = d
+	for {
+		old := l.deadline.Load()
+		if old != nil && !d.After(*old) {
+			return
+		}
+		if l.deadline.CompareAndSwap(old, &d) {
+			return
+		}
 	}
-	l.mu.Unlock()
 }
 
 // end records the first reason and closes Lost; later calls do nothing.
 func (e *ending) end(reason error) bool {
 	first := false
 	e.once.Do(func() {
-		e.mu.Lock()
-		e.err = reason
-		e.mu.Unlock()
+		e.err.Store(&reason)
 		close(e.lost)
 		first = true
 	})
@@ -194,9 +198,10 @@ func (e *ending) end(reason error) bool {
 func (e *ending) Lost() <-chan struct{} { return e.lost }
 
 func (e *ending) Err() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.err
+	if p := e.err.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // registry tracks a coordinator's live sessions for Close.
