@@ -41,6 +41,12 @@ type HAClusterConfig struct {
 	Dir string
 	// Args are extra crescent-master flags for every process.
 	Args []string
+	// Env is added to every process's environment (a test binary that
+	// runs the master when a variable is set is a MasterBin too).
+	Env []string
+	// Standby, when set, starts only the first process and waits for it
+	// to lead; Add starts the others later.
+	Standby bool
 }
 
 // HARole is a master's GET /role answer.
@@ -58,10 +64,11 @@ type HAMaster struct {
 	RPCAddr   string // host:port, the address it advertises
 	AdminAddr string // host:port of /role, /health, /metrics
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process exited
-	log  string        // its stderr file
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	done    chan struct{} // closed when the process exited
+	waitErr error         // its exit status, once done
+	log     string        // its stderr file
 }
 
 // HACluster is a running set of HA masters.
@@ -129,19 +136,12 @@ func StartHACluster(ctx context.Context, cfg HAClusterConfig) (*HACluster, error
 		}
 		c.tmp, c.cfg.Dir = dir, dir
 	}
-	ports, err := freePorts(2 * cfg.Masters)
-	if err != nil {
-		c.Close()
-		return nil, err
+	n := cfg.Masters
+	if cfg.Standby {
+		n = 1
 	}
-	for i := range cfg.Masters {
-		c.Masters = append(c.Masters, &HAMaster{Index: i,
-			RPCAddr:   net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2*i])),
-			AdminAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2*i+1])),
-			log:       filepath.Join(c.cfg.Dir, fmt.Sprintf("master-%d.log", i))})
-	}
-	for i := range c.Masters {
-		if err := c.Start(i); err != nil {
+	for range n {
+		if _, err := c.Add(); err != nil {
 			c.Close()
 			return nil, err
 		}
@@ -151,6 +151,21 @@ func StartHACluster(ctx context.Context, cfg HAClusterConfig) (*HACluster, error
 		return nil, err
 	}
 	return c, nil
+}
+
+// Add starts one more process, on new ports, and returns its index; it
+// does not wait for a role.
+func (c *HACluster) Add() (int, error) {
+	ports, err := freePorts(2)
+	if err != nil {
+		return -1, err
+	}
+	i := len(c.Masters)
+	c.Masters = append(c.Masters, &HAMaster{Index: i,
+		RPCAddr:   net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])),
+		AdminAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
+		log:       filepath.Join(c.cfg.Dir, fmt.Sprintf("master-%d.log", i))})
+	return i, c.Start(i)
 }
 
 // freePorts returns n distinct free loopback ports.
@@ -223,6 +238,9 @@ func (c *HACluster) Start(i int) error {
 	fmt.Fprintf(f, "=== start %s\n", time.Now().Format(time.RFC3339Nano))
 	cmd := exec.Command(c.cfg.MasterBin, c.args(m)...)
 	cmd.Stdout, cmd.Stderr = f, f
+	if len(c.cfg.Env) > 0 {
+		cmd.Env = append(os.Environ(), c.cfg.Env...)
+	}
 	// Dies with the bench; its own group so a Ctrl-C reaches only us.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -230,7 +248,14 @@ func (c *HACluster) Start(i int) error {
 		return fmt.Errorf("bench: ha: start %s: %w", c.cfg.MasterBin, err)
 	}
 	done := make(chan struct{})
-	go func() { cmd.Wait(); f.Close(); close(done) }()
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		m.mu.Lock()
+		m.waitErr = err
+		m.mu.Unlock()
+		close(done)
+	}()
 	m.cmd, m.done = cmd, done
 	return nil
 }
@@ -255,7 +280,17 @@ func (c *HACluster) Kill(i int) error {
 	return nil
 }
 
-// Exited is closed once process i exited.
+// Done is closed once process i exited.
+func (c *HACluster) Done(i int) <-chan struct{} { return c.done(i) }
+
+// ExitErr is process i's exit status (nil: exited 0) once Done is closed.
+func (c *HACluster) ExitErr(i int) error {
+	m := c.Masters[i]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.waitErr
+}
+
 func (c *HACluster) done(i int) <-chan struct{} {
 	m := c.Masters[i]
 	m.mu.Lock()
@@ -302,6 +337,25 @@ func (c *HACluster) Role(ctx context.Context, i int) (HARole, error) {
 		return r, fmt.Errorf("bench: ha: master %d /role: %w", i, err)
 	}
 	return r, nil
+}
+
+// Serving reports whether process i leads and its /health answers 200
+// (a leader in warm-up, or whose log failed, does not).
+func (c *HACluster) Serving(ctx context.Context, i int) bool {
+	r, err := c.Role(ctx, i)
+	if err != nil || r.Role != "leader" {
+		return false
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.Masters[i].AdminAddr+"/health", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 // ErrSplitBrain is two processes claiming leadership of one term.

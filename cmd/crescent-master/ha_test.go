@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,8 +10,8 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/crescent-kv/crescent/bench"
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/ha/supervisor"
 	"github.com/crescent-kv/crescent/internal/testsvc"
@@ -77,77 +77,27 @@ func TestLoadHA(t *testing.T) {
 	}
 }
 
-// haProc is one crescent-master process of an HA cluster.
-type haProc struct {
-	name    string
-	cmd     *exec.Cmd
-	rpc     string // advertised address
-	admin   string
-	done    chan struct{}
-	waitErr error
-	mu      sync.Mutex
-	stderr  bytes.Buffer
-	stopped atomic.Bool // SIGSTOPped
-}
-
-func (p *haProc) output() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.stderr.String()
-}
-
-func (p *haProc) alive() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// startHA runs a crescent-master with args plus its own ports; it
-// returns once the process is up (its admin port answers).
-func startHA(t *testing.T, name string, args ...string) *haProc {
+// haCluster runs HA masters from this test binary (childEnv makes it
+// run main) through the harness crescent-bench ha and the chaos suite
+// use; it returns once one leads.
+func haCluster(t *testing.T, cfg bench.HAClusterConfig) *bench.HACluster {
 	t.Helper()
-	rpcPort, adminPort := freePort(t), freePort(t)
-	args = append([]string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(rpcPort),
-		"--metrics_port", strconv.Itoa(adminPort), "--client_ttl", "60", "--log_level", "info"}, args...)
-	cmd := exec.Command(os.Args[0], args...)
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	pipe, err := cmd.StderrPipe()
+	cfg.MasterBin, cfg.Env = os.Args[0], []string{childEnv + "=1"}
+	cfg.ClusterID, cfg.Dir = "hatest", t.TempDir()
+	cfg.Args = append([]string{"--client_ttl", "60", "--log_level", "info"}, cfg.Args...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := bench.StartHACluster(ctx, cfg)
 	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &haProc{name: name, cmd: cmd, rpc: "127.0.0.1:" + strconv.Itoa(rpcPort),
-		admin: "http://127.0.0.1:" + strconv.Itoa(adminPort), done: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(pipe)
-		for sc.Scan() {
-			p.mu.Lock()
-			p.stderr.WriteString(sc.Text() + "\n")
-			p.mu.Unlock()
-		}
-		p.waitErr = cmd.Wait()
-		close(p.done)
-	}()
 	t.Cleanup(func() {
-		if p.stopped.Load() {
-			cmd.Process.Signal(syscall.SIGCONT)
-		}
-		cmd.Process.Kill()
-		<-p.done
 		if t.Failed() {
-			t.Logf("%s output:\n%s", p.name, p.output())
+			for i := range c.Masters {
+				t.Logf("master %d output:\n%s", i, c.Log(i))
+			}
 		}
+		c.Close()
 	})
-	require.Eventually(t, func() bool {
-		if !p.alive() {
-			return true
-		}
-		_, err := p.role()
-		return err == nil
-	}, 30*time.Second, 20*time.Millisecond)
-	require.True(t, p.alive(), "%s exited:\n%s", name, p.output())
-	return p
+	return c
 }
 
 var httpc = &http.Client{Timeout: 2 * time.Second}
@@ -170,54 +120,35 @@ func getJSON(url string, v any) (int, error) {
 	return resp.StatusCode, nil
 }
 
-func (p *haProc) role() (supervisor.RoleJSON, error) {
-	var r supervisor.RoleJSON
-	_, err := getJSON(p.admin+"/role", &r)
-	return r, err
-}
-
-// serving: /role says leader and /health is 200.
-func (p *haProc) serving() bool {
-	r, err := p.role()
-	if err != nil || r.Role != "leader" {
-		return false
-	}
-	code, err := getJSON(p.admin+"/health", nil)
-	return err == nil && code == http.StatusOK
-}
-
-func (p *haProc) signal(t *testing.T, sig syscall.Signal) {
+func role(t *testing.T, c *bench.HACluster, i int) bench.HARole {
 	t.Helper()
-	require.NoError(t, p.cmd.Process.Signal(sig))
-	switch sig {
-	case syscall.SIGSTOP:
-		p.stopped.Store(true)
-	case syscall.SIGCONT:
-		p.stopped.Store(false)
-	}
+	r, err := c.Role(context.Background(), i)
+	require.NoError(t, err)
+	return r
 }
 
-// oneLeader waits until exactly one of procs (the live, running ones)
+// oneLeader waits until exactly one running master (but those in skip)
 // serves and the others are standbys, and returns it.
-func oneLeader(t *testing.T, within time.Duration, procs ...*haProc) *haProc {
+func oneLeader(t *testing.T, within time.Duration, c *bench.HACluster, skip ...int) int {
 	t.Helper()
-	var got *haProc
+	ctx := context.Background()
+	got := -1
 	require.Eventually(t, func() bool {
-		got = nil
-		for _, p := range procs {
-			if !p.alive() || p.stopped.Load() {
+		got = -1
+		for i := range c.Masters {
+			if slices.Contains(skip, i) || !c.Running(i) {
 				continue
 			}
-			if p.serving() {
-				if got != nil {
+			if c.Serving(ctx, i) {
+				if got >= 0 {
 					return false // two serve: wait (and fail if it lasts)
 				}
-				got = p
-			} else if r, err := p.role(); err != nil || r.Role == "leader" {
+				got = i
+			} else if r, err := c.Role(ctx, i); err != nil || r.Role == "leader" {
 				return false
 			}
 		}
-		return got != nil
+		return got >= 0
 	}, within, 20*time.Millisecond, "no single leader")
 	return got
 }
@@ -277,12 +208,12 @@ func putLoad(cl *store.Client, prefix string, stop <-chan struct{}, onCount func
 
 // checkAcked reads every key through a fresh client of the new leader
 // (re-dialled at the address /leader gives) and compares its content.
-func checkAcked(t *testing.T, via *haProc, keys []string) {
+func checkAcked(t *testing.T, c *bench.HACluster, via int, keys []string) {
 	t.Helper()
 	var v supervisor.LeaderJSON
-	_, err := getJSON(via.admin+"/leader", &v)
+	_, err := getJSON("http://"+c.Masters[via].AdminAddr+"/leader", &v)
 	require.NoError(t, err)
-	require.Equal(t, via.rpc, v.Leader, "/leader names the serving master")
+	require.Equal(t, c.Masters[via].RPCAddr, v.Leader, "/leader names the serving master")
 	require.NotZero(t, v.ViewVersion)
 	cl := haClient(t, v.Leader)
 	for _, k := range keys {
@@ -292,29 +223,25 @@ func checkAcked(t *testing.T, via *haProc, keys []string) {
 	}
 }
 
-func haArgs(backend string, ttl int, logURL string, extra ...string) []string {
-	return append([]string{"--oplog", logURL, "--cluster_id", "hatest", "--ha_backend", backend,
-		"--ha_lease_ttl_sec", strconv.Itoa(ttl)}, extra...)
-}
-
 // killLeader: three masters on one log; under put load the leader is
 // killed with SIGKILL; a standby serves within two TTLs (plus slack for
 // a loaded machine) and every acknowledged put is readable on it.
-func killLeader(t *testing.T, args []string, ttl time.Duration, rounds int) {
-	procs := []*haProc{startHA(t, "m0", args...), startHA(t, "m1", args...), startHA(t, "m2", args...)}
-	lead := oneLeader(t, 30*time.Second, procs...)
-	for _, p := range procs {
-		if p != lead {
-			c, err := net.DialTimeout("tcp", p.rpc, time.Second)
+func killLeader(t *testing.T, cfg bench.HAClusterConfig, rounds int) {
+	c := haCluster(t, cfg)
+	ttl := c.LeaseTTL()
+	lead := oneLeader(t, 30*time.Second, c)
+	for i, m := range c.Masters {
+		if i != lead {
+			conn, err := net.DialTimeout("tcp", m.RPCAddr, time.Second)
 			if err == nil {
-				c.Close()
+				conn.Close()
 			}
 			require.Error(t, err, "a standby's RPC port is not bound")
 		}
 	}
 	var all []string
 	for round := range rounds {
-		cl := haClient(t, lead.rpc)
+		cl := haClient(t, c.Masters[lead].RPCAddr)
 		stop := make(chan struct{})
 		reached := make(chan struct{})
 		var once sync.Once
@@ -324,26 +251,21 @@ func killLeader(t *testing.T, args []string, ttl time.Duration, rounds int) {
 			}
 		})
 		<-reached
-		lead.signal(t, syscall.SIGKILL)
-		<-lead.done
+		require.NoError(t, c.Kill(lead))
 		killed := time.Now()
 		close(stop)
 		acked := wait()
 		require.NotEmpty(t, acked, "no put was acknowledged: the test proves nothing")
 		all = append(all, acked...)
-		var live []*haProc
-		for _, p := range procs {
-			if p.alive() {
-				live = append(live, p)
-			}
-		}
-		next := oneLeader(t, 2*ttl+5*time.Second, live...)
+		next := oneLeader(t, 2*ttl+5*time.Second, c)
 		took := time.Since(killed)
-		t.Logf("round %d: %s killed with %d acknowledged puts; %s serves after %.2fs (TTL %v)", round, lead.name, len(acked), next.name, took.Seconds(), ttl)
+		t.Logf("round %d: master %d killed with %d acknowledged puts; master %d serves after %.2fs (TTL %v)", round, lead, len(acked), next, took.Seconds(), ttl)
 		assert.Less(t, took, 2*ttl+3*time.Second, "failover took more than 2 TTLs (+3s slack on a loaded machine)")
-		checkAcked(t, next, all)
-		// Replace the killed master, so three run again.
-		procs = append(live, startHA(t, fmt.Sprintf("m%d", 3+round), args...))
+		checkAcked(t, c, next, all)
+		// Restart the killed master, so three run again.
+		require.NoError(t, c.Start(lead))
+		_, err := c.WaitRole(context.Background(), lead, "standby")
+		require.NoError(t, err)
 		lead = next
 	}
 }
@@ -353,7 +275,7 @@ func TestHAKillLeaderEtcd(t *testing.T) {
 		t.Skip("process test")
 	}
 	e := testsvc.StartEtcd(t)
-	killLeader(t, haArgs("etcd", 2, e.URL()), 2*time.Second, 2)
+	killLeader(t, bench.HAClusterConfig{Etcd: []string{e.Endpoint}, LeaseTTL: 2 * time.Second}, 2)
 }
 
 func TestHAKillLeaderRedis(t *testing.T) {
@@ -362,7 +284,7 @@ func TestHAKillLeaderRedis(t *testing.T) {
 	}
 	e := testsvc.StartEtcd(t)
 	r := testsvc.StartRedis(t)
-	killLeader(t, haArgs("redis", 1, e.URL(), "--ha_endpoints", r.Addr), time.Second, 2)
+	killLeader(t, bench.HAClusterConfig{Backend: "redis", Etcd: []string{e.Endpoint}, Redis: r.Addr, LeaseTTL: time.Second}, 2)
 }
 
 // A leader stopped (SIGSTOP) for longer than the TTL is replaced; once
@@ -374,14 +296,10 @@ func TestHASigstopLeaderFenced(t *testing.T) {
 		t.Skip("process test")
 	}
 	e := testsvc.StartEtcd(t)
-	args := haArgs("etcd", 2, e.URL())
-	a, b := startHA(t, "m0", args...), startHA(t, "m1", args...)
-	old := oneLeader(t, 30*time.Second, a, b)
-	other := a
-	if old == a {
-		other = b
-	}
-	cl := haClient(t, old.rpc)
+	c := haCluster(t, bench.HAClusterConfig{Masters: 2, Etcd: []string{e.Endpoint}, LeaseTTL: 2 * time.Second})
+	old := oneLeader(t, 30*time.Second, c)
+	other := 1 - old
+	cl := haClient(t, c.Masters[old].RPCAddr)
 	ctx := context.Background()
 	var keys []string
 	for i := range 20 {
@@ -389,45 +307,39 @@ func TestHASigstopLeaderFenced(t *testing.T) {
 		require.NoError(t, cl.Put(ctx, k, crashValue(k), store.ReplicateConfig{Replicas: 1}))
 		keys = append(keys, k)
 	}
-	oldRole, err := old.role()
-	require.NoError(t, err)
+	oldRole := role(t, c, old)
 
-	old.signal(t, syscall.SIGSTOP)
+	require.NoError(t, c.Signal(old, syscall.SIGSTOP))
 	stopped := time.Now()
-	require.Same(t, other, oneLeader(t, 30*time.Second, other))
-	t.Logf("%s serves %.2fs after %s was stopped", other.name, time.Since(stopped).Seconds(), old.name)
-	newRole, err := other.role()
-	require.NoError(t, err)
-	require.Greater(t, newRole.Term, oldRole.Term)
+	require.Equal(t, other, oneLeader(t, 30*time.Second, c, old))
+	t.Logf("master %d serves %.2fs after master %d was stopped", other, time.Since(stopped).Seconds(), old)
+	require.Greater(t, role(t, c, other).Term, oldRole.Term)
 
 	// Put to the stopped master: the request waits in its socket until
 	// SIGCONT, then meets a log claimed by a higher term.
 	putErr := make(chan error, 1)
 	go func() { putErr <- cl.Put(ctx, "after/0", crashValue("after/0"), store.ReplicateConfig{Replicas: 1}) }()
-	old.signal(t, syscall.SIGCONT)
+	require.NoError(t, c.Signal(old, syscall.SIGCONT))
 	require.Error(t, <-putErr, "a deposed leader acknowledged a put")
-	require.Eventually(t, func() bool {
-		r, err := old.role()
-		return err == nil && r.Role == "standby"
-	}, 30*time.Second, 20*time.Millisecond, "the deposed leader did not go back to standby")
-	out := old.output()
+	_, err := c.WaitRole(ctx, old, "standby")
+	require.NoError(t, err, "the deposed leader did not go back to standby")
+	out := c.Log(old)
 	assert.True(t, strings.Contains(out, "leadership lost") || strings.Contains(out, "operation log failed: stepping down"),
 		"the deposed leader says why it stopped")
 
 	// The new leader never saw the refused put, has every earlier one,
 	// and the old leader follows its log again.
-	nc := haClient(t, other.rpc)
+	nc := haClient(t, c.Masters[other].RPCAddr)
 	_, err = getRetry(ctx, nc, "after/0")
 	require.ErrorIs(t, err, errcode.ErrObjectNotFound)
 	require.NoError(t, nc.Put(ctx, "after/1", crashValue("after/1"), store.ReplicateConfig{Replicas: 1}))
-	checkAcked(t, other, append(keys, "after/1"))
-	want, err := other.role()
-	require.NoError(t, err)
+	checkAcked(t, c, other, append(keys, "after/1"))
+	want := role(t, c, other)
 	require.Eventually(t, func() bool {
-		r, err := old.role()
-		return err == nil && r.Role == "standby" && r.AppliedSeq >= want.AppliedSeq && r.Leader == other.rpc
+		r, err := c.Role(ctx, old)
+		return err == nil && r.Role == "standby" && r.AppliedSeq >= want.AppliedSeq && r.Leader == c.Masters[other].RPCAddr
 	}, 30*time.Second, 20*time.Millisecond)
-	code, err := getJSON(old.admin+"/health", nil)
+	code, err := getJSON("http://"+c.Masters[old].AdminAddr+"/health", nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusServiceUnavailable, code, "/health of a standby")
 }
@@ -441,28 +353,24 @@ func TestHASigtermHandoff(t *testing.T) {
 	}
 	e := testsvc.StartEtcd(t)
 	const ttl = 4 * time.Second
-	args := haArgs("etcd", int(ttl/time.Second), e.URL())
-	a, b := startHA(t, "m0", args...), startHA(t, "m1", args...)
-	old := oneLeader(t, 30*time.Second, a, b)
-	other := a
-	if old == a {
-		other = b
-	}
-	cl := haClient(t, old.rpc)
+	c := haCluster(t, bench.HAClusterConfig{Masters: 2, Etcd: []string{e.Endpoint}, LeaseTTL: ttl})
+	old := oneLeader(t, 30*time.Second, c)
+	other := 1 - old
+	cl := haClient(t, c.Masters[old].RPCAddr)
 	ctx := context.Background()
 	require.NoError(t, cl.Put(ctx, "k", crashValue("k"), store.ReplicateConfig{Replicas: 1}))
 
-	old.signal(t, syscall.SIGTERM)
+	require.NoError(t, c.Signal(old, syscall.SIGTERM))
 	sent := time.Now()
-	require.Eventually(t, other.serving, 30*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return c.Serving(ctx, other) }, 30*time.Second, 10*time.Millisecond)
 	took := time.Since(sent)
-	t.Logf("SIGTERM hand-off: %s serves %.2fs after the signal (TTL %v)", other.name, took.Seconds(), ttl)
+	t.Logf("SIGTERM hand-off: master %d serves %.2fs after the signal (TTL %v)", other, took.Seconds(), ttl)
 	assert.Less(t, took, ttl, "a released leadership is taken over within one TTL")
-	assert.Contains(t, other.output(), "no warm-up")
-	<-old.done
-	require.NoError(t, old.waitErr, "exit status after SIGTERM")
-	require.Same(t, other, oneLeader(t, 30*time.Second, other))
-	checkAcked(t, other, []string{"k"})
+	assert.Contains(t, c.Log(other), "no warm-up")
+	<-c.Done(old)
+	require.NoError(t, c.ExitErr(old), "exit status after SIGTERM")
+	require.Equal(t, other, oneLeader(t, 30*time.Second, c))
+	checkAcked(t, c, other, []string{"k"})
 }
 
 // metrics and pages of the HA admin port, on a single master.
@@ -471,9 +379,10 @@ func TestHAAdminPages(t *testing.T) {
 		t.Skip("process test")
 	}
 	e := testsvc.StartEtcd(t)
-	p := startHA(t, "m0", haArgs("etcd", 1, e.URL())...)
-	oneLeader(t, 30*time.Second, p)
-	resp, err := httpc.Get(p.admin + "/metrics")
+	c := haCluster(t, bench.HAClusterConfig{Masters: 1, Etcd: []string{e.Endpoint}, LeaseTTL: time.Second})
+	p := oneLeader(t, 30*time.Second, c)
+	admin := "http://" + c.Masters[p].AdminAddr
+	resp, err := httpc.Get(admin + "/metrics")
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -482,7 +391,7 @@ func TestHAAdminPages(t *testing.T) {
 		"crescent_ha_follower_applied_seq", "crescent_oplog_durable_seq"} {
 		assert.Contains(t, string(b), want)
 	}
-	resp, err = httpc.Get(p.admin + "/get_all_segments")
+	resp, err = httpc.Get(admin + "/get_all_segments")
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the leader serves the master's pages")
@@ -506,12 +415,10 @@ func TestHARedisTermAboveLog(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.Close())
 
-	p := startHA(t, "m0", haArgs("redis", 1, e.URL(), "--ha_endpoints", r.Addr)...)
-	oneLeader(t, 30*time.Second, p)
-	role, err := p.role()
-	require.NoError(t, err)
-	assert.Greater(t, role.Term, uint64(1000))
-	cl := haClient(t, p.rpc)
+	c := haCluster(t, bench.HAClusterConfig{Masters: 1, Backend: "redis", Etcd: []string{e.Endpoint}, Redis: r.Addr, LeaseTTL: time.Second})
+	p := oneLeader(t, 30*time.Second, c)
+	assert.Greater(t, role(t, c, p).Term, uint64(1000))
+	cl := haClient(t, c.Masters[p].RPCAddr)
 	require.NoError(t, cl.Put(context.Background(), "k", crashValue("k"), store.ReplicateConfig{Replicas: 1}))
 }
 
@@ -525,11 +432,10 @@ func TestHASnapshotStandby(t *testing.T) {
 	}
 	e := testsvc.StartEtcd(t)
 	r := testsvc.StartRedis(t)
-	args := haArgs("etcd", 1, e.URL(), "--snapshot_dir", t.TempDir(), "--snapshot_catalog", r.URL(),
-		"--snapshot_interval", "0", "--oplog_retain", "0")
-	a := startHA(t, "m0", args...)
-	oneLeader(t, 30*time.Second, a)
-	cl := haClient(t, a.rpc)
+	c := haCluster(t, bench.HAClusterConfig{Masters: 2, Standby: true, Etcd: []string{e.Endpoint}, LeaseTTL: time.Second,
+		Args: []string{"--snapshot_dir", t.TempDir(), "--snapshot_catalog", r.URL(), "--snapshot_interval", "0", "--oplog_retain", "0"}})
+	a := oneLeader(t, 30*time.Second, c)
+	cl := haClient(t, c.Masters[a].RPCAddr)
 	ctx := context.Background()
 	var keys []string
 	put := func(k string) {
@@ -539,23 +445,22 @@ func TestHASnapshotStandby(t *testing.T) {
 	for i := range 20 {
 		put(fmt.Sprintf("a/%d", i))
 	}
-	resp, err := httpc.Post(a.admin+"/snapshot", "", nil)
+	resp, err := httpc.Post("http://"+c.Masters[a].AdminAddr+"/snapshot", "", nil)
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the leader's /snapshot")
 	for i := range 5 {
 		put(fmt.Sprintf("b/%d", i))
 	}
-	b := startHA(t, "m1", args...)
-	want, err := a.role()
+	b, err := c.Add()
 	require.NoError(t, err)
+	want := role(t, c, a)
 	require.Eventually(t, func() bool {
-		r, err := b.role()
+		r, err := c.Role(ctx, b)
 		return err == nil && r.Role == "standby" && r.AppliedSeq == want.AppliedSeq
 	}, 30*time.Second, 20*time.Millisecond, "the standby follows from the snapshot")
-	assert.Contains(t, b.output(), "from_seq="+strconv.FormatUint(want.AppliedSeq-9, 10), "5 puts of 2 entries after the snapshot")
-	a.signal(t, syscall.SIGKILL)
-	<-a.done
-	oneLeader(t, 30*time.Second, b)
-	checkAcked(t, b, keys)
+	assert.Contains(t, c.Log(b), "from_seq="+strconv.FormatUint(want.AppliedSeq-9, 10), "5 puts of 2 entries after the snapshot")
+	require.NoError(t, c.Kill(a))
+	require.Equal(t, b, oneLeader(t, 30*time.Second, c))
+	checkAcked(t, c, b, keys)
 }
