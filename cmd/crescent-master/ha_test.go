@@ -30,6 +30,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master/admin"
 )
 
 func TestLoadHA(t *testing.T) {
@@ -486,6 +487,18 @@ func TestHAAdminPages(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the leader serves the master's pages")
+	// The status page shows the supervisor's role and term.
+	r, err := p.role()
+	require.NoError(t, err)
+	var st admin.Status
+	code, err := getJSON(p.admin+"/status.json", &st)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, admin.Role{Role: "leader", Term: r.Term, Leader: r.Leader}, st.Role)
+	assert.True(t, st.Serving)
+	code, err = getJSON(p.admin+"/", nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
 }
 
 // Redis terms are only as durable as Redis: a fresh (or restarted)
