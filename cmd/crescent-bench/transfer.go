@@ -158,7 +158,7 @@ func runTable(ctx context.Context, base bench.TransferConfig, protos []string, o
 	// Each run: a warm-up, then its duration of transfer and as much
 	// of baseline, in alternating rounds.
 	per := max(base.Warmup, 0) + 2*base.Duration
-	fmt.Fprintf(progress, "crescent-bench: %d runs (%s; write, read; 64 KiB, 1 MiB) of about %s each: about %s; the table follows on stdout\n",
+	fmt.Fprintf(progress, "crescent-bench: %d runs (%s; write, read; 64 KiB, 1 MiB) of at least %s each (warm-up, baseline, transfer; plus set-up): at least %s; the table follows on stdout\n",
 		total, strings.Join(protos, ", "), per.Round(time.Second), (time.Duration(total) * per).Round(time.Second))
 	start := time.Now()
 	i := 0
@@ -172,8 +172,9 @@ func runTable(ctx context.Context, base bench.TransferConfig, protos []string, o
 				if err != nil {
 					return fmt.Errorf("%s %s %d: %w", proto, op, block, err)
 				}
-				fmt.Fprintf(progress, "[%d/%d %s] %s %s %s: %.2f GB/s, %s %.2f GB/s, ratio %.2f\n", i, total, fmtElapsed(time.Since(start)),
-					res.Protocol, res.Operation, sizeName(res.BlockSize), res.ThroughputGBps, res.Baseline, res.BaselineGBps, res.Ratio)
+				el := time.Since(start)
+				fmt.Fprintf(progress, "[%d/%d %s, about %s left] %s %s %s: %.2f GB/s, %s %.2f GB/s, ratio %.2f\n", i, total, fmtElapsed(el),
+					fmtElapsed(el/time.Duration(i)*time.Duration(total-i)), res.Protocol, res.Operation, sizeName(res.BlockSize), res.ThroughputGBps, res.Baseline, res.BaselineGBps, res.Ratio)
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f\t%s\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t\n", res.Protocol, res.Operation, sizeName(res.BlockSize), res.Threads,
 					res.ThroughputGBps, res.Baseline, res.BaselineGBps, res.Ratio, res.P50us, res.P99us, res.P999us)
 				if ctx.Err() != nil {
