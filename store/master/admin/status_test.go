@@ -205,6 +205,6 @@ func TestStatusPageChromium(t *testing.T) {
 
 	if path := os.Getenv("CRESCENT_STATUS_SCREENSHOT"); path != "" {
 		// CRESCENT_STATUS_SCREENSHOT=$PWD/docs/status.png refreshes the README's picture.
-		runChromium(t, bin, srv.URL+"/", "--hide-scrollbars", "--window-size=1000,600", "--screenshot="+path)
+		runChromium(t, bin, srv.URL+"/", "--hide-scrollbars", "--window-size=1000,500", "--screenshot="+path)
 	}
 }
