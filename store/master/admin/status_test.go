@@ -39,6 +39,14 @@ func statusMaster(t *testing.T) (*mastertest.Env, *httptest.Server) {
 	}
 	e.Put(b, "pinned", 1<<20, master.ReplicateConfig{HardPin: true})
 	cli, svc := serve(t, e.M)
+	// Two puts over the RPCs, so the page's put count moves too.
+	for _, k := range []string{"rpc-0", "rpc-1"} {
+		ps, err := cli.PutStart(context.Background(), &storepb.PutStartRequest{ClientId: pbID(b), Key: k, Size: 64 << 10,
+			Config: &storepb.ReplicateConfig{ReplicaNum: 1}})
+		require.NoError(t, err)
+		_, err = cli.PutEnd(context.Background(), &storepb.PutEndRequest{ClientId: pbID(b), Key: k, Generation: ps.Generation})
+		require.NoError(t, err)
+	}
 	for _, k := range []string{"k0", "k1", "k2"} {
 		_, err := cli.GetReplicaList(context.Background(), &storepb.GetReplicaListRequest{Key: k})
 		require.NoError(t, err)
@@ -62,13 +70,14 @@ func TestStatusJSON(t *testing.T) {
 	assert.Equal(t, Single, st.Role)
 	assert.True(t, st.Serving)
 	assert.Equal(t, s.Keys, st.Keys)
-	assert.Equal(t, int64(6), st.Keys)
+	assert.Equal(t, int64(8), st.Keys)
 	assert.Equal(t, s.Segments, st.SegmentCount)
 	assert.Equal(t, 3, st.SegmentCount)
 	assert.Equal(t, 2, st.ClientCount)
 	assert.Equal(t, s.Capacity, st.Capacity)
 	assert.Equal(t, s.Allocated, st.Allocated)
 	assert.Equal(t, uint64(3), st.Gets)
+	assert.Equal(t, uint64(2), st.Puts)
 	require.Len(t, st.Segments, 3)
 	assert.Equal(t, "host-a:1", st.Segments[0].Name)
 	assert.Equal(t, []StatusClient{
@@ -185,6 +194,7 @@ func TestStatusPageChromium(t *testing.T) {
 	assert.Equal(t, s.Allocated, dataValue(t, dom, "allocated"))
 	assert.Equal(t, s.Capacity, dataValue(t, dom, "capacity"))
 	assert.Equal(t, uint64(3), dataValue(t, dom, "gets"))
+	assert.Equal(t, uint64(2), dataValue(t, dom, "puts"))
 	assert.Equal(t, s.EvictedKeys, dataValue(t, dom, "evicted-keys"))
 	assert.Contains(t, dom, `id="role" class="badge single">single<`)
 	pct := 100 * float64(s.Allocated) / float64(s.Capacity)
