@@ -8,7 +8,8 @@ export GOFLAGS ?= -buildvcs=false
 TAGS ?= $(shell scripts/native-tags)
 # Debian packages the build, tests and benchmarks use.
 DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack \
-	redis-server file libibverbs-dev rdma-core ibverbs-providers libfabric-dev protobuf-compiler
+	redis-server file libibverbs-dev rdma-core ibverbs-providers libfabric-dev protobuf-compiler \
+	chromium
 BENCH_FLAGS ?= --table --duration 5 --threads 2 --buffer_size 256MiB
 TEST_TIMEOUT ?= 14m
 
@@ -37,9 +38,15 @@ deps:
 	fi
 	@$(GO) mod download
 
+# GOFLAGS above (or the environment's) may turn VCS stamping off; the
+# binaries get it back where git can read the checkout (not, say, a
+# checkout owned by another user without safe.directory), so --version
+# shows the revision.
+VCS_FLAG := $(shell git status --porcelain >/dev/null 2>&1 && echo -buildvcs=true)
+
 build:
 	@mkdir -p bin
-	$(GO) build -tags "$(TAGS)" -o bin/ ./cmd/...
+	$(GO) build $(VCS_FLAG) -tags "$(TAGS)" -o bin/ ./cmd/...
 
 # The test command of the README and of CI: lint, stale generated code,
 # the no-cgo build, every test under the race detector, with external

@@ -30,7 +30,10 @@ import (
 const P2PHandshake = metadata.P2PHandshake
 
 // Config configures an Engine. The zero value works: P2P handshake, a
-// port chosen in 15000–17000 on this host's address, shm then tcp.
+// port chosen in 15000–17000 on this host's address, and the transports
+// of Protocols' default (shm, cxl, rdma, efa, tcp) that can start here;
+// on a host without CXL, RDMA or EFA devices that leaves shm then tcp.
+// Zero fields below take the defaults their comments give.
 type Config struct {
 	// LocalServerName is "host", "host:port" or empty (this host's
 	// address). Port 0 or no port picks a free port in PortRange. In P2P
@@ -44,7 +47,8 @@ type Config struct {
 	// (default: shm, cxl, rdma, efa, tcp). Unknown names are an error; a transport
 	// that fails to start is skipped with one log line.
 	Protocols []string
-	// PortRange bounds the handshake port chosen when none is given.
+	// PortRange bounds the handshake port chosen when none is given
+	// (default 15000–17000).
 	PortRange [2]int
 	// TransferTimeout bounds every request (default 60s): a request still
 	// running then ends TIMEOUT.

@@ -16,34 +16,55 @@ func Example() {
 	ctx := context.Background()
 
 	// The target: a pool outside the Go heap, registered with its engine.
-	tpool, _ := mempool.New(mempool.Options{Size: 16 << 20})
+	// (Defers run in reverse: engines close before their pools.)
+	tpool, err := mempool.New(mempool.Options{Size: 16 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer tpool.Close()
-	tbuf, _ := tpool.Alloc(1 << 20)
+	tbuf, err := tpool.Alloc(1 << 20)
+	if err != nil {
+		log.Fatal(err)
+	}
 	target, err := engine.New(engine.Config{LocalServerName: "127.0.0.1"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer target.Close()
-	target.RegisterMemory(tbuf, "cpu:0")
+	if err := target.RegisterMemory(tbuf, "cpu:0"); err != nil {
+		log.Fatal(err)
+	}
 
 	// The initiator.
-	ipool, _ := mempool.New(mempool.Options{Size: 16 << 20})
+	ipool, err := mempool.New(mempool.Options{Size: 16 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer ipool.Close()
-	src, _ := ipool.Alloc(4096)
+	src, err := ipool.Alloc(4096)
+	if err != nil {
+		log.Fatal(err)
+	}
 	copy(src, "hello, KV cache")
 	init, err := engine.New(engine.Config{LocalServerName: "127.0.0.1"})
 	if err != nil {
 		log.Fatal(err)
 	}
 	defer init.Close()
-	init.RegisterMemory(src, "cpu:0")
+	if err := init.RegisterMemory(src, "cpu:0"); err != nil {
+		log.Fatal(err)
+	}
 
 	// Open the target by name (P2P handshake: its host:port) and write.
 	seg, err := init.OpenSegment(ctx, target.Name())
 	if err != nil {
 		log.Fatal(err)
 	}
-	batch, _ := init.AllocateBatch(1)
+	defer init.CloseSegment(seg)
+	batch, err := init.AllocateBatch(1)
+	if err != nil {
+		log.Fatal(err)
+	}
 	req := engine.Request{Op: engine.Write, Local: src, Target: seg, TargetAddr: transport.AddrOf(tbuf)}
 	if err := init.SubmitWithNotify(batch, []engine.Request{req}, seg, "block 0 ready"); err != nil {
 		log.Fatal(err)
@@ -52,7 +73,9 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	init.FreeBatch(batch)
+	if err := init.FreeBatch(batch); err != nil {
+		log.Fatal(err)
+	}
 
 	fmt.Println(st.Status, st.Transferred)
 	fmt.Println(string(tbuf[:15]))

@@ -51,7 +51,11 @@ type PublisherConfig struct {
 	DataParallelRank *int
 	// QueueSize bounds the events waiting to be sent (default 100000).
 	QueueSize int
-	// Overflow is what Publish does when the queue is full (default Block).
+	// Overflow is what Publish does when the queue is full. The zero
+	// value is Block, vLLM's behaviour: an inference engine's producer
+	// loses nothing. crescent-master defaults to DropOldest instead
+	// (--kv_events_overflow): a metadata RPC must not wait on a slow
+	// subscriber, and what it drops shows as a sequence gap.
 	Overflow OverflowPolicy
 	// MaxBatchEvents bounds the events in one batch (default 64).
 	MaxBatchEvents int

@@ -70,7 +70,8 @@ type Config struct {
 	// exceed the memory available (mempool.Options.AllowOvercommit).
 	AllowOvercommit bool
 	// Protocols are the engine's transports in order of preference
-	// (default the engine's: shm, tcp).
+	// (empty: the engine's default, shm, cxl, rdma, efa, tcp, each
+	// skipped where it cannot start). Unknown names fail New.
 	Protocols []string
 	// MetadataServer is the engine's metadata connection string (default
 	// P2PHANDSHAKE); other schemes need their backend imported, as for

@@ -7,8 +7,6 @@ import (
 	"log"
 	"net"
 
-	"google.golang.org/grpc"
-
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
@@ -18,23 +16,33 @@ import (
 // A master on loopback, a client contributing memory, and a pure client
 // that stores and reads a value.
 func Example() {
-	// The master (normally the crescent-master binary).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// An in-process master, served as crescent-master serves it (gRPC
+	// and crpc on one port). Without HA or an operation log this is the
+	// whole master: for tests and single-process deployments.
 	m, err := master.New(master.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	m.Start()
+	if err := m.Start(); err != nil {
+		log.Fatal(err)
+	}
 	defer m.Close()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		log.Fatal(err)
 	}
-	g := grpc.NewServer()
-	service.New(m).Register(g)
-	go g.Serve(lis)
-	defer g.Stop()
+	served := make(chan error, 1)
+	go func() { served <- service.New(m).Serve(ctx, lis) }()
+	defer func() {
+		cancel() // stops Serve, after the clients closed (defers run in reverse)
+		if err := <-served; err != nil {
+			log.Print(err)
+		}
+	}()
 
-	ctx := context.Background()
 	// A client that contributes 64 MiB to the pool (normally the
 	// crescent-client daemon).
 	owner, err := store.New(ctx, store.Config{

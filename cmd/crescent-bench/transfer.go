@@ -105,8 +105,11 @@ func transferMain(ctx context.Context, args []string) error {
 		c.Progress = os.Stderr
 	}
 
+	if c.Mode == "initiator" && c.BaselineServer == "" {
+		fmt.Fprintln(os.Stderr, baselineNote)
+	}
 	if *table {
-		return runTable(ctx, c, strings.Split(*tableProtos, ","), os.Stdout)
+		return runTable(ctx, c, strings.Split(*tableProtos, ","), os.Stdout, os.Stderr)
 	}
 	if c.Mode == "target" {
 		t, err := bench.ServeTarget(c)
@@ -141,18 +144,37 @@ func transferMain(ctx context.Context, args []string) error {
 	return nil
 }
 
-func runTable(ctx context.Context, base bench.TransferConfig, protos []string, out io.Writer) error {
+// baselineNote is said once in initiator mode without --baseline_server.
+const baselineNote = "crescent-bench: no --baseline_server: the baseline is measured on this host (local loopback or memcpy), not over the network to the target"
+
+// runTable runs every protocol x operation x block size and prints the
+// table to out at the end; progress gets one line per run as it ends
+// (always, terminal or not: a CI log shows where the time goes).
+func runTable(ctx context.Context, base bench.TransferConfig, protos []string, out, progress io.Writer) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "protocol\top\tblock\tthreads\tGB/s\tbaseline\tbaseline GB/s\tratio\tp50 us\tp99 us\tp999 us\t")
+	ops, blocks := []string{"write", "read"}, []int{64 << 10, 1 << 20}
+	total := len(protos) * len(ops) * len(blocks)
+	// Each run: a warm-up, then its duration of transfer and as much
+	// of baseline, in alternating rounds.
+	per := max(base.Warmup, 0) + 2*base.Duration
+	fmt.Fprintf(progress, "crescent-bench: %d runs (%s; write, read; 64 KiB, 1 MiB) of at least %s each (warm-up, baseline, transfer; plus set-up): at least %s; the table follows on stdout\n",
+		total, strings.Join(protos, ", "), per.Round(time.Second), (time.Duration(total) * per).Round(time.Second))
+	start := time.Now()
+	i := 0
 	for _, proto := range protos {
-		for _, op := range []string{"write", "read"} {
-			for _, block := range []int{64 << 10, 1 << 20} {
+		for _, op := range ops {
+			for _, block := range blocks {
+				i++
 				c := base
 				c.Protocol, c.Operation, c.BlockSize = proto, op, block
 				res, err := bench.RunTransfer(ctx, c)
 				if err != nil {
 					return fmt.Errorf("%s %s %d: %w", proto, op, block, err)
 				}
+				el := time.Since(start)
+				fmt.Fprintf(progress, "[%d/%d %s, about %s left] %s %s %s: %.2f GB/s, %s %.2f GB/s, ratio %.2f\n", i, total, fmtElapsed(el),
+					fmtElapsed(el/time.Duration(i)*time.Duration(total-i)), res.Protocol, res.Operation, sizeName(res.BlockSize), res.ThroughputGBps, res.Baseline, res.BaselineGBps, res.Ratio)
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%.2f\t%s\t%.2f\t%.2f\t%.0f\t%.0f\t%.0f\t\n", res.Protocol, res.Operation, sizeName(res.BlockSize), res.Threads,
 					res.ThroughputGBps, res.Baseline, res.BaselineGBps, res.Ratio, res.P50us, res.P99us, res.P999us)
 				if ctx.Err() != nil {
@@ -162,6 +184,12 @@ func runTable(ctx context.Context, base bench.TransferConfig, protos []string, o
 		}
 	}
 	return tw.Flush()
+}
+
+// fmtElapsed is m:ss.
+func fmtElapsed(d time.Duration) string {
+	s := int(d.Round(time.Second) / time.Second)
+	return fmt.Sprintf("%d:%02d", s/60, s%60)
 }
 
 func sizeName(n int) string {

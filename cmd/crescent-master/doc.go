@@ -1,5 +1,8 @@
 // Command crescent-master runs the store's master: metadata of keys,
-// replicas, leases, pins and segments, over gRPC, with an HTTP admin port.
+// replicas, leases, pins and segments. The RPC port serves gRPC and crpc
+// (internal/crpc, the store clients' lighter framing), told apart by each
+// connection's first bytes; the HTTP admin port serves a status page at
+// /, its /status.json, metrics and the pages of store/master/admin.
 // It runs with no flags (rpc 0.0.0.0:50051, admin 9003); every flag can
 // also be set in a YAML file (--config) under the same name; docs/master.yaml
 // is a commented sample listing every key with its default.

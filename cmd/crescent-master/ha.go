@@ -217,6 +217,11 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 		return err
 	}
 	reg.MustRegister(sup.Collector(), lead)
+	role := func() admin.Role {
+		st := sup.Status()
+		return admin.Role{Role: st.Role.String(), Term: st.Term, Leader: st.View.Leader}
+	}
+	lead.role = role
 
 	servers := &httpServers{log: log}
 	defer func() {
@@ -235,6 +240,14 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 		mux.Handle("/role", sup.RoleHandler())
 		mux.Handle("/leader", sup.LeaderHandler())
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.Handle("/{$}", admin.StatusPage()) // a standby shows its role there too
+		mux.HandleFunc("/status.json", func(w http.ResponseWriter, r *http.Request) {
+			if h := lead.handler(); h != nil && sup.Serving() {
+				h.ServeHTTP(w, r)
+				return
+			}
+			admin.NotServingStatus(w, role())
+		})
 		// Everything else is the leader's admin page (/health included:
 		// 503 on a failed log), or 503 with the role.
 		mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -271,6 +284,7 @@ type leading struct {
 	mu   sync.Mutex
 	h    http.Handler
 	cols []prometheus.Collector
+	role func() admin.Role // for the status page; set before Run
 }
 
 func (l *leading) set(h http.Handler, cols ...prometheus.Collector) {
@@ -324,7 +338,7 @@ func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Dur
 	if err != nil {
 		return err
 	}
-	lead.set(admin.Handler(d.Master, svc, treg, nil, adminOpts...), metrics, logMetrics)
+	lead.set(admin.Handler(d.Master, svc, treg, nil, append(adminOpts, admin.WithRole(lead.role))...), metrics, logMetrics)
 	defer lead.set(nil)
 	log.Info("crescent-master serving", "rpc", lis.Addr().String(), "view_version", d.Master.ViewVersion())
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes)}

@@ -30,6 +30,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master/admin"
 )
 
 func TestLoadHA(t *testing.T) {
@@ -373,7 +374,8 @@ func TestHASigtermHandoff(t *testing.T) {
 	checkAcked(t, c, other, []string{"k"})
 }
 
-// metrics and pages of the HA admin port, on a single master.
+// metrics and pages of the HA admin port, on a leader, and the status
+// page on a standby.
 func TestHAAdminPages(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
@@ -395,6 +397,32 @@ func TestHAAdminPages(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the leader serves the master's pages")
+	// The status page shows the supervisor's role and term.
+	r, err := p.role()
+	require.NoError(t, err)
+	var st admin.Status
+	code, err := getJSON(p.admin+"/status.json", &st)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, admin.Role{Role: "leader", Term: r.Term, Leader: r.Leader}, st.Role)
+	assert.True(t, st.Serving)
+	code, err = getJSON(p.admin+"/", nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
+
+	// A standby serves the page too, with its role and nothing else.
+	sb := startHA(t, "m1", haArgs("etcd", 1, e.URL())...)
+	require.Eventually(t, func() bool { r, err := sb.role(); return err == nil && r.Role == "standby" }, 30*time.Second, 20*time.Millisecond)
+	st = admin.Status{}
+	code, err = getJSON(sb.admin+"/status.json", &st)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, code)
+	assert.Equal(t, "standby", st.Role.Role)
+	assert.False(t, st.Serving)
+	assert.Empty(t, st.Segments)
+	code, err = getJSON(sb.admin+"/", nil)
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code)
 }
 
 // Redis terms are only as durable as Redis: a fresh (or restarted)

@@ -123,7 +123,7 @@ func defaults() config {
 func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RPCPort, "rpc_port", c.RPCPort, "RPC port: the master service over gRPC and, on the same port, crpc")
 	fs.StringVar(&c.RPCAddress, "rpc_address", c.RPCAddress, "address the gRPC and admin ports listen on")
-	fs.IntVar(&c.MetricsPort, "metrics_port", c.MetricsPort, "HTTP admin port: /metrics, /metrics/summary, /health, /query_key, /get_all_keys, /get_all_segments")
+	fs.IntVar(&c.MetricsPort, "metrics_port", c.MetricsPort, "HTTP admin port: status page at /, /status.json, /metrics, /metrics/summary, /health, /query_key, /get_all_keys, /get_all_segments")
 	fs.Int64Var(&c.DefaultKVLeaseTTL, "default_kv_lease_ttl", c.DefaultKVLeaseTTL, "read lease TTL, ms")
 	fs.Int64Var(&c.DefaultKVSoftPinTTL, "default_kv_soft_pin_ttl", c.DefaultKVSoftPinTTL, "soft pin TTL, ms")
 	fs.Int64Var(&c.MaxKVSoftPinTTL, "max_kv_soft_pin_ttl", c.MaxKVSoftPinTTL, "longest soft pin a put may ask for, ms")
@@ -152,7 +152,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.KVEventsQueueSize, "kv_events_queue_size", c.KVEventsQueueSize, "events queued before the overflow policy applies")
 	fs.IntVar(&c.KVEventsBatchSize, "kv_events_batch_size", c.KVEventsBatchSize, "most events per batch")
 	fs.Float64Var(&c.KVEventsBatchIntervalMs, "kv_events_batch_interval_ms", c.KVEventsBatchIntervalMs, "longest wait before a partial batch is sent, ms")
-	fs.StringVar(&c.KVEventsOverflow, "kv_events_overflow", c.KVEventsOverflow, "drop_oldest (puts never wait) or block")
+	fs.StringVar(&c.KVEventsOverflow, "kv_events_overflow", c.KVEventsOverflow, "drop_oldest (puts never wait; subscribers see the loss as a sequence gap) or block (lossless, event.Publisher's default; puts wait for room)")
 	fs.IntVar(&c.KVEventsReplayBufferSize, "kv_events_replay_buffer_size", c.KVEventsReplayBufferSize, "batches kept for replay")
 	fs.StringVar(&c.DataDir, "data_dir", c.DataDir, "directory of the operation log: every change is durable there before it is acknowledged, and a restart replays it (empty: state in memory only)")
 	c.snapshotFlags(fs)

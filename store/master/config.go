@@ -37,37 +37,56 @@ const (
 // zero value keeps the reference's default (soft-pinned objects may be
 // evicted in the second pass).
 type Config struct {
-	Shards                int
-	LeaseTTL              time.Duration
-	SoftPinTTL            time.Duration
-	MaxSoftPinTTL         time.Duration
-	KeepSoftPinned        bool // true: never evict soft-pinned objects (allow_evict_soft_pinned_objects=false)
+	// Shards splits the key space for locking (default 1024; 1 to 65536).
+	Shards int
+	// LeaseTTL is the read lease GetReplicaList grants: the object is
+	// not removed or evicted before it ends (default 10s; at least 1ms).
+	LeaseTTL time.Duration
+	// SoftPinTTL is how long a soft pin protects an object from the
+	// first eviction pass (default 30m); MaxSoftPinTTL caps it
+	// (default 24h).
+	SoftPinTTL    time.Duration
+	MaxSoftPinTTL time.Duration
+	// KeepSoftPinned: true never evicts soft-pinned objects
+	// (allow_evict_soft_pinned_objects=false); false (default) lets the
+	// second eviction pass take them.
+	KeepSoftPinned bool
+	// EvictionHighWatermark is the usage fraction above which eviction
+	// runs (default 0.90; in (0, 1]); each round frees EvictionRatio of
+	// the capacity (default 0.05; in (0, 1]).
 	EvictionHighWatermark float64
 	EvictionRatio         float64
-	ClientTTL             time.Duration
+	// ClientTTL: a client that has not pinged for this long is dropped
+	// with its segments (default 10s).
+	ClientTTL time.Duration
 	// PutDiscardTimeout: an unfinished PutStart older than this may be taken
-	// over by a new PutStart of the same key.
+	// over by a new PutStart of the same key (default 30s).
 	PutDiscardTimeout time.Duration
 	// PutReleaseTimeout: an unfinished PutStart's space is freed this long
-	// after it started (whether or not it was taken over).
+	// after it started, whether or not it was taken over (default 600s;
+	// not below PutDiscardTimeout).
 	PutReleaseTimeout time.Duration
-	Strategy          alloc.Strategy
-	MaxKeyLen         int
-	MaxReplicas       int
-	// EvictInterval and LivenessInterval pace the background loops (Start);
-	// decisions inside them use Clock.
+	// Strategy places replicas (default alloc.Random).
+	Strategy alloc.Strategy
+	// MaxKeyLen bounds a key's bytes (default 4096); MaxReplicas the
+	// replicas of one object (default 16; at most 255).
+	MaxKeyLen   int
+	MaxReplicas int
+	// EvictInterval and LivenessInterval pace the background loops of
+	// Start (defaults 10ms and 1s); decisions inside them use Clock.
 	EvictInterval    time.Duration
 	LivenessInterval time.Duration
-	// RegexBudget bounds the time one RemoveByRegex may take (on Clock);
-	// past it the removal stops with RPC_TIMEOUT and what it removed.
+	// RegexBudget bounds the time one RemoveByRegex may take (on Clock;
+	// default 5s); past it the removal stops with RPC_TIMEOUT and what
+	// it removed.
 	RegexBudget time.Duration
-	// ViewVersion is what Ping reports; 0 picks a random epoch.
+	// ViewVersion is what Ping reports; 0 (default) picks a random epoch.
 	ViewVersion uint64
-	Clock       clock.Clock // nil = clock.Real{}
-	OpLog       OpSink      // nil = none
-	Events      EventSink   // nil = none
-	Logger      *slog.Logger
-	// Seed makes placement reproducible (alloc.WithRand); 0 = random.
+	Clock       clock.Clock  // nil (default): clock.Real{}
+	OpLog       OpSink       // nil (default): no operation log
+	Events      EventSink    // nil (default): no KV events
+	Logger      *slog.Logger // nil (default): discard
+	// Seed makes placement reproducible (alloc.WithRand); 0 (default) = random.
 	Seed uint64
 }
 

@@ -1,7 +1,13 @@
 // Package admin is the master's admin HTTP surface and its Prometheus
 // metrics, over a store/master.Master and its store/master/service.Service.
 //
-// Handler serves /metrics (Prometheus, from the registry given),
+// Handler serves / (the status page: one self-contained HTML file,
+// status.html, embedded; no external assets; it fetches status.json
+// every 2 s and derives put/get rates from two samples), /status.json
+// (Status: role and term, keys, segments with their usage, clients
+// numbered 1..n, cumulative put and get counts, eviction counters; no
+// client ids, credentials or tokens; role "single" unless WithRole),
+// /metrics (Prometheus, from the registry given),
 // /metrics/summary (human-readable text), /health (OK, or 503 with the
 // cause once the operation log failed), /query_key?key= (JSON),
 // /get_all_keys (text, sorted), /get_all_segments (JSON, suspect segments

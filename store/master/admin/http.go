@@ -152,8 +152,8 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 	x.lat.Collect(ch)
 }
 
-// Handler serves the master's HTTP admin endpoints: /metrics
-// (Prometheus, reg), /metrics/summary (text), /health, /query_key?key=,
+// Handler serves the master's HTTP admin endpoints: / (the status page,
+// refreshing itself from /status.json), /metrics (Prometheus, reg), /metrics/summary (text), /health, /query_key?key=,
 // /get_all_keys, /get_all_segments, and with WithSnapshotHook POST
 // /snapshot. extra, when set, receives every other path (the engine's
 // HTTP metadata store at /metadata, for example).
@@ -163,8 +163,9 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 // change a crash would take back; 503 when the log failed.
 func Handler(m *master.Master, svc *service.Service, reg *prometheus.Registry, extra http.Handler, opts ...Option) http.Handler {
 	mux := http.NewServeMux()
-	for _, o := range opts {
-		o(mux)
+	o := options{mux: mux, role: func() Role { return Single }}
+	for _, opt := range opts {
+		opt(&o)
 	}
 	durable := func(w http.ResponseWriter, r *http.Request) bool {
 		if err := svc.WaitDurable(r.Context()); err != nil {
@@ -230,14 +231,24 @@ func Handler(m *master.Master, svc *service.Service, reg *prometheus.Registry, e
 		}
 		writeJSON(w, out)
 	})
+	mux.Handle("/{$}", StatusPage())
+	mux.HandleFunc("/status.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Cache-Control", "no-store")
+		writeJSON(w, StatusOf(m, svc, o.role()))
+	})
 	if extra != nil {
 		mux.Handle("/", extra)
 	}
 	return mux
 }
 
-// Option adds an endpoint to Handler.
-type Option func(*http.ServeMux)
+// Option adds an endpoint to Handler or sets what it reports.
+type Option func(*options)
+
+type options struct {
+	mux  *http.ServeMux
+	role func() Role
+}
 
 // SnapshotInfo is what POST /snapshot answers.
 type SnapshotInfo struct {
@@ -262,8 +273,8 @@ var ErrBusy = errors.New("master: busy")
 // none is configured on this port); a snapshot already running answers
 // 409 (take returns ErrBusy).
 func WithSnapshotHook(take func(context.Context) (SnapshotInfo, error)) Option {
-	return func(mux *http.ServeMux) {
-		mux.HandleFunc("/snapshot", func(w http.ResponseWriter, r *http.Request) {
+	return func(o *options) {
+		o.mux.HandleFunc("/snapshot", func(w http.ResponseWriter, r *http.Request) {
 			if r.Method != http.MethodPost {
 				w.Header().Set("Allow", http.MethodPost)
 				http.Error(w, "POST only", http.StatusMethodNotAllowed)
