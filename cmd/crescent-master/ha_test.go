@@ -381,10 +381,10 @@ func TestHAAdminPages(t *testing.T) {
 		t.Skip("process test")
 	}
 	e := testsvc.StartEtcd(t)
-	c := haCluster(t, bench.HAClusterConfig{Masters: 1, Etcd: []string{e.Endpoint}, LeaseTTL: time.Second})
+	c := haCluster(t, bench.HAClusterConfig{Masters: 2, Standby: true, Etcd: []string{e.Endpoint}, LeaseTTL: time.Second})
 	p := oneLeader(t, 30*time.Second, c)
-	admin := "http://" + c.Masters[p].AdminAddr
-	resp, err := httpc.Get(admin + "/metrics")
+	base := "http://" + c.Masters[p].AdminAddr
+	resp, err := httpc.Get(base + "/metrics")
 	require.NoError(t, err)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -393,34 +393,35 @@ func TestHAAdminPages(t *testing.T) {
 		"crescent_ha_follower_applied_seq", "crescent_oplog_durable_seq"} {
 		assert.Contains(t, string(b), want)
 	}
-	resp, err = httpc.Get(admin + "/get_all_segments")
+	resp, err = httpc.Get(base + "/get_all_segments")
 	require.NoError(t, err)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "the leader serves the master's pages")
 	// The status page shows the supervisor's role and term.
-	r, err := p.role()
-	require.NoError(t, err)
+	r := role(t, c, p)
 	var st admin.Status
-	code, err := getJSON(p.admin+"/status.json", &st)
+	code, err := getJSON(base+"/status.json", &st)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code)
 	assert.Equal(t, admin.Role{Role: "leader", Term: r.Term, Leader: r.Leader}, st.Role)
 	assert.True(t, st.Serving)
-	code, err = getJSON(p.admin+"/", nil)
+	code, err = getJSON(base+"/", nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, code)
 
 	// A standby serves the page too, with its role and nothing else.
-	sb := startHA(t, "m1", haArgs("etcd", 1, e.URL())...)
-	require.Eventually(t, func() bool { r, err := sb.role(); return err == nil && r.Role == "standby" }, 30*time.Second, 20*time.Millisecond)
+	sb, err := c.Add()
+	require.NoError(t, err)
+	_, err = c.WaitRole(context.Background(), sb, "standby")
+	require.NoError(t, err)
 	st = admin.Status{}
-	code, err = getJSON(sb.admin+"/status.json", &st)
+	code, err = getJSON("http://"+c.Masters[sb].AdminAddr+"/status.json", &st)
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, code)
 	assert.Equal(t, "standby", st.Role.Role)
 	assert.False(t, st.Serving)
 	assert.Empty(t, st.Segments)
-	code, err = getJSON(sb.admin+"/", nil)
+	code, err = getJSON("http://"+c.Masters[sb].AdminAddr+"/", nil)
 	require.NoError(t, err)
 	assert.Equal(t, http.StatusOK, code)
 }
