@@ -33,6 +33,9 @@ const (
 // errBadHandle: a handle that names no live object of the wanted kind.
 var errBadHandle = errors.New("crescent: unknown or destroyed handle")
 
+// errNoMemory: C.malloc failed.
+var errNoMemory = errors.New("crescent: out of memory")
+
 // argError is a bad argument found by the ABI layer itself.
 type argError struct{ msg string }
 
@@ -70,6 +73,8 @@ func engineCode(err error) int {
 		return errEndpoint
 	case errors.Is(err, engine.ErrClosed):
 		return errContext
+	case errors.Is(err, errNoMemory):
+		return errMemory
 	case errors.As(err, &dns):
 		return errDNS
 	}
