@@ -323,3 +323,53 @@ func BenchmarkTransferStatusGoSide(b *testing.B) {
 		}
 	}
 }
+
+// The reference's genNotifyInEngine, openSegmentNoCache, syncSegmentCache
+// and install/uninstallTransport, as the exports call them.
+func TestEngineCoreReferenceExtras(t *testing.T) {
+	ha, err := engineCreate("", "127.0.0.1", "tcp")
+	require.NoError(t, err)
+	defer engineDestroy(ha)
+	hb, err := engineCreate("", "127.0.0.1", "tcp")
+	require.NoError(t, err)
+	a, _ := getEngine(ha)
+	b, _ := getEngine(hb)
+
+	seg, err := a.e.OpenSegment(bg(), b.e.Name())
+	require.NoError(t, err)
+	require.NoError(t, a.e.Notify(seg, "hello"))
+	assert.Equal(t, []engine.Notification{{From: a.e.Name(), Msg: "hello"}}, b.e.Notifications())
+
+	// b registers memory after a opened it: no-cache open and sync see it.
+	pool, err := mempool.New(mempool.Options{Size: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	mem, _ := pool.Alloc(1 << 20)
+	require.NoError(t, b.register(unsafe.Pointer(&mem[0]), 1<<20, ""))
+	sees := func(id engine.SegmentID) bool {
+		d, err := a.e.SegmentDesc(id)
+		require.NoError(t, err)
+		return len(d.Buffers) == 1
+	}
+	require.False(t, sees(seg))
+	again, err := a.openNoCache(b.e.Name())
+	require.NoError(t, err)
+	assert.Equal(t, seg, again)
+	assert.True(t, sees(seg))
+	require.NoError(t, a.e.CloseSegment(again))
+	require.NoError(t, b.unregister(unsafe.Pointer(&mem[0])))
+	require.NoError(t, a.e.RefreshSegments(bg()))
+	assert.False(t, sees(seg))
+	_, err = a.openNoCache("127.0.0.1:1")
+	assert.Equal(t, errMetadata, engineCode(err))
+
+	assert.NoError(t, a.installTransport("tcp"))
+	assert.Equal(t, errNotImpl, engineCode(a.installTransport("rdma")))
+	assert.Equal(t, errInvalidArgument, engineCode(a.installTransport("")))
+	assert.Equal(t, errNotImpl, engineCode(a.uninstallTransport("tcp")))
+	assert.Equal(t, errInvalidArgument, engineCode(a.uninstallTransport("shm")))
+
+	// A peer gone: sync reports it (its handshake port refuses).
+	require.NoError(t, engineDestroy(hb))
+	assert.Equal(t, errSocket, engineCode(a.e.RefreshSegments(bg())))
+}

@@ -28,6 +28,7 @@ const (
 	errEndpoint             = -201
 	errContext              = -202
 	errMemory               = -302
+	errNotImpl              = -303
 )
 
 // errBadHandle: a handle that names no live object of the wanted kind.
@@ -75,6 +76,8 @@ func engineCode(err error) int {
 		return errContext
 	case errors.Is(err, errNoMemory):
 		return errMemory
+	case errors.Is(err, errNotImplemented):
+		return errNotImpl
 	case errors.As(err, &dns):
 		return errDNS
 	}

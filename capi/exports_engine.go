@@ -261,3 +261,49 @@ func crescent_engine_get_notifs(e C.crescent_engine_t, out **C.crescent_notify_m
 		return nil
 	})
 }
+
+//export crescent_engine_notify
+func crescent_engine_notify(e C.crescent_engine_t, target C.crescent_segment_t, msg *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if msg == nil {
+			return badArg("NULL msg")
+		}
+		return o.e.Notify(engine.SegmentID(target), C.GoString(msg))
+	})
+}
+
+//export crescent_engine_open_segment_no_cache
+func crescent_engine_open_segment_no_cache(e C.crescent_engine_t, name *C.char, out *C.crescent_segment_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if out == nil || name == nil {
+			return badArg("NULL name or out")
+		}
+		id, err := o.openNoCache(C.GoString(name))
+		if err != nil {
+			return err
+		}
+		*out = C.crescent_segment_t(id)
+		return nil
+	})
+}
+
+//export crescent_engine_sync_segment_cache
+func crescent_engine_sync_segment_cache(e C.crescent_engine_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.e.RefreshSegments(bg())
+	})
+}
+
+//export crescent_engine_install_transport
+func crescent_engine_install_transport(e C.crescent_engine_t, proto *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.installTransport(C.GoString(proto))
+	})
+}
+
+//export crescent_engine_uninstall_transport
+func crescent_engine_uninstall_transport(e C.crescent_engine_t, proto *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.uninstallTransport(C.GoString(proto))
+	})
+}

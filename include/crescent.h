@@ -268,6 +268,31 @@ int crescent_engine_wait(crescent_engine_t engine, crescent_batch_t batch, int64
 /* Drains received notifications: *out is an array of *count entries
  * (NULL and 0 when none); free it with crescent_engine_free_notifs. */
 int crescent_engine_get_notifs(crescent_engine_t engine, crescent_notify_msg_t **out, size_t *count);
+
+/* Sends msg (NUL-terminated) to the opened segment target now, with no
+ * batch (the reference's genNotifyInEngine); returns once the peer's
+ * engine queued or refused it. The receiver sees this engine's name. */
+int crescent_engine_notify(crescent_engine_t engine, crescent_segment_t target, const char *msg);
+
+/* open_segment with the descriptor fetched now, even when the segment is
+ * open already (the reference's openSegmentNoCache). Close it with
+ * crescent_engine_close_segment like any other. */
+int crescent_engine_open_segment_no_cache(crescent_engine_t engine, const char *name,
+                                          crescent_segment_t *out);
+
+/* Fetches the descriptor of every opened segment again (the reference's
+ * syncSegmentCache). Every segment is tried; the code is the first
+ * failure's (CRESCENT_ERR_SOCKET for a peer whose engine is gone). */
+int crescent_engine_sync_segment_cache(crescent_engine_t engine);
+
+/* The reference's install/uninstallTransport. Crescent starts its
+ * transports with the engine (crescent_engine_create's protocols) and
+ * stops them with it: installing a running transport returns 0, another
+ * is CRESCENT_ERR_NOT_IMPLEMENTED; uninstalling a running one is
+ * CRESCENT_ERR_NOT_IMPLEMENTED, one not running
+ * CRESCENT_ERR_INVALID_ARGUMENT. */
+int crescent_engine_install_transport(crescent_engine_t engine, const char *proto);
+int crescent_engine_uninstall_transport(crescent_engine_t engine, const char *proto);
 #endif
 void crescent_engine_free_notifs(crescent_notify_msg_t *msgs, size_t count);
 

@@ -53,6 +53,7 @@ class codes:
     ERR_QUARANTINED = -9
     ERR_METADATA = -200
     ERR_CONTEXT = -202
+    ERR_NOT_IMPLEMENTED = -303
 
 
 class CrescentError(Exception):
@@ -451,10 +452,28 @@ class Engine:
         _check(EngineError, lib.crescent_engine_unregister_memory(self._h, addr))
         self._regs.pop(addr, None)
 
-    def open_segment(self, name):
+    def open_segment(self, name, cache=True):
+        """A segment handle; cache=False fetches its descriptor now even
+        when it is open already."""
         s = ctypes.c_uint64()
-        _check(EngineError, lib.crescent_engine_open_segment(self._h, name.encode(), ctypes.byref(s)))
+        f = lib.crescent_engine_open_segment if cache else lib.crescent_engine_open_segment_no_cache
+        _check(EngineError, f(self._h, name.encode(), ctypes.byref(s)))
         return s.value
+
+    def sync_segment_cache(self):
+        """Fetches every opened segment's descriptor again."""
+        _check(EngineError, lib.crescent_engine_sync_segment_cache(self._h))
+
+    def notify(self, seg, msg):
+        """Sends msg to an opened segment now, with no batch."""
+        _check(EngineError, lib.crescent_engine_notify(self._h, seg, msg.encode()))
+
+    def install_transport(self, proto):
+        """0 for a running transport; transports start with the engine."""
+        _check(EngineError, lib.crescent_engine_install_transport(self._h, proto.encode()))
+
+    def uninstall_transport(self, proto):
+        _check(EngineError, lib.crescent_engine_uninstall_transport(self._h, proto.encode()))
 
     def close_segment(self, seg):
         _check(EngineError, lib.crescent_engine_close_segment(self._h, seg))
