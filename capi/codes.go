@@ -11,6 +11,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/local"
 )
 
 // Engine codes: Mooncake transfer engine error.h, plus Crescent's
@@ -96,7 +97,7 @@ func storeCode(err error) int {
 		return 0
 	case errors.Is(err, errBadHandle), errors.As(err, &ae), errors.Is(err, store.ErrInvalidConfig):
 		return int(errcode.InvalidParams)
-	case errors.Is(err, store.ErrClosed):
+	case errors.Is(err, store.ErrClosed), errors.Is(err, local.ErrClosed):
 		return int(errcode.UnavailableInCurrentStatus)
 	}
 	var e *errcode.Error
@@ -105,6 +106,9 @@ func storeCode(err error) int {
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return int(errcode.RPCTimeout)
+	}
+	if errors.Is(err, local.ErrDisconnected) || errors.Is(err, local.ErrProtocol) {
+		return int(errcode.RPCFail) // the real client's socket: gone or garbled
 	}
 	return int(errcode.InternalError)
 }

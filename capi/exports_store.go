@@ -125,6 +125,20 @@ func crescent_store_create_kv(keys, values **C.char, count C.size_t, out *C.cres
 	return 0
 }
 
+//export crescent_store_dial_local
+func crescent_store_dial_local(path *C.char, out *C.crescent_store_t) (rc C.int) {
+	defer recoverStore(&rc)
+	if path == nil || out == nil {
+		return storeRC(badArg("NULL path or out"))
+	}
+	h, err := storeDialLocal(C.GoString(path))
+	if err != nil {
+		return storeRC(err)
+	}
+	*out = C.crescent_store_t(h)
+	return 0
+}
+
 //export crescent_store_close
 func crescent_store_close(s C.crescent_store_t) (rc C.int) {
 	defer recoverStore(&rc)
@@ -134,7 +148,11 @@ func crescent_store_close(s C.crescent_store_t) (rc C.int) {
 //export crescent_store_get_hostname
 func crescent_store_get_hostname(s C.crescent_store_t, buf *C.char, n C.size_t) C.int {
 	return onStoreErr(s, func(o *storeObj) error {
-		return putName(o.c.SegmentName(), buf, n)
+		name, err := o.c.SegmentName()
+		if err != nil {
+			return err
+		}
+		return putName(name, buf, n)
 	})
 }
 
@@ -194,7 +212,7 @@ func crescent_store_get(s C.crescent_store_t, key *C.char, out *unsafe.Pointer, 
 
 // getBufferCopy reads key into C memory the caller frees.
 func (o *storeObj) getBufferCopy(key string) (unsafe.Pointer, int, error) {
-	b, err := o.c.GetBuffer(bg(), key)
+	b, _, err := o.c.view(bg(), key)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -392,4 +410,24 @@ func crescent_store_unregister_buffer(s C.crescent_store_t, addr unsafe.Pointer)
 	return onStoreErr(s, func(o *storeObj) error {
 		return o.unregister(addr)
 	})
+}
+
+//export crescent_store_alloc_buffer
+func crescent_store_alloc_buffer(s C.crescent_store_t, size C.size_t, out *unsafe.Pointer) C.int {
+	return onStoreErr(s, func(o *storeObj) error {
+		if out == nil {
+			return badArg("NULL out")
+		}
+		p, err := o.allocBuffer(uint64(size))
+		if err != nil {
+			return err
+		}
+		*out = p
+		return nil
+	})
+}
+
+//export crescent_store_free_buffer
+func crescent_store_free_buffer(s C.crescent_store_t, addr unsafe.Pointer) C.int {
+	return onStoreErr(s, func(o *storeObj) error { return o.freeBuffer(addr) })
 }

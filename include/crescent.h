@@ -331,8 +331,22 @@ int crescent_store_create(const crescent_store_config_t *config, crescent_store_
 int crescent_store_create_kv(const char *const *keys, const char *const *values, size_t count,
                              crescent_store_t *out);
 
+/* Connects a dummy client to the real client serving the Unix socket
+ * path on this host (crescent-client --local_socket PATH). It has the
+ * store calls below, forwarded over the socket, and no memory of its own
+ * in the pool. get_buffer views the real client's shared hot cache in
+ * place (--local_hot_cache_shm), else a private copy. put_from/get_into
+ * move values by reference only in memory from crescent_store_alloc_buffer
+ * (memory given to register_buffer is accepted, and its values are copied
+ * through the socket). get_hostname, remove_all and remove_by_regex are
+ * CRESCENT_NOT_SUPPORTED. A broken connection fails the calls in flight
+ * with CRESCENT_RPC_FAIL; the next call connects again. Close it with
+ * crescent_store_close. */
+int crescent_store_dial_local(const char *path, crescent_store_t *out);
+
 /* Unmounts the client's memory and closes it; frees the handle. Buffers
- * from get_buffer stay valid until released. */
+ * from get_buffer stay valid until released; memory from alloc_buffer
+ * not yet freed is unmapped. */
 int crescent_store_close(crescent_store_t store);
 
 /* Writes this client's segment name ("host:port") into buf. */
@@ -395,6 +409,14 @@ int64_t crescent_store_remove_by_regex(crescent_store_t store, const char *regex
  * unregister_buffer returns 0. */
 int crescent_store_register_buffer(crescent_store_t store, void *addr, size_t size);
 int crescent_store_unregister_buffer(crescent_store_t store, void *addr);
+
+/* Maps at least size bytes of shared memory (a memfd) registered with the
+ * client: put_from and get_into move values in it with no copy, through a
+ * real client or a dummy alike. *out is its address; it stays mapped
+ * until crescent_store_free_buffer(store, *out) returns 0 or the store
+ * is closed. */
+int crescent_store_alloc_buffer(crescent_store_t store, size_t size, void **out);
+int crescent_store_free_buffer(crescent_store_t store, void *addr);
 #endif
 
 #ifdef __cplusplus

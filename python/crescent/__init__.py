@@ -255,10 +255,23 @@ class Store:
         _check(StoreError, lib.crescent_store_create(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h.value
         self._regs = {}  # address -> keepalive of registered buffers
+        self._allocs = {}  # address -> size of alloc_buffer memory
+
+    @classmethod
+    def dial_local(cls, path):
+        """A dummy client of the real client serving the Unix socket path
+        on this host (crescent-client --local_socket): the same calls,
+        forwarded; get_buffer views its shared hot cache in place."""
+        h = ctypes.c_uint64()
+        _check(StoreError, lib.crescent_store_dial_local(path.encode(), ctypes.byref(h)))
+        s = cls.__new__(cls)
+        s._h, s._regs, s._allocs = h.value, {}, {}
+        return s
 
     def close(self):
         h, self._h = self._h, 0
         if h:
+            self._allocs.clear()  # unmapped by the close
             _check(StoreError, lib.crescent_store_close(h))
 
     def __enter__(self):
@@ -404,6 +417,24 @@ class Store:
         addr = buf_or_addr if isinstance(buf_or_addr, int) else address_of(buf_or_addr)
         _check(StoreError, lib.crescent_store_unregister_buffer(self._h, addr))
         self._regs.pop(addr, None)
+
+    def alloc_buffer(self, size):
+        """Shared memory registered with the client (zero-copy put_from and
+        get_into, also for a dummy client): returns its address. Free it
+        with free_buffer; views of it must be gone by then."""
+        p = ctypes.c_void_p()
+        _check(StoreError, lib.crescent_store_alloc_buffer(self._h, size, ctypes.byref(p)))
+        self._allocs[p.value] = size
+        return p.value
+
+    def buffer_view(self, addr, size):
+        """A writable memoryview of size bytes at addr (memory from
+        alloc_buffer; it must outlive the view)."""
+        return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+
+    def free_buffer(self, addr):
+        _check(StoreError, lib.crescent_store_free_buffer(self._h, addr))
+        self._allocs.pop(addr, None)
 
 
 BatchStatus = namedtuple("BatchStatus", "status requests completed failed timed_out canceled pending transferred")
