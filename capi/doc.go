@@ -33,6 +33,8 @@
 //     unmapped at free_buffer or when the store closes.
 //   - The library's logs (slog text on stderr) start at level warn;
 //     CRESCENT_LOG_LEVEL=debug|info|warn|error changes that.
+//   - CRESCENT_CPUPROFILE=file writes a Go CPU profile from load for
+//     CRESCENT_CPUPROFILE_SECONDS (30): `go tool pprof libcrescent.so file`.
 //
 // The exports are thin (exports_*.go): they convert C types and call the
 // Go core (core_*.go), which the package's Go tests exercise directly
