@@ -104,6 +104,17 @@ assert store.batch_put_from_multi_buffers(["raw/m0", "raw/m1", "raw/m2"], layers
 for i, ps in enumerate(layers):
     assert store.get(f"raw/m{i}") == ctypes.string_at(ps[0], 1024) + ctypes.string_at(ps[1], 512)
 assert store.batch_put_from_multi_buffers(["raw/x"], layers[:1], [[1]]) == [-600]
+dst = [[base + (3 << 20), base + (3 << 20) + 4096]]
+assert store.batch_get_into_multi_buffers(["raw/m1", "raw/missing"], dst * 2, [[1000, 1000]] * 2) == [1536, -704]
+assert ctypes.string_at(dst[0][0], 1000) + ctypes.string_at(dst[0][1], 536) == store.get("raw/m1")
+assert store.batch_get_into_multi_buffers(["raw/m1"], dst, [[1000, 100]]) == [-10]
+
+# setup(dict), the reference's other form.
+s2 = MooncakeDistributedStore()
+assert s2.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE", "global_segment_size": 0,
+                 "master_server_addr": MASTER, "tenant_id": "default"}) == 0
+assert s2.get("raw/m1") == store.get("raw/m1") and s2.close() == 0
+assert s2.setup({"local_hostname": "127.0.0.1"}) == -600
 
 # get_into_ranges: ranges of values scattered into registered buffers.
 out = base + (2 << 20)

@@ -79,12 +79,29 @@ class MooncakeDistributedStore:
         self._dummy = False
         self._regs = {}  # register_buffer / alloc_from_mem_pool: address -> size
 
-    def setup(self, local_hostname, metadata_server, global_segment_size=16 * 1024 * 1024,
+    def setup(self, local_hostname, metadata_server=None, global_segment_size=16 * 1024 * 1024,
               local_buffer_size=16 * 1024 * 1024, protocol="tcp", rdma_devices="",
-              master_server_addr="127.0.0.1:50051", engine=None):
+              master_server_addr="127.0.0.1:50051", engine=None, **_ignored):
         """Connects to the master; 0 or a negative code. metadata_server
         "P2PHANDSHAKE" (or etcd://, redis://, http://) is the engine's
-        metadata; protocol is a transport or comma-separated list."""
+        metadata; protocol is a transport or comma-separated list. As in
+        the reference, setup(dict) takes the same settings by name
+        (local_hostname and metadata_server required); the reference's
+        SSD-offload, tenant and client-HTTP settings are accepted and
+        ignored."""
+        if isinstance(local_hostname, dict):
+            c = {k: str(v) for k, v in local_hostname.items()}
+            if not c.get("local_hostname") or not c.get("metadata_server"):
+                log.error("setup: local_hostname and metadata_server are required")
+                return _INVALID_PARAMS
+            try:
+                return self.setup(c["local_hostname"], c["metadata_server"],
+                                  int(c.get("global_segment_size", 16 << 20)),
+                                  int(c.get("local_buffer_size", 16 << 20)), c.get("protocol", "tcp"),
+                                  c.get("rdma_devices", ""), c.get("master_server_addr", "127.0.0.1:50051"))
+            except ValueError as e:
+                log.error("setup: %s", e)
+                return _INVALID_PARAMS
         if engine is not None:
             log.error("setup: an external engine is not supported")
             return _INVALID_PARAMS
@@ -341,6 +358,34 @@ class MooncakeDistributedStore:
         except StoreError as e:
             return [e.code] * len(keys)
         return [r.code if isinstance(r, StoreError) else 0 for r in res]
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=False):
+        """Key i's value scattered over its buffers in order; per key the
+        bytes read or a code (BUFFER_OVERFLOW when they cannot hold it)."""
+        if self._s is None or not (len(keys) == len(all_buffer_ptrs) == len(all_sizes)) or any(
+                len(p) != len(n) for p, n in zip(all_buffer_ptrs, all_sizes)):
+            return [_INVALID_PARAMS] * len(keys)
+        out = []
+        for key, ps, ns in zip(keys, all_buffer_ptrs, all_sizes):
+            try:
+                v = self._s.get_buffer_handle(key)
+            except StoreError as e:
+                out.append(e.code)
+                continue
+            n = len(v)
+            if n > sum(ns):
+                out.append(-10)
+                continue
+            off = 0
+            for p, sz in zip(ps, ns):
+                k = min(sz, n - off)
+                if k <= 0:
+                    break
+                ctypes.memmove(p, v.ptr() + off, k)
+                off += k
+            del v
+            out.append(n)
+        return out
 
     def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes):
         """For buffer i, key j, range k: copies value[src:src+size] to
