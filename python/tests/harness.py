@@ -21,7 +21,15 @@ def _wait_line(proc, stream, pattern, timeout=30):
     chatty process never blocks on a full pipe) until a line matches
     pattern; returns the match."""
     lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in stream] + [lines.put(None)], daemon=True).start()
+
+    def pump():
+        try:
+            for x in stream:
+                lines.put(x)
+        except (ValueError, OSError):  # closed by Cluster.stop
+            pass
+        lines.put(None)
+    threading.Thread(target=pump, daemon=True).start()
     deadline, seen = time.monotonic() + timeout, []
     while time.monotonic() < deadline:
         try:
@@ -76,3 +84,6 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()
