@@ -144,6 +144,7 @@ DUMMY = PRELUDE + r'''
 store = MooncakeDistributedStore()
 assert store.setup_dummy(64 << 20, 16 << 20, "127.0.0.1:50052") == 0  # the socket from $CRESCENT_LOCAL_SOCKET
 assert store.init_all("tcp", "") == -1  # a dummy cannot set up a real client
+assert store.get_hostname() == ""  # no segment of its own
 v = os.urandom(256 << 10)
 assert store.put("dummy/a", v) == 0 and store.get("dummy/a") == v
 assert store.is_exist("dummy/a") == 1 and store.batch_is_exist(["dummy/a", "dummy/none"]) == [1, 0]

@@ -196,7 +196,12 @@ class MooncakeDistributedStore:
         return 0
 
     def get_hostname(self):
-        return self._store().hostname
+        """This client's segment name; "" for a dummy client (it has no
+        segment) or before setup."""
+        try:
+            return self._store().hostname
+        except StoreError:
+            return ""
 
     def put(self, key, value, config=None):
         cfg = (config or ReplicateConfig())._crescent()
