@@ -271,7 +271,8 @@ int crescent_engine_get_notifs(crescent_engine_t engine, crescent_notify_msg_t *
 
 /* Sends msg (NUL-terminated) to the opened segment target now, with no
  * batch (the reference's genNotifyInEngine); returns once the peer's
- * engine queued or refused it. The receiver sees this engine's name. */
+ * engine answered (it drops messages over its bound, 64 KiB by default).
+ * The receiver sees this engine's name. */
 int crescent_engine_notify(crescent_engine_t engine, crescent_segment_t target, const char *msg);
 
 /* open_segment with the descriptor fetched now, even when the segment is
