@@ -21,6 +21,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/local"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/service"
 )
@@ -322,4 +323,122 @@ func BenchmarkTransferStatusGoSide(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// The reference's genNotifyInEngine, openSegmentNoCache, syncSegmentCache
+// and install/uninstallTransport, as the exports call them.
+func TestEngineCoreReferenceExtras(t *testing.T) {
+	ha, err := engineCreate("", "127.0.0.1", "tcp")
+	require.NoError(t, err)
+	defer engineDestroy(ha)
+	hb, err := engineCreate("", "127.0.0.1", "tcp")
+	require.NoError(t, err)
+	a, _ := getEngine(ha)
+	b, _ := getEngine(hb)
+
+	seg, err := a.e.OpenSegment(bg(), b.e.Name())
+	require.NoError(t, err)
+	require.NoError(t, a.e.Notify(seg, "hello"))
+	assert.Equal(t, []engine.Notification{{From: a.e.Name(), Msg: "hello"}}, b.e.Notifications())
+
+	// b registers memory after a opened it: no-cache open and sync see it.
+	pool, err := mempool.New(mempool.Options{Size: 1 << 20})
+	require.NoError(t, err)
+	defer pool.Close()
+	mem, _ := pool.Alloc(1 << 20)
+	require.NoError(t, b.register(unsafe.Pointer(&mem[0]), 1<<20, ""))
+	sees := func(id engine.SegmentID) bool {
+		d, err := a.e.SegmentDesc(id)
+		require.NoError(t, err)
+		return len(d.Buffers) == 1
+	}
+	require.False(t, sees(seg))
+	again, err := a.openNoCache(b.e.Name())
+	require.NoError(t, err)
+	assert.Equal(t, seg, again)
+	assert.True(t, sees(seg))
+	require.NoError(t, a.e.CloseSegment(again))
+	require.NoError(t, b.unregister(unsafe.Pointer(&mem[0])))
+	require.NoError(t, a.e.RefreshSegments(bg()))
+	assert.False(t, sees(seg))
+	_, err = a.openNoCache("127.0.0.1:1")
+	assert.Equal(t, errMetadata, engineCode(err))
+
+	assert.NoError(t, a.installTransport("tcp"))
+	assert.Equal(t, errNotImpl, engineCode(a.installTransport("rdma")))
+	assert.Equal(t, errInvalidArgument, engineCode(a.installTransport("")))
+	assert.Equal(t, errNotImpl, engineCode(a.uninstallTransport("tcp")))
+	assert.Equal(t, errInvalidArgument, engineCode(a.uninstallTransport("shm")))
+
+	// A peer gone: sync reports it (its handshake port refuses).
+	require.NoError(t, engineDestroy(hb))
+	assert.Equal(t, errSocket, engineCode(a.e.RefreshSegments(bg())))
+}
+
+// A dummy client handle (crescent_store_dial_local) serves the store
+// calls through a real client's socket: get_buffer views its shared
+// cache in place, alloc_buffer memory moves by reference, and what a
+// dummy cannot do says NOT_SUPPORTED.
+func TestStoreCoreDummy(t *testing.T) {
+	addr := startMaster(t)
+	real, err := store.New(context.Background(), store.Config{MasterAddr: addr, LocalHostname: "127.0.0.1",
+		GlobalSegmentSize: 16 << 20, LocalBufferSize: 4 << 20, Logger: logger})
+	require.NoError(t, err)
+	defer real.Close()
+	sock := t.TempDir() + "/c.sock"
+	srv, err := local.Serve(real, sock, local.Options{CacheSize: 4 << 20, BlockSize: 1 << 20, Shm: true,
+		AdmissionThreshold: 1, Logger: logger})
+	require.NoError(t, err)
+	defer srv.Close()
+
+	_, err = storeDialLocal(t.TempDir() + "/none.sock")
+	assert.Equal(t, int(errcode.RPCFail), storeCode(err))
+	_, err = storeDialLocal("")
+	assert.Equal(t, int(errcode.InvalidParams), storeCode(err))
+
+	h, err := storeDialLocal(sock)
+	require.NoError(t, err)
+	o, err := getStore(h)
+	require.NoError(t, err)
+	ctx := context.Background()
+	value := make([]byte, 512<<10)
+	for i := range value {
+		value[i] = byte(i * 13)
+	}
+	require.NoError(t, real.Put(ctx, "d/v", value, store.ReplicateConfig{}))
+	never := func(int) unsafe.Pointer { t.Fatal("a shared-cache view needs no copy"); return nil }
+	// The first read is a miss that fills a block; the next are hits in place.
+	bh, _, _, err := o.getBuffer("d/v", never)
+	require.NoError(t, err)
+	require.NoError(t, releaseBuffer(bh, nil))
+	b1, p1, n1, err := o.getBuffer("d/v", never)
+	require.NoError(t, err)
+	b2, p2, _, err := o.getBuffer("d/v", never)
+	require.NoError(t, err)
+	assert.Equal(t, p1, p2, "both views are the cache block")
+	assert.Equal(t, value, unsafe.Slice((*byte)(p1), n1))
+	require.NoError(t, releaseBuffer(b1, nil))
+	require.NoError(t, releaseBuffer(b2, nil))
+
+	p, err := o.allocBuffer(1 << 20)
+	require.NoError(t, err)
+	mem := unsafe.Slice((*byte)(p), 1<<20)
+	copy(mem, value)
+	require.NoError(t, o.c.PutFrom(ctx, "d/zc", mem[:len(value)], store.ReplicateConfig{}))
+	got, err := real.Get(ctx, "d/zc")
+	require.NoError(t, err)
+	assert.Equal(t, value, got)
+	require.NoError(t, o.freeBuffer(p))
+	assert.Equal(t, -600, storeCode(o.freeBuffer(p)))
+	_, err = o.allocBuffer(0)
+	assert.Equal(t, -600, storeCode(err))
+
+	_, err = o.c.RemoveAll(ctx, true)
+	assert.Equal(t, int(errcode.NotSupported), storeCode(err))
+	_, err = o.c.SegmentName()
+	assert.Equal(t, int(errcode.NotSupported), storeCode(err))
+	_, err = o.allocBuffer(4096) // left for close to unmap
+	require.NoError(t, err)
+	require.NoError(t, storeClose(h))
+	assert.Equal(t, -600, storeCode(storeClose(h)))
 }

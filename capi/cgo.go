@@ -49,10 +49,38 @@ func recoverStore(rc *C.int) {
 	}
 }
 
-func recoverStore64(rc *C.int64_t) {
-	if r := recover(); r != nil {
-		*rc = C.int64_t(fail(-1, fmt.Errorf("crescent: internal error: %v", r)))
+// onEngine is every engine export's prologue and epilogue: it finds the
+// engine under e, runs f on it, turns f's error into a code and a panic
+// into one too (a panic must never unwind into C).
+func onEngine(e C.crescent_engine_t, f func(o *engineObj) error) (rc C.int) {
+	defer recoverEngine(&rc)
+	o, err := getEngine(uint64(e))
+	if err == nil {
+		err = f(o)
 	}
+	return engineRC(err)
+}
+
+// onStore is onEngine for store exports: f returns the call's
+// non-negative result (a size, a count, 1/0) or an error.
+func onStore[R ~int32 | ~int64](s C.crescent_store_t, f func(o *storeObj) (R, error)) (rc R) {
+	defer func() { // recover must be called by the deferred function itself
+		if r := recover(); r != nil {
+			rc = R(fail(-1, fmt.Errorf("crescent: internal error: %v", r)))
+		}
+	}()
+	o, err := getStore(uint64(s))
+	if err == nil {
+		if rc, err = f(o); err == nil {
+			return rc
+		}
+	}
+	return R(storeRC(err))
+}
+
+// onStoreErr is onStore for calls with no result but success.
+func onStoreErr(s C.crescent_store_t, f func(o *storeObj) error) C.int {
+	return onStore(s, func(o *storeObj) (C.int, error) { return 0, f(o) })
 }
 
 // items bounds a C array's length before Go memory is made for it.

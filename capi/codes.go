@@ -11,6 +11,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/local"
 )
 
 // Engine codes: Mooncake transfer engine error.h, plus Crescent's
@@ -28,10 +29,14 @@ const (
 	errEndpoint             = -201
 	errContext              = -202
 	errMemory               = -302
+	errNotImpl              = -303
 )
 
 // errBadHandle: a handle that names no live object of the wanted kind.
 var errBadHandle = errors.New("crescent: unknown or destroyed handle")
+
+// errNoMemory: C.malloc failed.
+var errNoMemory = errors.New("crescent: out of memory")
 
 // argError is a bad argument found by the ABI layer itself.
 type argError struct{ msg string }
@@ -70,6 +75,10 @@ func engineCode(err error) int {
 		return errEndpoint
 	case errors.Is(err, engine.ErrClosed):
 		return errContext
+	case errors.Is(err, errNoMemory):
+		return errMemory
+	case errors.Is(err, errNotImplemented):
+		return errNotImpl
 	case errors.As(err, &dns):
 		return errDNS
 	}
@@ -88,7 +97,7 @@ func storeCode(err error) int {
 		return 0
 	case errors.Is(err, errBadHandle), errors.As(err, &ae), errors.Is(err, store.ErrInvalidConfig):
 		return int(errcode.InvalidParams)
-	case errors.Is(err, store.ErrClosed):
+	case errors.Is(err, store.ErrClosed), errors.Is(err, local.ErrClosed):
 		return int(errcode.UnavailableInCurrentStatus)
 	}
 	var e *errcode.Error
@@ -97,6 +106,9 @@ func storeCode(err error) int {
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return int(errcode.RPCTimeout)
+	}
+	if errors.Is(err, local.ErrDisconnected) || errors.Is(err, local.ErrProtocol) {
+		return int(errcode.RPCFail) // the real client's socket: gone or garbled
 	}
 	return int(errcode.InternalError)
 }

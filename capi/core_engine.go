@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -171,4 +172,47 @@ func (o *engineObj) wait(batch uint64, timeoutMs int64) (engine.BatchStatus, err
 		return st, err // no batch to report on; other errors are in st
 	}
 	return st, nil
+}
+
+// openNoCache opens name with its descriptor fetched now, even when the
+// segment is open already (the reference's openSegmentNoCache).
+func (o *engineObj) openNoCache(name string) (engine.SegmentID, error) {
+	id, err := o.e.OpenSegment(bg(), name)
+	if err != nil {
+		return 0, err
+	}
+	if err := o.e.RefreshSegment(bg(), id); err != nil {
+		o.e.CloseSegment(id)
+		return 0, err
+	}
+	return id, nil
+}
+
+// errNotImplemented: the call exists for the reference's shape only.
+var errNotImplemented = errors.New("crescent: not implemented")
+
+func (o *engineObj) running(proto string) bool {
+	return slices.Contains(o.e.Transports(), proto)
+}
+
+// installTransport: transports start with the engine (its protocols),
+// so installing one that runs is done, and another is refused.
+func (o *engineObj) installTransport(proto string) error {
+	if proto == "" {
+		return badArg("empty protocol")
+	}
+	if o.running(proto) {
+		return nil
+	}
+	return fmt.Errorf("%w: transport %q is not running and transports start with the engine: name it in crescent_engine_create's protocols (running: %v)",
+		errNotImplemented, proto, o.e.Transports())
+}
+
+// uninstallTransport: a running transport stays until the engine is
+// destroyed.
+func (o *engineObj) uninstallTransport(proto string) error {
+	if !o.running(proto) {
+		return badArg(fmt.Sprintf("transport %q is not running (running: %v)", proto, o.e.Transports()))
+	}
+	return fmt.Errorf("%w: transport %q stops only with the engine (crescent_engine_destroy)", errNotImplemented, proto)
 }

@@ -9,8 +9,10 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/local"
 )
 
 // storeConfig is crescent_store_config_t in Go.
@@ -64,9 +66,103 @@ func parseKV(keys, values []string) (storeConfig, error) {
 }
 
 type storeObj struct {
-	c    *store.Client
-	mu   sync.Mutex
-	regs map[uintptr]int // RegisterBuffer: address -> length
+	c     kv
+	mu    sync.Mutex
+	regs  map[uintptr]int           // RegisterBuffer: address -> length
+	pools map[uintptr]*mempool.Pool // AllocBuffer: address -> its pool
+}
+
+func newStoreObj(c kv) *storeObj {
+	return &storeObj{c: c, regs: make(map[uintptr]int), pools: make(map[uintptr]*mempool.Pool)}
+}
+
+// kv is what the exports call: a real client (store.Client) or a dummy
+// client of one on this host (local.Dummy), behind small adapters.
+type kv interface {
+	Put(ctx context.Context, key string, value []byte, rc store.ReplicateConfig) error
+	PutFrom(ctx context.Context, key string, src []byte, rc store.ReplicateConfig) error
+	GetInto(ctx context.Context, key string, dst []byte) (int, error)
+	BatchPut(ctx context.Context, keys []string, values [][]byte, rc store.ReplicateConfig) []error
+	BatchGet(ctx context.Context, keys []string) ([][]byte, []error)
+	BatchGetInto(ctx context.Context, keys []string, dsts [][]byte) ([]int, []error)
+	IsExist(ctx context.Context, key string) (bool, error)
+	BatchIsExist(ctx context.Context, keys []string) ([]bool, []error)
+	Remove(ctx context.Context, key string, force bool) error
+	BatchRemove(ctx context.Context, keys []string, force bool) []error
+	RemoveAll(ctx context.Context, force bool) (uint64, error)
+	RemoveByRegex(ctx context.Context, regex string, force bool) (uint64, error)
+	RegisterBuffer(b []byte) error
+	UnregisterBuffer(b []byte) error
+	// registerPool/unregisterPool share a pool from AllocBuffer.
+	registerPool(p *mempool.Pool, mem []byte) error
+	unregisterPool(p *mempool.Pool, mem []byte) error
+	SegmentName() (string, error)
+	Close() error
+	// view reads key for GetBuffer; inPlace says its bytes are outside
+	// the Go heap (in a segment, a staging pool or a shared cache).
+	view(ctx context.Context, key string) (b view, inPlace bool, err error)
+}
+
+type view interface {
+	Bytes() []byte
+	Release()
+}
+
+// real adapts store.Client.
+type real struct{ *store.Client }
+
+func (r real) IsExist(ctx context.Context, key string) (bool, error) {
+	return r.Client.IsExist(ctx, key)
+}
+func (r real) BatchIsExist(ctx context.Context, keys []string) ([]bool, []error) {
+	return r.Client.BatchIsExist(ctx, keys)
+}
+func (r real) SegmentName() (string, error)                     { return r.Client.SegmentName(), nil }
+func (r real) registerPool(_ *mempool.Pool, mem []byte) error   { return r.RegisterBuffer(mem) }
+func (r real) unregisterPool(_ *mempool.Pool, mem []byte) error { return r.UnregisterBuffer(mem) }
+func (r real) view(ctx context.Context, key string) (view, bool, error) {
+	b, err := r.GetBuffer(ctx, key)
+	if err != nil {
+		return nil, false, err
+	}
+	return b, b.Mapped(), nil
+}
+
+// dummy adapts local.Dummy. Memory given to RegisterBuffer is only
+// recorded (a dummy shares memfd pools, not arbitrary memory): its values
+// travel in the socket's frames; AllocBuffer's pools move by reference.
+type dummy struct{ *local.Dummy }
+
+var errDummyUnsupported = errcode.New(errcode.NotSupported, "not supported by a dummy client (crescent_store_dial_local): call the real client")
+
+func (d dummy) RemoveAll(context.Context, bool) (uint64, error) { return 0, errDummyUnsupported }
+func (d dummy) RemoveByRegex(context.Context, string, bool) (uint64, error) {
+	return 0, errDummyUnsupported
+}
+func (d dummy) RegisterBuffer([]byte) error                    { return nil }
+func (d dummy) UnregisterBuffer([]byte) error                  { return nil }
+func (d dummy) SegmentName() (string, error)                   { return "", errDummyUnsupported }
+func (d dummy) registerPool(p *mempool.Pool, _ []byte) error   { return d.RegisterPool(bg(), p) }
+func (d dummy) unregisterPool(p *mempool.Pool, _ []byte) error { return d.UnregisterPool(bg(), p) }
+func (d dummy) view(ctx context.Context, key string) (view, bool, error) {
+	b, err := d.GetBuffer(ctx, key)
+	if err != nil {
+		return nil, false, err
+	}
+	return b, b.Shared(), nil
+}
+
+// storeDialLocal connects a dummy client to the real client serving the
+// Unix socket path (crescent-client --local_socket).
+func storeDialLocal(path string) (uint64, error) {
+	if path == "" {
+		return 0, errcode.New(errcode.InvalidParams, "empty socket path")
+	}
+	d, err := local.Dial(context.Background(), path)
+	if err != nil {
+		return 0, err
+	}
+	return handles.add(newStoreObj(dummy{d})), nil
 }
 
 func storeCreate(cfg storeConfig) (uint64, error) {
@@ -88,7 +184,7 @@ func storeCreate(cfg storeConfig) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return handles.add(&storeObj{c: c, regs: make(map[uintptr]int)}), nil
+	return handles.add(newStoreObj(real{c})), nil
 }
 
 func getStore(h uint64) (*storeObj, error) {
@@ -104,7 +200,14 @@ func storeClose(h uint64) error {
 	if !ok {
 		return fmt.Errorf("%w: store %d", errBadHandle, h)
 	}
-	return o.c.Close()
+	err := o.c.Close()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for a, p := range o.pools { // the client is gone: nothing uses them now
+		delete(o.pools, a)
+		p.Close()
+	}
+	return err
 }
 
 // replicate is crescent_replicate_config_t in Go.
@@ -170,17 +273,17 @@ func (o *storeObj) unregister(p unsafe.Pointer) error {
 	return nil
 }
 
-// bufferObj is a zero-copy view handed to C: in the client's own memory,
-// or (when the store answered from the Go heap) a C copy in cmem.
+// bufferObj is a zero-copy view handed to C: in memory outside the Go
+// heap, or (when the store answered from the Go heap) a C copy in cmem.
 type bufferObj struct {
-	b    *store.Buffer
+	b    view
 	cmem unsafe.Pointer
 }
 
 // getBuffer returns a handle, the data's address (outside the Go heap)
 // and its size. alloc makes C memory for a heap answer.
 func (o *storeObj) getBuffer(key string, alloc func(n int) unsafe.Pointer) (uint64, unsafe.Pointer, int, error) {
-	b, err := o.c.GetBuffer(context.Background(), key)
+	b, inPlace, err := o.c.view(context.Background(), key)
 	if err != nil {
 		return 0, nil, 0, err
 	}
@@ -189,7 +292,7 @@ func (o *storeObj) getBuffer(key string, alloc func(n int) unsafe.Pointer) (uint
 	var p unsafe.Pointer
 	switch {
 	case len(data) == 0:
-	case b.Mapped():
+	case inPlace:
 		p = unsafe.Pointer(unsafe.SliceData(data))
 	default:
 		obj.cmem = alloc(len(data))
@@ -218,4 +321,46 @@ func releaseBuffer(h uint64, free func(unsafe.Pointer)) error {
 		free(obj.cmem)
 	}
 	return nil
+}
+
+// allocBuffer makes n bytes of memfd memory shared with the client (a
+// real client registers it with its engine; a dummy passes its memfd to
+// the real client), so put_from and get_into move values in it with no
+// copy in either mode.
+func (o *storeObj) allocBuffer(n uint64) (unsafe.Pointer, error) {
+	if n == 0 || n > 1<<40 {
+		return nil, errcode.New(errcode.InvalidParams, "buffer of %d bytes: 1 byte to 1 TiB", n)
+	}
+	p, err := mempool.New(mempool.Options{Size: int64(n), Name: "crescent-capi-buffer"})
+	if err != nil {
+		return nil, errcode.New(errcode.InternalError, "allocate %d bytes: %v", n, err)
+	}
+	mem := p.Bytes() // n rounded up to the pool's slab size
+	if err := o.c.registerPool(p, mem); err != nil {
+		p.Close()
+		return nil, err
+	}
+	addr := unsafe.Pointer(unsafe.SliceData(mem))
+	o.mu.Lock()
+	o.pools[uintptr(addr)] = p
+	o.mu.Unlock()
+	return addr, nil
+}
+
+// freeBuffer withdraws and unmaps memory from allocBuffer.
+func (o *storeObj) freeBuffer(addr unsafe.Pointer) error {
+	o.mu.Lock()
+	p, ok := o.pools[uintptr(addr)]
+	delete(o.pools, uintptr(addr))
+	o.mu.Unlock()
+	if !ok {
+		return errcode.New(errcode.InvalidParams, "no buffer from alloc_buffer at %p", addr)
+	}
+	if err := o.c.unregisterPool(p, p.Bytes()); err != nil {
+		o.mu.Lock()
+		o.pools[uintptr(addr)] = p // still in use: keep it mapped
+		o.mu.Unlock()
+		return err
+	}
+	return p.Close()
 }

@@ -21,8 +21,20 @@
 //     thread, so the thread-local is the caller's.
 //   - Arrays given by C are bounded (maxItems) before any Go memory is
 //     allocated for them.
+//   - A store handle is a real client (crescent_store_create: a
+//     store.Client) or a dummy client of one on this host
+//     (crescent_store_dial_local: a local.Dummy); one interface (kv)
+//     serves both, so every store export works on either. A dummy's
+//     get_buffer views the real client's shared hot cache in place; what
+//     a dummy cannot do is CRESCENT_NOT_SUPPORTED.
+//   - crescent_store_alloc_buffer maps a memfd pool registered with the
+//     client (a dummy passes its memfd to the real client), so put_from
+//     and get_into in it copy nothing in either mode; the pools are
+//     unmapped at free_buffer or when the store closes.
 //   - The library's logs (slog text on stderr) start at level warn;
 //     CRESCENT_LOG_LEVEL=debug|info|warn|error changes that.
+//   - CRESCENT_CPUPROFILE=file writes a Go CPU profile from load for
+//     CRESCENT_CPUPROFILE_SECONDS (30): `go tool pprof libcrescent.so file`.
 //
 // The exports are thin (exports_*.go): they convert C types and call the
 // Go core (core_*.go), which the package's Go tests exercise directly

@@ -9,7 +9,7 @@ package main
 import "C"
 
 import (
-	"errors"
+	"fmt"
 	"unsafe"
 
 	"github.com/crescent-kv/crescent/engine"
@@ -36,138 +36,111 @@ func crescent_engine_destroy(e C.crescent_engine_t) (rc C.int) {
 }
 
 //export crescent_engine_get_local_name
-func crescent_engine_get_local_name(e C.crescent_engine_t, buf *C.char, n C.size_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	return engineRC(putName(o.e.Name(), buf, n))
+func crescent_engine_get_local_name(e C.crescent_engine_t, buf *C.char, n C.size_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return putName(o.e.Name(), buf, n)
+	})
 }
 
 //export crescent_engine_register_memory
-func crescent_engine_register_memory(e C.crescent_engine_t, addr unsafe.Pointer, n C.size_t, location *C.char, remote C.int) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	return engineRC(o.register(addr, uint64(n), C.GoString(location)))
+func crescent_engine_register_memory(e C.crescent_engine_t, addr unsafe.Pointer, n C.size_t, location *C.char, remote C.int) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.register(addr, uint64(n), C.GoString(location))
+	})
 }
 
 //export crescent_engine_unregister_memory
-func crescent_engine_unregister_memory(e C.crescent_engine_t, addr unsafe.Pointer) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	return engineRC(o.unregister(addr))
+func crescent_engine_unregister_memory(e C.crescent_engine_t, addr unsafe.Pointer) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.unregister(addr)
+	})
 }
 
 //export crescent_engine_register_memory_batch
-func crescent_engine_register_memory_batch(e C.crescent_engine_t, list *C.crescent_buffer_entry_t, count C.size_t, location *C.char) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	n, err := items(count)
-	if err != nil {
-		return engineRC(err)
-	}
-	if n > 0 && list == nil {
-		return engineRC(badArg("NULL list"))
-	}
-	loc := C.GoString(location)
-	for _, b := range unsafe.Slice(list, n) {
-		if err := o.register(b.addr, uint64(b.length), loc); err != nil {
-			return engineRC(err)
+func crescent_engine_register_memory_batch(e C.crescent_engine_t, list *C.crescent_buffer_entry_t, count C.size_t, location *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		n, err := items(count)
+		if err != nil {
+			return err
 		}
-	}
-	return 0
+		if n > 0 && list == nil {
+			return badArg("NULL list")
+		}
+		loc := C.GoString(location)
+		for _, b := range unsafe.Slice(list, n) {
+			if err := o.register(b.addr, uint64(b.length), loc); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 //export crescent_engine_unregister_memory_batch
-func crescent_engine_unregister_memory_batch(e C.crescent_engine_t, addrs *unsafe.Pointer, count C.size_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	n, err := items(count)
-	if err != nil {
-		return engineRC(err)
-	}
-	if n > 0 && addrs == nil {
-		return engineRC(badArg("NULL list"))
-	}
-	for _, a := range unsafe.Slice(addrs, n) {
-		if err := o.unregister(a); err != nil {
-			return engineRC(err)
+func crescent_engine_unregister_memory_batch(e C.crescent_engine_t, addrs *unsafe.Pointer, count C.size_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		n, err := items(count)
+		if err != nil {
+			return err
 		}
-	}
-	return 0
+		if n > 0 && addrs == nil {
+			return badArg("NULL list")
+		}
+		for _, a := range unsafe.Slice(addrs, n) {
+			if err := o.unregister(a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 //export crescent_engine_open_segment
-func crescent_engine_open_segment(e C.crescent_engine_t, name *C.char, out *C.crescent_segment_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	if out == nil || name == nil {
-		return engineRC(badArg("NULL name or out"))
-	}
-	id, err := o.e.OpenSegment(bg(), C.GoString(name))
-	if err != nil {
-		return engineRC(err)
-	}
-	*out = C.crescent_segment_t(id)
-	return 0
+func crescent_engine_open_segment(e C.crescent_engine_t, name *C.char, out *C.crescent_segment_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if out == nil || name == nil {
+			return badArg("NULL name or out")
+		}
+		id, err := o.e.OpenSegment(bg(), C.GoString(name))
+		if err != nil {
+			return err
+		}
+		*out = C.crescent_segment_t(id)
+		return nil
+	})
 }
 
 //export crescent_engine_close_segment
-func crescent_engine_close_segment(e C.crescent_engine_t, seg C.crescent_segment_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	return engineRC(o.e.CloseSegment(engine.SegmentID(seg)))
+func crescent_engine_close_segment(e C.crescent_engine_t, seg C.crescent_segment_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.e.CloseSegment(engine.SegmentID(seg))
+	})
 }
 
 //export crescent_engine_allocate_batch
-func crescent_engine_allocate_batch(e C.crescent_engine_t, size C.size_t, out *C.crescent_batch_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	n, err := items(size)
-	if err != nil {
-		return engineRC(err)
-	}
-	if out == nil {
-		return engineRC(badArg("NULL out"))
-	}
-	id, err := o.e.AllocateBatch(n)
-	if err != nil {
-		return engineRC(err)
-	}
-	*out = C.crescent_batch_t(id)
-	return 0
+func crescent_engine_allocate_batch(e C.crescent_engine_t, size C.size_t, out *C.crescent_batch_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		n, err := items(size)
+		if err != nil {
+			return err
+		}
+		if out == nil {
+			return badArg("NULL out")
+		}
+		id, err := o.e.AllocateBatch(n)
+		if err != nil {
+			return err
+		}
+		*out = C.crescent_batch_t(id)
+		return nil
+	})
 }
 
 //export crescent_engine_free_batch
-func crescent_engine_free_batch(e C.crescent_engine_t, b C.crescent_batch_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	return engineRC(o.e.FreeBatch(engine.BatchID(b)))
+func crescent_engine_free_batch(e C.crescent_engine_t, b C.crescent_batch_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.e.FreeBatch(engine.BatchID(b))
+	})
 }
 
 func cRequests(entries *C.crescent_transfer_request_t, count C.size_t) ([]request, error) {
@@ -186,50 +159,41 @@ func cRequests(entries *C.crescent_transfer_request_t, count C.size_t) ([]reques
 }
 
 //export crescent_engine_submit
-func crescent_engine_submit(e C.crescent_engine_t, b C.crescent_batch_t, entries *C.crescent_transfer_request_t, count C.size_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	reqs, err := cRequests(entries, count)
-	if err != nil {
-		return engineRC(err)
-	}
-	return engineRC(o.submit(uint64(b), reqs, false, 0, ""))
+func crescent_engine_submit(e C.crescent_engine_t, b C.crescent_batch_t, entries *C.crescent_transfer_request_t, count C.size_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		reqs, err := cRequests(entries, count)
+		if err != nil {
+			return err
+		}
+		return o.submit(uint64(b), reqs, false, 0, "")
+	})
 }
 
 //export crescent_engine_submit_with_notify
-func crescent_engine_submit_with_notify(e C.crescent_engine_t, b C.crescent_batch_t, entries *C.crescent_transfer_request_t, count C.size_t, target C.crescent_segment_t, msg *C.char) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	reqs, err := cRequests(entries, count)
-	if err != nil {
-		return engineRC(err)
-	}
-	return engineRC(o.submit(uint64(b), reqs, true, uint64(target), C.GoString(msg)))
+func crescent_engine_submit_with_notify(e C.crescent_engine_t, b C.crescent_batch_t, entries *C.crescent_transfer_request_t, count C.size_t, target C.crescent_segment_t, msg *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		reqs, err := cRequests(entries, count)
+		if err != nil {
+			return err
+		}
+		return o.submit(uint64(b), reqs, true, uint64(target), C.GoString(msg))
+	})
 }
 
 //export crescent_engine_get_transfer_status
-func crescent_engine_get_transfer_status(e C.crescent_engine_t, b C.crescent_batch_t, task C.size_t, st *C.crescent_transfer_status_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	if st == nil || task > maxItems {
-		return engineRC(badArg("NULL status or task out of range"))
-	}
-	ts, err := o.e.Status(engine.BatchID(b), int(task))
-	if err != nil {
-		return engineRC(err)
-	}
-	st.status = C.int(ts.Status)
-	st.transferred_bytes = C.uint64_t(ts.Transferred)
-	return 0
+func crescent_engine_get_transfer_status(e C.crescent_engine_t, b C.crescent_batch_t, task C.size_t, st *C.crescent_transfer_status_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if st == nil || task > maxItems {
+			return badArg("NULL status or task out of range")
+		}
+		ts, err := o.e.Status(engine.BatchID(b), int(task))
+		if err != nil {
+			return err
+		}
+		st.status = C.int(ts.Status)
+		st.transferred_bytes = C.uint64_t(ts.Transferred)
+		return nil
+	})
 }
 
 func fillBatch(st *C.crescent_batch_status_t, bs engine.BatchStatus) {
@@ -244,65 +208,102 @@ func fillBatch(st *C.crescent_batch_status_t, bs engine.BatchStatus) {
 }
 
 //export crescent_engine_get_batch_status
-func crescent_engine_get_batch_status(e C.crescent_engine_t, b C.crescent_batch_t, st *C.crescent_batch_status_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	if st == nil {
-		return engineRC(badArg("NULL status"))
-	}
-	bs, err := o.e.BatchStatus(engine.BatchID(b))
-	if err != nil {
-		return engineRC(err)
-	}
-	fillBatch(st, bs)
-	return 0
+func crescent_engine_get_batch_status(e C.crescent_engine_t, b C.crescent_batch_t, st *C.crescent_batch_status_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if st == nil {
+			return badArg("NULL status")
+		}
+		bs, err := o.e.BatchStatus(engine.BatchID(b))
+		if err != nil {
+			return err
+		}
+		fillBatch(st, bs)
+		return nil
+	})
 }
 
 //export crescent_engine_wait
-func crescent_engine_wait(e C.crescent_engine_t, b C.crescent_batch_t, timeoutMs C.int64_t, st *C.crescent_batch_status_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	if st == nil {
-		return engineRC(badArg("NULL status"))
-	}
-	bs, err := o.wait(uint64(b), int64(timeoutMs))
-	if err != nil {
-		return engineRC(err)
-	}
-	fillBatch(st, bs)
-	return 0
+func crescent_engine_wait(e C.crescent_engine_t, b C.crescent_batch_t, timeoutMs C.int64_t, st *C.crescent_batch_status_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if st == nil {
+			return badArg("NULL status")
+		}
+		bs, err := o.wait(uint64(b), int64(timeoutMs))
+		if err != nil {
+			return err
+		}
+		fillBatch(st, bs)
+		return nil
+	})
 }
 
 //export crescent_engine_get_notifs
-func crescent_engine_get_notifs(e C.crescent_engine_t, out **C.crescent_notify_msg_t, count *C.size_t) (rc C.int) {
-	defer recoverEngine(&rc)
-	o, err := getEngine(uint64(e))
-	if err != nil {
-		return engineRC(err)
-	}
-	if out == nil || count == nil {
-		return engineRC(badArg("NULL out or count"))
-	}
-	*out, *count = nil, 0
-	ns := o.e.Notifications()
-	if len(ns) == 0 {
-		return 0
-	}
-	arr := (*C.crescent_notify_msg_t)(C.calloc(C.size_t(len(ns)), C.size_t(unsafe.Sizeof(C.crescent_notify_msg_t{}))))
-	if arr == nil {
-		return fail(errMemory, errors.New("crescent: out of memory for notifications")) // they are lost
-	}
-	msgs := unsafe.Slice(arr, len(ns))
-	for i, n := range ns {
-		msgs[i].name = C.CString(n.From)
-		msgs[i].msg = C.CString(n.Msg)
-	}
-	*out, *count = arr, C.size_t(len(ns))
-	return 0
+func crescent_engine_get_notifs(e C.crescent_engine_t, out **C.crescent_notify_msg_t, count *C.size_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if out == nil || count == nil {
+			return badArg("NULL out or count")
+		}
+		*out, *count = nil, 0
+		ns := o.e.Notifications()
+		if len(ns) == 0 {
+			return nil
+		}
+		arr := (*C.crescent_notify_msg_t)(C.calloc(C.size_t(len(ns)), C.size_t(unsafe.Sizeof(C.crescent_notify_msg_t{}))))
+		if arr == nil {
+			return fmt.Errorf("%w for notifications", errNoMemory) // they are lost
+		}
+		msgs := unsafe.Slice(arr, len(ns))
+		for i, n := range ns {
+			msgs[i].name = C.CString(n.From)
+			msgs[i].msg = C.CString(n.Msg)
+		}
+		*out, *count = arr, C.size_t(len(ns))
+		return nil
+	})
+}
+
+//export crescent_engine_notify
+func crescent_engine_notify(e C.crescent_engine_t, target C.crescent_segment_t, msg *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if msg == nil {
+			return badArg("NULL msg")
+		}
+		return o.e.Notify(engine.SegmentID(target), C.GoString(msg))
+	})
+}
+
+//export crescent_engine_open_segment_no_cache
+func crescent_engine_open_segment_no_cache(e C.crescent_engine_t, name *C.char, out *C.crescent_segment_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		if out == nil || name == nil {
+			return badArg("NULL name or out")
+		}
+		id, err := o.openNoCache(C.GoString(name))
+		if err != nil {
+			return err
+		}
+		*out = C.crescent_segment_t(id)
+		return nil
+	})
+}
+
+//export crescent_engine_sync_segment_cache
+func crescent_engine_sync_segment_cache(e C.crescent_engine_t) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.e.RefreshSegments(bg())
+	})
+}
+
+//export crescent_engine_install_transport
+func crescent_engine_install_transport(e C.crescent_engine_t, proto *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.installTransport(C.GoString(proto))
+	})
+}
+
+//export crescent_engine_uninstall_transport
+func crescent_engine_uninstall_transport(e C.crescent_engine_t, proto *C.char) C.int {
+	return onEngine(e, func(o *engineObj) error {
+		return o.uninstallTransport(C.GoString(proto))
+	})
 }

@@ -77,6 +77,26 @@ int main(void) {
     CHECK_OK(crescent_engine_get_notifs(eng, &msgs, &n));
     CHECK(n == 0 && msgs == NULL);
 
+    /* A notification with no batch (genNotifyInEngine). */
+    CHECK_OK(crescent_engine_notify(eng, self_seg, "no batch"));
+    CHECK_OK(crescent_engine_get_notifs(eng, &msgs, &n));
+    CHECK(n == 1 && strcmp(msgs[0].msg, "no batch") == 0);
+    crescent_engine_free_notifs(msgs, n);
+    CHECK_RC(crescent_engine_notify(eng, 12345, "x"), CRESCENT_ERR_INVALID_ARGUMENT);
+    CHECK_RC(crescent_engine_notify(eng, self_seg, NULL), CRESCENT_ERR_INVALID_ARGUMENT);
+
+    /* openSegmentNoCache, syncSegmentCache, install/uninstallTransport. */
+    crescent_segment_t again;
+    CHECK_OK(crescent_engine_open_segment_no_cache(eng, name, &again));
+    CHECK(again == self_seg);
+    CHECK_OK(crescent_engine_close_segment(eng, again));
+    CHECK_OK(crescent_engine_sync_segment_cache(eng));
+    CHECK_RC(crescent_engine_open_segment_no_cache(eng, "127.0.0.1:1", &again), CRESCENT_ERR_METADATA);
+    CHECK_OK(crescent_engine_install_transport(eng, "tcp"));
+    CHECK_RC(crescent_engine_install_transport(eng, "nvmeof"), CRESCENT_ERR_NOT_IMPLEMENTED);
+    CHECK_RC(crescent_engine_uninstall_transport(eng, "tcp"), CRESCENT_ERR_NOT_IMPLEMENTED);
+    CHECK_RC(crescent_engine_uninstall_transport(eng, "nvmeof"), CRESCENT_ERR_INVALID_ARGUMENT);
+
     memset(src, 0, BUF);
     crescent_transfer_request_t r = {CRESCENT_OPCODE_READ, src, self_seg, (uint64_t)(uintptr_t)dst, 4096};
     CHECK_OK(crescent_engine_submit(eng, b, &r, 1));

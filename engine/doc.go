@@ -47,7 +47,10 @@
 //     Config.Notifications = NotifyOff refuses them (the sender gets
 //     ErrRejected) and stores nothing. A notification's outcome
 //     (BatchStatus.NotifyErr) belongs to the round of Submits it was
-//     attached to, never a later one.
+//     attached to, never a later one. Notify sends one with no batch.
+//   - Opened segments keep their descriptor cached (re-fetched when a
+//     request falls outside it, or every Config.SegmentRefresh);
+//     RefreshSegment and RefreshSegments fetch now.
 //
 // Transports are tried in Config.Protocols order (default shm, cxl, rdma,
 // efa, tcp; one that cannot start here is skipped with one log line); the

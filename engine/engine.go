@@ -733,6 +733,20 @@ func (r *notifyRing) drain() []Notification {
 	return out
 }
 
+// Notify delivers msg to the opened segment target now, with no batch
+// (the reference's genNotifyInEngine); it returns once the peer's engine
+// queued it or refused it.
+func (e *Engine) Notify(target SegmentID, msg string) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	s, err := e.segment(target)
+	if err != nil {
+		return err
+	}
+	return e.sendNotify(s, msg)
+}
+
 func (e *Engine) sendNotify(s *segment, msg string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.MetadataTimeout)
 	defer cancel()

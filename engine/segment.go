@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -231,6 +232,27 @@ func (e *Engine) RefreshSegment(ctx context.Context, id SegmentID) error {
 	s.refreshMu.Unlock()
 	_, err = s.Refresh(ctx)
 	return err
+}
+
+// RefreshSegments fetches the descriptor of every opened segment again
+// (the reference's syncSegmentCache); the error joins those that failed.
+func (e *Engine) RefreshSegments(ctx context.Context) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	e.segs.mu.RLock()
+	ids := make([]SegmentID, 0, len(e.segs.byName))
+	for _, s := range e.segs.byName {
+		ids = append(ids, s.id)
+	}
+	e.segs.mu.RUnlock()
+	var errs []error
+	for _, id := range ids {
+		if err := e.RefreshSegment(ctx, id); err != nil && !errors.Is(err, ErrInvalidSegment) { // closed meanwhile
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (e *Engine) segment(id SegmentID) (*segment, error) {

@@ -268,6 +268,32 @@ int crescent_engine_wait(crescent_engine_t engine, crescent_batch_t batch, int64
 /* Drains received notifications: *out is an array of *count entries
  * (NULL and 0 when none); free it with crescent_engine_free_notifs. */
 int crescent_engine_get_notifs(crescent_engine_t engine, crescent_notify_msg_t **out, size_t *count);
+
+/* Sends msg (NUL-terminated) to the opened segment target now, with no
+ * batch (the reference's genNotifyInEngine); returns once the peer's
+ * engine answered (it drops messages over its bound, 64 KiB by default).
+ * The receiver sees this engine's name. */
+int crescent_engine_notify(crescent_engine_t engine, crescent_segment_t target, const char *msg);
+
+/* open_segment with the descriptor fetched now, even when the segment is
+ * open already (the reference's openSegmentNoCache). Close it with
+ * crescent_engine_close_segment like any other. */
+int crescent_engine_open_segment_no_cache(crescent_engine_t engine, const char *name,
+                                          crescent_segment_t *out);
+
+/* Fetches the descriptor of every opened segment again (the reference's
+ * syncSegmentCache). Every segment is tried; the code is the first
+ * failure's (CRESCENT_ERR_SOCKET for a peer whose engine is gone). */
+int crescent_engine_sync_segment_cache(crescent_engine_t engine);
+
+/* The reference's install/uninstallTransport. Crescent starts its
+ * transports with the engine (crescent_engine_create's protocols) and
+ * stops them with it: installing a running transport returns 0, another
+ * is CRESCENT_ERR_NOT_IMPLEMENTED; uninstalling a running one is
+ * CRESCENT_ERR_NOT_IMPLEMENTED, one not running
+ * CRESCENT_ERR_INVALID_ARGUMENT. */
+int crescent_engine_install_transport(crescent_engine_t engine, const char *proto);
+int crescent_engine_uninstall_transport(crescent_engine_t engine, const char *proto);
 #endif
 void crescent_engine_free_notifs(crescent_notify_msg_t *msgs, size_t count);
 
@@ -306,8 +332,22 @@ int crescent_store_create(const crescent_store_config_t *config, crescent_store_
 int crescent_store_create_kv(const char *const *keys, const char *const *values, size_t count,
                              crescent_store_t *out);
 
+/* Connects a dummy client to the real client serving the Unix socket
+ * path on this host (crescent-client --local_socket PATH). It has the
+ * store calls below, forwarded over the socket, and no memory of its own
+ * in the pool. get_buffer views the real client's shared hot cache in
+ * place (--local_hot_cache_shm), else a private copy. put_from/get_into
+ * move values by reference only in memory from crescent_store_alloc_buffer
+ * (memory given to register_buffer is accepted, and its values are copied
+ * through the socket). get_hostname, remove_all and remove_by_regex are
+ * CRESCENT_NOT_SUPPORTED. A broken connection fails the calls in flight
+ * with CRESCENT_RPC_FAIL; the next call connects again. Close it with
+ * crescent_store_close. */
+int crescent_store_dial_local(const char *path, crescent_store_t *out);
+
 /* Unmounts the client's memory and closes it; frees the handle. Buffers
- * from get_buffer stay valid until released. */
+ * from get_buffer stay valid until released; memory from alloc_buffer
+ * not yet freed is unmapped. */
 int crescent_store_close(crescent_store_t store);
 
 /* Writes this client's segment name ("host:port") into buf. */
@@ -370,6 +410,14 @@ int64_t crescent_store_remove_by_regex(crescent_store_t store, const char *regex
  * unregister_buffer returns 0. */
 int crescent_store_register_buffer(crescent_store_t store, void *addr, size_t size);
 int crescent_store_unregister_buffer(crescent_store_t store, void *addr);
+
+/* Maps at least size bytes of shared memory (a memfd) registered with the
+ * client: put_from and get_into move values in it with no copy, through a
+ * real client or a dummy alike. *out is its address; it stays mapped
+ * until crescent_store_free_buffer(store, *out) returns 0 or the store
+ * is closed. */
+int crescent_store_alloc_buffer(crescent_store_t store, size_t size, void **out);
+int crescent_store_free_buffer(crescent_store_t store, void *addr);
 #endif
 
 #ifdef __cplusplus

@@ -5,7 +5,12 @@ Starts a crescent-master (bin/, `make build`), then for each value size
 and mode runs `crescent-bench store` (the Go client: one client, one
 thread) and the same loop from Python through libcrescent.so (one client,
 one thread, the same segment and staging sizes, the same ring of put keys
-removed once per lap), and prints ops/s, GB/s and the ratio Python/Go.
+removed once per lap), and prints ops/s, GB/s and the ratio Python/Go,
+then the CPU time per operation of each process (Python: the whole
+process over the timed loop, its Go threads included; Go: the difference
+of a full and a quarter-length run, so setup cancels) and their ratio
+Go/Python: on a shared machine throughput swings with the neighbours,
+CPU per operation much less.
 
 Modes: "staged" is Put/Get of ordinary memory (Go heap slices; Python
 bytes in, bytes out); "zero-copy" is PutFrom/GetInto on a registered
@@ -18,6 +23,7 @@ import argparse
 import json
 import mmap
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,15 +50,42 @@ def size(s):
     return int(s)
 
 
-def go_bench(master, op, vs, zero_copy, duration):
-    out = subprocess.run([os.path.join(REPO, "bin", "crescent-bench"), "store", "--master", master, "--clients", "1",
+def _go_run(master, op, vs, zero_copy, duration):
+    """(ops/s, ops, CPU seconds of the whole process) of one crescent-bench run."""
+    p = subprocess.Popen([os.path.join(REPO, "bin", "crescent-bench"), "store", "--master", master, "--clients", "1",
                           "--threads", "1", "--operation", op, "--value_size", str(vs), "--duration", str(duration),
                           "--warmup", "0.5", "--baseline", "none", f"--zero_copy={str(zero_copy).lower()}",
                           "--segment_size", str(SEGMENT), "--local_buffer_size", str(STAGING), "--json"],
-                         capture_output=True, text=True, timeout=duration * 10 + 60)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr)
-    return json.loads(out.stdout)["ops_per_sec"]
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=duration * 10 + 60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        raise
+    # communicate reaped the child; its CPU is in RUSAGE_CHILDREN deltas,
+    # so the caller brackets each run.
+    if p.returncode != 0:
+        raise RuntimeError(err)
+    ops_s = json.loads(out)["ops_per_sec"]
+    return ops_s, ops_s * duration
+
+
+def _children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def go_bench(master, op, vs, zero_copy, duration):
+    """(ops/s, CPU seconds per op) of the Go client. The CPU is the
+    difference of a full and a short run (setup and warm-up cancel)."""
+    c0 = _children_cpu()
+    short_ops_s, short_ops = _go_run(master, op, vs, zero_copy, duration / 4)
+    c1 = _children_cpu()
+    ops_s, ops = _go_run(master, op, vs, zero_copy, duration)
+    c2 = _children_cpu()
+    extra = ops - short_ops
+    cpu = ((c2 - c1) - (c1 - c0)) / extra if extra > 0 else float("nan")
+    return ops_s, cpu
 
 
 def py_bench(master, op, vs, zero_copy, duration, tag):
@@ -92,7 +125,7 @@ def _py_bench(s, op, vs, zero_copy, duration, tag):
             assert len(s.get(k)) == vs
 
     step = put if op == "put" else get
-    ops, i, lap = 0, 0, False
+    ops, i, lap, cpu0 = 0, 0, False, 0.0
     start = time.perf_counter()
     warm = start + 0.5
     end = warm + duration
@@ -100,7 +133,7 @@ def _py_bench(s, op, vs, zero_copy, duration, tag):
     while True:
         now = time.perf_counter()
         if not counting and now >= warm:
-            counting, ops, t0 = True, 0, now
+            counting, ops, t0, cpu0 = True, 0, now, _self_cpu()
         if now >= end:
             break
         if op == "put" and i == 0 and lap:
@@ -111,11 +144,17 @@ def _py_bench(s, op, vs, zero_copy, duration, tag):
         i += 1
         if i == len(keys):
             i, lap = 0, True
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, _self_cpu() - cpu0
     s.remove_batch(keys, force=True)
     if zero_copy:
         s.unregister_buffer(addr)
-    return ops / elapsed
+    return ops / elapsed, cpu / max(ops, 1)
+
+
+def _self_cpu():
+    # The whole process: Python and the library's Go threads.
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main():
@@ -129,19 +168,25 @@ def main():
     try:
         print(f"master {cl.master}; one client, one thread each; median of {a.rounds} alternating rounds "
               f"of {a.duration:g} s")
-        print(f"{'op':4} {'size':>8} {'mode':10} {'python ops/s':>13} {'GB/s':>7} {'go ops/s':>10} {'GB/s':>7} {'py/go':>6}")
+        print(f"{'op':4} {'size':>8} {'mode':10} {'python ops/s':>13} {'GB/s':>7} {'go ops/s':>10} {'GB/s':>7} "
+              f"{'py/go':>6} {'py us/op':>9} {'go us/op':>9} {'cpu go/py':>9}")
         for sz in a.sizes.split(","):
             vs = size(sz)
             for mode in a.modes.split(","):
                 zc = mode == "zero-copy"
                 for op in ("put", "get"):
-                    gs, ps = [], []
+                    gs, ps, gc, pc = [], [], [], []
                     for _ in range(a.rounds):  # alternate, so both see the same machine
-                        gs.append(go_bench(cl.master, op, vs, zc, a.duration))
-                        ps.append(py_bench(cl.master, op, vs, zc, a.duration, mode))
+                        r, c = go_bench(cl.master, op, vs, zc, a.duration)
+                        gs.append(r)
+                        gc.append(c)
+                        r, c = py_bench(cl.master, op, vs, zc, a.duration, mode)
+                        ps.append(r)
+                        pc.append(c)
                     g, p = statistics.median(gs), statistics.median(ps)
+                    gcpu, pcpu = statistics.median(gc) * 1e6, statistics.median(pc) * 1e6
                     print(f"{op:4} {sz:>8} {mode:10} {p:13.0f} {p * vs / 1e9:7.2f} {g:10.0f} {g * vs / 1e9:7.2f} "
-                          f"{p / g:6.2f}", flush=True)
+                          f"{p / g:6.2f} {pcpu:9.1f} {gcpu:9.1f} {gcpu / pcpu:9.2f}", flush=True)
     finally:
         cl.stop()
 

@@ -53,6 +53,7 @@ class codes:
     ERR_QUARANTINED = -9
     ERR_METADATA = -200
     ERR_CONTEXT = -202
+    ERR_NOT_IMPLEMENTED = -303
 
 
 class CrescentError(Exception):
@@ -254,10 +255,23 @@ class Store:
         _check(StoreError, lib.crescent_store_create(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h.value
         self._regs = {}  # address -> keepalive of registered buffers
+        self._allocs = {}  # address -> size of alloc_buffer memory
+
+    @classmethod
+    def dial_local(cls, path):
+        """A dummy client of the real client serving the Unix socket path
+        on this host (crescent-client --local_socket): the same calls,
+        forwarded; get_buffer views its shared hot cache in place."""
+        h = ctypes.c_uint64()
+        _check(StoreError, lib.crescent_store_dial_local(path.encode(), ctypes.byref(h)))
+        s = cls.__new__(cls)
+        s._h, s._regs, s._allocs = h.value, {}, {}
+        return s
 
     def close(self):
         h, self._h = self._h, 0
         if h:
+            self._allocs.clear()  # unmapped by the close
             _check(StoreError, lib.crescent_store_close(h))
 
     def __enter__(self):
@@ -404,6 +418,24 @@ class Store:
         _check(StoreError, lib.crescent_store_unregister_buffer(self._h, addr))
         self._regs.pop(addr, None)
 
+    def alloc_buffer(self, size):
+        """Shared memory registered with the client (zero-copy put_from and
+        get_into, also for a dummy client): returns its address. Free it
+        with free_buffer; views of it must be gone by then."""
+        p = ctypes.c_void_p()
+        _check(StoreError, lib.crescent_store_alloc_buffer(self._h, size, ctypes.byref(p)))
+        self._allocs[p.value] = size
+        return p.value
+
+    def buffer_view(self, addr, size):
+        """A writable memoryview of size bytes at addr (memory from
+        alloc_buffer; it must outlive the view)."""
+        return memoryview((ctypes.c_char * size).from_address(addr)).cast("B")
+
+    def free_buffer(self, addr):
+        _check(StoreError, lib.crescent_store_free_buffer(self._h, addr))
+        self._allocs.pop(addr, None)
+
 
 BatchStatus = namedtuple("BatchStatus", "status requests completed failed timed_out canceled pending transferred")
 
@@ -451,10 +483,28 @@ class Engine:
         _check(EngineError, lib.crescent_engine_unregister_memory(self._h, addr))
         self._regs.pop(addr, None)
 
-    def open_segment(self, name):
+    def open_segment(self, name, cache=True):
+        """A segment handle; cache=False fetches its descriptor now even
+        when it is open already."""
         s = ctypes.c_uint64()
-        _check(EngineError, lib.crescent_engine_open_segment(self._h, name.encode(), ctypes.byref(s)))
+        f = lib.crescent_engine_open_segment if cache else lib.crescent_engine_open_segment_no_cache
+        _check(EngineError, f(self._h, name.encode(), ctypes.byref(s)))
         return s.value
+
+    def sync_segment_cache(self):
+        """Fetches every opened segment's descriptor again."""
+        _check(EngineError, lib.crescent_engine_sync_segment_cache(self._h))
+
+    def notify(self, seg, msg):
+        """Sends msg to an opened segment now, with no batch."""
+        _check(EngineError, lib.crescent_engine_notify(self._h, seg, msg.encode()))
+
+    def install_transport(self, proto):
+        """0 for a running transport; transports start with the engine."""
+        _check(EngineError, lib.crescent_engine_install_transport(self._h, proto.encode()))
+
+    def uninstall_transport(self, proto):
+        _check(EngineError, lib.crescent_engine_uninstall_transport(self._h, proto.encode()))
 
     def close_segment(self, seg):
         _check(EngineError, lib.crescent_engine_close_segment(self._h, seg))

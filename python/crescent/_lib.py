@@ -61,7 +61,13 @@ _SIGS = {
     "crescent_engine_wait": (c_int, [H, H, c_int64, P(BatchStatusC)]),
     "crescent_engine_get_notifs": (c_int, [H, P(P(NotifyMsg)), P(c_size_t)]),
     "crescent_engine_free_notifs": (None, [P(NotifyMsg), c_size_t]),
+    "crescent_engine_notify": (c_int, [H, H, c_char_p]),
+    "crescent_engine_open_segment_no_cache": (c_int, [H, c_char_p, P(H)]),
+    "crescent_engine_sync_segment_cache": (c_int, [H]),
+    "crescent_engine_install_transport": (c_int, [H, c_char_p]),
+    "crescent_engine_uninstall_transport": (c_int, [H, c_char_p]),
     "crescent_store_create": (c_int, [P(StoreConfigC), P(H)]),
+    "crescent_store_dial_local": (c_int, [c_char_p, P(H)]),
     "crescent_store_close": (c_int, [H]),
     "crescent_store_get_hostname": (c_int, [H, c_char_p, c_size_t]),
     "crescent_store_put": (c_int, [H, c_char_p, c_void_p, c_size_t, P(ReplicateConfigC)]),
@@ -81,6 +87,8 @@ _SIGS = {
     "crescent_store_remove_by_regex": (c_int64, [H, c_char_p, c_int]),
     "crescent_store_register_buffer": (c_int, [H, c_void_p, c_size_t]),
     "crescent_store_unregister_buffer": (c_int, [H, c_void_p]),
+    "crescent_store_alloc_buffer": (c_int, [H, c_size_t, P(c_void_p)]),
+    "crescent_store_free_buffer": (c_int, [H, c_void_p]),
 }
 
 

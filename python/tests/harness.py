@@ -21,7 +21,15 @@ def _wait_line(proc, stream, pattern, timeout=30):
     chatty process never blocks on a full pipe) until a line matches
     pattern; returns the match."""
     lines = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in stream] + [lines.put(None)], daemon=True).start()
+
+    def pump():
+        try:
+            for x in stream:
+                lines.put(x)
+        except (ValueError, OSError):  # closed by Cluster.stop
+            pass
+        lines.put(None)
+    threading.Thread(target=pump, daemon=True).start()
     deadline, seen = time.monotonic() + timeout, []
     while time.monotonic() < deadline:
         try:
@@ -44,18 +52,26 @@ class Cluster:
     """A master and (clients > 0) crescent-client daemons contributing
     segment bytes each."""
 
-    def __init__(self, clients=1, segment="64MiB"):
+    def __init__(self, clients=1, segment="64MiB", client_args=(), client_env=None):
         self.procs = []
         m = subprocess.Popen([os.path.join(BIN, "crescent-master"), "--rpc_address", "127.0.0.1", "--rpc_port", "0",
                               "--metrics_port", "0"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.procs.append(m)
         self.master = _wait_line(m, m.stderr, r"rpc=(127\.0\.0\.1:\d+)").group(1)
+        try:
+            self._start_clients(clients, segment, client_args, client_env)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_clients(self, clients, segment, client_args, client_env):
         for _ in range(clients):
             c = subprocess.Popen([os.path.join(BIN, "crescent-client"), "--master_server_address", self.master,
                                   "--global_segment_size", segment, "--local_buffer_size", "16MiB",
                                   "--metrics_port", "0", "--metrics_address", "127.0.0.1",
-                                  "--local_hostname", "127.0.0.1"],
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                  "--local_hostname", "127.0.0.1", *client_args],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env=None if client_env is None else {**os.environ, **client_env})
             self.procs.append(c)
             _wait_line(c, c.stdout, r"metrics on")
 
@@ -68,3 +84,6 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+            for f in (p.stdout, p.stderr):
+                if f is not None:
+                    f.close()

@@ -49,6 +49,29 @@ class EngineTest(unittest.TestCase):
             self.a.free_batch(bt)
         self.assertEqual(e.exception.code, codes.ERR_INVALID_ARGUMENT)
 
+    def test_reference_extras(self):
+        # genNotifyInEngine, openSegmentNoCache, syncSegmentCache, install/uninstallTransport.
+        self.a.notify(self.seg, "no batch")
+        self.assertEqual(self.b.notifications(), [(self.a.name, "no batch")])
+        extra = mmap.mmap(-1, SIZE)
+        pe = self.b.register_memory(extra)
+        again = self.a.open_segment(self.b.name, cache=False)
+        self.assertEqual(again, self.seg)
+        self.a.close_segment(again)
+        bt = self.a.allocate_batch(1)
+        self.a.submit(bt, [(WRITE, self.pa, self.seg, pe, 64)])  # the new buffer is known now
+        self.assertEqual(self.a.wait(bt, timeout=10).status, crescent.COMPLETED)
+        self.a.free_batch(bt)
+        self.b.unregister_memory(pe)
+        self.a.sync_segment_cache()
+        self.a.install_transport("tcp")
+        with self.assertRaises(EngineError) as e:
+            self.a.install_transport("nvmeof")
+        self.assertEqual(e.exception.code, codes.ERR_NOT_IMPLEMENTED)
+        with self.assertRaises(EngineError) as e:
+            self.a.uninstall_transport("tcp")
+        self.assertEqual(e.exception.code, codes.ERR_NOT_IMPLEMENTED)
+
     def test_errors(self):
         bt = self.a.allocate_batch(1)
         cases = [

@@ -7,16 +7,30 @@ for a value that cannot be read; is_exist returns 1, 0 or a code;
 get_buffer returns a BufferHandle (ptr(), size(), the buffer protocol) or
 None. The codes are the store's (the same numbers as Mooncake's).
 
-Not provided: the tensor helpers (get_tensor, put_tensor, ... need torch),
-setup_dummy/init_all (Crescent's shared-memory dummy clients are Go-only),
-get_into_ranges, put_from_with_metadata and batch_put_from_multi_buffers.
+setup_dummy(mem_pool_size, local_buffer_size, server_address) makes a
+dummy client of a crescent-client serving --local_socket: server_address
+is that socket's path, or the reference's "host:port" of the real client
+with the path in $CRESCENT_LOCAL_SOCKET. alloc_from_mem_pool maps shared
+memory registered with it (zero-copy put_from/get_into).
+
+The tensor helpers (put_tensor, get_tensor, batch_put_tensor,
+batch_get_tensor, get_tensor_into, put_tensor_from) store Mooncake's
+tensor object format (see _tensor.py) and take torch tensors, numpy-like
+arrays or plain buffers; without torch they return numpy arrays, or
+memoryviews without numpy.
+
+Not provided: the tensor-parallel and "parallelism" variants, pub/upsert,
+safetensors, offload, segment mounting, CUDA IPC.
 """
 
 import ctypes
 import logging
+import os
 
 import crescent
 from crescent import StoreError, lib
+
+from . import _tensor
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "BufferHandle"]
 
@@ -62,19 +76,39 @@ BufferHandle = crescent._Held
 class MooncakeDistributedStore:
     def __init__(self):
         self._s = None
+        self._dummy = False
+        self._regs = {}  # register_buffer / alloc_from_mem_pool: address -> size
 
-    def setup(self, local_hostname, metadata_server, global_segment_size=16 * 1024 * 1024,
+    def setup(self, local_hostname, metadata_server=None, global_segment_size=16 * 1024 * 1024,
               local_buffer_size=16 * 1024 * 1024, protocol="tcp", rdma_devices="",
-              master_server_addr="127.0.0.1:50051", engine=None):
+              master_server_addr="127.0.0.1:50051", engine=None, **_ignored):
         """Connects to the master; 0 or a negative code. metadata_server
         "P2PHANDSHAKE" (or etcd://, redis://, http://) is the engine's
-        metadata; protocol is a transport or comma-separated list."""
+        metadata; protocol is a transport or comma-separated list. As in
+        the reference, setup(dict) takes the same settings by name
+        (local_hostname and metadata_server required); the reference's
+        SSD-offload, tenant and client-HTTP settings are accepted and
+        ignored."""
+        if isinstance(local_hostname, dict):
+            c = {k: str(v) for k, v in local_hostname.items()}
+            if not c.get("local_hostname") or not c.get("metadata_server"):
+                log.error("setup: local_hostname and metadata_server are required")
+                return _INVALID_PARAMS
+            try:
+                return self.setup(c["local_hostname"], c["metadata_server"],
+                                  int(c.get("global_segment_size", 16 << 20)),
+                                  int(c.get("local_buffer_size", 16 << 20)), c.get("protocol", "tcp"),
+                                  c.get("rdma_devices", ""), c.get("master_server_addr", "127.0.0.1:50051"))
+            except ValueError as e:
+                log.error("setup: %s", e)
+                return _INVALID_PARAMS
         if engine is not None:
             log.error("setup: an external engine is not supported")
             return _INVALID_PARAMS
         if self._s is not None:
             self.close()
         try:
+            self._dummy = False
             self._s = crescent.Store(master_server_address=master_server_addr, local_hostname=local_hostname,
                                      metadata_server=metadata_server, protocol=protocol,
                                      global_segment_size=global_segment_size,
@@ -82,6 +116,60 @@ class MooncakeDistributedStore:
         except StoreError as e:
             log.error("setup: %s", e)
             return e.code
+        return 0
+
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
+        """Connects as a dummy client of the real client on this host;
+        0, or -1 as the reference. mem_pool_size and local_buffer_size
+        are accepted for the reference's shape (alloc_from_mem_pool maps
+        memory per call; values not in it travel through the socket)."""
+        path = server_address if ("/" in server_address or server_address.endswith(".sock")) \
+            else os.environ.get("CRESCENT_LOCAL_SOCKET", "")
+        if not path:
+            log.error("setup_dummy: %r is not a socket path and CRESCENT_LOCAL_SOCKET is not set", server_address)
+            return -1
+        if self._s is not None:
+            self.close()
+        try:
+            self._s = crescent.Store.dial_local(path)
+        except StoreError as e:
+            log.error("setup_dummy: %s", e)
+            return -1
+        self._dummy = True
+        return 0
+
+    def init_all(self, protocol, device_name, mount_segment_size=16 * 1024 * 1024):
+        """The reference's one-call setup of a real client: this host, the
+        P2P handshake, the master at $MOONCAKE_MASTER (default
+        127.0.0.1:50051, the reference's fixed choice). -1 on a dummy
+        client, INVALID_PARAMS when already set up."""
+        if self._dummy:
+            return -1
+        if self._s is not None:
+            log.error("init_all: client is already initialized")
+            return _INVALID_PARAMS
+        return self.setup("localhost", "P2PHANDSHAKE", mount_segment_size, 0, protocol, device_name,
+                          os.environ.get("MOONCAKE_MASTER", "127.0.0.1:50051"))
+
+    def alloc_from_mem_pool(self, size):
+        """Address of size bytes of shared memory registered with the
+        client (free it with close), or 0."""
+        try:
+            addr = self._store().alloc_buffer(size)
+        except StoreError as e:
+            log.error("alloc_from_mem_pool: %s", e)
+            return 0
+        self._regs[addr] = size
+        return addr
+
+    def health_check(self):
+        """0 healthy, 1 not initialized or closed, 2 master unreachable."""
+        if self._s is None:
+            return 1
+        try:
+            self._s.exist("crescent/health_check")
+        except StoreError as e:
+            return 1 if e.code == -1010 else 2
         return 0
 
     def _store(self):
@@ -97,6 +185,7 @@ class MooncakeDistributedStore:
         return 0 if r is None else r
 
     def close(self):
+        self._regs.clear()
         s, self._s = self._s, None
         if s is None:
             return 0
@@ -107,7 +196,12 @@ class MooncakeDistributedStore:
         return 0
 
     def get_hostname(self):
-        return self._store().hostname
+        """This client's segment name; "" for a dummy client (it has no
+        segment) or before setup."""
+        try:
+            return self._store().hostname
+        except StoreError:
+            return ""
 
     def put(self, key, value, config=None):
         cfg = (config or ReplicateConfig())._crescent()
@@ -209,7 +303,221 @@ class MooncakeDistributedStore:
         return self._rc(lambda: self._store().remove_all(force))
 
     def register_buffer(self, buffer_ptr, size):
-        return self._rc(lambda: self._store().register_buffer_ptr(buffer_ptr, size))
+        rc = self._rc(lambda: self._store().register_buffer_ptr(buffer_ptr, size))
+        if rc == 0:
+            self._regs[buffer_ptr] = size
+        return rc
 
     def unregister_buffer(self, buffer_ptr):
-        return self._rc(lambda: self._store().unregister_buffer(buffer_ptr))
+        rc = self._rc(lambda: self._store().unregister_buffer(buffer_ptr))
+        if rc == 0:
+            self._regs.pop(buffer_ptr, None)
+        return rc
+
+    def batch_remove(self, keys, force=False):
+        try:
+            res = self._store().remove_batch(keys, force)
+        except StoreError as e:
+            return [e.code] * len(keys)
+        return [r.code if isinstance(r, StoreError) else 0 for r in res]
+
+    # Raw-memory puts and ranged reads.
+
+    def _region_left(self, addr):
+        """Bytes from addr to the end of the registered region holding it
+        (0: not in one)."""
+        for base, size in self._regs.items():
+            if base <= addr < base + size:
+                return base + size - addr
+        return 0
+
+    def put_from_with_metadata(self, key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config=None):
+        """Stores metadata then data as one value (they are joined: one
+        copy); 0, a code, or -1 for prefer_alloc_in_same_node, as the
+        reference."""
+        cfg = config or ReplicateConfig()
+        if cfg.prefer_alloc_in_same_node:
+            log.error("put_from_with_metadata: prefer_alloc_in_same_node is not supported")
+            return -1
+        if self._s is None:
+            return -1
+        if size == 0:
+            return 0
+        v = bytearray(metadata_size + size)
+        v[:metadata_size] = ctypes.string_at(metadata_buffer_ptr, metadata_size) if metadata_size else b""
+        v[metadata_size:] = ctypes.string_at(buffer_ptr, size)
+        return self._rc(lambda: self._store().put(key, v, cfg._crescent()))
+
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, config=None):
+        """Key i's value is its buffers joined in order; per key 0 or a
+        code ([] when not set up, as the reference)."""
+        if self._s is None:
+            return []
+        if not (len(keys) == len(all_buffer_ptrs) == len(all_sizes)) or any(
+                len(p) != len(n) for p, n in zip(all_buffer_ptrs, all_sizes)):
+            return [_INVALID_PARAMS] * len(keys)
+        values = [b"".join(ctypes.string_at(p, n) for p, n in zip(ps, ns)) for ps, ns in zip(all_buffer_ptrs, all_sizes)]
+        cfg = (config or ReplicateConfig())._crescent()
+        try:
+            res = self._store().put_batch(keys, values, cfg)
+        except StoreError as e:
+            return [e.code] * len(keys)
+        return [r.code if isinstance(r, StoreError) else 0 for r in res]
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=False):
+        """Key i's value scattered over its buffers in order; per key the
+        bytes read or a code (BUFFER_OVERFLOW when they cannot hold it)."""
+        if self._s is None or not (len(keys) == len(all_buffer_ptrs) == len(all_sizes)) or any(
+                len(p) != len(n) for p, n in zip(all_buffer_ptrs, all_sizes)):
+            return [_INVALID_PARAMS] * len(keys)
+        out = []
+        for key, ps, ns in zip(keys, all_buffer_ptrs, all_sizes):
+            try:
+                v = self._s.get_buffer_handle(key)
+            except StoreError as e:
+                out.append(e.code)
+                continue
+            n = len(v)
+            if n > sum(ns):
+                out.append(-10)
+                continue
+            off = 0
+            for p, sz in zip(ps, ns):
+                k = min(sz, n - off)
+                if k <= 0:
+                    break
+                ctypes.memmove(p, v.ptr() + off, k)
+                off += k
+            del v
+            out.append(n)
+        return out
+
+    def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets, all_sizes):
+        """For buffer i, key j, range k: copies value[src:src+size] to
+        buffer_ptrs[i]+dst. Result [i][j][k] is the bytes copied or a
+        code. Each buffer must lie in a registered region (register_buffer
+        or alloc_from_mem_pool), which bounds the ranges; each key is read
+        once (a zero-copy view)."""
+        def fill(code):
+            return [[[code] * len(r) for r in d] for d in all_dst_offsets]
+        n = len(buffer_ptrs)
+        if not (n == len(all_keys) == len(all_dst_offsets) == len(all_src_offsets) == len(all_sizes)):
+            return fill(_INVALID_PARAMS)
+        if self._s is None:
+            return fill(_INVALID_PARAMS)
+        views, out = {}, []
+        try:
+            for i in range(n):
+                cap, per_key = self._region_left(buffer_ptrs[i]), []
+                for j, key in enumerate(all_keys[i]):
+                    dsts, srcs, sizes = all_dst_offsets[i][j], all_src_offsets[i][j], all_sizes[i][j]
+                    if cap == 0 or not (len(dsts) == len(srcs) == len(sizes)):
+                        per_key.append([_INVALID_PARAMS] * len(dsts))
+                        continue
+                    if key not in views:
+                        try:
+                            views[key] = self._s.get_buffer_handle(key)
+                        except StoreError as e:
+                            views[key] = e.code
+                    v = views[key]
+                    if isinstance(v, int):
+                        per_key.append([v] * len(dsts))
+                        continue
+                    res = []
+                    for d, sr, sz in zip(dsts, srcs, sizes):
+                        if d + sz > cap or sr + sz > len(v):
+                            res.append(_INVALID_PARAMS)
+                            continue
+                        if sz:
+                            ctypes.memmove(buffer_ptrs[i] + d, v.ptr() + sr, sz)
+                        res.append(sz)
+                    per_key.append(res)
+                out.append(per_key)
+        finally:
+            views.clear()  # releases the views
+        return out
+
+    # Tensors, in Mooncake's stored tensor format.
+
+    def put_tensor(self, key, tensor):
+        if self._s is None:
+            return _INVALID_PARAMS
+        try:
+            v = _tensor.serialize(tensor)
+        except (_tensor.TensorError, TypeError) as e:
+            log.error("put_tensor %s: %s", key, e)
+            return _INVALID_PARAMS
+        return self._rc(lambda: self._s.put(key, v))
+
+    def batch_put_tensor(self, keys, tensors_list):
+        if self._s is None or len(keys) != len(tensors_list) or not keys:
+            return [_INVALID_PARAMS] * len(keys)
+        values, res = [], [0] * len(keys)
+        for i, t in enumerate(tensors_list):
+            try:
+                values.append(_tensor.serialize(t))
+            except (_tensor.TensorError, TypeError) as e:
+                log.error("batch_put_tensor %s: %s", keys[i], e)
+                values.append(None)
+                res[i] = _INVALID_PARAMS
+        todo = [i for i in range(len(keys)) if values[i] is not None]
+        if todo:
+            try:
+                got = self._s.put_batch([keys[i] for i in todo], [values[i] for i in todo])
+            except StoreError as e:
+                got = [e] * len(todo)
+            for i, r in zip(todo, got):
+                res[i] = r.code if isinstance(r, StoreError) else 0
+        return res
+
+    def _to_tensor(self, key, buf):
+        try:
+            return _tensor.deserialize(buf)
+        except _tensor.TensorError as e:
+            log.error("tensor %s: %s", key, e)
+            return None
+
+    def get_tensor(self, key):
+        """The tensor under key, or None."""
+        if self._s is None:
+            return None
+        try:
+            h = self._s.get_buffer_handle(key)
+        except StoreError:
+            return None
+        try:
+            return self._to_tensor(key, h)
+        finally:
+            del h
+
+    def batch_get_tensor(self, keys):
+        if self._s is None:
+            return [None] * len(keys)
+        try:
+            res = self._s.get_batch(keys)
+        except StoreError:
+            return [None] * len(keys)
+        return [None if isinstance(r, StoreError) else self._to_tensor(k, r) for k, r in zip(keys, res)]
+
+    def get_tensor_into(self, key, buffer_ptr, size):
+        """Reads the object into [buffer_ptr, +size) and returns the tensor
+        (a copy of its data), or None."""
+        if self._s is None or not buffer_ptr:
+            return None
+        try:
+            n = self._s.get_into_ptr(key, buffer_ptr, size)
+        except StoreError:
+            return None
+        return self._to_tensor(key, (ctypes.c_char * n).from_address(buffer_ptr))
+
+    def put_tensor_from(self, key, buffer_ptr, size):
+        """Stores the tensor object already serialized at [buffer_ptr,
+        +size) (header and data, as get_tensor_into reads it)."""
+        if self._s is None:
+            return _INVALID_PARAMS
+        try:
+            _tensor.parse((ctypes.c_char * size).from_address(buffer_ptr))
+        except _tensor.TensorError as e:
+            log.error("put_tensor_from %s: %s", key, e)
+            return _INVALID_PARAMS
+        return self.put_from(key, buffer_ptr, size)
