@@ -66,7 +66,10 @@ type Config struct {
 	Clock       clock.Clock // nil = clock.Real{}
 	OpLog       OpSink      // nil = none
 	Events      EventSink   // nil = none
-	Logger      *slog.Logger
+	// Logger gets mounts, unmounts, client expiries and eviction rounds
+	// at info, finished puts at debug; nil = slog.Default(), so the
+	// application's slog setup applies.
+	Logger *slog.Logger
 	// Seed makes placement reproducible (alloc.WithRand); 0 = random.
 	Seed uint64
 }
@@ -90,7 +93,7 @@ func (c *Config) fill() error {
 		c.Clock = clock.Real{}
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default() // the application's slog setup
 	}
 	bad := func(f string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(f, args...))
