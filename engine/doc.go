@@ -50,7 +50,7 @@
 //     attached to, never a later one.
 //
 // Transports are tried in Config.Protocols order (default shm, cxl, rdma,
-// efa, tcp; one that cannot start here is skipped with one log line); the
+// efa, tcp; the ones that cannot start here are skipped, named with why in one log line: info when absent, warn when failing); the
 // first that accepts a target range carries it. The wire formats are
 // documented in engine/metadata (handshake, descriptor), engine/transport/
 // tcp, shm, cxl, rdma and efa. With an etcd or Redis metadata store, an
