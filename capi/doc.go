@@ -21,8 +21,9 @@
 //     thread, so the thread-local is the caller's.
 //   - Arrays given by C are bounded (maxItems) before any Go memory is
 //     allocated for them.
-//   - The library's logs (slog text on stderr) start at level warn;
-//     CRESCENT_LOG_LEVEL=debug|info|warn|error changes that.
+//   - The library's logs (slog on stderr, etcd's and gRPC's included)
+//     start at level warn in text; CRESCENT_LOG_LEVEL=debug|info|warn|error
+//     and CRESCENT_LOG_FORMAT=text|json change that.
 //
 // The exports are thin (exports_*.go): they convert C types and call the
 // Go core (core_*.go), which the package's Go tests exercise directly
