@@ -67,6 +67,7 @@ type options struct {
 	version                       bool
 
 	level  slog.Level
+	logger *slog.Logger // on stdio.Stderr
 	buffer int64
 }
 
@@ -245,8 +246,9 @@ func run(ctx context.Context, args []string, stdio IO) error {
 	if err := o.check(); err != nil {
 		return err
 	}
+	o.logger = o.log.New(stdio.Stderr)
 	if stdio.Global {
-		logx.SetGlobal(o.log.New(stdio.Stderr))
+		logx.SetGlobal(o.logger)
 	}
 	if len(pos) < cmd.nargs[0] || len(pos) > cmd.nargs[1] {
 		if len(pos) > cmd.nargs[1] {

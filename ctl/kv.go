@@ -74,7 +74,7 @@ func withClient(ctx context.Context, o *options, stdio IO, f func(ctx context.Co
 	cfg := store.Config{
 		MasterAddr: o.master, ClusterID: o.clusterID, MasterProtocol: o.masterProtocol, LocalHostname: o.localHostname,
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, PutAhead: -1, RPCTimeout: o.timeout,
-		Logger: o.log.New(stdio.Stderr),
+		Logger: o.logger,
 	}
 	if o.protocols != "" {
 		for _, p := range strings.Split(o.protocols, ",") {

@@ -352,7 +352,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "crescent-master:", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(2)
 	}
-	logx.SetGlobal(cfg.Options.New(os.Stderr)) // libraries and gRPC log as run does
+	setGlobalLog = true
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, cfg); err != nil {
@@ -380,8 +380,15 @@ func explainListen(cfg config, err error) error {
 	return fmt.Errorf("%s: cannot listen on %s: %w", flags, oe.Addr, oe.Err)
 }
 
+// setGlobalLog: run installs its logger as the process's (main only:
+// tests run masters in their own process).
+var setGlobalLog bool
+
 func run(ctx context.Context, cfg config) error {
 	log := cfg.Options.New(os.Stderr)
+	if setGlobalLog {
+		logx.SetGlobal(log) // libraries defaulting to slog.Default(), and gRPC, log as run does
+	}
 	strategy, _ := alloc.ParseStrategy(cfg.AllocationStrategy)
 	mc := master.Config{
 		LeaseTTL:              time.Duration(cfg.DefaultKVLeaseTTL) * time.Millisecond,
