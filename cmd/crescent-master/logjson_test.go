@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -68,6 +69,20 @@ func TestLogFormatRefused(t *testing.T) {
 		assert.Equal(t, 2, ee.ExitCode())
 		assert.Equal(t, "crescent-master: log_format \""+args[1]+"\": want text or json\n", stderr.String())
 	}
-	_, err := load([]string{"--log_format", "json"})
+	c, err := load([]string{"--log_format", "json"})
 	require.NoError(t, err)
+	assert.Equal(t, "json", c.LogFormat)
+	// The YAML key, and the flag over it.
+	path := filepath.Join(t.TempDir(), "m.yaml")
+	require.NoError(t, os.WriteFile(path, []byte("log_format: json\nlog_level: debug\n"), 0o600))
+	c, err = load([]string{"--config", path})
+	require.NoError(t, err)
+	assert.Equal(t, "json", c.LogFormat)
+	assert.Equal(t, "debug", c.LogLevel)
+	c, err = load([]string{"--config", path, "--log_format", "text"})
+	require.NoError(t, err)
+	assert.Equal(t, "text", c.LogFormat)
+	require.NoError(t, os.WriteFile(path, []byte("log_format: xml\n"), 0o600))
+	_, err = load([]string{"--config", path})
+	assert.EqualError(t, err, `log_format "xml": want text or json`)
 }
