@@ -49,7 +49,9 @@ type HAConfig struct {
 	WarmupMs string
 	// Progress receives one line per kill (nil: none).
 	Progress io.Writer
-	// Logger is the store client's (nil: discarded).
+	// Logger is the store client's (nil: discarded, not slog.Default():
+	// the bench kills masters on purpose, and the client's warnings about
+	// each failover are expected, not news).
 	Logger *slog.Logger
 }
 

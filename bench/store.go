@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	mrand "math/rand/v2"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -127,7 +126,8 @@ type StoreConfig struct {
 	OplogDir string `json:"oplog_dir,omitempty"`
 	// Progress, when set, receives a line per round.
 	Progress io.Writer `json:"-"`
-	// Logger for the clients (default: warnings and errors to stderr).
+	// Logger for the clients (nil: slog.Default(); crescent-bench sets
+	// that to warn on stderr, --log_level).
 	Logger *slog.Logger `json:"-"`
 }
 
@@ -160,7 +160,7 @@ func (c *StoreConfig) setDefaults() error {
 	c.LocalHostname = cmp.Or(c.LocalHostname, "127.0.0.1")
 	c.Objects = cmp.Or(c.Objects, DefaultMetaObjects)
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		c.Logger = slog.Default()
 	}
 	switch c.MasterProtocol {
 	case "", "auto", LayerCRPC, LayerGRPC, LayerGRPCTuned:

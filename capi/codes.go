@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/internal/logx"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/local"
@@ -113,12 +114,23 @@ func storeCode(err error) int {
 	return int(errcode.InternalError)
 }
 
-var logger = newLogger(os.Getenv("CRESCENT_LOG_LEVEL"))
+var logger = newLogger(os.Getenv("CRESCENT_LOG_LEVEL"), os.Getenv("CRESCENT_LOG_FORMAT"))
 
-func newLogger(level string) *slog.Logger {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(strings.ToUpper(level))); err != nil || level == "" {
-		l = slog.LevelWarn
+// The library is its process's only Go code: its logger is the Go
+// side's default too, so etcd's client, gRPC and every package that
+// defaults to slog.Default() log in the same format.
+func init() { logx.SetGlobal(logger) }
+
+// newLogger is the library's logger on stderr: level debug|info|warn|error
+// (any case; default or unknown: warn), format text or json (default or
+// unknown: text).
+func newLogger(level, format string) *slog.Logger {
+	o := logx.Options{LogLevel: strings.ToLower(level), LogFormat: strings.ToLower(format)}
+	if o.LogFormat != logx.FormatJSON {
+		o.LogFormat = logx.FormatText
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+	if o.Validate() != nil { // the level: empty or unknown
+		o.LogLevel = "warn"
+	}
+	return o.New(os.Stderr)
 }

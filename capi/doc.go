@@ -31,8 +31,9 @@
 //     client (a dummy passes its memfd to the real client), so put_from
 //     and get_into in it copy nothing in either mode; the pools are
 //     unmapped at free_buffer or when the store closes.
-//   - The library's logs (slog text on stderr) start at level warn;
-//     CRESCENT_LOG_LEVEL=debug|info|warn|error changes that.
+//   - The library's logs (slog on stderr, etcd's and gRPC's included)
+//     start at level warn in text; CRESCENT_LOG_LEVEL=debug|info|warn|error
+//     and CRESCENT_LOG_FORMAT=text|json change that.
 //   - CRESCENT_CPUPROFILE=file writes a Go CPU profile from load for
 //     CRESCENT_CPUPROFILE_SECONDS (30): `go tool pprof libcrescent.so file`.
 //

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/buildinfo"
+	"github.com/crescent-kv/crescent/internal/logx"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 )
@@ -49,19 +50,24 @@ var errNotFound = errors.New("key not found")
 type IO struct {
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
+	// Global makes the logger the process's too (slog.SetDefault, gRPC's
+	// logger): the binary sets it, tests running many commands do not.
+	Global bool
 }
 
 // options are the global flags; every command takes them.
 type options struct {
 	master, masterProtocol, admin string
 	clusterID                     string
-	output, logLevel              string
+	output                        string
+	log                           logx.Options
 	localHostname, protocols      string
 	metadata, bufferSize          string
 	timeout                       time.Duration
 	version                       bool
 
 	level  slog.Level
+	logger *slog.Logger // on stdio.Stderr
 	buffer int64
 }
 
@@ -71,7 +77,8 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.masterProtocol, "master_protocol", "auto", "protocol to the master: auto, crpc, grpc or grpc_tuned")
 	fs.StringVar(&o.admin, "admin", DefaultAdmin, "master's admin HTTP address host:port (ls, stat, segments, clients, health)")
 	fs.StringVar(&o.output, "o", "text", "output format: text or json")
-	fs.StringVar(&o.logLevel, "log_level", "warn", "debug, info, warn or error (logs go to stderr)")
+	o.log = logx.Options{LogLevel: "warn", LogFormat: logx.FormatText}
+	o.log.Register(fs)
 	fs.StringVar(&o.localHostname, "local_hostname", "", "this client's transfer engine host or host:port (default: the engine's choice)")
 	fs.StringVar(&o.protocols, "protocol", "", `transports in order of preference, e.g. "shm,tcp" (default: the engine's)`)
 	fs.StringVar(&o.metadata, "metadata_server", "P2PHANDSHAKE", "transfer engine metadata connection string")
@@ -85,9 +92,10 @@ func (o *options) check() error {
 	if o.output != "text" && o.output != "json" {
 		return usagef("-o %q: want text or json", o.output)
 	}
-	if err := o.level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return usagef("--log_level %q: want debug, info, warn or error", o.logLevel)
+	if err := o.log.Validate(); err != nil {
+		return usagef("%v", err)
 	}
+	o.level = o.log.Level()
 	if o.timeout <= 0 {
 		return usagef("--timeout %v: must be positive", o.timeout)
 	}
@@ -237,6 +245,10 @@ func run(ctx context.Context, args []string, stdio IO) error {
 	}
 	if err := o.check(); err != nil {
 		return err
+	}
+	o.logger = o.log.New(stdio.Stderr)
+	if stdio.Global {
+		logx.SetGlobal(o.logger)
 	}
 	if len(pos) < cmd.nargs[0] || len(pos) > cmd.nargs[1] {
 		if len(pos) > cmd.nargs[1] {

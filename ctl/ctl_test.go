@@ -39,6 +39,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"-o", "yaml", "ls"}, `-o "yaml"`},
 		{[]string{"ls", "-o", "xml"}, `-o "xml"`},
 		{[]string{"--log_level", "loud", "ls"}, `--log_level "loud"`},
+		{[]string{"ls", "--log_format", "xml"}, `--log_format "xml": want text or json`},
 		{[]string{"--timeout", "0s", "ls"}, "--timeout"},
 		{[]string{"--timeout", "soon", "ls"}, "-timeout"},
 		{[]string{"--buffer_size", "-1", "get", "k"}, "--buffer_size"},

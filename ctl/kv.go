@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"regexp"
@@ -75,7 +74,7 @@ func withClient(ctx context.Context, o *options, stdio IO, f func(ctx context.Co
 	cfg := store.Config{
 		MasterAddr: o.master, ClusterID: o.clusterID, MasterProtocol: o.masterProtocol, LocalHostname: o.localHostname,
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, PutAhead: -1, RPCTimeout: o.timeout,
-		Logger: slog.New(slog.NewTextHandler(stdio.Stderr, &slog.HandlerOptions{Level: o.level})),
+		Logger: o.logger,
 	}
 	if o.protocols != "" {
 		for _, p := range strings.Split(o.protocols, ",") {

@@ -53,8 +53,9 @@
 //     RefreshSegment and RefreshSegments fetch now.
 //
 // Transports are tried in Config.Protocols order (default shm, cxl, rdma,
-// efa, tcp; one that cannot start here is skipped with one log line); the
-// first that accepts a target range carries it. The wire formats are
+// efa, tcp; those that cannot start here are skipped, all named with why
+// in one log line: info when merely absent, warn on a failure); the first
+// that accepts a target range carries it. The wire formats are
 // documented in engine/metadata (handshake, descriptor), engine/transport/
 // tcp, shm, cxl, rdma and efa. With an etcd or Redis metadata store, an
 // opened segment's descriptor is followed by a watch.

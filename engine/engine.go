@@ -100,6 +100,9 @@ type Config struct {
 	// devices (such as the software device) instead of libibverbs'.
 	RDMA rdma.Config
 
+	// Logger receives the engine's and its transports' lines (one line
+	// at New naming the transports skipped and why); nil = slog.Default(),
+	// so the application's slog setup applies.
 	Logger *slog.Logger
 }
 
@@ -277,6 +280,8 @@ func New(cfg Config) (*Engine, error) {
 	}
 
 	env := transport.Env{LocalName: e.name, Host: host, HostID: e.hostID, Registry: e.reg, Logger: e.log, Handshake: handshake{e}}
+	var skipped []string // "protocol: why", logged in one line
+	lvl := slog.LevelInfo
 	for _, p := range cfg.Protocols {
 		t, err := newTransport(p, &cfg)
 		if err != nil {
@@ -287,18 +292,22 @@ func New(cfg Config) (*Engine, error) {
 			t = wrapTransport(t)
 		}
 		if err := t.Start(env); err != nil {
-			lvl := slog.LevelWarn
-			if errors.Is(err, transport.ErrNotSupported) || errors.Is(err, cxl.ErrNoDevice) {
-				lvl = slog.LevelInfo // not configured here: expected
+			// Not configured here (no NIC, no provider, no device) is
+			// expected; any other failure is worth a warning.
+			if !errors.Is(err, transport.ErrNotSupported) && !errors.Is(err, cxl.ErrNoDevice) {
+				lvl = slog.LevelWarn
 			}
-			e.log.Log(context.Background(), lvl, "transport not started; skipped", "protocol", p, "err", err)
+			skipped = append(skipped, p+": "+err.Error())
 			continue
 		}
 		e.transports = append(e.transports, t)
 	}
 	if len(e.transports) == 0 {
 		e.closeStarted()
-		return nil, fmt.Errorf("%w: no transport started of %v", ErrNoTransport, cfg.Protocols)
+		return nil, fmt.Errorf("%w: no transport started of %v (%s)", ErrNoTransport, cfg.Protocols, strings.Join(skipped, "; "))
+	}
+	if len(skipped) > 0 {
+		e.log.Log(context.Background(), lvl, "transports skipped", "started", e.Transports(), "skipped", strings.Join(skipped, "; "))
 	}
 	if err := e.publish(); err != nil {
 		e.closeStarted()

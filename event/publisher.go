@@ -92,7 +92,8 @@ type PublisherConfig struct {
 	MaxConns, MaxConnsPerHost int
 	// Now is the clock for batch timestamps (default time.Now).
 	Now func() time.Time
-	// Logger receives operational warnings (default: discarded).
+	// Logger receives operational warnings; nil = slog.Default(), so the
+	// application's slog setup applies.
 	Logger *slog.Logger
 
 	hooks *testHooks // set by this package's tests only
@@ -127,7 +128,7 @@ func (c *PublisherConfig) setDefaults() error {
 		c.Now = time.Now
 	}
 	if c.Logger == nil {
-		c.Logger = discardLogger
+		c.Logger = slog.Default()
 	}
 	switch {
 	case c.QueueSize < 0, c.MaxBatchEvents < 0, c.ReplayBuffer < 0, c.FlushInterval < 0,

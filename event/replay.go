@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"time"
 
@@ -169,5 +168,3 @@ func ctxErr(ctx context.Context, err error) error {
 	}
 	return err
 }
-
-var discardLogger = slog.New(slog.DiscardHandler)

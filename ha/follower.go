@@ -41,7 +41,8 @@ type FollowerOptions struct {
 	// retried at the next wake-up, it does not stop the follower.
 	ReadTimeout time.Duration
 	Applier     ApplierOptions
-	Logger      *slog.Logger
+	// Logger: nil = slog.Default(), so the application's slog setup applies.
+	Logger *slog.Logger
 }
 
 // Follower keeps a master replica current from an operation log.

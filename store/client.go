@@ -104,7 +104,7 @@ type Config struct {
 	// neither configures nor closes it (LocalHostname, Protocols and
 	// MetadataServer are then ignored).
 	Engine *engine.Engine
-	// Logger (default slog.Default()).
+	// Logger: nil = slog.Default(), so the application's slog setup applies.
 	Logger *slog.Logger
 }
 

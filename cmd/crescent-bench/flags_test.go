@@ -81,6 +81,8 @@ func TestRefusedFlags(t *testing.T) {
 		{[]string{"rpc", "--inflight", "1,x"}, `--inflight "1,x"`},
 		{[]string{"rpc", "--layers", "carrier_pigeon"}, "carrier_pigeon"},
 		{[]string{"rpc", "stray"}, `rpc: unexpected argument "stray"`},
+		{[]string{"store", "--log_format", "xml"}, `store: --log_format "xml": want text or json`},
+		{[]string{"transfer", "--log_level", "loud"}, `transfer: --log_level "loud"`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			err := benchMain(context.Background(), tc.args)

@@ -12,6 +12,7 @@ import (
 )
 
 func main() {
+	setGlobalLog = true
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := benchMain(ctx, os.Args[1:])
 	stop()

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/crescent-kv/crescent/bench"
+	"github.com/crescent-kv/crescent/internal/logx"
 )
 
 // usageError is a bad command line: exit 2.
@@ -21,9 +22,11 @@ func usagef(format string, args ...any) error { return usageError{fmt.Errorf(for
 
 // parseFlags parses a subcommand's flags: -h prints them to stderr
 // (flag.ErrHelp, exit 0); a bad flag or a stray argument is a
-// usageError naming it, in one line.
+// usageError naming it, in one line. It also takes --log_level and
+// --log_format (default warn: the bench's output is its table).
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
+	lo := logx.Flags(fs, "warn")
 	err := fs.Parse(args)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintf(os.Stderr, "usage: crescent-bench %s [flags]\n", fs.Name())
@@ -37,8 +40,18 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
 	}
+	if err := lo.Validate(); err != nil {
+		return usagef("%s: %v", fs.Name(), err)
+	}
+	if setGlobalLog {
+		logx.SetGlobal(lo.New(os.Stderr)) // the bench's libraries log through slog.Default()
+	}
 	return nil
 }
+
+// setGlobalLog: parseFlags installs the logger as the process's (main
+// only: tests run many benches in one process).
+var setGlobalLog bool
 
 // exitCode is main's exit status for err: 0 for none and for -h, 2 for
 // usage errors (and the bench's own configuration errors), else 1.

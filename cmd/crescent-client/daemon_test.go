@@ -46,6 +46,7 @@ func TestMain(m *testing.M) {
 				return mempool.Memory{Bytes: n, From: "test limit"}, nil
 			}
 		}
+		setGlobalLog = true // this process is the daemon, as main would run it
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := run(ctx, strings.Split(args, "\x1f"), os.Stdout, os.Stderr)
 		stop()

@@ -102,6 +102,7 @@ func TestRefusedFlags(t *testing.T) {
 		{[]string{"--local_buffer_size", "-64 MB"}, `--local_buffer_size: size "-64 MB": must not be negative`},
 		{[]string{"--global_segment_size", "lots"}, `--global_segment_size: size "lots": not a number`},
 		{[]string{"--log_level", "loud"}, `--log_level "loud"`},
+		{[]string{"--log_format", "xml"}, `--log_format "xml": want text or json`},
 		{[]string{"--master_protocol", "smoke"}, `--master_protocol "smoke"`},
 		{[]string{"--master_server_address", "nohost"}, `--master_server_address "nohost": want host:port`},
 		{[]string{"--metrics_port", "-1"}, "--metrics_port -1"},

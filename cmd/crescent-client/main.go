@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -19,11 +18,17 @@ import (
 
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/internal/buildinfo"
+	"github.com/crescent-kv/crescent/internal/logx"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 )
 
+// setGlobalLog: run installs its logger as the process's (main only:
+// tests run several clients in one process).
+var setGlobalLog bool
+
 func main() {
+	setGlobalLog = true
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -64,7 +69,7 @@ type options struct {
 	metricsPort                          int
 	heartbeat                            time.Duration
 	clusterID                            string
-	logLevel                             string
+	log                                  *logx.Options
 	segmentFlag, bufferFlag              string // as given, for messages
 	allowOvercommit                      bool
 	local                                localOptions
@@ -85,7 +90,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.metricsPort, "metrics_port", 9004, "HTTP port for /metrics, /metrics/summary and /health (0 = any free port)")
 	fs.StringVar(&o.metricsAddr, "metrics_address", "0.0.0.0", "HTTP listen address")
 	fs.DurationVar(&o.heartbeat, "heartbeat_interval", time.Second, "interval between heartbeats to the master")
-	fs.StringVar(&o.logLevel, "log_level", "info", "debug, info, warn or error")
+	o.log = logx.Flags(fs, "info")
 	fs.BoolVar(&o.allowOvercommit, "allow_overcommit", false, "start even when --global_segment_size plus --local_buffer_size exceed the memory available (MemAvailable, cgroup limit); the kernel may then OOM-kill this or another process")
 	registerLocalFlags(fs, &o.local)
 	version := fs.Bool("version", false, "print the version and exit")
@@ -118,9 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.heartbeat <= 0 {
 		return o, usagef("--heartbeat_interval %v: must be positive", o.heartbeat)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		return o, usagef("--log_level %q: want debug, info, warn or error", o.logLevel)
+	if err := o.log.Validate(); err != nil {
+		return o, usageError{err}
 	}
 	switch o.masterProtocol {
 	case "auto", "crpc", "grpc", "grpc_tuned":
@@ -184,8 +188,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var level slog.Level
-	level.UnmarshalText([]byte(o.logLevel)) // checked by parseFlags
 	if err := checkAddrs(o); err != nil {
 		return err
 	}
@@ -197,7 +199,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	log := o.log.New(stderr)
+	if setGlobalLog {
+		logx.SetGlobal(log)
+	}
 	cfg := store.Config{
 		MasterAddr: o.master, ClusterID: o.clusterID, MasterProtocol: o.masterProtocol, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,

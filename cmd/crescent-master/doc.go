@@ -9,10 +9,15 @@
 //
 // A bad command line or config exits 2 with one line naming the flag or
 // key: unknown flags, stray arguments, unknown YAML keys, more than one
-// YAML document, a bad log_level, values out of range (counts below 1,
+// YAML document, a bad log_level or log_format, values out of range (counts below 1,
 // negative durations), an rpc_address that does not resolve. An address
 // that cannot be bound exits 1 naming its flags. --version prints the
 // build; -h the flags.
+//
+// Logs go to stderr through one slog handler (internal/logx): --log_level
+// debug|info|warn|error, --log_format text|json; etcd's client and gRPC
+// log through it too (component=etcd, component=grpc). Mounts, unmounts,
+// client expiries and eviction rounds are info lines, puts debug.
 //
 // With --ha_backend etcd|redis (and --oplog etcd://...) several masters
 // run as one: ha/supervisor elects a leader, the others follow the log as

@@ -29,6 +29,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/buildinfo"
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/grpctune"
+	"github.com/crescent-kv/crescent/internal/logx"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
@@ -96,7 +97,7 @@ type config struct {
 	// the log is failed (fail-stop).
 	OplogWriteTimeoutSec int64 `yaml:"oplog_write_timeout_sec"`
 
-	LogLevel string `yaml:"log_level"`
+	logx.Options `yaml:",inline"` // log_level, log_format
 
 	haConfig `yaml:",inline"` // ha.go
 }
@@ -110,7 +111,7 @@ func defaults() config {
 		AllocationStrategy: "random", HTTPMetadataServerPort: 8080, HTTPMetadataServerHost: "0.0.0.0",
 		KVEventsEndpoint: "tcp://*:5557", KVEventsReplayEndpoint: "tcp://*:5558", KVEventsEncoding: "map",
 		KVEventsQueueSize: 100000, KVEventsBatchSize: 64, KVEventsBatchIntervalMs: 1, KVEventsOverflow: "drop_oldest",
-		KVEventsReplayBufferSize: 10000, LogLevel: "info", ClusterID: "crescent", OplogWriteTimeoutSec: 30,
+		KVEventsReplayBufferSize: 10000, Options: logx.Options{LogLevel: "info", LogFormat: logx.FormatText}, ClusterID: "crescent", OplogWriteTimeoutSec: 30,
 		RPCMaxMessageBytes: crpc.DefaultMaxFrame, CRPCMaxCallsPerConn: crpc.DefaultMaxCallsPerConn,
 		CRPCMaxCalls: crpc.DefaultMaxCalls, CRPCIdleTimeoutSec: int64(crpc.DefaultIdleTimeout / time.Second),
 		CRPCMaxBufferedBytes: crpc.DefaultMaxBuffered,
@@ -159,7 +160,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Oplog, "oplog", c.Oplog, "etcd://host:port[,host:port]: keep the operation log in etcd (under cluster_id) instead of --data_dir; every change is durable there before it is acknowledged")
 	fs.StringVar(&c.ClusterID, "cluster_id", c.ClusterID, "name of this master's cluster: the etcd operation log lives under crescent/oplog/<cluster_id>/")
 	fs.Int64Var(&c.OplogWriteTimeoutSec, "oplog_write_timeout_sec", c.OplogWriteTimeoutSec, "--oplog etcd: seconds one write may keep failing before the log is failed and the master stops acknowledging (fail-stop)")
-	fs.StringVar(&c.LogLevel, "log_level", c.LogLevel, "debug, info, warn or error")
+	c.Options.Register(fs)
 	c.haFlags(fs)
 }
 
@@ -294,9 +295,8 @@ func (c *config) validate() error {
 
 // validateStrict refuses what run would otherwise rewrite or ignore.
 func (c *config) validateStrict() error {
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return fmt.Errorf("log_level %q: want debug, info, warn or error", c.LogLevel)
+	if se, ok := c.Options.Validate().(*logx.SettingError); ok {
+		return errors.New(se.KeyError()) // a setting: flag or YAML key
 	}
 	if _, err := event.ParseEncoding(c.KVEventsEncoding); err != nil {
 		return fmt.Errorf("kv_events_encoding %q: want map or array", c.KVEventsEncoding)
@@ -352,6 +352,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "crescent-master:", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(2)
 	}
+	setGlobalLog = true
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, cfg); err != nil {
@@ -379,10 +380,15 @@ func explainListen(cfg config, err error) error {
 	return fmt.Errorf("%s: cannot listen on %s: %w", flags, oe.Addr, oe.Err)
 }
 
+// setGlobalLog: run installs its logger as the process's (main only:
+// tests run masters in their own process).
+var setGlobalLog bool
+
 func run(ctx context.Context, cfg config) error {
-	var level slog.Level
-	level.UnmarshalText([]byte(cfg.LogLevel))
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	log := cfg.Options.New(os.Stderr)
+	if setGlobalLog {
+		logx.SetGlobal(log) // libraries defaulting to slog.Default(), and gRPC, log as run does
+	}
 	strategy, _ := alloc.ParseStrategy(cfg.AllocationStrategy)
 	mc := master.Config{
 		LeaseTTL:              time.Duration(cfg.DefaultKVLeaseTTL) * time.Millisecond,

@@ -63,7 +63,8 @@ type Options struct {
 	// PollInterval is how often a watch polls where the store cannot
 	// notify changes (default 1s).
 	PollInterval time.Duration
-	Logger       *slog.Logger
+	// Logger: nil = slog.Default(), so the application's slog setup applies.
+	Logger *slog.Logger
 }
 
 // DefaultTTL is the default lifetime of a published entry whose owner

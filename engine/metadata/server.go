@@ -52,7 +52,8 @@ type ServerConfig struct {
 	// negative: no cap). At the cap that host's idlest connection is
 	// closed, or the new one is refused when none is idle.
 	MaxConnsPerHost int
-	Logger          *slog.Logger
+	// Logger: nil = slog.Default(), so the application's slog setup applies.
+	Logger *slog.Logger
 }
 
 // Server answers the P2P handshake: one request frame and one reply frame

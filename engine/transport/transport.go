@@ -100,7 +100,9 @@ type Env struct {
 	HostID string
 	// Registry holds the memory that remote peers may touch.
 	Registry *Registry
-	Logger   *slog.Logger
+	// Logger is the engine's; a transport started with nil uses
+	// slog.Default().
+	Logger *slog.Logger
 	// Handshake lets transports exchange endpoint information with peers
 	// over the engine's handshake (Connection frames). Nil in tests that
 	// need none.

@@ -10,7 +10,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
+
+	"github.com/crescent-kv/crescent/internal/logx"
 )
 
 // Dial keep-alives: a hung etcd member (accepting connections but not
@@ -33,7 +34,7 @@ func EtcdClientConfig(endpoints []string) clientv3.Config {
 		DialKeepAliveTime:    etcdDialKeepAliveTime,
 		DialKeepAliveTimeout: etcdDialKeepAliveTimeout,
 		PermitWithoutStream:  true,
-		Logger:               zap.NewNop(),
+		Logger:               logx.Zap(nil, "etcd"), // slog.Default()
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/crescent-kv/crescent/internal/logx"
 )
 
 // EtcdOptions configures OpenEtcd. Zero values take the defaults.
@@ -998,6 +1000,7 @@ func EtcdClientConfig(endpoints []string) clientv3.Config {
 		DialKeepAliveTimeout: 3 * time.Second,
 		MaxCallSendMsgSize:   2 << 20,
 		MaxCallRecvMsgSize:   4 << 20,
+		Logger:               logx.Zap(nil, "etcd"), // slog.Default(), not zap's own JSON
 	}
 }
 

@@ -60,7 +60,8 @@ type LocalOptions struct {
 	// blocks (backpressure). A single larger Append is let through alone.
 	MaxQueuedBytes   int64
 	MaxQueuedEntries int64
-	Logger           *slog.Logger
+	// Logger: nil = slog.Default(), so the application's slog setup applies.
+	Logger *slog.Logger
 	// FS is the filesystem (default: the OS); tests inject faults here.
 	FS vfs.FS
 	// NoPreallocate grows segment files record by record instead of

@@ -100,7 +100,8 @@ type Config struct {
 
 	Follower ha.FollowerOptions
 	// Retry is the pause after a failed round (default 1s).
-	Retry  time.Duration
+	Retry time.Duration
+	// Logger: nil = slog.Default(), so the application's slog setup applies.
 	Logger *slog.Logger
 }
 

@@ -14,6 +14,8 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/crescent-kv/crescent/internal/logx"
 )
 
 // Config says how to start the member.
@@ -22,7 +24,7 @@ type Config struct {
 	Dir  string // data directory
 	// ClientPort and PeerPort on 127.0.0.1; 0 picks a free port.
 	ClientPort, PeerPort int
-	Logger               *zap.Logger // nil: discarded
+	Logger               *zap.Logger // nil: slog.Default(), one level quieter (logx.ZapQuiet)
 	NoFsync              bool        // a throwaway data directory
 }
 
@@ -60,7 +62,7 @@ func StartCluster(cs []Config) ([]*embed.Etcd, []string, error) {
 		cfg := embed.NewConfig()
 		cfg.Name = cmp.Or(c.Name, "crescent")
 		cfg.Dir = c.Dir
-		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(cmp.Or(c.Logger, zap.NewNop()))
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(cmp.Or(c.Logger, logx.ZapQuiet(nil, "etcd")))
 		cfg.UnsafeNoFsync = c.NoFsync
 		cu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.ClientPort))}
 		pu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.PeerPort))}

@@ -68,7 +68,9 @@ type Options struct {
 	FillQueue int
 	// MaxDummies bounds connected dummies (default 256).
 	MaxDummies int
-	Logger     *slog.Logger
+	// Logger gets dummies registering, leaving and misbehaving; nil =
+	// slog.Default(), so the application's slog setup applies.
+	Logger *slog.Logger
 }
 
 func (o *Options) setDefaults() error {
@@ -81,7 +83,7 @@ func (o *Options) setDefaults() error {
 	o.MaxDummies = cmp.Or(o.MaxDummies, DefaultMaxDummies)
 	o.SocketMode = cmp.Or(o.SocketMode, 0o600)
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	switch {
 	case o.CacheSize < 0 || o.BlockSize < 0 || o.BlockSize > MaxInline:

@@ -82,10 +82,13 @@ type Config struct {
 	RegexBudget time.Duration
 	// ViewVersion is what Ping reports; 0 (default) picks a random epoch.
 	ViewVersion uint64
-	Clock       clock.Clock  // nil (default): clock.Real{}
-	OpLog       OpSink       // nil (default): no operation log
-	Events      EventSink    // nil (default): no KV events
-	Logger      *slog.Logger // nil (default): discard
+	Clock       clock.Clock // nil (default): clock.Real{}
+	OpLog       OpSink      // nil (default): none
+	Events      EventSink   // nil (default): none
+	// Logger gets mounts, unmounts, client expiries and eviction rounds
+	// at info, finished puts at debug; nil = slog.Default(), so the
+	// application's slog setup applies.
+	Logger *slog.Logger
 	// Seed makes placement reproducible (alloc.WithRand); 0 (default) = random.
 	Seed uint64
 }
@@ -109,7 +112,7 @@ func (c *Config) fill() error {
 		c.Clock = clock.Real{}
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default() // the application's slog setup
 	}
 	bad := func(f string, args ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(f, args...))

@@ -1,6 +1,8 @@
 package master
 
 import (
+	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"time"
@@ -53,6 +55,14 @@ func (m *Master) evict(now int64) EvictResult {
 	}
 	m.evictedKeys.Add(uint64(res.Keys))
 	m.evictedBytes.Add(res.Bytes)
+	// One line a round; a round that freed nothing (all leased or pinned)
+	// repeats every fruitlessBackoff under pressure: debug.
+	lvl := slog.LevelInfo
+	if res.Keys == 0 {
+		lvl = slog.LevelDebug
+	}
+	m.cfg.Logger.Log(context.Background(), lvl, "master: evicted", "keys", res.Keys, "size", res.Bytes, "target", res.Target,
+		"soft_pinned_pass", res.Pass2)
 	return res
 }
 

@@ -1,7 +1,9 @@
 package master
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"slices"
 
 	"github.com/crescent-kv/crescent/store/alloc"
@@ -218,7 +220,24 @@ func (m *Master) finishPut(op *Op, rt ReplicaType, now int64) error {
 		now = m.now()
 	}
 	op.Time = now
-	return m.apply(sh, h, op, &applyArgs{})
+	if err := m.apply(sh, h, op, &applyArgs{}); err != nil {
+		return err
+	}
+	if op.Kind == OpPutEnd && m.debugOn() {
+		m.logPut(op.Key, sh.get(op.Key, h), op.Client)
+	}
+	return nil
+}
+
+// debugOn says whether debug lines are logged: checked before building
+// one on the put path, where building it allocates.
+func (m *Master) debugOn() bool { return m.cfg.Logger.Enabled(context.Background(), slog.LevelDebug) }
+
+// logPut logs a finished put at debug (shard lock held).
+func (m *Master) logPut(key string, o *object, client UUID) {
+	if o != nil {
+		m.cfg.Logger.Debug("master: put", "key", key, "size", o.size(), "replicas", o.nrep(), "client", client.String())
+	}
 }
 
 // PutStartResult is one item of BatchPutStart.

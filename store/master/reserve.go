@@ -182,7 +182,13 @@ func (m *Master) commit(client UUID, it CommitItem, now int64) error {
 	if err := m.claimKey(sh, h, it.Key, now); err != nil {
 		return err
 	}
-	return m.apply(sh, h, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{rs: rs})
+	if err := m.apply(sh, h, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{rs: rs}); err != nil {
+		return err
+	}
+	if m.debugOn() {
+		m.logPut(it.Key, sh.get(it.Key, h), client)
+	}
+	return nil
 }
 
 // Unreserve gives reservations back: their space is free at once (the

@@ -25,7 +25,12 @@ func (m *Master) MountSegment(client UUID, s alloc.Segment) error {
 }
 
 func (m *Master) mountLocked(s alloc.Segment) error {
-	return m.apply(nil, 0, &Op{Kind: OpMount, Time: m.now(), Client: s.Client, Segment: &s}, &applyArgs{})
+	if err := m.apply(nil, 0, &Op{Kind: OpMount, Time: m.now(), Client: s.Client, Segment: &s}, &applyArgs{}); err != nil {
+		return err
+	}
+	m.cfg.Logger.Info("master: segment mounted", "segment", s.ID.String(), "name", s.Name, "client", s.Client.String(),
+		"size", s.Size, "protocol", s.Protocol)
+	return nil
 }
 
 // ReMountSegment mounts a client's segments again after NEED_REMOUNT.
@@ -86,6 +91,7 @@ func (m *Master) UnmountSegment(client UUID, id UUID) error {
 	if err := m.unmountLocked(s, true); err != nil {
 		return err
 	}
+	m.cfg.Logger.Info("master: segment unmounted", "segment", id.String(), "name", s.Name, "client", client.String(), "size", s.Size)
 	if len(m.alloc.ByClient(client)) > 0 {
 		return nil
 	}
@@ -198,7 +204,8 @@ func (m *Master) expireClients(now int64) {
 	}
 	m.clientMu.RUnlock()
 	for _, id := range dead {
-		m.cfg.Logger.Warn("master: client expired; unmounting its segments", "client", id.String())
+		var n int
+		var bytes uint64
 		for _, idx := range m.alloc.ByClient(id) {
 			s, ok := m.alloc.Segment(idx)
 			if !ok {
@@ -206,8 +213,12 @@ func (m *Master) expireClients(now int64) {
 			}
 			if err := m.unmountLocked(s, false); err != nil {
 				m.cfg.Logger.Error("master: unmounting an expired client's segment", "segment", s.ID.String(), "err", err)
+				continue
 			}
+			n, bytes = n+1, bytes+s.Size
 		}
+		m.cfg.Logger.Info("master: client expired; its segments unmounted", "client", id.String(), "segments", n, "size", bytes,
+			"ttl", m.cfg.ClientTTL)
 		m.expiredClients.Add(1)
 		if err := m.apply(nil, 0, &Op{Kind: OpClientExpired, Time: now, Client: id}, &applyArgs{}); err != nil {
 			m.cfg.Logger.Error("master: forgetting an expired client", "client", id.String(), "err", err)

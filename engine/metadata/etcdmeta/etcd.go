@@ -13,9 +13,9 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/internal/logx"
 )
 
 // ErrClosed is returned by a closed backend.
@@ -97,7 +97,7 @@ func Open(conn string, opts metadata.Options) (*Backend, error) {
 		// the lease are not silently lost.
 		DialKeepAliveTime:    max(opts.TTL/2, time.Second),
 		DialKeepAliveTimeout: max(opts.TTL/2, time.Second),
-		Logger:               zap.NewNop(),
+		Logger:               logx.Zap(opts.Logger, "etcd"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: etcd %v: %w", metadata.ErrUnavailable, eps, err)

@@ -38,7 +38,8 @@ type PubConfig struct {
 	// Listener configures Serve's netx loop (connection caps; Name
 	// defaults to "zmq pub", Logger to Logger).
 	Listener netx.Config
-	// Logger receives why a peer was disconnected (default: discard).
+	// Logger receives why a peer was disconnected (default: discard; an
+	// internal package: event.Publisher always passes its own).
 	Logger *slog.Logger
 }
 
