@@ -17,6 +17,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
@@ -145,6 +146,7 @@ func (c *Config) setDefaults() error {
 type Client struct {
 	cfg      Config
 	id       UUID
+	session  []byte // proves id to the master (auth.ClientID)
 	log      *slog.Logger
 	conn     MasterConn
 	ha       *haConn // nil unless MasterAddr is etcd:// or redis://
@@ -282,7 +284,10 @@ func newClient(cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, id: newUUID(), clock: clock.Real{}, stats: newStats(), segIDs: make(map[string]engine.SegmentID),
+	// The id is derived from the session, which only this client and each
+	// call carry: nobody who reads the id can act as the client.
+	sess, hi, lo := auth.NewSession()
+	c := &Client{cfg: cfg, id: UUID{hi, lo}, session: sess, clock: clock.Real{}, stats: newStats(), segIDs: make(map[string]engine.SegmentID),
 		hbNow: make(chan struct{}, 1)}
 	c.log = cfg.Logger.With("client", c.id.String())
 	return c
@@ -373,7 +378,7 @@ func (c *Client) heartbeatLoop(ctx context.Context, done chan struct{}) {
 // heartbeat sends one Ping and re-mounts on NEED_REMOUNT.
 func (c *Client) heartbeat(ctx context.Context) error {
 	c.stats.heartbeats.Add(1)
-	resp, err := c.master.Ping(ctx, &storepb.PingRequest{ClientId: c.id.pb()})
+	resp, err := c.master.Ping(ctx, &storepb.PingRequest{ClientId: c.id.pb(), Session: c.session})
 	if err != nil {
 		c.stats.heartbeatFail.Add(1)
 		return rpcerr.FromStatus(err)
@@ -391,7 +396,7 @@ func (c *Client) heartbeat(ctx context.Context) error {
 func (c *Client) remount(ctx context.Context) error {
 	c.mountMu.Lock() // not interleaved with an Unmount's
 	defer c.mountMu.Unlock()
-	req := &storepb.ReMountSegmentRequest{ClientId: c.id.pb()}
+	req := &storepb.ReMountSegmentRequest{ClientId: c.id.pb(), Session: c.session}
 	for _, s := range c.segList() {
 		req.Segments = append(req.Segments, s.pb())
 	}
@@ -549,7 +554,7 @@ func (c *Client) teardown() error {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
-		_, err := c.master.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), SegmentId: s.info.ID.pb()})
+		_, err := c.master.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), Session: c.session, SegmentId: s.info.ID.pb()})
 		cancel()
 		if err != nil && !errors.Is(rpcerr.FromStatus(err), errcode.ErrSegmentNotFound) {
 			errs = append(errs, fmt.Errorf("store: unmount segment %s: %w", s.info.ID, rpcerr.FromStatus(err)))

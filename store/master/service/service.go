@@ -85,6 +85,10 @@ type Service struct {
 	durable func(ctx context.Context) error // nil: no log to wait for
 	health  func() error
 	gate    func() error // nil: always answer
+	// admin is the admin credential; adminSet: admin RPCs need it
+	// (WithAdminToken).
+	admin    []byte
+	adminSet bool
 }
 
 // Option configures New.
@@ -200,6 +204,10 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			return h(ctx, req)
 		}
 		start := time.Now()
+		if err := s.authorize(rpc, req); err != nil {
+			s.done(rpc, start, err, 0, 0)
+			return nil, err
+		}
 		resp, err := h(ctx, req)
 		if s.durable != nil {
 			// Answer nothing (success or failure) from a state that is
