@@ -78,6 +78,7 @@ type Conn struct {
 	pingInterval time.Duration
 	pingTimeout  time.Duration
 	tls          *tls.Config
+	token        []byte // nil: no challenge (WithToken)
 	resolve      func(context.Context) (string, error)
 
 	mu     sync.Mutex
@@ -303,6 +304,13 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 		}
 		nc = tc
 	}
+	if c.token != nil {
+		if err := clientAuth(nc, c.token, addr); err != nil {
+			nc.Close()
+			return nil, &authError{err}
+		}
+		nc.SetDeadline(deadline) // the challenge cleared it
+	}
 	p := make([]byte, prefaceLen)
 	_, err = nc.Write(preface())
 	if err == nil {
@@ -315,7 +323,7 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	}
 	if err != nil {
 		nc.Close()
-		if errors.Is(err, ErrNotCRPC) || errors.Is(err, ErrTLSRequired) {
+		if errors.Is(err, ErrNotCRPC) || errors.Is(err, ErrTLSRequired) || errors.Is(err, ErrTokenRequired) {
 			return nil, err
 		}
 		return nil, status.Errorf(codes.Unavailable, "crpc: %s: %v", addr, err)
