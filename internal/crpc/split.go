@@ -49,6 +49,19 @@ func split(lis net.Listener, cfg netx.Config, tc *tls.Config, token []byte) (crp
 				tc.NextProtos = append(tc.NextProtos, p)
 			}
 		}
+		if get := tc.GetConfigForClient; get != nil {
+			// A per-handshake config (certificate reload) offers the
+			// same protocols.
+			protos := tc.NextProtos
+			tc.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+				c, err := get(h)
+				if c != nil {
+					c = c.Clone()
+					c.NextProtos = protos
+				}
+				return c, err
+			}
+		}
 		sp.tls = tc
 	}
 	sp.crpc = &subListener{sp: sp, ch: make(chan net.Conn), done: make(chan struct{})}
