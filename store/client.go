@@ -58,6 +58,16 @@ type Config struct {
 	// must see every call (the client's RPC counters). MasterProtocol is
 	// then only the name the client reports.
 	MasterDialer func(ctx context.Context, addr string, intercept grpc.UnaryClientInterceptor) (MasterConn, error)
+	// TokenFile holds the cluster token (the master's --token_file): each
+	// connection to the master proves it. Empty: none.
+	TokenFile string
+	// TLSCA verifies the master's certificate (empty: system roots, when
+	// TLS is on); TLSCert and TLSKey are this client's, for a master that
+	// verifies clients (mTLS). Any of them turns TLS on.
+	TLSCA, TLSCert, TLSKey string
+	// Security, when its Token or TLS is set, is used instead of loading
+	// TokenFile and the TLS files.
+	Security Security
 	// LocalHostname is the engine's LocalServerName ("host" or
 	// "host:port"; default: the engine's choice).
 	LocalHostname string
@@ -126,6 +136,13 @@ func (c *Config) setDefaults() error {
 	c.LocalBufferSize = cmp.Or(c.LocalBufferSize, DefaultLocalBufferSize)
 	if c.HeartbeatInterval < 0 || c.RPCTimeout < 0 {
 		return fmt.Errorf("%w: negative interval", ErrInvalidConfig)
+	}
+	if c.Security.Token == nil && c.Security.TLS == nil {
+		sec, err := LoadSecurity(c.TokenFile, auth.TLSFiles{CA: c.TLSCA, Cert: c.TLSCert, Key: c.TLSKey})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		c.Security = sec
 	}
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
 	c.RPCTimeout = cmp.Or(c.RPCTimeout, DefaultRPCTimeout)
@@ -261,7 +278,7 @@ func (c *Client) connect(ctx context.Context) error {
 	if c.cfg.MasterDialer != nil {
 		conn, err = c.cfg.MasterDialer(ctx, c.cfg.MasterAddr, c.stats.interceptor)
 	} else {
-		conn, proto, err = DialMaster(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor)
+		conn, proto, err = DialMasterSecure(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor, c.cfg.Security)
 	}
 	if err != nil {
 		return err
