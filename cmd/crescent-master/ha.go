@@ -218,7 +218,7 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 	}
 	reg.MustRegister(sup.Collector(), lead)
 
-	servers := &httpServers{log: log}
+	servers := &httpServers{log: log, sec: cfg.sec}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -310,11 +310,11 @@ func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Dur
 		defer snaps.stop()
 	}
 	var metrics *admin.Metrics
-	svc := service.New(d.Master, d.ServiceOption(), service.WithGate(lease), service.WithObserver(func(rpc string, dur time.Duration, err error) {
+	svc := service.New(d.Master, append([]service.Option{d.ServiceOption(), service.WithGate(lease), service.WithObserver(func(rpc string, dur time.Duration, err error) {
 		metrics.Observe(rpc, dur, err)
 	}), service.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
 		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
-		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))
+		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log})}, cfg.sec.serviceOptions()...)...)
 	metrics = admin.NewMetrics(d.Master, svc)
 	treg := prometheus.NewRegistry() // this term's, for the admin handler's own /metrics (shadowed by the process's)
 	logMetrics := oplog.NewCollector(d)
@@ -324,7 +324,7 @@ func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Dur
 	if err != nil {
 		return err
 	}
-	lead.set(admin.Handler(d.Master, svc, treg, nil, adminOpts...), metrics, logMetrics)
+	lead.set(cfg.sec.adminHandler(admin.Handler(d.Master, svc, treg, nil, adminOpts...)), metrics, logMetrics)
 	defer lead.set(nil)
 	log.Info("crescent-master serving", "rpc", lis.Addr().String(), "view_version", d.Master.ViewVersion())
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes)}

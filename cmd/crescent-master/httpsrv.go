@@ -12,6 +12,7 @@ import (
 // serve and stopped together by shutdown; with and without HA alike.
 type httpServers struct {
 	log     *slog.Logger
+	sec     *security // nil: as listened
 	servers []*http.Server
 }
 
@@ -20,6 +21,9 @@ func (hs *httpServers) serve(addr string, h http.Handler) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
+	}
+	if hs.sec != nil {
+		l = hs.sec.listener(l)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	hs.servers = append(hs.servers, srv)

@@ -1,6 +1,9 @@
 package service
 
 import (
+	"crypto/tls"
+	"net"
+
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
@@ -67,4 +70,18 @@ func (s *Service) authorize(rpc int, req any) error {
 		return rpcerr.ToStatus(errcode.New(errcode.IllegalClient, "%s needs the admin credential (--admin_token_file)", rpcNames[rpc]))
 	}
 	return nil
+}
+
+// WithTransportSecurity secures Serve's port: TLS with tc (nil:
+// plaintext; overrides WithCRPC's TLS), every connection proving the
+// cluster token first (nil: none; crpc.SplitAuth), and allow turning
+// peers away by address before anything is read (nil: everyone;
+// auth.Mode.Allow for the protected default).
+func WithTransportSecurity(tc *tls.Config, token []byte, allow func(net.Addr) bool) Option {
+	return func(s *Service) {
+		s.tls, s.token, s.allow = tc, append([]byte(nil), token...), allow
+		if token == nil {
+			s.token = nil
+		}
+	}
 }
