@@ -65,8 +65,12 @@ type Config struct {
 	// TLS is on); TLSCert and TLSKey are this client's, for a master that
 	// verifies clients (mTLS). Any of them turns TLS on.
 	TLSCA, TLSCert, TLSKey string
-	// Security, when its Token or TLS is set, is used instead of loading
-	// TokenFile and the TLS files.
+	// AdminTokenFile holds the master's admin token (its
+	// --admin_token_file), for RemoveAll, RemoveByRegex and forced
+	// removes. Empty: none.
+	AdminTokenFile string
+	// Security, when any of its fields is set, is used instead of loading
+	// TokenFile, AdminTokenFile and the TLS files.
 	Security Security
 	// LocalHostname is the engine's LocalServerName ("host" or
 	// "host:port"; default: the engine's choice).
@@ -137,8 +141,8 @@ func (c *Config) setDefaults() error {
 	if c.HeartbeatInterval < 0 || c.RPCTimeout < 0 {
 		return fmt.Errorf("%w: negative interval", ErrInvalidConfig)
 	}
-	if c.Security.Token == nil && c.Security.TLS == nil {
-		sec, err := LoadSecurity(c.TokenFile, auth.TLSFiles{CA: c.TLSCA, Cert: c.TLSCert, Key: c.TLSKey})
+	if c.Security.Token == nil && c.Security.TLS == nil && c.Security.Admin == nil {
+		sec, err := LoadSecurity(c.TokenFile, c.AdminTokenFile, auth.TLSFiles{CA: c.TLSCA, Cert: c.TLSCert, Key: c.TLSKey})
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}

@@ -3,6 +3,7 @@ package store
 import (
 	"crypto/tls"
 	"errors"
+	"fmt"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -17,20 +18,28 @@ import (
 type Security struct {
 	Token []byte      // proved once per connection (auth challenge), never sent
 	TLS   *tls.Config // nil: plaintext
+	// Admin is the master's admin token (--admin_token_file), sent on
+	// admin calls: RemoveAll, RemoveByRegex, forced removes.
+	Admin []byte
 }
 
-// LoadSecurity reads a token file and TLS files (the --token_file and
-// --tls_ca/--tls_cert/--tls_key flags; empty: not used).
-func LoadSecurity(tokenFile string, files auth.TLSFiles) (Security, error) {
+// LoadSecurity reads the token files and TLS files (the --token_file,
+// --admin_token_file and --tls_ca/--tls_cert/--tls_key flags; empty: not
+// used).
+func LoadSecurity(tokenFile, adminTokenFile string, files auth.TLSFiles) (Security, error) {
 	tok, err := auth.LoadToken(tokenFile)
 	if err != nil {
 		return Security{}, err
+	}
+	adm, err := auth.LoadToken(adminTokenFile)
+	if err != nil {
+		return Security{}, fmt.Errorf("admin %w", err)
 	}
 	tc, err := auth.ClientTLS(files)
 	if err != nil {
 		return Security{}, err
 	}
-	return Security{Token: tok, TLS: tc}, nil
+	return Security{Token: tok, TLS: tc, Admin: adm}, nil
 }
 
 func (s Security) crpcOptions() []crpc.Option {
