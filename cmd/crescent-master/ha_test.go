@@ -527,6 +527,7 @@ func TestHASnapshotStandby(t *testing.T) {
 	r := testsvc.StartRedis(t)
 	args := haArgs("etcd", 1, e.URL(), "--snapshot_dir", t.TempDir(), "--snapshot_catalog", r.URL(),
 		"--snapshot_interval", "0", "--oplog_retain", "0")
+	args = append(args, adminArgs(t)...)
 	a := startHA(t, "m0", args...)
 	oneLeader(t, 30*time.Second, a)
 	cl := haClient(t, a.rpc)
@@ -539,7 +540,7 @@ func TestHASnapshotStandby(t *testing.T) {
 	for i := range 20 {
 		put(fmt.Sprintf("a/%d", i))
 	}
-	resp, err := httpc.Post(a.admin+"/snapshot", "", nil)
+	resp, err := adminPost(httpc, a.admin+"/snapshot")
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the leader's /snapshot")
