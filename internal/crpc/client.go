@@ -52,6 +52,10 @@ func WithPing(interval, timeout time.Duration) Option {
 	return func(c *Conn) { c.pingInterval, c.pingTimeout = interval, timeout }
 }
 
+// WithDialer makes every (re)connection dial with d (a local address,
+// say) instead of a zero net.Dialer.
+func WithDialer(d *net.Dialer) Option { return func(c *Conn) { c.dialer = d } }
+
 // WithTLS makes every (re)connection a TLS client over cfg (a clone;
 // ServerName defaults to the dialled host, NextProtos to "crpc"): the
 // handshake comes first, within the dial timeout. Present a client
@@ -79,6 +83,7 @@ type Conn struct {
 	pingTimeout  time.Duration
 	tls          *tls.Config
 	token        []byte // nil: no challenge (WithToken)
+	dialer       *net.Dialer
 	resolve      func(context.Context) (string, error)
 
 	mu     sync.Mutex
@@ -279,7 +284,10 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 		}
 		addr = a
 	}
-	var d net.Dialer
+	d := c.dialer
+	if d == nil {
+		d = &net.Dialer{}
+	}
 	nc, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "crpc: dial %s: %v", addr, err)
