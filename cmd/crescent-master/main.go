@@ -293,6 +293,9 @@ func (c *config) validate() error {
 	if err := c.validateHA(); err != nil {
 		return err
 	}
+	if _, err := c.securityConfig.load(nil); err != nil {
+		return err
+	}
 	return c.validateSnapshots()
 }
 
