@@ -134,6 +134,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, usagef("--master_server_address %q: want host:port", o.master)
 		}
 	}
+	if err := o.sec.check(); err != nil {
+		return o, usageError{err}
+	}
 	return o, nil
 }
 
@@ -210,10 +213,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			cfg.Protocols = append(cfg.Protocols, strings.TrimSpace(p))
 		}
 	}
-	mode, err := o.sec.mode()
-	if err != nil {
-		return usageError{err}
-	}
+	mode, _ := o.sec.mode() // checked by parseFlags
 	if err := o.sec.apply(&cfg); err != nil {
 		return usageError{err}
 	}

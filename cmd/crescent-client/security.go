@@ -35,6 +35,15 @@ func (o securityOptions) mode() (auth.Mode, error) {
 	return auth.Decide(o.tokenFile != "" || o.tlsCert != "", o.insecure)
 }
 
+// check refuses --insecure with a credential and files that do not load.
+func (o securityOptions) check() error {
+	if _, err := o.mode(); err != nil {
+		return err
+	}
+	_, err := store.LoadSecurity(o.tokenFile, "", o.files())
+	return err
+}
+
 // apply loads the credentials into the store client's config.
 func (o securityOptions) apply(cfg *store.Config) error {
 	sec, err := store.LoadSecurity(o.tokenFile, "", o.files())
