@@ -144,7 +144,7 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 				return
 			case <-t.C:
 				pctx, cancel := context.WithTimeout(hbCtx, 5*time.Second)
-				ms.mc.Ping(pctx, &storepb.PingRequest{ClientId: ms.client})
+				ms.mc.Ping(pctx, &storepb.PingRequest{ClientId: ms.client, Session: ms.session})
 				cancel()
 			}
 		}

@@ -106,7 +106,7 @@ func (c *Client) Remove(ctx context.Context, key string, force bool) error {
 	}
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	_, err := c.master.Remove(rctx, &storepb.RemoveRequest{Key: key, Force: force, AdminToken: c.cfg.Security.Admin})
+	_, err := c.master.Remove(rctx, &storepb.RemoveRequest{Key: key, Force: force, AdminToken: c.adminToken(force)})
 	return rpcerr.FromStatus(err)
 }
 
@@ -124,7 +124,7 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 	}
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	resp, err := c.master.BatchRemove(rctx, &storepb.BatchRemoveRequest{Keys: req, Force: force, AdminToken: c.cfg.Security.Admin})
+	resp, err := c.master.BatchRemove(rctx, &storepb.BatchRemoveRequest{Keys: req, Force: force, AdminToken: c.adminToken(force)})
 	if err == nil && len(resp.Results) != len(items) {
 		err = errcode.New(errcode.InternalError, "BatchRemove answered %d results for %d keys", len(resp.Results), len(items))
 	}

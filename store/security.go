@@ -72,3 +72,12 @@ func (s Security) grpcCredentials() credentials.TransportCredentials {
 func refusedForGood(err error) bool {
 	return errors.Is(err, crpc.ErrTLSRequired) || errors.Is(err, crpc.ErrTokenRequired) || errors.Is(err, auth.ErrRefused)
 }
+
+// adminToken is what an admin call carries: the admin token when the
+// call needs it (a forced remove), else nothing.
+func (c *Client) adminToken(needed bool) []byte {
+	if !needed {
+		return nil
+	}
+	return c.cfg.Security.Admin
+}
