@@ -34,7 +34,7 @@
 // one line per error.
 //
 // --token_file, --tls_ca/--tls_cert/--tls_key and --admin_token_file
-// (needed by rm --force, rm --regex and rm-all) are the master's
+// (needed by rm --force and rm --regex) are the master's
 // credentials, named as on every binary; any --tls_* flag also makes the
 // admin commands speak https. --insecure with a credential is a usage
 // error.

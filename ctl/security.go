@@ -17,7 +17,7 @@ type securityFlags struct {
 
 func (s *securityFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&s.tokenFile, "token_file", "", "file (mode 0600) holding the cluster token (the master's --token_file)")
-	fs.StringVar(&s.adminTokenFile, "admin_token_file", "", "file (mode 0600) holding the master's admin token: rm --force, rm --regex, rm-all")
+	fs.StringVar(&s.adminTokenFile, "admin_token_file", "", "file (mode 0600) holding the master's admin token: rm --force, rm --regex")
 	fs.StringVar(&s.tlsCert, "tls_cert", "", "PEM client certificate, for a master that verifies clients (mTLS)")
 	fs.StringVar(&s.tlsKey, "tls_key", "", "PEM key of --tls_cert")
 	fs.StringVar(&s.tlsCA, "tls_ca", "", "PEM CA that signed the master's certificate; any --tls_* flag turns TLS on (RPC and admin ports)")
