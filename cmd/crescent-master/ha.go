@@ -251,7 +251,7 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 	if cfg.EnableHTTPMetadataServer {
 		mux := http.NewServeMux()
 		mux.Handle("/metadata", httpmeta.Handler())
-		if err := serve(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
+		if err := servers.serveMetadata(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
 			return err
 		}
 	}

@@ -504,7 +504,7 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.EnableHTTPMetadataServer {
 		mux := http.NewServeMux()
 		mux.Handle("/metadata", httpmeta.Handler())
-		if err := serve(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
+		if err := servers.serveMetadata(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
 			lis.Close()
 			m.Close()
 			return err

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/testpki"
 	"github.com/crescent-kv/crescent/internal/vethtest"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -157,4 +158,45 @@ func TestTokensProcess(t *testing.T) {
 	n, err := a.RemoveAll(ctx, true)
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, n)
+}
+
+// TestTLSProcess: with --tls_cert/--tls_key/--tls_ca the RPC port serves
+// clients presenting a certificate of the CA and refuses a plaintext
+// one, and the admin port speaks https with client certificates.
+func TestTLSProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process test")
+	}
+	pki := testpki.New(t)
+	dir := t.TempDir()
+	ca := pki.WriteCA(t, dir)
+	scert, skey := testpki.WritePair(t, dir, "server", pki.Server)
+	ccert, ckey := testpki.WritePair(t, dir, "client", pki.Client)
+	port, admin := freePort(t), freePort(t)
+	startMaster(t, "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
+		"--tls_cert", scert, "--tls_key", skey, "--tls_ca", ca)
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	ctx := context.Background()
+	base := store.Config{MasterAddr: addr, GlobalSegmentSize: 8 << 20, LocalBufferSize: 4 << 20, Protocols: []string{"tcp"}, LocalHostname: "127.0.0.1"}
+	_, err := store.New(ctx, base)
+	require.ErrorIs(t, err, crpc.ErrTLSRequired)
+	cfg := base
+	cfg.TLSCA, cfg.TLSCert, cfg.TLSKey = ca, ccert, ckey
+	c, err := store.New(ctx, cfg)
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.Put(ctx, "k", []byte("v"), store.ReplicateConfig{}))
+
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: pki.ClientTLS(true)}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("https://127.0.0.1:" + strconv.Itoa(admin) + "/health")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	plain := &http.Client{Timeout: 5 * time.Second}
+	defer plain.CloseIdleConnections()
+	if resp, err := plain.Get("http://127.0.0.1:" + strconv.Itoa(admin) + "/health"); err == nil {
+		resp.Body.Close()
+		assert.NotEqual(t, http.StatusOK, resp.StatusCode, "plaintext on the TLS admin port")
+	}
 }
