@@ -128,6 +128,9 @@ func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaste
 	}
 	sctx, cancel := context.WithCancel(context.Background())
 	im.addr, im.cancel, im.done = lis.Addr().String(), cancel, make(chan error, 1)
+	if c.tls != nil {
+		opts = append(opts, service.WithTransportSecurity(c.tls.server, nil, nil))
+	}
 	svc := service.New(im.m, opts...)
 	if c.MasterProtocol == LayerDRPC {
 		// drpc on its own port: the clients' master address.

@@ -124,6 +124,12 @@ type StoreConfig struct {
 	// one). With the log on, the default baseline is "oplog_off".
 	Oplog    string `json:"oplog,omitempty"`
 	OplogDir string `json:"oplog_dir,omitempty"`
+	// TLS serves the in-process master's RPC port over TLS with client
+	// certificates (mTLS) and the clients use it; the default baseline is
+	// then "tls_off" (the same run without TLS), so the ratio is TLS's
+	// cost. In-process master and clients only.
+	TLS bool      `json:"tls,omitempty"`
+	tls *benchTLS // the run's certificates
 	// Progress, when set, receives a line per round.
 	Progress io.Writer `json:"-"`
 	// Logger for the clients (nil: slog.Default(); crescent-bench sets
@@ -196,7 +202,29 @@ func (c *StoreConfig) setDefaults() error {
 	if err := c.checkOplog(); err != nil {
 		return err
 	}
+	if c.TLS {
+		switch {
+		case c.MasterAddr != "":
+			return bad("--tls measures the in-process master: not with --master")
+		case c.ClientProcesses:
+			return bad("--tls: in-process clients only (not --client_processes)")
+		case c.MasterProtocol == LayerDRPC:
+			return bad("--tls: crpc or gRPC, not drpc")
+		}
+		if c.Baseline == "" {
+			c.Baseline = BaselineTLSOff
+		}
+		kit, err := newBenchTLS()
+		if err != nil {
+			return err
+		}
+		c.tls = kit
+	}
 	switch c.Baseline {
+	case BaselineTLSOff:
+		if !c.TLS {
+			return bad("--baseline tls_off needs --tls")
+		}
 	case "":
 		c.Baseline = "none"
 		if c.Oplog != OplogOff {
@@ -217,7 +245,7 @@ func (c *StoreConfig) setDefaults() error {
 			return bad("--baseline oplog_off needs --oplog")
 		}
 	default:
-		return bad("--baseline must be redis, engine, oplog_off or none, not %q", c.Baseline)
+		return bad("--baseline must be redis, engine, oplog_off, tls_off or none, not %q", c.Baseline)
 	}
 	if c.Operation == "meta" && c.Baseline == "redis" {
 		c.Baseline = "none"
@@ -468,6 +496,9 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
 		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
 		PutAhead: cfg.PutAhead, MasterProtocol: cfg.MasterProtocol, MasterDialer: masterDialer(cfg.MasterProtocol),
+	}
+	if cfg.tls != nil {
+		sc.Security.TLS = cfg.tls.client
 	}
 	if cfg.Protocol != "" {
 		sc.Protocols = []string{cfg.Protocol}
@@ -893,6 +924,12 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		}
 		defer func() { err = errors.Join(err, bm.close()) }()
 	}
+	if c.Baseline == BaselineTLSOff {
+		if bm, err = newMaster(ctx, c.withoutTLS(), c.Oplog); err != nil {
+			return nil, fmt.Errorf("bench: start baseline master: %w", err)
+		}
+		defer func() { err = errors.Join(err, bm.close()) }()
+	}
 	if c.Operation == "meta" {
 		res, err := runMeta(ctx, &c, addr, bm)
 		if res != nil {
@@ -926,9 +963,13 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		}
 		defer rs.close()
 		baseline = func(d time.Duration) (*roundStats, error) { return drive(ctx, d, rs.steps) }
-	case BaselineOplogOff:
+	case BaselineOplogOff, BaselineTLSOff:
+		bc := &c
+		if c.Baseline == BaselineTLSOff {
+			bc = c.withoutTLS()
+		}
 		bp := &storePlan{RunID: p.RunID, GetKeys: gets, Ring: ring}
-		bcs, err := startClients(ctx, &c, bm.addr, bp)
+		bcs, err := startClients(ctx, bc, bm.addr, bp)
 		defer func() { err = errors.Join(err, closeClients(bcs)) }()
 		if err != nil {
 			return nil, err

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
@@ -87,21 +88,23 @@ func runMeta(ctx context.Context, c *StoreConfig, addr string, bm *inProcessMast
 // metaSide is one master's meta workload: connections, a mounted
 // segment kept alive by heartbeats, and the workers.
 type metaSide struct {
-	conns  []store.MasterConn
-	mc     storepb.MasterClient
-	client *storepb.UUID
-	segID  *storepb.UUID
-	next   atomic.Int64 // the next object handed out
-	upto   atomic.Int64 // the round stops before this object
-	stored atomic.Int64
-	steps  []stepFunc
-	hbStop context.CancelFunc
-	hbWG   sync.WaitGroup
+	conns   []store.MasterConn
+	mc      storepb.MasterClient
+	client  *storepb.UUID
+	session []byte // proves client
+	segID   *storepb.UUID
+	next    atomic.Int64 // the next object handed out
+	upto    atomic.Int64 // the round stops before this object
+	stored  atomic.Int64
+	steps   []stepFunc
+	hbStop  context.CancelFunc
+	hbWG    sync.WaitGroup
 }
 
 func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide, err error) {
 	run := runID()
-	ms := &metaSide{client: randomUUID(), segID: randomUUID()}
+	sess, hi, lo := auth.NewSession()
+	ms := &metaSide{client: &storepb.UUID{High: hi, Low: lo}, session: sess, segID: randomUUID()}
 	// Room for every object twice over, at least 1 TiB, so no put is
 	// refused or evicted.
 	size := max(uint64(1)<<40, 2*uint64(c.Objects)*uint64(reserved(c.ValueSize)))
@@ -122,7 +125,7 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 	c.MasterProtocol = proto
 	ms.mc = storepb.NewMasterClient(ms.conns[0])
 	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	_, err = ms.mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: ms.client, Segment: seg})
+	_, err = ms.mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: ms.client, Session: ms.session, Segment: seg})
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("bench: mount: %w", rpcerr.FromStatus(err))
@@ -141,7 +144,7 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 				return
 			case <-t.C:
 				pctx, cancel := context.WithTimeout(hbCtx, 5*time.Second)
-				ms.mc.Ping(pctx, &storepb.PingRequest{ClientId: ms.client})
+				ms.mc.Ping(pctx, &storepb.PingRequest{ClientId: ms.client, Session: ms.session})
 				cancel()
 			}
 		}
@@ -162,7 +165,7 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 					sizes = append(sizes, uint64(c.ValueSize))
 				}
 				t0 := time.Now()
-				r1, err := mc.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: ms.client, Keys: keys, Sizes: sizes,
+				r1, err := mc.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: ms.client, Session: ms.session, Keys: keys, Sizes: sizes,
 					Config: &storepb.ReplicateConfig{PreferredSegments: []string{seg.Name}}})
 				if err != nil {
 					return stepResult{}, fmt.Errorf("bench: BatchPutStart: %w", rpcerr.FromStatus(err))
@@ -172,7 +175,7 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 				}); err != nil {
 					return stepResult{}, err
 				}
-				r2, err := mc.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: ms.client, Keys: keys, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY})
+				r2, err := mc.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: ms.client, Session: ms.session, Keys: keys, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY})
 				if err != nil {
 					return stepResult{}, fmt.Errorf("bench: BatchPutEnd: %w", rpcerr.FromStatus(err))
 				}
@@ -219,7 +222,7 @@ func (ms *metaSide) close() {
 	if ms.hbStop != nil {
 		// Unmounting drops the objects: the next run starts empty.
 		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		ms.mc.UnmountSegment(uctx, &storepb.UnmountSegmentRequest{ClientId: ms.client, SegmentId: ms.segID})
+		ms.mc.UnmountSegment(uctx, &storepb.UnmountSegmentRequest{ClientId: ms.client, Session: ms.session, SegmentId: ms.segID})
 		cancel()
 		ms.hbStop()
 		ms.hbWG.Wait()

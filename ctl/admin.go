@@ -55,13 +55,17 @@ func init() {
 
 // adminGet fetches path from the admin port; the caller closes the body.
 func adminGet(ctx context.Context, o *options, path string) (*http.Response, error) {
+	hc, scheme, err := o.sec.adminHTTP()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+o.admin+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+o.admin+path, nil)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("--admin %s: %w", o.admin, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("--admin %s: %w", o.admin, err)

@@ -65,6 +65,7 @@ type options struct {
 	metadata, bufferSize          string
 	timeout                       time.Duration
 	version                       bool
+	sec                           securityFlags
 
 	level  slog.Level
 	logger *slog.Logger // on stdio.Stderr
@@ -85,6 +86,7 @@ func (o *options) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.bufferSize, "buffer_size", "16MiB", "staging pool for put and get (values larger than it move in pieces)")
 	fs.DurationVar(&o.timeout, "timeout", 30*time.Second, "bound on one command (not events)")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	o.sec.bind(fs)
 }
 
 // check validates the global flags after parsing.
@@ -110,7 +112,7 @@ func (o *options) check() error {
 	if _, _, err := net.SplitHostPort(o.admin); err != nil {
 		return usagef("--admin %q: want host:port", o.admin)
 	}
-	return nil
+	return o.sec.check()
 }
 
 func (o *options) json() bool { return o.output == "json" }

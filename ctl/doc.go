@@ -33,6 +33,12 @@
 // --file writes the raw value whatever -o says. Diagnostics go to stderr,
 // one line per error.
 //
+// --token_file, --tls_ca/--tls_cert/--tls_key and --admin_token_file
+// (needed by rm --force and rm --regex) are the master's
+// credentials, named as on every binary; any --tls_* flag also makes the
+// admin commands speak https. --insecure with a credential is a usage
+// error.
+//
 // Exit codes:
 //
 //	0  success

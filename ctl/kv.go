@@ -76,6 +76,11 @@ func withClient(ctx context.Context, o *options, stdio IO, f func(ctx context.Co
 		LocalBufferSize: o.buffer, MetadataServer: o.metadata, PutAhead: -1, RPCTimeout: o.timeout,
 		Logger: o.logger,
 	}
+	sec, err := o.sec.load()
+	if err != nil {
+		return err
+	}
+	cfg.Security = sec
 	if o.protocols != "" {
 		for _, p := range strings.Split(o.protocols, ",") {
 			cfg.Protocols = append(cfg.Protocols, strings.TrimSpace(p))

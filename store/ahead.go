@@ -314,7 +314,7 @@ func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int) {
 		var res *storepb.ReserveResult
 		var ttl time.Duration
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
-		resp, err := c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(),
+		resp, err := c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Session: c.session,
 			Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n)}},
 			Release: a.takeRelease()})
 		cancel()
@@ -335,7 +335,7 @@ func (c *Client) giveBack(ctx context.Context) {
 	}
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	if _, err := c.master.ReservePut(rctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Release: ids}); err != nil {
+	if _, err := c.master.ReservePut(rctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Session: c.session, Release: ids}); err != nil {
 		// The master frees them at its release timeout.
 		c.log.Debug("giving reservations back failed", "n", len(ids), "err", rpcerr.FromStatus(err))
 	}
@@ -389,7 +389,7 @@ type commitQ struct {
 func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []error) {
 	a := c.ahead
 	errs := make([]error, len(qs))
-	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease()}
+	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease()}
 	var classes []resvClass
 	var asked []int
 	for i, q := range qs {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
@@ -57,6 +58,20 @@ type Config struct {
 	// must see every call (the client's RPC counters). MasterProtocol is
 	// then only the name the client reports.
 	MasterDialer func(ctx context.Context, addr string, intercept grpc.UnaryClientInterceptor) (MasterConn, error)
+	// TokenFile holds the cluster token (the master's --token_file): each
+	// connection to the master proves it. Empty: none.
+	TokenFile string
+	// TLSCA verifies the master's certificate (empty: system roots, when
+	// TLS is on); TLSCert and TLSKey are this client's, for a master that
+	// verifies clients (mTLS). Any of them turns TLS on.
+	TLSCA, TLSCert, TLSKey string
+	// AdminTokenFile holds the master's admin token (its
+	// --admin_token_file), for RemoveAll, RemoveByRegex and forced
+	// removes. Empty: none.
+	AdminTokenFile string
+	// Security, when any of its fields is set, is used instead of loading
+	// TokenFile, AdminTokenFile and the TLS files.
+	Security Security
 	// LocalHostname is the engine's LocalServerName ("host" or
 	// "host:port"; default: the engine's choice).
 	LocalHostname string
@@ -127,6 +142,13 @@ func (c *Config) setDefaults() error {
 	if c.HeartbeatInterval < 0 || c.RPCTimeout < 0 {
 		return fmt.Errorf("%w: negative interval", ErrInvalidConfig)
 	}
+	if c.Security.Token == nil && c.Security.TLS == nil && c.Security.Admin == nil {
+		sec, err := LoadSecurity(c.TokenFile, c.AdminTokenFile, auth.TLSFiles{CA: c.TLSCA, Cert: c.TLSCert, Key: c.TLSKey})
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		c.Security = sec
+	}
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
 	c.RPCTimeout = cmp.Or(c.RPCTimeout, DefaultRPCTimeout)
 	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen)
@@ -146,6 +168,7 @@ func (c *Config) setDefaults() error {
 type Client struct {
 	cfg      Config
 	id       UUID
+	session  []byte // proves id to the master (auth.ClientID)
 	log      *slog.Logger
 	conn     MasterConn
 	ha       *haConn // nil unless MasterAddr is etcd:// or redis://
@@ -260,7 +283,7 @@ func (c *Client) connect(ctx context.Context) error {
 	if c.cfg.MasterDialer != nil {
 		conn, err = c.cfg.MasterDialer(ctx, c.cfg.MasterAddr, c.stats.interceptor)
 	} else {
-		conn, proto, err = DialMaster(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor)
+		conn, proto, err = DialMasterSecure(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor, c.cfg.Security)
 	}
 	if err != nil {
 		return err
@@ -283,7 +306,10 @@ func newClient(cfg Config) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, id: newUUID(), clock: clock.Real{}, stats: newStats(), segIDs: make(map[string]engine.SegmentID),
+	// The id is derived from the session, which only this client and each
+	// call carry: nobody who reads the id can act as the client.
+	sess, hi, lo := auth.NewSession()
+	c := &Client{cfg: cfg, id: UUID{hi, lo}, session: sess, clock: clock.Real{}, stats: newStats(), segIDs: make(map[string]engine.SegmentID),
 		hbNow: make(chan struct{}, 1)}
 	c.log = cfg.Logger.With("client", c.id.String())
 	return c
@@ -374,7 +400,7 @@ func (c *Client) heartbeatLoop(ctx context.Context, done chan struct{}) {
 // heartbeat sends one Ping and re-mounts on NEED_REMOUNT.
 func (c *Client) heartbeat(ctx context.Context) error {
 	c.stats.heartbeats.Add(1)
-	resp, err := c.master.Ping(ctx, &storepb.PingRequest{ClientId: c.id.pb()})
+	resp, err := c.master.Ping(ctx, &storepb.PingRequest{ClientId: c.id.pb(), Session: c.session})
 	if err != nil {
 		c.stats.heartbeatFail.Add(1)
 		return rpcerr.FromStatus(err)
@@ -392,7 +418,7 @@ func (c *Client) heartbeat(ctx context.Context) error {
 func (c *Client) remount(ctx context.Context) error {
 	c.mountMu.Lock() // not interleaved with an Unmount's
 	defer c.mountMu.Unlock()
-	req := &storepb.ReMountSegmentRequest{ClientId: c.id.pb()}
+	req := &storepb.ReMountSegmentRequest{ClientId: c.id.pb(), Session: c.session}
 	for _, s := range c.segList() {
 		req.Segments = append(req.Segments, s.pb())
 	}
@@ -550,7 +576,7 @@ func (c *Client) teardown() error {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
-		_, err := c.master.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), SegmentId: s.info.ID.pb()})
+		_, err := c.master.UnmountSegment(ctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), Session: c.session, SegmentId: s.info.ID.pb()})
 		cancel()
 		if err != nil && !errors.Is(rpcerr.FromStatus(err), errcode.ErrSegmentNotFound) {
 			errs = append(errs, fmt.Errorf("store: unmount segment %s: %w", s.info.ID, rpcerr.FromStatus(err)))

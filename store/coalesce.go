@@ -196,7 +196,7 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
 	if len(keys) == 1 {
-		resp, err := c.master.PutStart(rctx, &storepb.PutStartRequest{ClientId: c.id.pb(), Key: keys[0], Size: sizes[0], Config: rc})
+		resp, err := c.master.PutStart(rctx, &storepb.PutStartRequest{ClientId: c.id.pb(), Session: c.session, Key: keys[0], Size: sizes[0], Config: rc})
 		if err != nil {
 			errs[0] = rpcerr.FromStatus(err)
 		} else {
@@ -204,7 +204,7 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 		}
 		return rs, errs
 	}
-	resp, err := c.master.BatchPutStart(rctx, &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Keys: keys, Sizes: sizes, Config: rc})
+	resp, err := c.master.BatchPutStart(rctx, &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, Sizes: sizes, Config: rc})
 	if err = batchErr(err, "BatchPutStart", len(resp.GetResults()), len(keys)); err != nil {
 		fill(errs, err)
 		return rs, errs
@@ -229,12 +229,12 @@ func (c *Client) rpcPutEnd(ctx context.Context, keys []string, gens []uint64, bl
 		if len(blocks) == 1 {
 			block = blocks[0]
 		}
-		if _, err := c.master.PutEnd(rctx, &storepb.PutEndRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Block: block, Generation: gens[0]}); err != nil {
+		if _, err := c.master.PutEnd(rctx, &storepb.PutEndRequest{ClientId: c.id.pb(), Session: c.session, Key: keys[0], ReplicaType: mem, Block: block, Generation: gens[0]}); err != nil {
 			errs[0] = rpcerr.FromStatus(err)
 		}
 		return errs
 	}
-	resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem, Blocks: blocks, Generations: gens})
+	resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, ReplicaType: mem, Blocks: blocks, Generations: gens})
 	if err = batchErr(err, "BatchPutEnd", len(resp.GetResults()), len(keys)); err != nil {
 		fill(errs, err)
 		return errs

@@ -10,7 +10,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
@@ -34,6 +33,12 @@ type MasterConn interface {
 // the master answers, and the connection's Protocol method says which
 // one it then settled on.
 func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryClientInterceptor) (MasterConn, string, error) {
+	return DialMasterSecure(ctx, addr, proto, intercept, Security{})
+}
+
+// DialMasterSecure is DialMaster with sec's cluster token and TLS on
+// every connection, crpc and gRPC alike.
+func DialMasterSecure(ctx context.Context, addr, proto string, intercept grpc.UnaryClientInterceptor, sec Security) (MasterConn, string, error) {
 	switch proto {
 	case "", "auto", "crpc", "grpc", "grpc_tuned":
 	default:
@@ -44,13 +49,13 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 		if proto == "grpc_tuned" {
 			extra = TunedGRPCDialOptions()
 		}
-		conn, err := dialGRPC(addr, intercept, extra...)
+		conn, err := dialGRPC(addr, intercept, sec, extra...)
 		if err != nil {
 			return nil, "", err
 		}
 		return conn, proto, nil
 	}
-	var opts []crpc.Option
+	opts := sec.crpcOptions()
 	if intercept != nil {
 		opts = append(opts, crpc.WithUnaryInterceptor(intercept))
 	}
@@ -61,19 +66,21 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 	case proto == "crpc":
 		return nil, "", fmt.Errorf("store: master %s: %w", addr, rpcerr.FromStatus(err))
 	case errors.Is(err, crpc.ErrNotCRPC):
-		conn, err := dialGRPC(addr, intercept)
+		conn, err := dialGRPC(addr, intercept, sec)
 		if err != nil {
 			return nil, "", err
 		}
 		return conn, "grpc", nil
+	case refusedForGood(err):
+		return nil, "", fmt.Errorf("store: master %s: %w", addr, err)
 	}
 	// Not reachable yet: decide when it is, not for the client's life.
-	g, err := dialGRPC(addr, nil) // refuses a malformed address now
+	g, err := dialGRPC(addr, nil, sec) // refuses a malformed address now
 	if err != nil {
 		return nil, "", err
 	}
 	g.Close()
-	return &autoConn{addr: addr, intercept: intercept, sem: make(chan struct{}, 1)}, "auto", nil
+	return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1)}, "auto", nil
 }
 
 // TunedGRPCDialOptions are the client options of "grpc_tuned" (added to
@@ -82,9 +89,9 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 // whose keepalive policy permits these pings.
 func TunedGRPCDialOptions() []grpc.DialOption { return grpctune.DialOptions() }
 
-func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
+func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor, sec Security, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(sec.grpcCredentials()),
 		// Batch answers for many keys exceed gRPC's 4 MiB default.
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
 	}, extra...)
@@ -104,6 +111,7 @@ func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor, extra ...grpc.
 type autoConn struct {
 	addr      string
 	intercept grpc.UnaryClientInterceptor
+	sec       Security
 	crpcOnly  bool          // MasterProtocol "crpc": never settle on gRPC
 	sem       chan struct{} // one dial at a time; waiters keep their deadline
 
@@ -161,16 +169,16 @@ func (a *autoConn) get(ctx context.Context) (MasterConn, error) {
 	}
 	var conn MasterConn
 	proto := "crpc"
-	cc, err := crpc.Dial(ctx, a.addr)
+	cc, err := crpc.Dial(ctx, a.addr, a.sec.crpcOptions()...)
 	switch {
 	case err == nil:
 		conn = cc
 	case errors.Is(err, crpc.ErrNotCRPC) && !a.crpcOnly:
-		if conn, err = dialGRPC(a.addr, nil); err != nil {
+		if conn, err = dialGRPC(a.addr, nil, a.sec); err != nil {
 			return nil, err
 		}
 		proto = "grpc"
-	case errors.Is(err, crpc.ErrNotCRPC) || errors.Is(err, crpc.ErrTLSRequired):
+	case errors.Is(err, crpc.ErrNotCRPC) || refusedForGood(err):
 		return nil, fmt.Errorf("store: master %s: %w", a.addr, rpcerr.FromStatus(err))
 	default:
 		return nil, crpc.Unsent(err) // still unreachable: the next call tries again
@@ -209,17 +217,17 @@ func (a *autoConn) Close() error {
 // client's new leader (which may still be warming up): gRPC connects in
 // the background; crpc and "auto" dial at the first call, and again at
 // each call until the master answers.
-func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor) (MasterConn, string, error) {
+func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor, sec Security) (MasterConn, string, error) {
 	switch proto {
 	case "grpc", "grpc_tuned":
-		return DialMaster(context.Background(), addr, proto, intercept)
+		return DialMasterSecure(context.Background(), addr, proto, intercept, sec)
 	case "", "auto", "crpc":
-		g, err := dialGRPC(addr, nil) // refuses a malformed address now
+		g, err := dialGRPC(addr, nil, sec) // refuses a malformed address now
 		if err != nil {
 			return nil, "", err
 		}
 		g.Close()
-		return &autoConn{addr: addr, intercept: intercept, sem: make(chan struct{}, 1), crpcOnly: proto == "crpc"}, cmp.Or(proto, "auto"), nil
+		return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1), crpcOnly: proto == "crpc"}, cmp.Or(proto, "auto"), nil
 	}
-	return DialMaster(context.Background(), addr, proto, intercept) // the error
+	return DialMasterSecure(context.Background(), addr, proto, intercept, sec) // the error
 }

@@ -12,6 +12,19 @@
 //
 // # Contract
 //
+//   - Identity: a client's id is derived from a 32-byte session secret it
+//     draws at New (internal/auth.ClientID), and every call that acts as
+//     the client carries the session; the master refuses a call whose
+//     session does not prove its id (ILLEGAL_CLIENT). The session never
+//     changes for the client's life, so it survives a master restart, a
+//     failover and a re-mount with nothing stored on the master.
+//   - Security (Config.TokenFile, TLSCA/TLSCert/TLSKey, AdminTokenFile, or
+//     Config.Security): every connection to the master proves the cluster
+//     token (once, before any frame; crpc and gRPC alike) and/or runs TLS
+//     (mTLS with a client certificate); admin calls (RemoveAll,
+//     RemoveByRegex, forced removes) carry the admin token. A master that
+//     needs what the client lacks refuses at New (crpc.ErrTokenRequired,
+//     crpc.ErrTLSRequired, auth.ErrRefused), not at each call.
 //   - New connects to the master, starts (or shares) a transfer engine,
 //     registers a staging pool (Config.LocalBufferSize) with it, and, when
 //     Config.GlobalSegmentSize > 0, contributes that much memory to the

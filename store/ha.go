@@ -421,7 +421,7 @@ func (c *Client) connectHA(ctx context.Context, open LeaderOpener) error {
 			conn, err := c.cfg.MasterDialer(ctx, addr, c.stats.interceptor)
 			return conn, c.cfg.MasterProtocol, err
 		}
-		return dialLazy(addr, c.cfg.MasterProtocol, c.stats.interceptor)
+		return dialLazy(addr, c.cfg.MasterProtocol, c.stats.interceptor, c.cfg.Security)
 	}
 	if err := dialHA(ctx, src, dial, h); err != nil {
 		src.Close()

@@ -28,7 +28,7 @@ func TestMountOverlapRefusedEndToEnd(t *testing.T) {
 	ctx := tctx(t)
 	sa := a.segList()[0].info
 	dup := &storepb.Segment{Id: newUUID().pb(), Name: sa.Name, Base: sa.Base, Size: sa.Size, Protocol: sa.Protocol}
-	_, err := b.master.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: b.id.pb(), Segment: dup})
+	_, err := b.master.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: b.id.pb(), Session: b.session, Segment: dup})
 	assert.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrSegmentAlreadyExists)
 
 	const n = 40
@@ -63,7 +63,7 @@ func TestLatePutEndAfterTakeOver(t *testing.T) {
 				clk.Advance(time.Minute)
 				// The successor: the same client id (a restarted writer, a
 				// retry from another goroutine).
-				_, err := a.master.PutStart(ctx, &storepb.PutStartRequest{ClientId: a.id.pb(), Key: "k", Size: 16 << 10})
+				_, err := a.master.PutStart(ctx, &storepb.PutStartRequest{ClientId: a.id.pb(), Session: a.session, Key: "k", Size: 16 << 10})
 				require.NoError(t, err)
 			}
 			v := bytes.Repeat([]byte{7}, 16<<10)

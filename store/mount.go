@@ -46,7 +46,7 @@ func (c *Client) mountNew(ctx context.Context, size int64) (SegmentInfo, error) 
 		return SegmentInfo{}, err
 	}
 	rctx, cancel := c.rpcCtx(ctx)
-	_, err = c.master.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: c.id.pb(), Segment: seg.pb()})
+	_, err = c.master.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: c.id.pb(), Session: c.session, Segment: seg.pb()})
 	cancel()
 	if err != nil {
 		uctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
@@ -93,7 +93,7 @@ func (c *Client) unmount(ctx context.Context, id UUID) (removed bool, _ error) {
 	c.setSegs(rest)
 	c.retired = append(c.retired, seg)
 	rctx, cancel := c.rpcCtx(ctx)
-	_, err := c.master.UnmountSegment(rctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), SegmentId: seg.info.ID.pb()})
+	_, err := c.master.UnmountSegment(rctx, &storepb.UnmountSegmentRequest{ClientId: c.id.pb(), Session: c.session, SegmentId: seg.info.ID.pb()})
 	cancel()
 	c.mountMu.Unlock()
 	if len(rest) == 0 {

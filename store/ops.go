@@ -106,7 +106,7 @@ func (c *Client) Remove(ctx context.Context, key string, force bool) error {
 	}
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	_, err := c.master.Remove(rctx, &storepb.RemoveRequest{Key: key, Force: force})
+	_, err := c.master.Remove(rctx, &storepb.RemoveRequest{Key: key, Force: force, AdminToken: c.adminToken(force)})
 	return rpcerr.FromStatus(err)
 }
 
@@ -124,7 +124,7 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 	}
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	resp, err := c.master.BatchRemove(rctx, &storepb.BatchRemoveRequest{Keys: req, Force: force})
+	resp, err := c.master.BatchRemove(rctx, &storepb.BatchRemoveRequest{Keys: req, Force: force, AdminToken: c.adminToken(force)})
 	if err == nil && len(resp.Results) != len(items) {
 		err = errcode.New(errcode.InternalError, "BatchRemove answered %d results for %d keys", len(resp.Results), len(items))
 	}
@@ -147,7 +147,7 @@ func (c *Client) RemoveByRegex(ctx context.Context, regex string, force bool) (u
 	defer c.leave()
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	resp, err := c.master.RemoveByRegex(rctx, &storepb.RemoveByRegexRequest{Regex: regex, Force: force})
+	resp, err := c.master.RemoveByRegex(rctx, &storepb.RemoveByRegexRequest{Regex: regex, Force: force, AdminToken: c.cfg.Security.Admin})
 	if err != nil {
 		return 0, rpcerr.FromStatus(err)
 	}
@@ -163,7 +163,7 @@ func (c *Client) RemoveAll(ctx context.Context, force bool) (uint64, error) {
 	defer c.leave()
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	resp, err := c.master.RemoveAll(rctx, &storepb.RemoveAllRequest{Force: force})
+	resp, err := c.master.RemoveAll(rctx, &storepb.RemoveAllRequest{Force: force, AdminToken: c.cfg.Security.Admin})
 	if err != nil {
 		return 0, rpcerr.FromStatus(err)
 	}

@@ -187,7 +187,7 @@ func (c *Client) retryAfter(ctx context.Context, f segFault, attempt int) bool {
 			c.ahead.dropOn(ids)
 		}
 		rctx, cancel := c.rpcCtx(ctx)
-		_, err := c.master.ReportFailedSegments(rctx, &storepb.ReportFailedSegmentsRequest{ClientId: c.id.pb(), SegmentIds: ids})
+		_, err := c.master.ReportFailedSegments(rctx, &storepb.ReportFailedSegmentsRequest{ClientId: c.id.pb(), Session: c.session, SegmentIds: ids})
 		cancel()
 		if err != nil {
 			c.log.Debug("reporting segments that failed writes", "segments", len(ids), "err", rpcerr.FromStatus(err))
@@ -261,12 +261,12 @@ func (c *Client) revoke(ctx context.Context, keys []string, gens []uint64) {
 	defer cancel()
 	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
 	if len(keys) == 1 {
-		if _, err := c.master.PutRevoke(rctx, &storepb.PutRevokeRequest{ClientId: c.id.pb(), Key: keys[0], ReplicaType: mem, Generation: gens[0]}); err != nil {
+		if _, err := c.master.PutRevoke(rctx, &storepb.PutRevokeRequest{ClientId: c.id.pb(), Session: c.session, Key: keys[0], ReplicaType: mem, Generation: gens[0]}); err != nil {
 			c.log.Warn("put revoke failed; the master reclaims the key after its discard timeout", "key", keys[0], "err", rpcerr.FromStatus(err))
 		}
 		return
 	}
-	resp, err := c.master.BatchPutRevoke(rctx, &storepb.BatchPutRevokeRequest{ClientId: c.id.pb(), Keys: keys, ReplicaType: mem, Generations: gens})
+	resp, err := c.master.BatchPutRevoke(rctx, &storepb.BatchPutRevokeRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, ReplicaType: mem, Generations: gens})
 	if err != nil {
 		c.log.Warn("batch put revoke failed; the master reclaims the keys after its discard timeout", "keys", len(keys), "err", rpcerr.FromStatus(err))
 		return

@@ -30,4 +30,10 @@
 // MC_STORE_LOCAL_HOT_ADMISSION_THRESHOLD; its counters and the dummies'
 // are on /metrics (crescent_local_*, crescent_hot_cache_*) and
 // /metrics/summary. SIGTERM disconnects the dummies before unmounting.
+//
+// --token_file and --tls_ca/--tls_cert/--tls_key are the master's
+// credentials (security.go). Without a credential the metrics port admits
+// loopback peers only (one log line says so); --insecure opens it, and is
+// refused together with a credential. The transfer engine's own ports
+// are the engine's to protect.
 package main

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +112,9 @@ func TestRefusedFlags(t *testing.T) {
 		{[]string{"--no_such_flag"}, "flag provided but not defined: -no_such_flag"},
 		{[]string{"stray"}, `unexpected argument "stray"`},
 		{[]string{"--metrics_port", "9004", "stray"}, `unexpected argument "stray"`},
+		{[]string{"--insecure", "--token_file", tokenFile(t, 0o600)}, "--insecure together with a credential"},
+		{[]string{"--token_file", tokenFile(t, 0o644)}, "chmod 600"},
+		{[]string{"--tls_cert", "cert.pem"}, "--tls_cert and --tls_key go together"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var stderr strings.Builder
@@ -189,4 +193,11 @@ func TestMainExitCodes(t *testing.T) {
 			assert.Equal(t, 1, strings.Count(stderr.String(), "\n"), stderr.String())
 		}
 	}
+}
+
+func tokenFile(t *testing.T, mode os.FileMode) string {
+	p := filepath.Join(t.TempDir(), "token")
+	require.NoError(t, os.WriteFile(p, []byte("cluster-token-0123456789abcdef\n"), mode))
+	require.NoError(t, os.Chmod(p, mode))
+	return p
 }

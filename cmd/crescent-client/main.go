@@ -73,6 +73,7 @@ type options struct {
 	segmentFlag, bufferFlag              string // as given, for messages
 	allowOvercommit                      bool
 	local                                localOptions
+	sec                                  securityOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -93,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o.log = logx.Flags(fs, "info")
 	fs.BoolVar(&o.allowOvercommit, "allow_overcommit", false, "start even when --global_segment_size plus --local_buffer_size exceed the memory available (MemAvailable, cgroup limit); the kernel may then OOM-kill this or another process")
 	registerLocalFlags(fs, &o.local)
+	registerSecurityFlags(fs, &o.sec)
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.SetOutput(io.Discard) // errors are one line, from run's caller
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
@@ -135,6 +137,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		if _, _, err := net.SplitHostPort(o.master); err != nil {
 			return o, usagef("--master_server_address %q: want host:port", o.master)
 		}
+	}
+	if err := o.sec.check(); err != nil {
+		return o, usageError{err}
 	}
 	return o, nil
 }
@@ -213,12 +218,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			cfg.Protocols = append(cfg.Protocols, strings.TrimSpace(p))
 		}
 	}
+	mode, _ := o.sec.mode() // checked by parseFlags
+	if err := o.sec.apply(&cfg); err != nil {
+		return usageError{err}
+	}
 	// Listen first: a port conflict should fail before memory is mounted.
 	lis, err := net.Listen("tcp", net.JoinHostPort(o.metricsAddr, strconv.Itoa(o.metricsPort)))
 	if err != nil {
 		return fmt.Errorf("--metrics_address/--metrics_port: %w", err)
 	}
 	defer lis.Close()
+	plis := protect(lis, mode, log)
 
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	c, err := store.New(startCtx, cfg)
@@ -238,7 +248,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer stopLocal()
 	srv := &http.Server{Handler: newHandler(c, time.Now()), ReadHeaderTimeout: 5 * time.Second}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
+	go func() { served <- srv.Serve(plis) }()
 
 	for _, s := range c.Segments() {
 		fmt.Fprintf(stdout, "crescent-client: segment %s (%s, %d bytes) mounted on master %s\n", s.Name, s.ID, s.Size, o.master)

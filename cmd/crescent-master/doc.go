@@ -24,4 +24,14 @@
 // hot standbys with their RPC port unbound; the admin port is always up,
 // with /role and /leader (JSON) and /health 200 only on the serving
 // leader (ha.go).
+//
+// Security (security.go): --token_file (the cluster token every RPC
+// connection proves), --tls_cert/--tls_key (TLS on the RPC and HTTP
+// ports, files re-read when they change), --tls_ca (client certificates
+// required: mTLS), --admin_token_file (RemoveAll, RemoveByRegex, forced
+// removes and the admin port's POSTs need it; without it they are
+// refused unless --insecure). With neither a token nor --tls_ca the RPC
+// and HTTP ports admit loopback peers only and one log line says so;
+// --insecure opens them without authentication, and is refused together
+// with a credential (exit 2).
 package main

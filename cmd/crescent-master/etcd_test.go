@@ -98,13 +98,13 @@ func TestRunEtcdFailStop(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	client := &storepb.UUID{High: 1, Low: 2}
+	session, client := newSession()
 	seg := &storepb.Segment{Id: &storepb.UUID{High: 3, Low: 4}, Name: "127.0.0.1:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
 	rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer rcancel()
-	_, err = mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: client, Segment: seg})
+	_, err = mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: client, Session: session, Segment: seg})
 	require.NoError(t, err)
-	_, err = mc.PutStart(rctx, &storepb.PutStartRequest{ClientId: client, Key: "a", Size: 100})
+	_, err = mc.PutStart(rctx, &storepb.PutStartRequest{ClientId: client, Session: session, Key: "a", Size: 100})
 	require.NoError(t, err)
 	code, _ := health()
 	require.Equal(t, http.StatusOK, code)
@@ -117,13 +117,13 @@ func TestRunEtcdFailStop(t *testing.T) {
 	assert.Contains(t, string(b), "crescent_oplog_failed 0")
 
 	e.Stop()
-	_, err = mc.PutStart(rctx, &storepb.PutStartRequest{ClientId: client, Key: "b", Size: 100})
+	_, err = mc.PutStart(rctx, &storepb.PutStartRequest{ClientId: client, Session: session, Key: "b", Size: 100})
 	require.Error(t, err)
 	assert.True(t, errors.Is(rpcerr.FromStatus(err), errcode.ErrInternal), "%v", err)
 	code, body := health()
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.True(t, strings.Contains(body, "oplog"), "%q", body)
 	// Nothing more is acknowledged, reads and Ping included.
-	_, err = mc.PutEnd(rctx, &storepb.PutEndRequest{ClientId: client, Key: "a"})
+	_, err = mc.PutEnd(rctx, &storepb.PutEndRequest{ClientId: client, Session: session, Key: "a"})
 	assert.True(t, errors.Is(rpcerr.FromStatus(err), errcode.ErrInternal), "%v", err)
 }

@@ -223,7 +223,7 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 	}
 	lead.role = role
 
-	servers := &httpServers{log: log}
+	servers := &httpServers{log: log, sec: cfg.sec}
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -264,7 +264,7 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 	if cfg.EnableHTTPMetadataServer {
 		mux := http.NewServeMux()
 		mux.Handle("/metadata", httpmeta.Handler())
-		if err := serve(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
+		if err := servers.serveMetadata(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
 			return err
 		}
 	}
@@ -324,11 +324,11 @@ func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Dur
 		defer snaps.stop()
 	}
 	var metrics *admin.Metrics
-	svc := service.New(d.Master, d.ServiceOption(), service.WithGate(lease), service.WithObserver(func(rpc string, dur time.Duration, err error) {
+	svc := service.New(d.Master, append([]service.Option{d.ServiceOption(), service.WithGate(lease), service.WithObserver(func(rpc string, dur time.Duration, err error) {
 		metrics.Observe(rpc, dur, err)
 	}), service.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
 		MaxCalls: cfg.CRPCMaxCalls, MaxBufferedBytes: cfg.CRPCMaxBufferedBytes, IdleTimeout: time.Duration(cfg.CRPCIdleTimeoutSec) * time.Second,
-		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log}))
+		Conns: netx.Config{Logger: log}}, netx.Config{Name: "master rpc port", Logger: log})}, cfg.sec.serviceOptions()...)...)
 	metrics = admin.NewMetrics(d.Master, svc)
 	treg := prometheus.NewRegistry() // this term's, for the admin handler's own /metrics (shadowed by the process's)
 	logMetrics := oplog.NewCollector(d)
@@ -338,7 +338,7 @@ func serveLeader(ctx context.Context, cfg config, mc master.Config, d *oplog.Dur
 	if err != nil {
 		return err
 	}
-	lead.set(admin.Handler(d.Master, svc, treg, nil, append(adminOpts, admin.WithRole(lead.role))...), metrics, logMetrics)
+	lead.set(cfg.sec.adminHandler(admin.Handler(d.Master, svc, treg, nil, append(adminOpts, admin.WithRole(lead.role))...)), metrics, logMetrics)
 	defer lead.set(nil)
 	log.Info("crescent-master serving", "rpc", lis.Addr().String(), "view_version", d.Master.ViewVersion())
 	gopts := []grpc.ServerOption{grpc.MaxRecvMsgSize(cfg.RPCMaxMessageBytes), grpc.MaxSendMsgSize(cfg.RPCMaxMessageBytes)}

@@ -462,7 +462,7 @@ func TestHASnapshotStandby(t *testing.T) {
 	e := testsvc.StartEtcd(t)
 	r := testsvc.StartRedis(t)
 	c := haCluster(t, bench.HAClusterConfig{Masters: 2, Standby: true, Etcd: []string{e.Endpoint}, LeaseTTL: time.Second,
-		Args: []string{"--snapshot_dir", t.TempDir(), "--snapshot_catalog", r.URL(), "--snapshot_interval", "0", "--oplog_retain", "0"}})
+		Args: append([]string{"--snapshot_dir", t.TempDir(), "--snapshot_catalog", r.URL(), "--snapshot_interval", "0", "--oplog_retain", "0"}, adminArgs(t)...)})
 	a := oneLeader(t, 30*time.Second, c)
 	cl := haClient(t, c.Masters[a].RPCAddr)
 	ctx := context.Background()
@@ -474,7 +474,7 @@ func TestHASnapshotStandby(t *testing.T) {
 	for i := range 20 {
 		put(fmt.Sprintf("a/%d", i))
 	}
-	resp, err := httpc.Post("http://"+c.Masters[a].AdminAddr+"/snapshot", "", nil)
+	resp, err := adminPost(httpc, "http://"+c.Masters[a].AdminAddr+"/snapshot")
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode, "the leader's /snapshot")

@@ -12,14 +12,29 @@ import (
 // serve and stopped together by shutdown; with and without HA alike.
 type httpServers struct {
 	log     *slog.Logger
+	sec     *security // nil: as listened
 	servers []*http.Server
 }
 
-// serve listens on addr and serves h in the background.
+// serve listens on addr and serves h in the background (TLS and the
+// protected default from hs.sec).
 func (hs *httpServers) serve(addr string, h http.Handler) error {
+	return hs.listen(addr, h, true)
+}
+
+// serveMetadata is serve for the engines' HTTP metadata server: the
+// protected default, no TLS (the engines' metadata client speaks http).
+func (hs *httpServers) serveMetadata(addr string, h http.Handler) error {
+	return hs.listen(addr, h, false)
+}
+
+func (hs *httpServers) listen(addr string, h http.Handler, withTLS bool) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
+	}
+	if hs.sec != nil {
+		l = hs.sec.listener(l, withTLS)
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	hs.servers = append(hs.servers, srv)

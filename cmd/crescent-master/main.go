@@ -100,6 +100,9 @@ type config struct {
 	logx.Options `yaml:",inline"` // log_level, log_format
 
 	haConfig `yaml:",inline"` // ha.go
+
+	securityConfig `yaml:",inline"` // security.go
+	sec            *security        // loaded by run
 }
 
 func defaults() config {
@@ -162,6 +165,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.OplogWriteTimeoutSec, "oplog_write_timeout_sec", c.OplogWriteTimeoutSec, "--oplog etcd: seconds one write may keep failing before the log is failed and the master stops acknowledging (fail-stop)")
 	c.Options.Register(fs)
 	c.haFlags(fs)
+	c.securityFlags(fs)
 }
 
 // load reads defaults, then the YAML file, then the flags given on the
@@ -290,6 +294,9 @@ func (c *config) validate() error {
 	if err := c.validateHA(); err != nil {
 		return err
 	}
+	if _, err := c.securityConfig.load(nil); err != nil {
+		return err
+	}
 	return c.validateSnapshots()
 }
 
@@ -414,6 +421,12 @@ func run(ctx context.Context, cfg config) error {
 		mc.Events = kvevents.New(pub)
 		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
 	}
+	sec, err := cfg.securityConfig.load(log)
+	if err != nil {
+		return err
+	}
+	cfg.sec = sec
+	cfg.sec.logLine()
 	if cfg.HABackend != "" {
 		return runHA(ctx, cfg, mc, pub, log)
 	}
@@ -422,7 +435,6 @@ func run(ctx context.Context, cfg config) error {
 		m          *master.Master
 		svcOpts    []service.Option
 		logMetrics prometheus.Collector
-		err        error
 	)
 	var adminOpts []admin.Option
 	var snaps *snapshots
@@ -462,6 +474,7 @@ func run(ctx context.Context, cfg config) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var metrics *admin.Metrics
+	svcOpts = append(svcOpts, cfg.sec.serviceOptions()...)
 	svc := service.New(m, append(svcOpts, service.WithObserver(func(rpc string, d time.Duration, err error) {
 		metrics.Observe(rpc, d, err)
 	}), service.WithCRPC(crpc.ServerConfig{MaxFrame: cfg.RPCMaxMessageBytes, MaxCallsPerConn: cfg.CRPCMaxCallsPerConn,
@@ -485,10 +498,10 @@ func run(ctx context.Context, cfg config) error {
 		m.Close()
 		return err
 	}
-	servers := &httpServers{log: log}
+	servers := &httpServers{log: log, sec: cfg.sec}
 	serve := servers.serve
 	if cfg.MetricsPort > 0 {
-		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), admin.Handler(m, svc, reg, nil, adminOpts...)); err != nil {
+		if err := serve(net.JoinHostPort(cfg.RPCAddress, strconv.Itoa(cfg.MetricsPort)), cfg.sec.adminHandler(admin.Handler(m, svc, reg, nil, adminOpts...))); err != nil {
 			lis.Close()
 			m.Close()
 			return err
@@ -497,7 +510,7 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.EnableHTTPMetadataServer {
 		mux := http.NewServeMux()
 		mux.Handle("/metadata", httpmeta.Handler())
-		if err := serve(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
+		if err := servers.serveMetadata(net.JoinHostPort(cfg.HTTPMetadataServerHost, strconv.Itoa(cfg.HTTPMetadataServerPort)), mux); err != nil {
 			lis.Close()
 			m.Close()
 			return err

@@ -136,15 +136,15 @@ func TestRun(t *testing.T) {
 	if ready != nil {
 		t.Fatal(ready)
 	}
-	client := &storepb.UUID{High: 1, Low: 2}
+	session, client := newSession()
 	seg := &storepb.Segment{Id: &storepb.UUID{High: 3, Low: 4}, Name: "127.0.0.1:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
-	if _, err := mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: client, Segment: seg}); err != nil {
+	if _, err := mc.MountSegment(rctx, &storepb.MountSegmentRequest{ClientId: client, Session: session, Segment: seg}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mc.PutStart(rctx, &storepb.PutStartRequest{ClientId: client, Key: "0x2a", Size: 100}); err != nil {
+	if _, err := mc.PutStart(rctx, &storepb.PutStartRequest{ClientId: client, Session: session, Key: "0x2a", Size: 100}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := mc.PutEnd(rctx, &storepb.PutEndRequest{ClientId: client, Key: "0x2a"}); err != nil {
+	if _, err := mc.PutEnd(rctx, &storepb.PutEndRequest{ClientId: client, Session: session, Key: "0x2a"}); err != nil {
 		t.Fatal(err)
 	}
 	_, err = mc.GetReplicaList(rctx, &storepb.GetReplicaListRequest{Key: "missing"})

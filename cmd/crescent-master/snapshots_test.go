@@ -62,6 +62,7 @@ func TestSnapshotEndpoint(t *testing.T) {
 	port, admin := freePort(t), freePort(t)
 	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
 		"--data_dir", dir, "--snapshot_interval", "0", "--log_level", "info"}
+	args = append(args, adminArgs(t)...)
 	proc, _ := startMaster(t, args...)
 	ctx := context.Background()
 	cl, err := store.New(ctx, store.Config{MasterAddr: "127.0.0.1:" + strconv.Itoa(port), GlobalSegmentSize: 16 << 20,
@@ -76,7 +77,7 @@ func TestSnapshotEndpoint(t *testing.T) {
 	require.NoError(t, err)
 	resp.Body.Close()
 	require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode)
-	resp, err = http.Post(url, "", nil)
+	resp, err = adminPost(http.DefaultClient, url)
 	require.NoError(t, err)
 	var info struct {
 		ID             string  `json:"id"`
@@ -125,6 +126,7 @@ func TestSnapshotRedisCatalog(t *testing.T) {
 	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
 		"--data_dir", dir, "--snapshot_interval", "0", "--snapshot_catalog", "redis://" + r.Addr, "--cluster_id", "rc",
 		"--log_level", "info"}
+	args = append(args, adminArgs(t)...)
 	proc, _ := startMaster(t, args...)
 	ctx := context.Background()
 	cl, err := store.New(ctx, store.Config{MasterAddr: "127.0.0.1:" + strconv.Itoa(port), GlobalSegmentSize: 16 << 20,
@@ -132,7 +134,7 @@ func TestSnapshotRedisCatalog(t *testing.T) {
 	require.NoError(t, err)
 	defer cl.Close()
 	require.NoError(t, cl.Put(ctx, "k", []byte("value"), store.ReplicateConfig{Replicas: 1}))
-	resp, err := http.Post("http://127.0.0.1:"+strconv.Itoa(admin)+"/snapshot", "", nil)
+	resp, err := adminPost(http.DefaultClient, "http://127.0.0.1:"+strconv.Itoa(admin)+"/snapshot")
 	require.NoError(t, err)
 	var info struct {
 		ID string `json:"id"`

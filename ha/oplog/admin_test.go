@@ -40,7 +40,7 @@ func TestAdminReadsWaitForDurability(t *testing.T) {
 			t.Cleanup(fs.unhold)
 			adminSrv := httptest.NewServer(admin.Handler(d.Master, svc, prometheus.NewRegistry(), nil))
 			t.Cleanup(adminSrv.Close)
-			_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
+			_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Session: durSession, Segment: durSeg})
 			require.NoError(t, err)
 			require.NoError(t, durPut(ctx, mc, "k"))
 

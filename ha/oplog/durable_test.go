@@ -118,21 +118,21 @@ func openHeld(t *testing.T) (*Durable, *holdFS, storepb.MasterClient) {
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
 	mc, _ := serveDurable(t, d)
 	t.Cleanup(fs.unhold)
-	_, err = mc.MountSegment(context.Background(), &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
+	_, err = mc.MountSegment(context.Background(), &storepb.MountSegmentRequest{ClientId: durClient, Session: durSession, Segment: durSeg})
 	require.NoError(t, err)
 	return d, fs, mc
 }
 
 var (
-	durClient = &storepb.UUID{High: 7, Low: 1}
-	durSeg    = &storepb.Segment{Id: &storepb.UUID{High: 9, Low: 1}, Name: "127.0.0.1:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
+	durSession, durClient = newSession()
+	durSeg                = &storepb.Segment{Id: &storepb.UUID{High: 9, Low: 1}, Name: "127.0.0.1:1", Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
 )
 
 func durPut(ctx context.Context, mc storepb.MasterClient, key string) error {
-	if _, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Key: key, Size: 100}); err != nil {
+	if _, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Session: durSession, Key: key, Size: 100}); err != nil {
 		return err
 	}
-	_, err := mc.PutEnd(ctx, &storepb.PutEndRequest{ClientId: durClient, Key: key})
+	_, err := mc.PutEnd(ctx, &storepb.PutEndRequest{ClientId: durClient, Session: durSession, Key: key})
 	return err
 }
 
@@ -152,7 +152,7 @@ func TestDurableRPCWaitsForFsync(t *testing.T) {
 	}
 	got := make(chan answer, 1)
 	go func() {
-		_, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Key: "k", Size: 100})
+		_, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Session: durSession, Key: "k", Size: 100})
 		got <- answer{err, d.Sink.Durable()}
 	}()
 	<-fs.entered // the PutStart's entry is being synced
@@ -191,7 +191,7 @@ func TestDurableFailStop(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
+	_, err = mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Session: durSession, Segment: durSeg})
 	require.NoError(t, err)
 	require.NoError(t, durPut(ctx, mc, "before"))
 	code, _ := health()
@@ -312,9 +312,9 @@ func TestDurableFreedSpaceReusedAfterDurable(t *testing.T) {
 	ctx := context.Background()
 	d, fs, mc := openHeld(t)
 	// "a" fills the segment: "b" can only go where "a" was.
-	ra, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Key: "a", Size: durSeg.Size})
+	ra, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Session: durSession, Key: "a", Size: durSeg.Size})
 	require.NoError(t, err)
-	_, err = mc.PutEnd(ctx, &storepb.PutEndRequest{ClientId: durClient, Key: "a"})
+	_, err = mc.PutEnd(ctx, &storepb.PutEndRequest{ClientId: durClient, Session: durSession, Key: "a"})
 	require.NoError(t, err)
 
 	fs.hold()
@@ -332,7 +332,7 @@ func TestDurableFreedSpaceReusedAfterDurable(t *testing.T) {
 	}
 	got := make(chan answer, 1)
 	go func() {
-		r, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Key: "b", Size: durSeg.Size})
+		r, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Session: durSession, Key: "b", Size: durSeg.Size})
 		got <- answer{r, err, d.Sink.Durable()}
 	}()
 	require.Eventually(t, func() bool { return d.Sink.Appended() > removeSeq }, 10*time.Second, time.Millisecond,

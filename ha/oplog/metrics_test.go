@@ -36,7 +36,7 @@ func logSome(t *testing.T, d *Durable, n int) {
 	t.Helper()
 	mc, _ := serveDurable(t, d)
 	ctx := context.Background()
-	_, err := mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Segment: durSeg})
+	_, err := mc.MountSegment(ctx, &storepb.MountSegmentRequest{ClientId: durClient, Session: durSession, Segment: durSeg})
 	require.NoError(t, err)
 	for i := range n {
 		require.NoError(t, durPut(ctx, mc, "k"+string(rune('a'+i))))

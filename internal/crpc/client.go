@@ -52,6 +52,10 @@ func WithPing(interval, timeout time.Duration) Option {
 	return func(c *Conn) { c.pingInterval, c.pingTimeout = interval, timeout }
 }
 
+// WithDialer makes every (re)connection dial with d (a local address,
+// say) instead of a zero net.Dialer.
+func WithDialer(d *net.Dialer) Option { return func(c *Conn) { c.dialer = d } }
+
 // WithTLS makes every (re)connection a TLS client over cfg (a clone;
 // ServerName defaults to the dialled host, NextProtos to "crpc"): the
 // handshake comes first, within the dial timeout. Present a client
@@ -78,6 +82,8 @@ type Conn struct {
 	pingInterval time.Duration
 	pingTimeout  time.Duration
 	tls          *tls.Config
+	token        []byte // nil: no challenge (WithToken)
+	dialer       *net.Dialer
 	resolve      func(context.Context) (string, error)
 
 	mu     sync.Mutex
@@ -278,7 +284,10 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 		}
 		addr = a
 	}
-	var d net.Dialer
+	d := c.dialer
+	if d == nil {
+		d = &net.Dialer{}
+	}
 	nc, err := d.DialContext(dctx, "tcp", addr)
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "crpc: dial %s: %v", addr, err)
@@ -303,6 +312,13 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 		}
 		nc = tc
 	}
+	if c.token != nil {
+		if err := clientAuth(nc, c.token, addr); err != nil {
+			nc.Close()
+			return nil, &authError{err}
+		}
+		nc.SetDeadline(deadline) // the challenge cleared it
+	}
 	p := make([]byte, prefaceLen)
 	_, err = nc.Write(preface())
 	if err == nil {
@@ -315,7 +331,7 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	}
 	if err != nil {
 		nc.Close()
-		if errors.Is(err, ErrNotCRPC) || errors.Is(err, ErrTLSRequired) {
+		if errors.Is(err, ErrNotCRPC) || errors.Is(err, ErrTLSRequired) || errors.Is(err, ErrTokenRequired) {
 			return nil, err
 		}
 		return nil, status.Errorf(codes.Unavailable, "crpc: %s: %v", addr, err)

@@ -44,6 +44,16 @@
 // first (ALPN "crpc"; SplitTLS also offers "h2" for gRPC) and all of the
 // above runs inside it.
 //
+// With the cluster token (SplitAuth on the server; WithToken on a crpc
+// client, TokenCredentials on a gRPC one) every connection opens, after
+// TLS if any and before anything else, with internal/auth's challenge
+// (purpose auth.PurposeMasterRPC: "CRAU" hello, answer, proof, verdict;
+// see internal/auth) and the split by preface follows it. A crpc client
+// that sends its preface instead is answered with the preface of version
+// 0xfe (this server needs the token) and closed (Dial: ErrTokenRequired);
+// any other opening is closed unanswered. A failed challenge closes the
+// connection before a frame is read.
+//
 // Version 1 had no kinds 4 to 6 and no timeout in requests; the server
 // answers a preface of another version with its own and closes, and Dial
 // reports both versions.
@@ -98,6 +108,8 @@
 //   - a call whose context ends sends a cancel frame;
 //   - WithTLS: every (re)connection is a TLS client; against a TLS-only
 //     server without it, Dial returns ErrTLSRequired;
+//   - WithToken: every (re)connection proves the cluster token first;
+//     WithDialer dials with a given net.Dialer (a local address);
 //   - WithResolver: every (re)connection dials the address the resolver
 //     gives then (a new leader after a failover), not Dial's;
 //   - keepalive: a connection that has received nothing for the ping

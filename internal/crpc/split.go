@@ -37,12 +37,29 @@ func Split(lis net.Listener, cfg netx.Config) (crpcL, otherL net.Listener) {
 // again). tc's NextProtos get "h2" and "crpc" (ALPN) when missing. A
 // plaintext crpc client is told the port requires TLS.
 func SplitTLS(lis net.Listener, cfg netx.Config, tc *tls.Config) (crpcL, otherL net.Listener) {
-	sp := &splitter{lis: lis}
+	return split(lis, cfg, tc, nil)
+}
+
+func split(lis net.Listener, cfg netx.Config, tc *tls.Config, token []byte) (crpcL, otherL net.Listener) {
+	sp := &splitter{lis: lis, token: token}
 	if tc != nil {
 		tc = tc.Clone()
 		for _, p := range []string{"h2", alpn} {
 			if !slices.Contains(tc.NextProtos, p) {
 				tc.NextProtos = append(tc.NextProtos, p)
+			}
+		}
+		if get := tc.GetConfigForClient; get != nil {
+			// A per-handshake config (certificate reload) offers the
+			// same protocols.
+			protos := tc.NextProtos
+			tc.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+				c, err := get(h)
+				if c != nil {
+					c = c.Clone()
+					c.NextProtos = protos
+				}
+				return c, err
 			}
 		}
 		sp.tls = tc
@@ -69,6 +86,7 @@ func SplitTLS(lis net.Listener, cfg netx.Config, tc *tls.Config) (crpcL, otherL 
 type splitter struct {
 	lis         net.Listener
 	tls         *tls.Config // nil: plaintext
+	token       []byte      // nil: no challenge
 	loop        *netx.Loop
 	crpc, other *subListener
 	mu          sync.Mutex
@@ -101,6 +119,12 @@ func (sp *splitter) route(c *netx.Conn) {
 	if ok {
 		stream.SetReadDeadline(time.Now().Add(prefaceTimeout))
 		_, err = io.ReadFull(stream, head[:])
+		if err == nil && sp.token != nil {
+			if ok = authenticate(stream, head, sp.token); ok {
+				stream.SetReadDeadline(time.Now().Add(prefaceTimeout))
+				_, err = io.ReadFull(stream, head[:])
+			}
+		}
 	}
 	sp.mu.Lock()
 	delete(sp.routing, c)

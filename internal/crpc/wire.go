@@ -71,6 +71,9 @@ func checkPreface(p []byte) error {
 	if p[4] == versionTLSRequired {
 		return ErrTLSRequired
 	}
+	if p[4] == versionTokenRequired {
+		return ErrTokenRequired
+	}
 	if p[4] != version {
 		return fmt.Errorf("crpc: version %d, this side speaks %d", p[4], version)
 	}

@@ -10,8 +10,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/pem"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 )
@@ -23,6 +26,8 @@ const ClientName = "client-7"
 type PKI struct {
 	Pool           *x509.CertPool // the CA
 	Server, Client tls.Certificate
+	ca             *x509.Certificate
+	caKey          *ecdsa.PrivateKey
 }
 
 // New generates a PKI (ECDSA P-256).
@@ -53,7 +58,7 @@ func New(t testing.TB) *PKI {
 		must(err)
 		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
 	}
-	p := &PKI{Pool: x509.NewCertPool()}
+	p := &PKI{Pool: x509.NewCertPool(), ca: ca, caKey: caKey}
 	p.Pool.AddCert(ca)
 	p.Server = leaf(2, "master", x509.ExtKeyUsageServerAuth, net.IPv4(127, 0, 0, 1))
 	p.Client = leaf(3, ClientName, x509.ExtKeyUsageClientAuth)
@@ -72,4 +77,72 @@ func (p *PKI) ClientTLS(withCert bool) *tls.Config {
 		c.Certificates = []tls.Certificate{p.Client}
 	}
 	return c
+}
+
+// Leaf signs a new certificate valid from notBefore to notAfter: a
+// server certificate for 127.0.0.1 (and ips), or a client one.
+func (p *PKI) Leaf(t testing.TB, cn string, server bool, notBefore, notAfter time.Time, ips ...net.IP) tls.Certificate {
+	t.Helper()
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usage := x509.ExtKeyUsageClientAuth
+	if server {
+		usage = x509.ExtKeyUsageServerAuth
+		ips = append(ips, net.IPv4(127, 0, 0, 1))
+	}
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{SerialNumber: serial, Subject: pkix.Name{CommonName: cn},
+		NotBefore: notBefore, NotAfter: notAfter, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{usage}, IPAddresses: ips}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, p.ca, &k.PublicKey, p.caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: k}
+}
+
+// Expired is a client certificate of this CA that expired an hour ago.
+func (p *PKI) Expired(t testing.TB) tls.Certificate {
+	now := time.Now()
+	return p.Leaf(t, "expired-client", false, now.Add(-2*time.Hour), now.Add(-time.Hour))
+}
+
+// WriteCA writes the CA certificate as PEM into dir and returns its path.
+func (p *PKI) WriteCA(t testing.TB, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: p.ca.Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// WritePair writes c as name.pem and name-key.pem into dir (replacing
+// them atomically, for reload tests) and returns their paths.
+func WritePair(t testing.TB, dir, name string, c tls.Certificate) (certPath, keyPath string) {
+	t.Helper()
+	kb, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cb []byte
+	for _, der := range c.Certificate {
+		cb = append(cb, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})...)
+	}
+	certPath, keyPath = filepath.Join(dir, name+".pem"), filepath.Join(dir, name+"-key.pem")
+	for _, f := range []struct {
+		path string
+		b    []byte
+	}{{keyPath, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kb})}, {certPath, cb}} {
+		tmp := f.path + ".tmp"
+		if err := os.WriteFile(tmp, f.b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, f.path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return certPath, keyPath
 }

@@ -778,11 +778,13 @@ func (x *ItemResult) GetMessage() string {
 }
 
 type PutStartRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Size          uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
-	Config        *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Key      string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Size     uint64                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	Config   *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -841,6 +843,13 @@ func (x *PutStartRequest) GetSize() uint64 {
 func (x *PutStartRequest) GetConfig() *ReplicateConfig {
 	if x != nil {
 		return x.Config
+	}
+	return nil
+}
+
+func (x *PutStartRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -908,7 +917,9 @@ type PutEndRequest struct {
 	// generation PutStart gave; 0 (the reference's clients) is not checked.
 	// Another put's generation (this one was taken over or removed) is
 	// REPLICA_IS_GONE: the bytes written were not stored.
-	Generation    uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -978,6 +989,13 @@ func (x *PutEndRequest) GetGeneration() uint64 {
 	return 0
 }
 
+func (x *PutEndRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 type PutEndResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1015,11 +1033,13 @@ func (*PutEndResponse) Descriptor() ([]byte, []int) {
 }
 
 type PutRevokeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	ReplicaType   ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
-	Generation    uint64                 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"` // as PutEndRequest.generation
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ClientId    *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Key         string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	ReplicaType ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
+	Generation  uint64                 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"` // as PutEndRequest.generation
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1082,6 +1102,13 @@ func (x *PutRevokeRequest) GetGeneration() uint64 {
 	return 0
 }
 
+func (x *PutRevokeRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 type PutRevokeResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -1119,11 +1146,13 @@ func (*PutRevokeResponse) Descriptor() ([]byte, []int) {
 }
 
 type BatchPutStartRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	Sizes         []uint64               `protobuf:"varint,3,rep,packed,name=sizes,proto3" json:"sizes,omitempty"` // one per key
-	Config        *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Keys     []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Sizes    []uint64               `protobuf:"varint,3,rep,packed,name=sizes,proto3" json:"sizes,omitempty"` // one per key
+	Config   *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1182,6 +1211,13 @@ func (x *BatchPutStartRequest) GetSizes() []uint64 {
 func (x *BatchPutStartRequest) GetConfig() *ReplicateConfig {
 	if x != nil {
 		return x.Config
+	}
+	return nil
+}
+
+func (x *BatchPutStartRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -1299,12 +1335,14 @@ func (x *BatchPutStartResponse) GetResults() []*PutStartResult {
 }
 
 type BatchPutEndRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	ReplicaType   ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
-	Blocks        []*BlockMetadata       `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`                   // empty, or one per key
-	Generations   []uint64               `protobuf:"varint,5,rep,packed,name=generations,proto3" json:"generations,omitempty"` // empty, or one per key (0 = unchecked)
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ClientId    *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Keys        []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	ReplicaType ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
+	Blocks      []*BlockMetadata       `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`                   // empty, or one per key
+	Generations []uint64               `protobuf:"varint,5,rep,packed,name=generations,proto3" json:"generations,omitempty"` // empty, or one per key (0 = unchecked)
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1374,6 +1412,13 @@ func (x *BatchPutEndRequest) GetGenerations() []uint64 {
 	return nil
 }
 
+func (x *BatchPutEndRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 type BatchPutEndResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*ItemResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
@@ -1419,11 +1464,13 @@ func (x *BatchPutEndResponse) GetResults() []*ItemResult {
 }
 
 type BatchPutRevokeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Keys          []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	ReplicaType   ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
-	Generations   []uint64               `protobuf:"varint,4,rep,packed,name=generations,proto3" json:"generations,omitempty"` // empty, or one per key (0 = unchecked)
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ClientId    *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Keys        []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	ReplicaType ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
+	Generations []uint64               `protobuf:"varint,4,rep,packed,name=generations,proto3" json:"generations,omitempty"` // empty, or one per key (0 = unchecked)
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1482,6 +1529,13 @@ func (x *BatchPutRevokeRequest) GetReplicaType() ReplicaType {
 func (x *BatchPutRevokeRequest) GetGenerations() []uint64 {
 	if x != nil {
 		return x.Generations
+	}
+	return nil
+}
+
+func (x *BatchPutRevokeRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -1715,10 +1769,12 @@ func (x *ReserveResult) GetReservations() []*Reservation {
 }
 
 type ReservePutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Specs         []*ReserveSpec         `protobuf:"bytes,2,rep,name=specs,proto3" json:"specs,omitempty"`
-	Release       []uint64               `protobuf:"varint,3,rep,packed,name=release,proto3" json:"release,omitempty"` // reservation ids given back (unknown ones are ignored)
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Specs    []*ReserveSpec         `protobuf:"bytes,2,rep,name=specs,proto3" json:"specs,omitempty"`
+	Release  []uint64               `protobuf:"varint,3,rep,packed,name=release,proto3" json:"release,omitempty"` // reservation ids given back (unknown ones are ignored)
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1770,6 +1826,13 @@ func (x *ReservePutRequest) GetSpecs() []*ReserveSpec {
 func (x *ReservePutRequest) GetRelease() []uint64 {
 	if x != nil {
 		return x.Release
+	}
+	return nil
+}
+
+func (x *ReservePutRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -1889,11 +1952,13 @@ func (x *CommitItem) GetBlock() *BlockMetadata {
 }
 
 type CommitPutRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Items         []*CommitItem          `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
-	Reserve       []*ReserveSpec         `protobuf:"bytes,3,rep,name=reserve,proto3" json:"reserve,omitempty"` // served after the items
-	Release       []uint64               `protobuf:"varint,4,rep,packed,name=release,proto3" json:"release,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Items    []*CommitItem          `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	Reserve  []*ReserveSpec         `protobuf:"bytes,3,rep,name=reserve,proto3" json:"reserve,omitempty"` // served after the items
+	Release  []uint64               `protobuf:"varint,4,rep,packed,name=release,proto3" json:"release,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1952,6 +2017,13 @@ func (x *CommitPutRequest) GetReserve() []*ReserveSpec {
 func (x *CommitPutRequest) GetRelease() []uint64 {
 	if x != nil {
 		return x.Release
+	}
+	return nil
+}
+
+func (x *CommitPutRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -2515,9 +2587,11 @@ func (x *BatchExistKeyResponse) GetResults() []*ExistResult {
 }
 
 type RemoveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Force         bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"` // remove even while leased
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Force bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"` // remove even while leased
+	// admin_token: the master's admin credential, needed when force is set.
+	AdminToken    []byte `protobuf:"bytes,15,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2566,6 +2640,13 @@ func (x *RemoveRequest) GetForce() bool {
 	return false
 }
 
+func (x *RemoveRequest) GetAdminToken() []byte {
+	if x != nil {
+		return x.AdminToken
+	}
+	return nil
+}
+
 type RemoveResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -2603,9 +2684,11 @@ func (*RemoveResponse) Descriptor() ([]byte, []int) {
 }
 
 type BatchRemoveRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Keys          []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
-	Force         bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Keys  []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Force bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	// admin_token: the master's admin credential, needed when force is set.
+	AdminToken    []byte `protobuf:"bytes,15,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2654,6 +2737,13 @@ func (x *BatchRemoveRequest) GetForce() bool {
 	return false
 }
 
+func (x *BatchRemoveRequest) GetAdminToken() []byte {
+	if x != nil {
+		return x.AdminToken
+	}
+	return nil
+}
+
 type BatchRemoveResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*ItemResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
@@ -2699,9 +2789,11 @@ func (x *BatchRemoveResponse) GetResults() []*ItemResult {
 }
 
 type RemoveByRegexRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Regex         string                 `protobuf:"bytes,1,opt,name=regex,proto3" json:"regex,omitempty"` // RE2 syntax, matched against whole keys
-	Force         bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Regex string                 `protobuf:"bytes,1,opt,name=regex,proto3" json:"regex,omitempty"` // RE2 syntax, matched against whole keys
+	Force bool                   `protobuf:"varint,2,opt,name=force,proto3" json:"force,omitempty"`
+	// admin_token: the master's admin credential, always needed.
+	AdminToken    []byte `protobuf:"bytes,15,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2750,6 +2842,13 @@ func (x *RemoveByRegexRequest) GetForce() bool {
 	return false
 }
 
+func (x *RemoveByRegexRequest) GetAdminToken() []byte {
+	if x != nil {
+		return x.AdminToken
+	}
+	return nil
+}
+
 type RemoveByRegexResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Removed       uint64                 `protobuf:"varint,1,opt,name=removed,proto3" json:"removed,omitempty"`
@@ -2795,8 +2894,10 @@ func (x *RemoveByRegexResponse) GetRemoved() uint64 {
 }
 
 type RemoveAllRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Force         bool                   `protobuf:"varint,1,opt,name=force,proto3" json:"force,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Force bool                   `protobuf:"varint,1,opt,name=force,proto3" json:"force,omitempty"`
+	// admin_token: the master's admin credential (always needed).
+	AdminToken    []byte `protobuf:"bytes,15,opt,name=admin_token,json=adminToken,proto3" json:"admin_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2836,6 +2937,13 @@ func (x *RemoveAllRequest) GetForce() bool {
 		return x.Force
 	}
 	return false
+}
+
+func (x *RemoveAllRequest) GetAdminToken() []byte {
+	if x != nil {
+		return x.AdminToken
+	}
+	return nil
 }
 
 type RemoveAllResponse struct {
@@ -2971,9 +3079,11 @@ func (x *Segment) GetTeEndpoint() string {
 }
 
 type MountSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Segment       *Segment               `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Segment  *Segment               `protobuf:"bytes,2,opt,name=segment,proto3" json:"segment,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3022,6 +3132,13 @@ func (x *MountSegmentRequest) GetSegment() *Segment {
 	return nil
 }
 
+func (x *MountSegmentRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 type MountSegmentResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3059,9 +3176,11 @@ func (*MountSegmentResponse) Descriptor() ([]byte, []int) {
 }
 
 type ReMountSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	Segments      []*Segment             `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	Segments []*Segment             `protobuf:"bytes,2,rep,name=segments,proto3" json:"segments,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3110,6 +3229,13 @@ func (x *ReMountSegmentRequest) GetSegments() []*Segment {
 	return nil
 }
 
+func (x *ReMountSegmentRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
+	}
+	return nil
+}
+
 type ReMountSegmentResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3147,9 +3273,11 @@ func (*ReMountSegmentResponse) Descriptor() ([]byte, []int) {
 }
 
 type UnmountSegmentRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	SegmentId     *UUID                  `protobuf:"bytes,2,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ClientId  *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	SegmentId *UUID                  `protobuf:"bytes,2,opt,name=segment_id,json=segmentId,proto3" json:"segment_id,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3194,6 +3322,13 @@ func (x *UnmountSegmentRequest) GetClientId() *UUID {
 func (x *UnmountSegmentRequest) GetSegmentId() *UUID {
 	if x != nil {
 		return x.SegmentId
+	}
+	return nil
+}
+
+func (x *UnmountSegmentRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -3347,8 +3482,10 @@ func (x *QuerySegmentStatusResponse) GetName() string {
 }
 
 type PingRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// session proves client_id (see auth.ClientID).
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3386,6 +3523,13 @@ func (*PingRequest) Descriptor() ([]byte, []int) {
 func (x *PingRequest) GetClientId() *UUID {
 	if x != nil {
 		return x.ClientId
+	}
+	return nil
+}
+
+func (x *PingRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -3520,9 +3664,11 @@ func (*ServiceReadyResponse) Descriptor() ([]byte, []int) {
 // Ping. Nothing stored is touched; unknown ids and the reporter's own
 // segments are ignored.
 type ReportFailedSegmentsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ClientId      *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
-	SegmentIds    []*UUID                `protobuf:"bytes,2,rep,name=segment_ids,json=segmentIds,proto3" json:"segment_ids,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	ClientId   *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	SegmentIds []*UUID                `protobuf:"bytes,2,rep,name=segment_ids,json=segmentIds,proto3" json:"segment_ids,omitempty"`
+	// session proves client_id (see auth.ClientID): the id is derived from it.
+	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3567,6 +3713,13 @@ func (x *ReportFailedSegmentsRequest) GetClientId() *UUID {
 func (x *ReportFailedSegmentsRequest) GetSegmentIds() []*UUID {
 	if x != nil {
 		return x.SegmentIds
+	}
+	return nil
+}
+
+func (x *ReportFailedSegmentsRequest) GetSession() []byte {
+	if x != nil {
+		return x.Session
 	}
 	return nil
 }
@@ -3665,17 +3818,18 @@ const file_master_proto_rawDesc = "" +
 	"ItemResult\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xa9\x01\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xc3\x01\n" +
 	"\x0fPutStartRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04size\x18\x03 \x01(\x04R\x04size\x12:\n" +
-	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\"t\n" +
+	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"t\n" +
 	"\x10PutStartResponse\x12@\n" +
 	"\breplicas\x18\x01 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
-	"generation\"\xf2\x01\n" +
+	"generation\"\x8c\x02\n" +
 	"\rPutEndRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12A\n" +
@@ -3683,21 +3837,24 @@ const file_master_proto_rawDesc = "" +
 	"\x05block\x18\x04 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x05 \x01(\x04R\n" +
-	"generation\"\x10\n" +
-	"\x0ePutEndResponse\"\xbd\x01\n" +
+	"generation\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\x10\n" +
+	"\x0ePutEndResponse\"\xd7\x01\n" +
 	"\x10PutRevokeRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12A\n" +
 	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x04R\n" +
-	"generation\"\x13\n" +
-	"\x11PutRevokeResponse\"\xb2\x01\n" +
+	"generation\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\x13\n" +
+	"\x11PutRevokeResponse\"\xcc\x01\n" +
 	"\x14BatchPutStartRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x14\n" +
 	"\x05sizes\x18\x03 \x03(\x04R\x05sizes\x12:\n" +
-	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\"\xab\x01\n" +
+	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\xab\x01\n" +
 	"\x0ePutStartResult\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x18\n" +
@@ -3707,20 +3864,22 @@ const file_master_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\"T\n" +
 	"\x15BatchPutStartResponse\x12;\n" +
-	"\aresults\x18\x01 \x03(\v2!.crescent.store.v1.PutStartResultR\aresults\"\xfd\x01\n" +
+	"\aresults\x18\x01 \x03(\v2!.crescent.store.v1.PutStartResultR\aresults\"\x97\x02\n" +
 	"\x12BatchPutEndRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
 	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x128\n" +
 	"\x06blocks\x18\x04 \x03(\v2 .crescent.store.v1.BlockMetadataR\x06blocks\x12 \n" +
-	"\vgenerations\x18\x05 \x03(\x04R\vgenerations\"N\n" +
+	"\vgenerations\x18\x05 \x03(\x04R\vgenerations\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"N\n" +
 	"\x13BatchPutEndResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"\xc6\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"\xe0\x01\n" +
 	"\x15BatchPutRevokeRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
 	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x12 \n" +
-	"\vgenerations\x18\x04 \x03(\x04R\vgenerations\"Q\n" +
+	"\vgenerations\x18\x04 \x03(\x04R\vgenerations\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"Q\n" +
 	"\x16BatchPutRevokeResponse\x127\n" +
 	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"s\n" +
 	"\vReservation\x12\x0e\n" +
@@ -3735,11 +3894,12 @@ const file_master_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12B\n" +
-	"\freservations\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReservationR\freservations\"\x99\x01\n" +
+	"\freservations\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReservationR\freservations\"\xb3\x01\n" +
 	"\x11ReservePutRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x124\n" +
 	"\x05specs\x18\x02 \x03(\v2\x1e.crescent.store.v1.ReserveSpecR\x05specs\x12\x18\n" +
-	"\arelease\x18\x03 \x03(\x04R\arelease\"g\n" +
+	"\arelease\x18\x03 \x03(\x04R\arelease\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"g\n" +
 	"\x12ReservePutResponse\x12:\n" +
 	"\aresults\x18\x01 \x03(\v2 .crescent.store.v1.ReserveResultR\aresults\x12\x15\n" +
 	"\x06ttl_ms\x18\x02 \x01(\x04R\x05ttlMs\"}\n" +
@@ -3747,12 +3907,13 @@ const file_master_proto_rawDesc = "" +
 	"CommitItem\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\x04R\rreservationId\x126\n" +
-	"\x05block\x18\x03 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\"\xd1\x01\n" +
+	"\x05block\x18\x03 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\"\xeb\x01\n" +
 	"\x10CommitPutRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x123\n" +
 	"\x05items\x18\x02 \x03(\v2\x1d.crescent.store.v1.CommitItemR\x05items\x128\n" +
 	"\areserve\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReserveSpecR\areserve\x12\x18\n" +
-	"\arelease\x18\x04 \x03(\x04R\arelease\"\xa1\x01\n" +
+	"\arelease\x18\x04 \x03(\x04R\arelease\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\xa1\x01\n" +
 	"\x11CommitPutResponse\x127\n" +
 	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\x12<\n" +
 	"\breserved\x18\x02 \x03(\v2 .crescent.store.v1.ReserveResultR\breserved\x12\x15\n" +
@@ -3787,23 +3948,31 @@ const file_master_proto_rawDesc = "" +
 	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x16\n" +
 	"\x06exists\x18\x02 \x01(\bR\x06exists\"Q\n" +
 	"\x15BatchExistKeyResponse\x128\n" +
-	"\aresults\x18\x01 \x03(\v2\x1e.crescent.store.v1.ExistResultR\aresults\"7\n" +
+	"\aresults\x18\x01 \x03(\v2\x1e.crescent.store.v1.ExistResultR\aresults\"X\n" +
 	"\rRemoveRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05force\x18\x02 \x01(\bR\x05force\"\x10\n" +
-	"\x0eRemoveResponse\">\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x1f\n" +
+	"\vadmin_token\x18\x0f \x01(\fR\n" +
+	"adminToken\"\x10\n" +
+	"\x0eRemoveResponse\"_\n" +
 	"\x12BatchRemoveRequest\x12\x12\n" +
 	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x14\n" +
-	"\x05force\x18\x02 \x01(\bR\x05force\"N\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x1f\n" +
+	"\vadmin_token\x18\x0f \x01(\fR\n" +
+	"adminToken\"N\n" +
 	"\x13BatchRemoveResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"B\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"c\n" +
 	"\x14RemoveByRegexRequest\x12\x14\n" +
 	"\x05regex\x18\x01 \x01(\tR\x05regex\x12\x14\n" +
-	"\x05force\x18\x02 \x01(\bR\x05force\"1\n" +
+	"\x05force\x18\x02 \x01(\bR\x05force\x12\x1f\n" +
+	"\vadmin_token\x18\x0f \x01(\fR\n" +
+	"adminToken\"1\n" +
 	"\x15RemoveByRegexResponse\x12\x18\n" +
-	"\aremoved\x18\x01 \x01(\x04R\aremoved\"(\n" +
+	"\aremoved\x18\x01 \x01(\x04R\aremoved\"I\n" +
 	"\x10RemoveAllRequest\x12\x14\n" +
-	"\x05force\x18\x01 \x01(\bR\x05force\"-\n" +
+	"\x05force\x18\x01 \x01(\bR\x05force\x12\x1f\n" +
+	"\vadmin_token\x18\x0f \x01(\fR\n" +
+	"adminToken\"-\n" +
 	"\x11RemoveAllResponse\x12\x18\n" +
 	"\aremoved\x18\x01 \x01(\x04R\aremoved\"\xab\x01\n" +
 	"\aSegment\x12'\n" +
@@ -3813,19 +3982,22 @@ const file_master_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x1a\n" +
 	"\bprotocol\x18\x05 \x01(\tR\bprotocol\x12\x1f\n" +
 	"\vte_endpoint\x18\x06 \x01(\tR\n" +
-	"teEndpoint\"\x81\x01\n" +
+	"teEndpoint\"\x9b\x01\n" +
 	"\x13MountSegmentRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x124\n" +
-	"\asegment\x18\x02 \x01(\v2\x1a.crescent.store.v1.SegmentR\asegment\"\x16\n" +
-	"\x14MountSegmentResponse\"\x85\x01\n" +
+	"\asegment\x18\x02 \x01(\v2\x1a.crescent.store.v1.SegmentR\asegment\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\x16\n" +
+	"\x14MountSegmentResponse\"\x9f\x01\n" +
 	"\x15ReMountSegmentRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x126\n" +
-	"\bsegments\x18\x02 \x03(\v2\x1a.crescent.store.v1.SegmentR\bsegments\"\x18\n" +
-	"\x16ReMountSegmentResponse\"\x85\x01\n" +
+	"\bsegments\x18\x02 \x03(\v2\x1a.crescent.store.v1.SegmentR\bsegments\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\x18\n" +
+	"\x16ReMountSegmentResponse\"\x9f\x01\n" +
 	"\x15UnmountSegmentRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x126\n" +
 	"\n" +
-	"segment_id\x18\x02 \x01(\v2\x17.crescent.store.v1.UUIDR\tsegmentId\"\x18\n" +
+	"segment_id\x18\x02 \x01(\v2\x17.crescent.store.v1.UUIDR\tsegmentId\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\x18\n" +
 	"\x16UnmountSegmentResponse\"S\n" +
 	"\x19QuerySegmentStatusRequest\x126\n" +
 	"\n" +
@@ -3834,18 +4006,20 @@ const file_master_proto_rawDesc = "" +
 	"\x06status\x18\x01 \x01(\x0e2 .crescent.store.v1.SegmentStatusR\x06status\x12\x1a\n" +
 	"\bcapacity\x18\x02 \x01(\x04R\bcapacity\x12\x12\n" +
 	"\x04used\x18\x03 \x01(\x04R\x04used\x12\x12\n" +
-	"\x04name\x18\x04 \x01(\tR\x04name\"C\n" +
+	"\x04name\x18\x04 \x01(\tR\x04name\"]\n" +
 	"\vPingRequest\x124\n" +
-	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\"w\n" +
+	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"w\n" +
 	"\fPingResponse\x12!\n" +
 	"\fview_version\x18\x01 \x01(\x04R\vviewVersion\x12D\n" +
 	"\rclient_status\x18\x02 \x01(\x0e2\x1f.crescent.store.v1.ClientStatusR\fclientStatus\"\x15\n" +
 	"\x13ServiceReadyRequest\"\x16\n" +
-	"\x14ServiceReadyResponse\"\x8d\x01\n" +
+	"\x14ServiceReadyResponse\"\xa7\x01\n" +
 	"\x1bReportFailedSegmentsRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x128\n" +
 	"\vsegment_ids\x18\x02 \x03(\v2\x17.crescent.store.v1.UUIDR\n" +
-	"segmentIds\"6\n" +
+	"segmentIds\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"6\n" +
 	"\x1cReportFailedSegmentsResponse\x12\x16\n" +
 	"\x06marked\x18\x01 \x01(\rR\x06marked*Z\n" +
 	"\vReplicaType\x12\x17\n" +

@@ -15,6 +15,13 @@
 // 409 when the hook returns ErrBusy). Any other path goes to extra, when
 // given. The pages that show keys or segments answer only once what they
 // read is durable (Service.WaitDurable), 503 when the log failed.
+// No page shows a client's session (client ids are public; the session
+// that proves one never reaches the master's state).
+//
+// RequireAdmin guards a handler's mutating requests (any method but GET,
+// HEAD, OPTIONS) with the admin token as "Authorization: Bearer <token>"
+// (401 without it, 403 when wrong or when no token is configured); reads
+// stay open.
 //
 // Metrics is a prometheus.Collector reading the master's Stats and the
 // service's RPC counters at scrape time: gauges and counters named

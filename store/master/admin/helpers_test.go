@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
 	"github.com/crescent-kv/crescent/store/master/service"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -28,7 +29,7 @@ func serve(t testing.TB, m *master.Master, opts ...service.Option) (storepb.Mast
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx, lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
 	if err != nil {
 		t.Fatal(err)
 	}

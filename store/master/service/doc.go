@@ -27,6 +27,30 @@
 // mTLS through the tls.Config's ClientAuth, gRPC handlers see the
 // peer's certificate).
 //
+// # Identity and authorisation
+//
+// A request that acts as a client (it has client_id: puts, reservations,
+// segments, Ping, ReportFailedSegments) must carry that client's session
+// (the session field, 32 bytes): the client id is the first 16 bytes of
+// SHA-256("crescent-client-id-v1" | session) (internal/auth.ClientID).
+// UnaryInterceptor checks it before the handler runs and answers
+// ILLEGAL_CLIENT otherwise, so a client id read off an admin page
+// (/get_all_segments) or guessed lets nobody end, revoke or commit that
+// client's puts, unmount or re-mount its segments or ping for it. The
+// master keeps no session: nothing to log, snapshot, replicate to a
+// standby or lose in a restart, and nothing any page could show. The core
+// still checks ownership (another client's put or segment:
+// ILLEGAL_CLIENT).
+//
+// WithAdminToken makes RemoveAll, RemoveByRegex and forced Remove and
+// BatchRemove need the admin token in their admin_token field (compared
+// in constant time; ILLEGAL_CLIENT otherwise); with a nil token they are
+// refused. Without the option they are open (an in-process master).
+// WithTransportSecurity sets the port's TLS, the cluster token every
+// connection proves before its first byte is routed (crpc.SplitAuth;
+// gRPC clients use crpc.TokenCredentials) and the peer filter of the
+// protected default (auth.Mode.Allow).
+//
 // RPCNames lists the RPC names RPCCount and observers use, in a fixed
 // order; they name the per-RPC metrics (master_<rpc>_requests_total).
 package service

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"math"
 	"net"
@@ -85,6 +86,14 @@ type Service struct {
 	durable func(ctx context.Context) error // nil: no log to wait for
 	health  func() error
 	gate    func() error // nil: always answer
+	// admin is the admin credential; adminSet: admin RPCs need it
+	// (WithAdminToken).
+	admin    []byte
+	adminSet bool
+	// Transport security (WithTransportSecurity).
+	tls   *tls.Config
+	token []byte
+	allow func(net.Addr) bool
 }
 
 // Option configures New.
@@ -200,6 +209,10 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			return h(ctx, req)
 		}
 		start := time.Now()
+		if err := s.authorize(rpc, req); err != nil {
+			s.done(rpc, start, err, 0, 0)
+			return nil, err
+		}
 		resp, err := h(ctx, req)
 		if s.durable != nil {
 			// Answer nothing (success or failure) from a state that is
@@ -265,9 +278,16 @@ func batchItems(resp any) (items, bad int) {
 // Start or Close the Master.
 func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.ServerOption) error {
 	ic := s.UnaryInterceptor()
-	cl, gl := crpc.SplitTLS(lis, s.conns, s.crpc.TLS)
+	tc, conns := s.crpc.TLS, s.conns
+	if s.tls != nil {
+		tc = s.tls
+	}
+	if s.allow != nil {
+		conns.Allow = s.allow
+	}
+	cl, gl := crpc.SplitAuth(lis, conns, tc, s.token)
 	gopts := append(append([]grpc.ServerOption(nil), opts...), grpc.ChainUnaryInterceptor(ic))
-	if s.crpc.TLS != nil {
+	if tc != nil {
 		// The split did the handshake; these show its state to handlers.
 		gopts = append(gopts, grpc.Creds(crpc.Credentials()))
 	}

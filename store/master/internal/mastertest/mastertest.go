@@ -90,9 +90,6 @@ func New(t testing.TB, mutate func(*master.Config)) *Env {
 	return e
 }
 
-// Client is the test client id n.
-func Client(n uint64) master.UUID { return master.UUID{Hi: 0xc1, Lo: n} }
-
 // Mount mounts a segment of size bytes named name for client c.
 func (e *Env) Mount(c master.UUID, name string, size uint64) alloc.Segment {
 	e.T.Helper()
