@@ -174,6 +174,10 @@ func deleteTargets[T any](ts []T, done func(T) bool) []T {
 	return out
 }
 
+// InvalidationTimeouts counts barriers that stopped waiting for a
+// subscriber after InvalidationTTL.
+func (m *Master) InvalidationTimeouts() uint64 { return m.invTimeouts.Load() }
+
 // Subscribers is the number of live invalidation subscriptions.
 func (m *Master) Subscribers() int { return int(m.inval.n.Load()) }
 
