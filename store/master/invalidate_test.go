@@ -46,7 +46,7 @@ func TestInvalidationsOfEveryRemoval(t *testing.T) {
 	_, _, err = e.m.GetReplicaList("k1")
 	require.NoError(t, err)
 	require.NoError(t, e.m.Remove("k1", true)) // leased: forced
-	e.clk.Advance(time.Hour)                    // leases over
+	e.clk.Advance(time.Hour)                   // leases over
 	e.m.Evict()
 	b := poll(t, e.m, sub, 0, 0)
 	require.False(t, b.Reset)
