@@ -85,6 +85,9 @@ func TestHotCacheStoppedClient(t *testing.T) {
 
 	for range 3 {
 		v, err := d.Get(ctx, "k")
+		if err == nil && bytes.Equal(old, v) {
+			t.Logf("stale misses %v, resets %v", metric(t, rc.url, "crescent_hot_cache_stale_misses_total"), metric(t, rc.url, "crescent_hot_cache_resets_total"))
+		}
 		if err != nil {
 			require.ErrorIs(t, err, errcode.ErrObjectNotFound)
 			continue

@@ -21,6 +21,7 @@ type Stats struct {
 	// invalidation subscription was not fresh; Resets count drops of the
 	// whole cache (a new subscription, a gap, an overflow on the master).
 	StaleMisses, Resets uint64
+	Fresh               bool   // the subscription is fresh now
 	HitBytes            uint64 // bytes served from the cache
 	CacheBytes          int64  // bytes of values in the cache now
 	CacheCapacity       int64  // the cache's size (0: no cache)
@@ -88,7 +89,7 @@ func (s *Server) Stats() Stats {
 		st.Admissions, st.Evictions, st.Invalidations = h.admissions.Load(), h.evictions.Load(), h.invalidations.Load()
 		st.CacheBytes, st.CacheCapacity = h.used.Load(), h.pool.Size()
 		st.References = int64(h.held())
-		st.StaleMisses, st.Resets = s.st.staleMisses.Load(), s.watch.Resets()
+		st.StaleMisses, st.Resets, st.Fresh = s.st.staleMisses.Load(), s.watch.Resets(), s.watch.Fresh()
 	}
 	return st
 }
