@@ -185,7 +185,10 @@
 // answered. Eviction and loss do not wait (no caller), but the next
 // generation of the key does. The registry's mutex is a leaf (items are
 // queued under shard locks); with no subscriber nothing is queued or
-// waited for.
+// waited for. A promoted leader starts with no subscribers (their polls
+// get resets); its warm-up (one leader lease, 5 s by default) must be at
+// least InvalidationTTL, so that no cache is still fresh from answers of
+// the old leader when the new one removes anything.
 //
 // # Concurrency and memory
 //

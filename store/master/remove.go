@@ -42,17 +42,23 @@ func (m *Master) remove(key string, force bool) error {
 // object (or InvalidationTTL passed: see invBarrier).
 func (m *Master) Remove(key string, force bool) error {
 	err := m.remove(key, force)
-	m.invBarrier()
+	if err == nil {
+		m.invBarrier()
+	}
 	return err
 }
 
 // BatchRemove is Remove for many keys.
 func (m *Master) BatchRemove(keys []string, force bool) []error {
 	out := make([]error, len(keys))
+	removed := false
 	for i, k := range keys {
 		out[i] = m.remove(k, force)
+		removed = removed || out[i] == nil
 	}
-	m.invBarrier()
+	if removed {
+		m.invBarrier()
+	}
 	return out
 }
 
