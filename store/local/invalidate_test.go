@@ -3,6 +3,7 @@ package local
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"path/filepath"
 	"sync"
@@ -192,4 +193,38 @@ func TestHotCacheLapsedSubscription(t *testing.T) {
 	require.NoError(t, s.watch.WaitFresh(ctx))
 	notOld(t, d, "k", old, cur)
 	cacheHot(t, s, d, "other", cur) // hits again
+}
+
+// TestHotCacheOverflowResets: invalidations piling up past the master's
+// queue bound for a subscriber that does not poll are replaced by a
+// reset: when it polls again it drops every block, the ones whose keys
+// were not removed too.
+func TestHotCacheOverflowResets(t *testing.T) {
+	s, d, b, _ := twoHosts(t, master.Config{InvalidationTTL: 300 * time.Millisecond})
+	ctx := tctx(t)
+	v := val(4096, 8)
+	require.NoError(t, b.Put(ctx, "k", v, store.ReplicateConfig{}))
+	cacheHot(t, s, d, "k", v)
+	s.watch.PauseForTest(true)
+	n := master.MaxInvalidationQueue + 1
+	for i := 0; i < n; i += 1024 {
+		var keys []string
+		var vals [][]byte
+		for j := i; j < min(i+1024, n); j++ {
+			keys = append(keys, fmt.Sprint("x", j))
+			vals = append(vals, v[:64])
+		}
+		for _, err := range b.BatchPut(ctx, keys, vals, store.ReplicateConfig{}) {
+			require.NoError(t, err)
+		}
+	}
+	removed, err := b.RemoveByRegex(ctx, "x.*", false)
+	require.NoError(t, err)
+	require.EqualValues(t, n, removed)
+	resets := s.watch.Resets()
+	s.watch.PauseForTest(false)
+	require.Eventually(t, func() bool { return s.watch.Resets() > resets }, 30*time.Second, 5*time.Millisecond)
+	require.NoError(t, s.watch.WaitFresh(ctx))
+	require.Nil(t, s.hot.acquire("k"), "a reset left a block")
+	cacheHot(t, s, d, "k", v)
 }
