@@ -3,6 +3,7 @@ package master
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,10 +102,17 @@ func (m *Master) invalidated(key string, gen uint32) {
 	if r.n.Load() == 0 {
 		return
 	}
+	key = strings.Clone(key) // the shard's key may live in an arena chunk that is reused
+	now := time.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.chans()
-	for _, s := range r.subs {
+	for id, s := range r.subs {
+		if now.Sub(s.seen) > 10*m.cfg.InvalidationTTL {
+			delete(r.subs, id) // silent: its queue would only fill
+			r.n.Store(int32(len(r.subs)))
+			continue
+		}
 		s.next++
 		if s.lost {
 			continue

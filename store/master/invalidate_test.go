@@ -116,9 +116,9 @@ func TestInvalidationBarrier(t *testing.T) {
 }
 
 // TestInvalidationBounds: an overflowing queue, a bad ack and a bounded
-// answer; the subscriber count is bounded and silent subscribers go.
+// answer.
 func TestInvalidationBounds(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.InvalidationTTL = 30 * time.Millisecond; c.MaxSubscribers = 2 })
+	e := newEnv(t, func(c *Config) { c.InvalidationTTL = 5 * time.Second })
 	c := cl(1)
 	e.mount(c, "a", 64<<20)
 	sub := subscribe(t, e.m)
@@ -154,6 +154,13 @@ func TestInvalidationBounds(t *testing.T) {
 	assert.False(t, b.Reset)
 	assert.Empty(t, b.Items)
 
+}
+
+// TestInvalidationSubscribers: their count is bounded, and silent ones
+// are dropped.
+func TestInvalidationSubscribers(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.InvalidationTTL = 20 * time.Millisecond; c.MaxSubscribers = 2 })
+	subscribe(t, e.m)
 	subscribe(t, e.m)
 	_, err := e.m.WaitInvalidations(context.Background(), InvalidationPoll{})
 	require.ErrorIs(t, err, errcode.ErrNoAvailableHandle)
