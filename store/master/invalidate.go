@@ -252,7 +252,7 @@ func (m *Master) WaitInvalidations(ctx context.Context, p InvalidationPoll) (Inv
 			b := InvalidationBatch{Sub: s.id, First: s.q[0].seq, TTL: ttl}
 			size := 0
 			for _, it := range s.q {
-				if len(b.Items) == maxItems || size+len(it.Key) > MaxInvalidationBytes {
+				if len(b.Items) == maxItems || len(b.Items) > 0 && size+len(it.Key) > MaxInvalidationBytes {
 					b.More = true
 					break
 				}
