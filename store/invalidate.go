@@ -5,6 +5,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -85,6 +88,7 @@ func (w *InvalidationWatch) PauseForTest(p bool) { w.paused.Store(p) }
 func (w *InvalidationWatch) loop() {
 	defer close(w.done)
 	var sub, last uint64
+	warned := false
 	backoff := 10 * time.Millisecond
 	for {
 		if w.ctx.Err() != nil {
@@ -102,6 +106,10 @@ func (w *InvalidationWatch) loop() {
 			WaitMs: uint32(invalidationWait / time.Millisecond)})
 		cancel()
 		if err != nil {
+			if status.Code(err) == codes.Unimplemented && !warned {
+				warned = true
+				w.c.log.Warn("store: the master does not serve WaitInvalidations (an older version): cached values are never served", "err", err)
+			}
 			if !w.sleep(backoff) {
 				return
 			}
