@@ -121,7 +121,8 @@ func TestHotCacheOtherHostRemoves(t *testing.T) {
 	for name, remove := range cases {
 		for _, reput := range []bool{false, true} {
 			t.Run(name+map[bool]string{false: "", true: " and re-put"}[reput], func(t *testing.T) {
-				s, d, b, _ := twoHosts(t, master.Config{})
+				s, d, b, tm := twoHosts(t, master.Config{})
+				require.Equal(t, "crpc", s.c.MasterProtocol())
 				ctx := tctx(t)
 				require.NoError(t, b.Put(ctx, "k1", old, store.ReplicateConfig{Preferred: []string{b.SegmentName()}}))
 				cacheHot(t, s, d, "k1", old)
@@ -132,6 +133,7 @@ func TestHotCacheOtherHostRemoves(t *testing.T) {
 					require.NoError(t, b.Put(ctx, "k1", cur, store.ReplicateConfig{Preferred: []string{b.SegmentName()}}))
 				}
 				notOld(t, d, "k1", old, want)
+				assert.Zero(t, tm.m.InvalidationTimeouts(), "the subscriber did not acknowledge")
 			})
 		}
 	}
@@ -234,4 +236,29 @@ func TestHotCacheOverflowResets(t *testing.T) {
 	require.NoError(t, s.watch.WaitFresh(ctx))
 	require.Nil(t, s.hot.acquire("k"), "a reset left a block")
 	cacheHot(t, s, d, "k", v)
+}
+
+// TestHotCacheOverGRPC: the subscription works over gRPC as over crpc.
+func TestHotCacheOverGRPC(t *testing.T) {
+	tm := startMasterCfg(t, master.Config{InvalidationTTL: 5 * time.Second})
+	ctx := tctx(t)
+	a, err := store.New(ctx, store.Config{MasterAddr: tm.addr, MasterProtocol: "grpc", LocalHostname: "127.0.0.1",
+		GlobalSegmentSize: 64 << 20, LocalBufferSize: 16 << 20, Logger: quiet})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, a.Close()) })
+	require.Equal(t, "grpc", a.MasterProtocol())
+	opts := shmCache()
+	opts.Logger = quiet
+	s, err := Serve(a, filepath.Join(t.TempDir(), "crescent.sock"), opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, s.Close()) })
+	d, b := dial(t, s), newRealClient(t, tm)
+	old, cur := val(8192, 9), val(8192, 10)
+	rc := store.ReplicateConfig{Preferred: []string{b.SegmentName()}}
+	require.NoError(t, b.Put(ctx, "k", old, rc))
+	cacheHot(t, s, d, "k", old)
+	require.NoError(t, b.Remove(ctx, "k", true))
+	require.NoError(t, b.Put(ctx, "k", cur, rc))
+	notOld(t, d, "k", old, cur)
+	assert.Zero(t, tm.m.InvalidationTimeouts(), "the subscriber over gRPC did not acknowledge")
 }
