@@ -100,6 +100,10 @@
 //   - Locate and ReadAt split a Get in two for local servers (store/local):
 //     where the object is and its lease, then a read of exactly those
 //     replicas, failing with LEASE_EXPIRED as Get does.
+//   - WatchInvalidations subscribes a cache to the master's invalidations
+//     (a long poll, WaitInvalidations; see store/master's doc): the
+//     handler drops keys before the next poll acknowledges them, and
+//     InvalidationWatch.Fresh says whether cached values may be served.
 //   - Errors are store error codes (package store/errcode): test them with
 //     errors.Is(err, errcode.ErrObjectNotFound) and the like. Failed RPCs
 //     map through rpcerr.FromStatus (RPC_FAIL, RPC_TIMEOUT, or the code

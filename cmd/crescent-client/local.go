@@ -120,6 +120,9 @@ func newLocalCollector() *localCollector {
 		"crescent_hot_cache_admissions_total":    "Values admitted to the hot cache.",
 		"crescent_hot_cache_evictions_total":     "Values evicted from the hot cache for room.",
 		"crescent_hot_cache_invalidations_total": "Values withdrawn by a write or remove.",
+		"crescent_hot_cache_stale_misses_total":  "Lookups that served nothing cached: the invalidation subscription was not fresh.",
+		"crescent_hot_cache_resets_total":        "Whole-cache drops (new invalidation subscription, gap, overflow on the master).",
+		"crescent_hot_cache_subscription_fresh":  "1 while the invalidation subscription is fresh (hits may be served).",
 		"crescent_hot_cache_hit_bytes_total":     "Bytes served from the hot cache.",
 		"crescent_hot_cache_bytes":               "Bytes of values in the hot cache.",
 		"crescent_hot_cache_capacity_bytes":      "Hot cache size.",
@@ -159,6 +162,13 @@ func (l *localCollector) Collect(ch chan<- prometheus.Metric) {
 	c("crescent_hot_cache_evictions_total", st.Evictions)
 	c("crescent_hot_cache_invalidations_total", st.Invalidations)
 	c("crescent_hot_cache_hit_bytes_total", st.HitBytes)
+	c("crescent_hot_cache_stale_misses_total", st.StaleMisses)
+	c("crescent_hot_cache_resets_total", st.Resets)
+	fresh := int64(0)
+	if st.Fresh {
+		fresh = 1
+	}
+	g("crescent_hot_cache_subscription_fresh", fresh)
 	g("crescent_hot_cache_bytes", st.CacheBytes)
 	g("crescent_hot_cache_capacity_bytes", st.CacheCapacity)
 	g("crescent_hot_cache_references", st.References)

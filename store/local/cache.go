@@ -113,13 +113,16 @@ func (c *cache) acquire(key string) *block {
 	return b
 }
 
-// renew records a new lease for b if it is still key's block.
-func (c *cache) renew(b *block, loc store.Location) {
+// renew records a new lease for b if it is still key's block, and
+// reports whether it is (an invalidation may have withdrawn it while the
+// master was asked).
+func (c *cache) renew(b *block, loc store.Location) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if b.pub {
 		b.loc.Deadline = loc.Deadline
 	}
-	c.mu.Unlock()
+	return b.pub
 }
 
 // release drops one reference; an unpublished block with none left is
@@ -211,6 +214,27 @@ func (c *cache) invalidate(key string) {
 	defer c.mu.Unlock()
 	delete(c.fills, key)
 	if b := c.index[key]; b != nil {
+		c.unpublishLocked(b)
+		c.invalidations.Add(1)
+	}
+}
+
+// Invalidate implements store.InvalidationHandler: the master says
+// these keys' values are gone.
+func (c *cache) Invalidate(keys []string) {
+	for _, k := range keys {
+		c.invalidate(k)
+	}
+}
+
+// InvalidateAll implements store.InvalidationHandler: every block and
+// every fill in progress is withdrawn (views handed out stay readable
+// until released).
+func (c *cache) InvalidateAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.fills)
+	for _, b := range c.index {
 		c.unpublishLocked(b)
 		c.invalidations.Add(1)
 	}

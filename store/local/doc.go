@@ -61,10 +61,21 @@
 // are reused least recently used first, never while referenced.
 //
 // A block remembers the replica it was read from and the read lease of
-// that read. A hit within the lease (less 100 ms) is served without the
-// master; after it, the server asks the master again (renewing the lease)
-// and serves the block only if the replica is the one it was read from,
-// else withdraws it. Writes and removes through the server withdraw the
+// that read. The server subscribes to the master's invalidations
+// (store.Client.WatchInvalidations; see store/master's doc): an
+// invalidated key is withdrawn before the poll that acknowledges it is
+// sent, and a reset (new subscription, gap, overflow) withdraws every
+// block and every fill in progress. A block is served only while the
+// subscription is fresh (an answer within the master's InvalidationTTL,
+// 1 s, less a tenth, of its poll's sending); otherwise every lookup is a
+// miss read from the master (Stats.StaleMisses). A fresh hit within the
+// lease (less 100 ms) is served without the master; after it, the server
+// asks the master again (renewing the lease) and serves the block only
+// if the replica is the one it was read from and no invalidation
+// withdrew it meanwhile, else withdraws it. Since removes answer, and
+// new generations become visible, only after subscribers acknowledged,
+// a value removed or replaced from any host is never served once that
+// remove or put has answered. Writes and removes through the server withdraw the
 // key before and after they reach the master, and a fill publishes only
 // if the key's fill token it took before its read is still current: a
 // fill that read a value, then a remove or overwrite, then the fill's

@@ -293,6 +293,12 @@ func (s *Server) lookup(ctx context.Context, key string) *block {
 	if s.hot == nil {
 		return nil
 	}
+	if !s.watch.Fresh() {
+		// Invalidations may be missed: serve nothing cached.
+		s.hot.misses.Add(1)
+		s.st.staleMisses.Add(1)
+		return nil
+	}
 	b := s.hot.acquire(key)
 	if b == nil {
 		s.hot.misses.Add(1)
@@ -303,7 +309,7 @@ func (s *Server) lookup(ctx context.Context, key string) *block {
 	s.hot.mu.Unlock()
 	if !leaseValid(loc.Deadline, time.Now(), leaseMargin) {
 		now, err := s.c.Locate(ctx, key)
-		if err != nil || !sameReplica(loc, now) {
+		if err != nil || !sameReplica(loc, now) || !s.hot.renew(b, now) {
 			s.hot.release(b)
 			if err == nil || errors.Is(err, errcode.ErrObjectNotFound) {
 				s.hot.invalidate(key)
@@ -311,7 +317,6 @@ func (s *Server) lookup(ctx context.Context, key string) *block {
 			s.hot.misses.Add(1)
 			return nil
 		}
-		s.hot.renew(b, now)
 	}
 	s.hot.hits.Add(1)
 	return b

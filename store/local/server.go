@@ -104,7 +104,10 @@ type Server struct {
 	path string
 	loop *netx.Loop
 	hot  *cache // nil without a cache
-	uid  uint32
+	// watch is the hot cache's invalidation subscription (nil without a
+	// cache): a block is served without the master only while it is fresh.
+	watch *store.InvalidationWatch
+	uid   uint32
 
 	fillq    chan fillTask
 	fillStop chan struct{}
@@ -160,6 +163,14 @@ func Serve(c *store.Client, path string, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("local: chmod socket: %w", err)
 	}
 	if s.hot != nil {
+		s.watch = c.WatchInvalidations(s.hot)
+		// Hits need a fresh subscription; give the first answer a moment
+		// (without one the cache only misses until it comes).
+		wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		if err := s.watch.WaitFresh(wctx); err != nil {
+			opts.Logger.Warn("local: hot cache: no invalidation subscription yet; serving no hits until it answers", "err", err)
+		}
+		cancel()
 		s.fillWG.Add(1)
 		go s.fillLoop()
 	}
@@ -183,6 +194,9 @@ func (s *Server) Close() error {
 	err := s.loop.Close() // closes every connection and waits for the handlers
 	close(s.fillStop)
 	s.fillWG.Wait()
+	if s.watch != nil {
+		s.watch.Close()
+	}
 	s.closeCache()
 	return err
 }

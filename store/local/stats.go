@@ -17,10 +17,15 @@ type Stats struct {
 	Evictions     uint64 // published values evicted for room
 	Invalidations uint64 // published values withdrawn by a write or remove
 	FillsDropped  uint64 // admitted values not filled: the fill queue was full
-	HitBytes      uint64 // bytes served from the cache
-	CacheBytes    int64  // bytes of values in the cache now
-	CacheCapacity int64  // the cache's size (0: no cache)
-	References    int64  // block references held now (views out, reads in progress)
+	// StaleMisses are lookups that served nothing cached because the
+	// invalidation subscription was not fresh; Resets count drops of the
+	// whole cache (a new subscription, a gap, an overflow on the master).
+	StaleMisses, Resets uint64
+	Fresh               bool   // the subscription is fresh now
+	HitBytes            uint64 // bytes served from the cache
+	CacheBytes          int64  // bytes of values in the cache now
+	CacheCapacity       int64  // the cache's size (0: no cache)
+	References          int64  // block references held now (views out, reads in progress)
 	// Latency of requests served (from frame read to reply written),
 	// in power-of-two microsecond buckets: Latency[i] counts requests
 	// that took less than 2^i µs (the last bucket: the rest).
@@ -65,7 +70,7 @@ func (l *latency) observe(d time.Duration) {
 type serverStats struct {
 	dummies                                 atomic.Int64
 	refused, badToken, expired, fillDropped atomic.Uint64
-	hitBytes                                atomic.Uint64
+	hitBytes, staleMisses                   atomic.Uint64
 	lat                                     *latency
 }
 
@@ -84,6 +89,7 @@ func (s *Server) Stats() Stats {
 		st.Admissions, st.Evictions, st.Invalidations = h.admissions.Load(), h.evictions.Load(), h.invalidations.Load()
 		st.CacheBytes, st.CacheCapacity = h.used.Load(), h.pool.Size()
 		st.References = int64(h.held())
+		st.StaleMisses, st.Resets, st.Fresh = s.st.staleMisses.Load(), s.watch.Resets(), s.watch.Fresh()
 	}
 	return st
 }

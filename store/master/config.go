@@ -80,6 +80,12 @@ type Config struct {
 	// default 5s); past it the removal stops with RPC_TIMEOUT and what
 	// it removed.
 	RegexBudget time.Duration
+	// InvalidationTTL is how long a hot-cache subscriber may serve cached
+	// values after the poll of its last answer, and so the longest a
+	// remove waits for a subscriber that stopped answering (default 1 s);
+	// MaxSubscribers bounds the subscriptions (default 1024).
+	InvalidationTTL time.Duration
+	MaxSubscribers  int
 	// ViewVersion is what Ping reports; 0 (default) picks a random epoch.
 	ViewVersion uint64
 	Clock       clock.Clock // nil (default): clock.Real{}
@@ -104,6 +110,8 @@ func (c *Config) fill() error {
 	c.EvictInterval = cmp.Or(c.EvictInterval, DefaultEvictInterval)
 	c.LivenessInterval = cmp.Or(c.LivenessInterval, DefaultLivenessInterval)
 	c.RegexBudget = cmp.Or(c.RegexBudget, DefaultRegexBudget)
+	c.InvalidationTTL = cmp.Or(c.InvalidationTTL, DefaultInvalidationTTL)
+	c.MaxSubscribers = cmp.Or(c.MaxSubscribers, DefaultMaxSubscribers)
 	c.EvictionHighWatermark = cmp.Or(c.EvictionHighWatermark, DefaultEvictionHighWatermark)
 	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)
 	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen)
@@ -121,7 +129,8 @@ func (c *Config) fill() error {
 	case c.Shards < 1 || c.Shards > 1<<16:
 		return bad("Shards %d outside [1, 65536]", c.Shards)
 	case c.LeaseTTL < time.Millisecond, c.SoftPinTTL < 0, c.MaxSoftPinTTL < 0, c.ClientTTL < 0,
-		c.PutDiscardTimeout < 0, c.PutReleaseTimeout < 0, c.EvictInterval < 0, c.LivenessInterval < 0, c.RegexBudget < 0:
+		c.PutDiscardTimeout < 0, c.PutReleaseTimeout < 0, c.EvictInterval < 0, c.LivenessInterval < 0, c.RegexBudget < 0,
+		c.InvalidationTTL < 3*time.Millisecond, c.MaxSubscribers < 0:
 		return bad("durations must be positive (lease TTL at least 1ms)")
 	case c.SoftPinTTL > c.MaxSoftPinTTL:
 		return bad("SoftPinTTL %v above MaxSoftPinTTL %v", c.SoftPinTTL, c.MaxSoftPinTTL)

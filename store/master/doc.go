@@ -162,6 +162,34 @@
 // the emitting calls only, never a shard. store/master/kvevents.Bridge is
 // the sink that publishes them as KV events.
 //
+// # Hot-cache invalidations
+//
+// A client that caches values (store/local's hot cache) subscribes with
+// WaitInvalidations, a long poll: each poll acknowledges the last
+// sequence number it applied and is answered with the invalidations
+// queued since ((key, put generation) of every complete object removed,
+// evicted or lost, numbered per subscriber without gaps), or, with none,
+// a heartbeat after at most a third of InvalidationTTL (1 s). A new or
+// unknown subscription, a queue over MaxInvalidationQueue (4096) and an
+// ack of a number never sent are answered with a reset (drop
+// everything). Answers carry at most 1024 items and 1 MiB of keys
+// (More: ask again); at most MaxSubscribers (1024) exist, and one not
+// polled for 10 TTLs is dropped. The subscriber serves cached values only
+// within InvalidationTTL of sending the poll of its last answer without
+// More. Every remove (Remove, BatchRemove, RemoveByRegex, RemoveAll)
+// answers, and every PutEnd and Commit makes its new object visible,
+// only once each subscriber acknowledged what was queued before, or
+// InvalidationTTL later: a subscriber that did not answer by then had no
+// answer composed after the queueing, so its freshness ran out. So no
+// reader of a cache sees a value once its remove or replacement has been
+// answered. Eviction and loss do not wait (no caller), but the next
+// generation of the key does. The registry's mutex is a leaf (items are
+// queued under shard locks); with no subscriber nothing is queued or
+// waited for. A promoted leader starts with no subscribers (their polls
+// get resets); its warm-up (one leader lease, 5 s by default) must be at
+// least InvalidationTTL, so that no cache is still fresh from answers of
+// the old leader when the new one removes anything.
+//
 // # Concurrency and memory
 //
 // All methods are safe for concurrent use. Objects live in Shards (1024)

@@ -61,6 +61,9 @@ type Master struct {
 	putGen    atomic.Uint64 // the last put generation given (put.go)
 	regexFrom atomic.Uint32 // the shard where a RemoveByRegex past its budget stopped
 
+	inval       invRegistry   // hot-cache invalidation subscribers (invalidate.go)
+	invTimeouts atomic.Uint64 // barriers that gave up waiting for a subscriber
+
 	evictMu       sync.Mutex
 	lastFruitless atomic.Int64 // last watermark round that freed nothing
 

@@ -362,6 +362,9 @@ func (m *Master) applyDelete(sh *shard, h uint64, op *Op, a *applyArgs) error {
 	commit := func() {
 		m.forget(sh, h, op.Key, &o)
 		m.append(op, a)
+		if o.complete() && !a.replay {
+			m.invalidated(op.Key, o.gen)
+		}
 		if o.complete() && m.ev != nil && !a.replay {
 			reason := ReasonRemoved
 			if op.Kind == OpEvict {
@@ -429,6 +432,9 @@ func (m *Master) applyDropReplica(sh *shard, h uint64, op *Op, a *applyArgs) err
 		// segment, so nothing is freed.
 		m.forget(sh, h, op.Key, &o)
 		m.append(op, a)
+		if o.complete() && !a.replay {
+			m.invalidated(op.Key, o.gen)
+		}
 		if o.complete() && m.ev != nil && !a.replay {
 			m.emit(a, m.removedEvent(op.Key, &o, ReasonLost))
 		}

@@ -199,6 +199,9 @@ func (m *Master) finishPut(op *Op, rt ReplicaType, now int64) error {
 	if rt != Memory {
 		return errcode.New(errcode.InvalidParams, "replica type %d: the master places memory replicas only", rt)
 	}
+	if op.Kind == OpPutEnd {
+		m.invBarrier() // a new generation is visible only once caches dropped the old
+	}
 	defer m.flushEvents() // after the unlock
 	sh, h := m.locate(op.Key)
 	sh.mu.Lock()

@@ -12,11 +12,8 @@ import (
 	"github.com/crescent-kv/crescent/store/errcode"
 )
 
-// Remove deletes an object. A leased object is ErrObjectHasLease and an
-// unfinished put ErrObjectReplicaBusy unless force; a hard pin does not
-// protect from Remove. A forced removal of an unfinished put quarantines
-// its space until the put's release time (its writer may still write).
-func (m *Master) Remove(key string, force bool) error {
+// remove is Remove without the invalidation barrier.
+func (m *Master) remove(key string, force bool) error {
 	if err := m.checkKey(key); err != nil {
 		return err
 	}
@@ -37,11 +34,30 @@ func (m *Master) Remove(key string, force bool) error {
 	return m.apply(sh, h, &Op{Kind: OpRemove, Time: now, Key: key}, &applyArgs{})
 }
 
+// Remove deletes an object. A leased object is ErrObjectHasLease and an
+// unfinished put ErrObjectReplicaBusy unless force; a hard pin does not
+// protect from Remove. A forced removal of an unfinished put quarantines
+// its space until the put's release time (its writer may still write).
+// Like every remove it answers once the subscribed hot caches dropped the
+// object (or InvalidationTTL passed: see invBarrier).
+func (m *Master) Remove(key string, force bool) error {
+	err := m.remove(key, force)
+	if err == nil {
+		m.invBarrier()
+	}
+	return err
+}
+
 // BatchRemove is Remove for many keys.
 func (m *Master) BatchRemove(keys []string, force bool) []error {
 	out := make([]error, len(keys))
+	removed := false
 	for i, k := range keys {
-		out[i] = m.Remove(k, force)
+		out[i] = m.remove(k, force)
+		removed = removed || out[i] == nil
+	}
+	if removed {
+		m.invBarrier()
 	}
 	return out
 }
@@ -72,6 +88,7 @@ func (m *Master) RemoveByRegex(re string, force bool) (uint64, error) {
 	}
 	start := m.now()
 	over := func() bool { return m.now()-start > int64(m.cfg.RegexBudget) }
+	defer m.invBarrier()
 	return m.removeMatching(rx.MatchString, force, over)
 }
 
@@ -189,6 +206,7 @@ func (m *Master) removeMatching(match func(string) bool, force bool, over func()
 // that no concurrent put can precede; otherwise it removes shard by shard
 // (as RemoveByRegex, without a budget), with EventRemoved per key.
 func (m *Master) RemoveAll(force bool) (uint64, error) {
+	defer m.invBarrier()
 	defer m.flushEvents() // after the unlocks
 	for i := range m.shards {
 		m.shards[i].mu.Lock()

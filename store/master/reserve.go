@@ -144,6 +144,7 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 // ErrObjectAlreadyExists and the reservation stays the client's to use
 // again; an older unfinished put is taken over as PutStart does.
 func (m *Master) Commit(client UUID, items []CommitItem) []error {
+	m.invBarrier() // as PutEnd: caches drop an old generation first
 	out := make([]error, len(items))
 	now := m.now() // one clock read for the batch
 	for i, it := range items {

@@ -3768,6 +3768,228 @@ func (x *ReportFailedSegmentsResponse) GetMarked() uint32 {
 	return 0
 }
 
+// WaitInvalidationsRequest: subscription 0 starts one (the answer is a
+// reset). ack is the last sequence number applied; max_items (0: 1024)
+// and wait_ms (capped at a third of the TTL) bound the answer.
+type WaitInvalidationsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Subscription  uint64                 `protobuf:"varint,1,opt,name=subscription,proto3" json:"subscription,omitempty"`
+	Ack           uint64                 `protobuf:"varint,2,opt,name=ack,proto3" json:"ack,omitempty"`
+	MaxItems      uint32                 `protobuf:"varint,3,opt,name=max_items,json=maxItems,proto3" json:"max_items,omitempty"`
+	WaitMs        uint32                 `protobuf:"varint,4,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitInvalidationsRequest) Reset() {
+	*x = WaitInvalidationsRequest{}
+	mi := &file_master_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitInvalidationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitInvalidationsRequest) ProtoMessage() {}
+
+func (x *WaitInvalidationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitInvalidationsRequest.ProtoReflect.Descriptor instead.
+func (*WaitInvalidationsRequest) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *WaitInvalidationsRequest) GetSubscription() uint64 {
+	if x != nil {
+		return x.Subscription
+	}
+	return 0
+}
+
+func (x *WaitInvalidationsRequest) GetAck() uint64 {
+	if x != nil {
+		return x.Ack
+	}
+	return 0
+}
+
+func (x *WaitInvalidationsRequest) GetMaxItems() uint32 {
+	if x != nil {
+		return x.MaxItems
+	}
+	return 0
+}
+
+func (x *WaitInvalidationsRequest) GetWaitMs() uint32 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
+}
+
+// Invalidation: the complete object key of put generation generation
+// (low 32 bits) is gone.
+type Invalidation struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Generation    uint32                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Invalidation) Reset() {
+	*x = Invalidation{}
+	mi := &file_master_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Invalidation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Invalidation) ProtoMessage() {}
+
+func (x *Invalidation) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Invalidation.ProtoReflect.Descriptor instead.
+func (*Invalidation) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *Invalidation) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *Invalidation) GetGeneration() uint32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+// WaitInvalidationsResponse: reset: drop everything cached and
+// acknowledge last. Else items are numbered first..last (none: a
+// heartbeat; last is the last number sent); more: ask again at once
+// (freshness is granted only by an answer without more). At most 1024
+// items and 1 MiB of keys.
+type WaitInvalidationsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Subscription  uint64                 `protobuf:"varint,1,opt,name=subscription,proto3" json:"subscription,omitempty"`
+	Reset_        bool                   `protobuf:"varint,2,opt,name=reset,proto3" json:"reset,omitempty"`
+	First         uint64                 `protobuf:"varint,3,opt,name=first,proto3" json:"first,omitempty"`
+	Last          uint64                 `protobuf:"varint,4,opt,name=last,proto3" json:"last,omitempty"`
+	Items         []*Invalidation        `protobuf:"bytes,5,rep,name=items,proto3" json:"items,omitempty"`
+	More          bool                   `protobuf:"varint,6,opt,name=more,proto3" json:"more,omitempty"`
+	TtlMs         uint32                 `protobuf:"varint,7,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitInvalidationsResponse) Reset() {
+	*x = WaitInvalidationsResponse{}
+	mi := &file_master_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitInvalidationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitInvalidationsResponse) ProtoMessage() {}
+
+func (x *WaitInvalidationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitInvalidationsResponse.ProtoReflect.Descriptor instead.
+func (*WaitInvalidationsResponse) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *WaitInvalidationsResponse) GetSubscription() uint64 {
+	if x != nil {
+		return x.Subscription
+	}
+	return 0
+}
+
+func (x *WaitInvalidationsResponse) GetReset_() bool {
+	if x != nil {
+		return x.Reset_
+	}
+	return false
+}
+
+func (x *WaitInvalidationsResponse) GetFirst() uint64 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *WaitInvalidationsResponse) GetLast() uint64 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+func (x *WaitInvalidationsResponse) GetItems() []*Invalidation {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+func (x *WaitInvalidationsResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
+func (x *WaitInvalidationsResponse) GetTtlMs() uint32 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
 var File_master_proto protoreflect.FileDescriptor
 
 const file_master_proto_rawDesc = "" +
@@ -4021,7 +4243,25 @@ const file_master_proto_rawDesc = "" +
 	"segmentIds\x12\x18\n" +
 	"\asession\x18\x0f \x01(\fR\asession\"6\n" +
 	"\x1cReportFailedSegmentsResponse\x12\x16\n" +
-	"\x06marked\x18\x01 \x01(\rR\x06marked*Z\n" +
+	"\x06marked\x18\x01 \x01(\rR\x06marked\"\x86\x01\n" +
+	"\x18WaitInvalidationsRequest\x12\"\n" +
+	"\fsubscription\x18\x01 \x01(\x04R\fsubscription\x12\x10\n" +
+	"\x03ack\x18\x02 \x01(\x04R\x03ack\x12\x1b\n" +
+	"\tmax_items\x18\x03 \x01(\rR\bmaxItems\x12\x17\n" +
+	"\await_ms\x18\x04 \x01(\rR\x06waitMs\"@\n" +
+	"\fInvalidation\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\rR\n" +
+	"generation\"\xe1\x01\n" +
+	"\x19WaitInvalidationsResponse\x12\"\n" +
+	"\fsubscription\x18\x01 \x01(\x04R\fsubscription\x12\x14\n" +
+	"\x05reset\x18\x02 \x01(\bR\x05reset\x12\x14\n" +
+	"\x05first\x18\x03 \x01(\x04R\x05first\x12\x12\n" +
+	"\x04last\x18\x04 \x01(\x04R\x04last\x125\n" +
+	"\x05items\x18\x05 \x03(\v2\x1f.crescent.store.v1.InvalidationR\x05items\x12\x12\n" +
+	"\x04more\x18\x06 \x01(\bR\x04more\x12\x15\n" +
+	"\x06ttl_ms\x18\a \x01(\rR\x05ttlMs*Z\n" +
 	"\vReplicaType\x12\x17\n" +
 	"\x13REPLICA_TYPE_MEMORY\x10\x00\x12\x15\n" +
 	"\x11REPLICA_TYPE_DISK\x10\x01\x12\x1b\n" +
@@ -4040,7 +4280,7 @@ const file_master_proto_rawDesc = "" +
 	"\fClientStatus\x12\x1b\n" +
 	"\x17CLIENT_STATUS_UNDEFINED\x10\x00\x12\x14\n" +
 	"\x10CLIENT_STATUS_OK\x10\x01\x12\x1e\n" +
-	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\xa4\x11\n" +
+	"\x1aCLIENT_STATUS_NEED_REMOUNT\x10\x022\x94\x12\n" +
 	"\x06Master\x12S\n" +
 	"\bPutStart\x12\".crescent.store.v1.PutStartRequest\x1a#.crescent.store.v1.PutStartResponse\x12M\n" +
 	"\x06PutEnd\x12 .crescent.store.v1.PutEndRequest\x1a!.crescent.store.v1.PutEndResponse\x12V\n" +
@@ -4065,7 +4305,8 @@ const file_master_proto_rawDesc = "" +
 	"\x12QuerySegmentStatus\x12,.crescent.store.v1.QuerySegmentStatusRequest\x1a-.crescent.store.v1.QuerySegmentStatusResponse\x12G\n" +
 	"\x04Ping\x12\x1e.crescent.store.v1.PingRequest\x1a\x1f.crescent.store.v1.PingResponse\x12_\n" +
 	"\fServiceReady\x12&.crescent.store.v1.ServiceReadyRequest\x1a'.crescent.store.v1.ServiceReadyResponse\x12w\n" +
-	"\x14ReportFailedSegments\x12..crescent.store.v1.ReportFailedSegmentsRequest\x1a/.crescent.store.v1.ReportFailedSegmentsResponseB/Z-github.com/crescent-kv/crescent/store/storepbb\x06proto3"
+	"\x14ReportFailedSegments\x12..crescent.store.v1.ReportFailedSegmentsRequest\x1a/.crescent.store.v1.ReportFailedSegmentsResponse\x12n\n" +
+	"\x11WaitInvalidations\x12+.crescent.store.v1.WaitInvalidationsRequest\x1a,.crescent.store.v1.WaitInvalidationsResponseB/Z-github.com/crescent-kv/crescent/store/storepbb\x06proto3"
 
 var (
 	file_master_proto_rawDescOnce sync.Once
@@ -4080,7 +4321,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_master_proto_goTypes = []any{
 	(ReplicaType)(0),                     // 0: crescent.store.v1.ReplicaType
 	(ReplicaStatus)(0),                   // 1: crescent.store.v1.ReplicaStatus
@@ -4148,6 +4389,9 @@ var file_master_proto_goTypes = []any{
 	(*ServiceReadyResponse)(nil),         // 63: crescent.store.v1.ServiceReadyResponse
 	(*ReportFailedSegmentsRequest)(nil),  // 64: crescent.store.v1.ReportFailedSegmentsRequest
 	(*ReportFailedSegmentsResponse)(nil), // 65: crescent.store.v1.ReportFailedSegmentsResponse
+	(*WaitInvalidationsRequest)(nil),     // 66: crescent.store.v1.WaitInvalidationsRequest
+	(*Invalidation)(nil),                 // 67: crescent.store.v1.Invalidation
+	(*WaitInvalidationsResponse)(nil),    // 68: crescent.store.v1.WaitInvalidationsResponse
 }
 var file_master_proto_depIdxs = []int32{
 	5,  // 0: crescent.store.v1.MemoryDescriptor.segment_id:type_name -> crescent.store.v1.UUID
@@ -4204,57 +4448,60 @@ var file_master_proto_depIdxs = []int32{
 	3,  // 51: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
 	5,  // 52: crescent.store.v1.ReportFailedSegmentsRequest.client_id:type_name -> crescent.store.v1.UUID
 	5,  // 53: crescent.store.v1.ReportFailedSegmentsRequest.segment_ids:type_name -> crescent.store.v1.UUID
-	12, // 54: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
-	14, // 55: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
-	16, // 56: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
-	18, // 57: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
-	21, // 58: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
-	23, // 59: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
-	28, // 60: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
-	31, // 61: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
-	33, // 62: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
-	35, // 63: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
-	38, // 64: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
-	40, // 65: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
-	43, // 66: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
-	45, // 67: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
-	47, // 68: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
-	49, // 69: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
-	52, // 70: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
-	54, // 71: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
-	56, // 72: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
-	58, // 73: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
-	60, // 74: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
-	62, // 75: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
-	64, // 76: crescent.store.v1.Master.ReportFailedSegments:input_type -> crescent.store.v1.ReportFailedSegmentsRequest
-	13, // 77: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
-	15, // 78: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
-	17, // 79: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
-	20, // 80: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
-	22, // 81: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
-	24, // 82: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
-	29, // 83: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
-	32, // 84: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
-	34, // 85: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
-	37, // 86: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
-	39, // 87: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
-	42, // 88: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
-	44, // 89: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
-	46, // 90: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
-	48, // 91: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
-	50, // 92: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
-	53, // 93: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
-	55, // 94: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
-	57, // 95: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
-	59, // 96: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
-	61, // 97: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
-	63, // 98: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
-	65, // 99: crescent.store.v1.Master.ReportFailedSegments:output_type -> crescent.store.v1.ReportFailedSegmentsResponse
-	77, // [77:100] is the sub-list for method output_type
-	54, // [54:77] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	67, // 54: crescent.store.v1.WaitInvalidationsResponse.items:type_name -> crescent.store.v1.Invalidation
+	12, // 55: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
+	14, // 56: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
+	16, // 57: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
+	18, // 58: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
+	21, // 59: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
+	23, // 60: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
+	28, // 61: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
+	31, // 62: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
+	33, // 63: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
+	35, // 64: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
+	38, // 65: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
+	40, // 66: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
+	43, // 67: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
+	45, // 68: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
+	47, // 69: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
+	49, // 70: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
+	52, // 71: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
+	54, // 72: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
+	56, // 73: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
+	58, // 74: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
+	60, // 75: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
+	62, // 76: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
+	64, // 77: crescent.store.v1.Master.ReportFailedSegments:input_type -> crescent.store.v1.ReportFailedSegmentsRequest
+	66, // 78: crescent.store.v1.Master.WaitInvalidations:input_type -> crescent.store.v1.WaitInvalidationsRequest
+	13, // 79: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
+	15, // 80: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
+	17, // 81: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
+	20, // 82: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
+	22, // 83: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
+	24, // 84: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
+	29, // 85: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
+	32, // 86: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
+	34, // 87: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
+	37, // 88: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
+	39, // 89: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
+	42, // 90: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
+	44, // 91: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
+	46, // 92: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
+	48, // 93: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
+	50, // 94: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
+	53, // 95: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
+	55, // 96: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
+	57, // 97: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
+	59, // 98: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
+	61, // 99: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
+	63, // 100: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
+	65, // 101: crescent.store.v1.Master.ReportFailedSegments:output_type -> crescent.store.v1.ReportFailedSegmentsResponse
+	68, // 102: crescent.store.v1.Master.WaitInvalidations:output_type -> crescent.store.v1.WaitInvalidationsResponse
+	79, // [79:103] is the sub-list for method output_type
+	55, // [55:79] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -4269,7 +4516,7 @@ func file_master_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   62,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -49,6 +49,7 @@ const (
 	Master_Ping_FullMethodName                 = "/crescent.store.v1.Master/Ping"
 	Master_ServiceReady_FullMethodName         = "/crescent.store.v1.Master/ServiceReady"
 	Master_ReportFailedSegments_FullMethodName = "/crescent.store.v1.Master/ReportFailedSegments"
+	Master_WaitInvalidations_FullMethodName    = "/crescent.store.v1.Master/WaitInvalidations"
 )
 
 // MasterClient is the client API for Master service.
@@ -92,6 +93,12 @@ type MasterClient interface {
 	// failed reports them, so the master stops placing new replicas there
 	// until their owner pings again.
 	ReportFailedSegments(ctx context.Context, in *ReportFailedSegmentsRequest, opts ...grpc.CallOption) (*ReportFailedSegmentsResponse, error)
+	// Crescent's: a client with a hot cache polls for invalidations (a
+	// long poll; the request acknowledges what the last answer carried).
+	// Removes answer once every subscriber acknowledged them, or after the
+	// subscription TTL (a subscriber serves cached values without the
+	// master only within TTL of the poll of its last answer).
+	WaitInvalidations(ctx context.Context, in *WaitInvalidationsRequest, opts ...grpc.CallOption) (*WaitInvalidationsResponse, error)
 }
 
 type masterClient struct {
@@ -332,6 +339,16 @@ func (c *masterClient) ReportFailedSegments(ctx context.Context, in *ReportFaile
 	return out, nil
 }
 
+func (c *masterClient) WaitInvalidations(ctx context.Context, in *WaitInvalidationsRequest, opts ...grpc.CallOption) (*WaitInvalidationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WaitInvalidationsResponse)
+	err := c.cc.Invoke(ctx, Master_WaitInvalidations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MasterServer is the server API for Master service.
 // All implementations must embed UnimplementedMasterServer
 // for forward compatibility.
@@ -373,6 +390,12 @@ type MasterServer interface {
 	// failed reports them, so the master stops placing new replicas there
 	// until their owner pings again.
 	ReportFailedSegments(context.Context, *ReportFailedSegmentsRequest) (*ReportFailedSegmentsResponse, error)
+	// Crescent's: a client with a hot cache polls for invalidations (a
+	// long poll; the request acknowledges what the last answer carried).
+	// Removes answer once every subscriber acknowledged them, or after the
+	// subscription TTL (a subscriber serves cached values without the
+	// master only within TTL of the poll of its last answer).
+	WaitInvalidations(context.Context, *WaitInvalidationsRequest) (*WaitInvalidationsResponse, error)
 	mustEmbedUnimplementedMasterServer()
 }
 
@@ -451,6 +474,9 @@ func (UnimplementedMasterServer) ServiceReady(context.Context, *ServiceReadyRequ
 }
 func (UnimplementedMasterServer) ReportFailedSegments(context.Context, *ReportFailedSegmentsRequest) (*ReportFailedSegmentsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ReportFailedSegments not implemented")
+}
+func (UnimplementedMasterServer) WaitInvalidations(context.Context, *WaitInvalidationsRequest) (*WaitInvalidationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method WaitInvalidations not implemented")
 }
 func (UnimplementedMasterServer) mustEmbedUnimplementedMasterServer() {}
 func (UnimplementedMasterServer) testEmbeddedByValue()                {}
@@ -887,6 +913,24 @@ func _Master_ReportFailedSegments_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Master_WaitInvalidations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WaitInvalidationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MasterServer).WaitInvalidations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Master_WaitInvalidations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MasterServer).WaitInvalidations(ctx, req.(*WaitInvalidationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Master_ServiceDesc is the grpc.ServiceDesc for Master service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -985,6 +1029,10 @@ var Master_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportFailedSegments",
 			Handler:    _Master_ReportFailedSegments_Handler,
+		},
+		{
+			MethodName: "WaitInvalidations",
+			Handler:    _Master_WaitInvalidations_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -12,6 +12,9 @@
 // release ids first (unknown ones are ignored), carry the reservation TTL
 // (PutDiscardTimeout) and take at most 64 specs of at most 64 each.
 // ReportFailedSegments (Crescent's) takes at most 64 segment ids.
+// WaitInvalidations (Crescent's) is the hot cache's long poll of
+// master.WaitInvalidations (at most 1024 items and 1 MiB of keys an
+// answer; the hold is capped at a third of InvalidationTTL).
 // WithDurability (an operation log's wait) makes every RPC, reads
 // included, answer only once all the master logged before the answer is
 // durable, and INTERNAL_ERROR when the log failed (/health then answers

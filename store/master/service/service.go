@@ -49,6 +49,7 @@ const (
 	rpcReservePut
 	rpcCommitPut
 	rpcReportFailedSegments
+	rpcWaitInvalidations
 	numRPC
 )
 
@@ -58,6 +59,7 @@ var rpcNames = [numRPC]string{
 	"remove", "batch_remove", "remove_by_regex", "remove_all",
 	"mount_segment", "remount_segment", "unmount_segment", "query_segment_status",
 	"ping", "service_ready", "reserve_put", "commit_put", "report_failed_segments",
+	"wait_invalidations",
 }
 
 // RPCNames lists the names RPCCount and observers use, in a fixed order.
@@ -197,6 +199,7 @@ var rpcOf = map[string]int{
 	storepb.Master_Ping_FullMethodName: rpcPing, storepb.Master_ServiceReady_FullMethodName: rpcServiceReady,
 	storepb.Master_ReservePut_FullMethodName: rpcReservePut, storepb.Master_CommitPut_FullMethodName: rpcCommitPut,
 	storepb.Master_ReportFailedSegments_FullMethodName: rpcReportFailedSegments,
+	storepb.Master_WaitInvalidations_FullMethodName:    rpcWaitInvalidations,
 }
 
 // UnaryInterceptor counts every RPC of the service (Counts) and reports
