@@ -185,10 +185,14 @@
 // answered. Eviction and loss do not wait (no caller), but the next
 // generation of the key does. The registry's mutex is a leaf (items are
 // queued under shard locks); with no subscriber nothing is queued or
-// waited for. A promoted leader starts with no subscribers (their polls
-// get resets); its warm-up (one leader lease, 5 s by default) must be at
-// least InvalidationTTL, so that no cache is still fresh from answers of
-// the old leader when the new one removes anything.
+// waited for. A restored master or a promoted leader starts with no
+// subscribers (their polls get resets) while the caches of the master
+// before it may stay fresh for up to InvalidationTTL after its last
+// answer: so a master that starts with state (Start finds objects or
+// segments) holds every barrier until InvalidationTTL after Start, and
+// nothing removed or replaced in that time is answered before those
+// caches lapsed (TestInvalidationHoldAfterRestore). A master that starts
+// empty knows no key that a cache could hold and holds nothing.
 //
 // # Concurrency and memory
 //

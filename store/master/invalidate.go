@@ -73,6 +73,11 @@ type subscriber struct {
 // a leaf: publish runs under shard locks.
 type invRegistry struct {
 	n    atomic.Int32 // len(subs), read without mu
+	// hold (unix ns) is when a master that started with state (restored
+	// from its log, promoted from a standby) stops holding barriers: the
+	// caches of the master before it had no way to subscribe here and may
+	// serve until InvalidationTTL after that master's last answer.
+	hold atomic.Int64
 	mu   sync.Mutex
 	subs map[uint64]*subscriber
 	wake chan struct{} // closed when an item is queued (polls wait on it)
@@ -135,6 +140,9 @@ func (m *Master) invalidated(key string, gen uint32) {
 // makes a new generation visible, so no reader sees a replaced value.
 func (m *Master) invBarrier() {
 	r := &m.inval
+	if d := time.Until(time.Unix(0, r.hold.Load())); d > 0 {
+		time.Sleep(d)
+	}
 	if r.n.Load() == 0 {
 		return
 	}
@@ -170,6 +178,17 @@ func (m *Master) invBarrier() {
 			return
 		}
 	}
+}
+
+// holdInvalidations makes barriers wait until InvalidationTTL from now
+// when the master holds any object or segment (Start calls it): then it
+// was restored or promoted, and the previous master's subscribers, which
+// know nothing of this one, may still serve cached values until then.
+func (m *Master) holdInvalidations() {
+	if m.keys.Load() == 0 && m.pending.Load() == 0 && len(m.alloc.Segments()) == 0 {
+		return
+	}
+	m.inval.hold.Store(time.Now().Add(m.cfg.InvalidationTTL).UnixNano())
 }
 
 func deleteTargets[T any](ts []T, done func(T) bool) []T {

@@ -198,3 +198,23 @@ func TestInvalidationPollHolds(t *testing.T) {
 	assert.Empty(t, b.Items)
 	assert.False(t, b.Reset)
 }
+
+// A master that starts with state (restored from its log, promoted from a
+// standby) holds removes for InvalidationTTL: the hot caches of the
+// master before it never subscribed here and may still serve the value.
+// A fresh master holds nothing.
+func TestInvalidationHoldAfterRestore(t *testing.T) {
+	const ttl = 200 * time.Millisecond
+	e := newEnv(t, func(c *Config) { c.InvalidationTTL = ttl })
+	c := cl(1)
+	e.mount(c, "a", 1<<20)
+	e.put(c, "k", 100, ReplicateConfig{})
+	started := time.Now()
+	require.NoError(t, e.m.Start())
+	require.NoError(t, e.m.Remove("k", true))
+	assert.GreaterOrEqual(t, time.Since(started), ttl, "a remove answered before the previous master's caches lapsed")
+
+	fresh := newEnv(t, func(c *Config) { c.InvalidationTTL = ttl })
+	require.NoError(t, fresh.m.Start())
+	assert.Zero(t, fresh.m.inval.hold.Load(), "a master with nothing to invalidate holds nothing")
+}

@@ -253,6 +253,8 @@ func (m *Master) ViewVersion() uint64 { return m.view }
 // Start runs the background loops: an eviction check every EvictInterval
 // and a liveness round (client expiry, release of stale puts) every
 // LivenessInterval. Decisions use Config.Clock; tests call Tick instead.
+// A master that starts with state (restored or promoted) holds removes
+// and put ends for InvalidationTTL (see invBarrier).
 func (m *Master) Start() error {
 	m.runMu.Lock()
 	defer m.runMu.Unlock()
@@ -263,6 +265,7 @@ func (m *Master) Start() error {
 		return nil
 	}
 	m.started = true
+	m.holdInvalidations()
 	m.wg.Add(1)
 	go m.loop()
 	return nil
