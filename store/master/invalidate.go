@@ -72,7 +72,7 @@ type subscriber struct {
 // invRegistry holds the master's invalidation subscribers. Its mutex is
 // a leaf: publish runs under shard locks.
 type invRegistry struct {
-	n    atomic.Int32 // len(subs), read without mu
+	n atomic.Int32 // len(subs), read without mu
 	// hold (unix ns) is when a master that started with state (restored
 	// from its log, promoted from a standby) stops holding barriers: the
 	// caches of the master before it had no way to subscribe here and may
