@@ -73,6 +73,7 @@ func TestLoadErrors(t *testing.T) {
 		{"--allocation_strategy", "round_robin"},
 		{"--client_ttl", "0"},
 		{"--remove_by_regex_budget_ms", "0"},
+		{"--invalidation_ttl_ms", "0"},
 		{"--config", filepath.Join(dir, "missing.yaml")},
 		{"--config", bad},
 		{"--no_such_flag"},
