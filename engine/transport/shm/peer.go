@@ -88,7 +88,7 @@ func (p *peer) connectLocked() error {
 		return err
 	}
 	if p.t.cfg.Token != nil {
-		if err := auth.Client(c, p.t.cfg.Token, auth.PurposeShmControl, 0); err != nil {
+		if err := auth.Client(packets{c}, p.t.cfg.Token, auth.PurposeShmControl, 0); err != nil {
 			c.Close()
 			p.failed = time.Now()
 			p.t.log.Warn("shm: peer refused authentication; using other transports", "peer", p.name, "err", err)

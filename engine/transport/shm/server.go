@@ -43,7 +43,7 @@ func (t *Transport) serve(nc *netx.Conn) {
 	}
 	if t.cfg.Token != nil {
 		// Idle (evictable at the cap) until the peer proved the token.
-		if err := auth.Server(c, t.cfg.Token, auth.PurposeShmControl, 0); err != nil {
+		if err := auth.Server(packets{c}, t.cfg.Token, auth.PurposeShmControl, 0); err != nil {
 			t.log.Warn("shm: peer failed authentication", "err", err)
 			return
 		}
