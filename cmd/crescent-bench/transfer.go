@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crescent-kv/crescent/bench"
-	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/internal/auth"
 )
 
 // rateUnits are the reference bench's --report_unit values.
