@@ -30,10 +30,10 @@ func TestSameHost(t *testing.T) {
 func TestSameHostSeesNewAddress(t *testing.T) {
 	o := &ownAddrs{}
 	added := net.ParseIP("198.51.100.7")
-	var list []net.Addr
+	list := []net.Addr{&net.IPNet{IP: net.ParseIP("198.51.100.1"), Mask: net.CIDRMask(32, 32)}}
 	o.read = func() ([]net.Addr, error) { return list, nil }
 	require.False(t, o.has(added))
-	list = []net.Addr{&net.IPNet{IP: added, Mask: net.CIDRMask(32, 32)}}
+	list = append(list, &net.IPNet{IP: added, Mask: net.CIDRMask(32, 32)})
 	o.at = o.at.Add(-51 * time.Millisecond) // the last read is older than the miss limit
 	require.True(t, o.has(added))
 }
