@@ -114,6 +114,8 @@ func TestProtectedDefaultRefusesNonLoopbackPeer(t *testing.T) {
 	require.False(t, auth.SameHost(&net.TCPAddr{IP: net.ParseIP("203.0.113.9")}))
 
 	ns := newNetns(t)
+	// SameHost reads the host's addresses again at most every 50 ms.
+	require.Eventually(t, func() bool { return auth.SameHost(&net.TCPAddr{IP: net.ParseIP(ns.HostIP)}) }, 10*time.Second, 10*time.Millisecond)
 	start := func(cfg engine.Config) *node {
 		cfg.LocalServerName = ns.HostIP
 		cfg.Protocols = []string{"tcp"}
