@@ -86,7 +86,9 @@ type Config struct {
 
 	// Handshake bounds the P2P handshake server: Timeout,
 	// FirstByteTimeout, MaxConns, MaxConnsPerHost, MaxFrame (zero values
-	// take metadata's defaults). Addr, Handlers and Logger are ignored.
+	// take metadata's defaults). Addr, Handlers, Logger, Token and Allow
+	// are ignored (Token and Allow come from Token, Insecure and
+	// MooncakeCompat, as do TCP.Token, TCP.Allow and Shm.Token).
 	Handshake metadata.ServerConfig
 
 	// Token is the cluster credential (auth.LoadToken of --token_file).
