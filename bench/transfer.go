@@ -604,12 +604,20 @@ func RunTransferAuth(ctx context.Context, c TransferConfig, rounds int) (*AuthRe
 		rand.Read(token)
 	}
 	res := &AuthResult{Rounds: rounds}
-	sum := func(into *TransferResult, r *TransferResult) {
+	// Bytes, time and batches add up; the baseline is the mean of the
+	// rounds' and latencies are the last round's.
+	var nOn, nOff float64
+	sum := func(into *TransferResult, r *TransferResult, n *float64) {
 		b, d := into.Bytes+r.Bytes, into.DurationS+r.DurationS
-		n := into.Batches + r.Batches
+		nb, base := into.Batches+r.Batches, into.BaselineGBps*(*n)+r.BaselineGBps
+		*n++
 		*into = *r
-		into.Bytes, into.DurationS, into.Batches = b, d, n
+		into.Bytes, into.DurationS, into.Batches = b, d, nb
 		into.ThroughputGBps = float64(b) / d / 1e9
+		into.BaselineGBps = base / *n
+		if into.BaselineGBps > 0 {
+			into.Ratio = into.ThroughputGBps / into.BaselineGBps
+		}
 	}
 	for i := 0; i < 2*rounds; i++ {
 		on := i%4 == 1 || i%4 == 2 // off, on, on, off
@@ -623,9 +631,9 @@ func RunTransferAuth(ctx context.Context, c TransferConfig, rounds int) (*AuthRe
 			return nil, fmt.Errorf("bench: auth %v round %d: %w", on, i/2+1, err)
 		}
 		if on {
-			sum(&res.On, r)
+			sum(&res.On, r, &nOn)
 		} else {
-			sum(&res.Off, r)
+			sum(&res.Off, r, &nOff)
 		}
 		if ctx.Err() != nil {
 			break

@@ -193,8 +193,8 @@ func runAuthBoth(ctx context.Context, c bench.TransferConfig, rounds int, asJSON
 		name string
 		res  *bench.TransferResult
 	}{{"auth off", &res.Off}, {"auth on ", &res.On}} {
-		fmt.Printf("%s: %.*f %s/s (%.2f s, %d batches; baseline %s %.2f GB/s)\n", r.name, precision,
-			float64(r.res.Bytes)/r.res.DurationS/mult, unit, r.res.DurationS, r.res.Batches, r.res.Baseline, r.res.BaselineGBps)
+		fmt.Printf("%s: %.*f %s/s (%.2f s, %d batches; baseline %s %.2f GB/s, mean of its rounds; ratio to it %.2f)\n", r.name, precision,
+			float64(r.res.Bytes)/r.res.DurationS/mult, unit, r.res.DurationS, r.res.Batches, r.res.Baseline, r.res.BaselineGBps, r.res.Ratio)
 	}
 	fmt.Printf("ratio auth on / off: %.3f\n", res.Ratio)
 	return nil
