@@ -24,6 +24,7 @@ import (
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/metadata"
+	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
 	"github.com/crescent-kv/crescent/engine/transport/tcp"
 	"github.com/crescent-kv/crescent/internal/auth"
 )
@@ -277,4 +278,32 @@ func closeRights(t *testing.T, oob []byte) {
 			unix.Close(fd)
 		}
 	}
+}
+
+// rdma (on the software device) exchanges endpoints over the handshake's
+// Connection frames: with a token they ride the authenticated handshake.
+func TestAuthSameTokenRDMAEndpointExchange(t *testing.T) {
+	f := soft.NewFabric()
+	mk := func(name string) *node {
+		cfg := engine.Config{Protocols: []string{"rdma"}, Token: testToken}
+		d := f.NewDevice(name+"_mlx5_0", soft.Options{})
+		t.Cleanup(func() { d.Close() })
+		cfg.RDMA.Devices = append(cfg.RDMA.Devices, d)
+		return newNode(t, 2<<20, cfg)
+	}
+	a, b := mk("a"), mk("b")
+	require.Equal(t, []string{"rdma"}, a.e.Transports())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seg, err := a.e.OpenSegment(ctx, b.e.Name())
+	require.NoError(t, err)
+	defer a.e.CloseSegment(seg)
+	fill(a.buf[:1<<20], 9)
+	id, err := a.e.AllocateBatch(1)
+	require.NoError(t, err)
+	require.NoError(t, a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:1<<20], Target: seg, TargetAddr: b.addr(4096)}}))
+	st := wait(t, a.e, id)
+	require.Equal(t, engine.Completed, st.Status, "%+v", st)
+	require.NoError(t, a.e.FreeBatch(id))
+	require.Equal(t, a.buf[:1<<20], b.buf[4096:4096+1<<20])
 }
