@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -56,6 +57,11 @@ type TransferConfig struct {
 	// FabricProvider is the libfabric provider of protocol efa ("efa",
 	// "tcp;ofi_rxm", "sockets"); empty takes $FI_PROVIDER, else "efa".
 	FabricProvider string
+	// Token, Insecure and MooncakeCompat are the engines' credential
+	// settings (engine.Config); both sides of a loopback run share them.
+	Token          []byte
+	Insecure       bool
+	MooncakeCompat bool
 }
 
 func (c *TransferConfig) setDefaults() error {
@@ -131,7 +137,8 @@ type TransferResult struct {
 }
 
 func (c *TransferConfig) engineConfig() engine.Config {
-	ec := engine.Config{LocalServerName: c.LocalServerName, MetadataServer: c.MetadataServer, Protocols: []string{c.Protocol}}
+	ec := engine.Config{LocalServerName: c.LocalServerName, MetadataServer: c.MetadataServer, Protocols: []string{c.Protocol},
+		Token: c.Token, Insecure: c.Insecure, MooncakeCompat: c.MooncakeCompat}
 	ec.TCP.Lanes = c.Lanes
 	ec.CXL.Path = c.CXLDevice
 	c.rdmaConfig(&ec)
@@ -568,4 +575,72 @@ func loopbackStream(ctx context.Context, src, dst []byte, streams, block int, d 
 		c.Close()
 	}
 	return float64(got) / elapsed.Seconds() / 1e9, nil
+}
+
+// AuthResult compares one transfer with authentication off and on, run
+// in alternating rounds (off, on, on, off, ...) so drift on a noisy
+// machine weighs on both alike.
+type AuthResult struct {
+	Off    TransferResult `json:"off"`
+	On     TransferResult `json:"on"`
+	Rounds int            `json:"rounds"`
+	// Ratio is On.ThroughputGBps / Off.ThroughputGBps.
+	Ratio float64 `json:"ratio"`
+}
+
+// RunTransferAuth runs c in loopback mode rounds times without a token
+// and rounds times with c.Token (a random one when nil), each of
+// c.Duration, and sums each side.
+func RunTransferAuth(ctx context.Context, c TransferConfig, rounds int) (*AuthResult, error) {
+	if c.Mode != "" && c.Mode != "loopback" {
+		return nil, errors.New("bench: --auth both runs in loopback mode only")
+	}
+	if rounds <= 0 {
+		rounds = 3
+	}
+	token := c.Token
+	if token == nil {
+		token = make([]byte, 32)
+		rand.Read(token)
+	}
+	res := &AuthResult{Rounds: rounds}
+	// Bytes, time and batches add up; the baseline is the mean of the
+	// rounds' and latencies are the last round's.
+	var nOn, nOff float64
+	sum := func(into *TransferResult, r *TransferResult, n *float64) {
+		b, d := into.Bytes+r.Bytes, into.DurationS+r.DurationS
+		nb, base := into.Batches+r.Batches, into.BaselineGBps*(*n)+r.BaselineGBps
+		*n++
+		*into = *r
+		into.Bytes, into.DurationS, into.Batches = b, d, nb
+		into.ThroughputGBps = float64(b) / d / 1e9
+		into.BaselineGBps = base / *n
+		if into.BaselineGBps > 0 {
+			into.Ratio = into.ThroughputGBps / into.BaselineGBps
+		}
+	}
+	for i := 0; i < 2*rounds; i++ {
+		on := i%4 == 1 || i%4 == 2 // off, on, on, off
+		rc := c
+		rc.Token, rc.Insecure, rc.MooncakeCompat = nil, false, false
+		if on {
+			rc.Token = token
+		}
+		r, err := RunTransfer(ctx, rc)
+		if err != nil {
+			return nil, fmt.Errorf("bench: auth %v round %d: %w", on, i/2+1, err)
+		}
+		if on {
+			sum(&res.On, r, &nOn)
+		} else {
+			sum(&res.Off, r, &nOff)
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if res.Off.ThroughputGBps > 0 {
+		res.Ratio = res.On.ThroughputGBps / res.Off.ThroughputGBps
+	}
+	return res, nil
 }

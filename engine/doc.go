@@ -60,6 +60,28 @@
 // tcp, shm, cxl, rdma and efa. With an etcd or Redis metadata store, an
 // opened segment's descriptor is followed by a watch.
 //
+// # Security of the data plane
+//
+// Config.Token (the cluster token, auth.LoadToken of --token_file) turns
+// authentication on: every connection this engine serves or dials -- the
+// P2P handshake, each TCP data lane, the shm control socket -- runs the
+// internal/auth challenge once, with its own purpose, before the first
+// frame; a peer that fails is closed before anything is served, and then
+// frames move as before (no per-request cost). Both ends must hold the
+// same token. Without a token the wire is the reference's, and the
+// handshake server and TCP data port admit same-host peers only
+// (loopback and this host's own addresses: auth.SameHost; the protected
+// default, said in one log line at New) unless Insecure (any address,
+// unauthenticated) or MooncakeCompat (the same, for Mooncake peers, which
+// cannot authenticate). MooncakeCompat or Insecure together with a Token
+// is ErrInvalidConfig. The shm control socket always requires the
+// owner's uid (SO_PEERCRED, shm.Config) and, with a token, the challenge.
+// Not covered: the rdma, efa and cxl data planes move bytes by the NIC or
+// the device (one-sided RDMA with rkeys, a shared CXL window), with no
+// connection of ours to authenticate; their endpoint exchange rides the
+// authenticated handshake, and descriptors from etcd, Redis or HTTP
+// stores are as trusted as those stores.
+//
 // # Metadata backends
 //
 // The engine itself speaks only the P2P handshake (Config.MetadataServer

@@ -23,6 +23,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport/rdma"
 	"github.com/crescent-kv/crescent/engine/transport/shm"
 	"github.com/crescent-kv/crescent/engine/transport/tcp"
+	"github.com/crescent-kv/crescent/internal/auth"
 )
 
 // P2PHandshake is the metadata connection string for descriptor exchange
@@ -89,8 +90,27 @@ type Config struct {
 
 	// Handshake bounds the P2P handshake server: Timeout,
 	// FirstByteTimeout, MaxConns, MaxConnsPerHost, MaxFrame (zero values
-	// take metadata's defaults). Addr, Handlers and Logger are ignored.
+	// take metadata's defaults). Addr, Handlers, Logger, Token and Allow
+	// are ignored (Token and Allow come from Token, Insecure and
+	// MooncakeCompat, as do TCP.Token, TCP.Allow and Shm.Token).
 	Handshake metadata.ServerConfig
+
+	// Token is the cluster credential (auth.LoadToken of --token_file).
+	// With it every connection this engine serves or dials -- the P2P
+	// handshake, each TCP data lane, the shm control socket -- passes
+	// the auth challenge once before any frame moves, and the ports admit
+	// any address. Without it the wire is the reference's and the TCP
+	// ports admit loopback peers only, unless Insecure or MooncakeCompat.
+	Token []byte
+	// Insecure opens the TCP ports to any address without authentication
+	// (--insecure). Refused together with Token.
+	Insecure bool
+	// MooncakeCompat serves Mooncake peers, which cannot authenticate:
+	// the unauthenticated reference protocol, open to any address
+	// (--mooncake_compat). It widens only this engine's ports, where
+	// --insecure in a binary widens all of them. Refused together with
+	// Token.
+	MooncakeCompat bool
 
 	TCP tcp.Config
 	Shm shm.Config
@@ -147,7 +167,33 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.MooncakeCompat && c.Token != nil {
+		return fmt.Errorf("%w: MooncakeCompat (--mooncake_compat) together with a Token (--token_file): Mooncake peers cannot authenticate; drop one", ErrInvalidConfig)
+	}
+	if _, err := c.authMode(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
 	return nil
+}
+
+// authMode is the protected-default decision for this engine's ports.
+func (c *Config) authMode() (auth.Mode, error) {
+	if c.Token != nil && len(c.Token) < auth.MinTokenBytes {
+		return 0, fmt.Errorf("token is %d bytes, want at least %d", len(c.Token), auth.MinTokenBytes)
+	}
+	return auth.Decide(c.Token != nil, c.Insecure || c.MooncakeCompat)
+}
+
+// AuthLogLine is the one line saying who this engine's ports admit.
+func (c *Config) AuthLogLine() string {
+	m, err := c.authMode()
+	if err != nil {
+		return err.Error()
+	}
+	if m == auth.Insecure && c.MooncakeCompat && !c.Insecure {
+		return "--mooncake_compat: the engine serves any peer WITHOUT authentication (Mooncake peers cannot authenticate)"
+	}
+	return m.LogLine()
 }
 
 // NotifyMode says whether an engine accepts notifications.
@@ -260,8 +306,13 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Notifications == NotifyOn {
 		handlers.Notify = e.receiveNotify // off: the server refuses them
 	}
+	mode, _ := cfg.authMode() // checked by setDefaults
+	cfg.Logger.Info("engine: "+cfg.AuthLogLine(), "mode", mode)
 	hs := cfg.Handshake
 	hs.Handlers, hs.Logger = handlers, cfg.Logger
+	hs.Token, hs.Allow = cfg.Token, mode.AllowSameHost()
+	cfg.TCP.Token, cfg.TCP.Allow = cfg.Token, mode.AllowSameHost()
+	cfg.Shm.Token = cfg.Token
 	e.hs, err = listenHandshake(host, port, cfg.PortRange, hs)
 	if err != nil {
 		return nil, err
@@ -272,7 +323,7 @@ func New(cfg Config) (*Engine, error) {
 	e.backend, err = metadata.Open(cfg.MetadataServer, metadata.Options{
 		Timeout: cfg.MetadataTimeout, Self: e.LocalDesc,
 		ClusterID: cfg.MetadataClusterID, TTL: cfg.MetadataTTL,
-		RPCAddr: e.name, Logger: e.log,
+		RPCAddr: e.name, Logger: e.log, Token: cfg.Token,
 	})
 	if err != nil {
 		e.hs.Close()
@@ -763,7 +814,7 @@ func (e *Engine) sendNotify(s *segment, msg string) error {
 	if err != nil {
 		return fmt.Errorf("engine: notify %s: %w", s.name, err)
 	}
-	return metadata.SendNotify(ctx, addr, e.name, msg)
+	return metadata.Client{Token: e.cfg.Token}.SendNotify(ctx, addr, e.name, msg)
 }
 
 // handshake gives transports the engine's handshake server and client.
@@ -778,7 +829,7 @@ func (h handshake) Exchange(ctx context.Context, peer string, req []byte) ([]byt
 	if err != nil {
 		return nil, err
 	}
-	return metadata.Exchange(ctx, addr, metadata.Connection, req)
+	return metadata.Client{Token: h.e.cfg.Token}.Exchange(ctx, addr, metadata.Connection, req)
 }
 
 // Close stops the engine. Pending requests end FAILED with ErrClosed (via

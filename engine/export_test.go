@@ -8,3 +8,13 @@ func SetTransportWrapper(f func(transport.Transport) transport.Transport) (resto
 	wrapTransport = f
 	return func() { wrapTransport = nil }
 }
+
+// ForTransport calls f on each started transport until it returns true.
+func ForTransport(e *Engine, f func(any) bool) bool {
+	for _, t := range e.transports {
+		if f(t) {
+			return true
+		}
+	}
+	return false
+}

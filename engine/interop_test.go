@@ -231,8 +231,14 @@ func (p *pyPeer) stats() peerStats {
 }
 
 // newEngine starts a TCP-only engine on loopback with memory from a
-// mempool registered in the given sizes.
+// mempool registered in the given sizes. It serves Mooncake peers: the
+// compatibility switch, no token.
 func newEngine(t *testing.T, sizes ...int) (*engine.Engine, [][]byte) {
+	t.Helper()
+	return newEngineCfg(t, engine.Config{MooncakeCompat: true}, sizes...)
+}
+
+func newEngineCfg(t *testing.T, cfg engine.Config, sizes ...int) (*engine.Engine, [][]byte) {
 	t.Helper()
 	total := 0
 	for _, n := range sizes {
@@ -242,7 +248,8 @@ func newEngine(t *testing.T, sizes ...int) (*engine.Engine, [][]byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(engine.Config{LocalServerName: "127.0.0.1", Protocols: []string{"tcp"}})
+	cfg.LocalServerName, cfg.Protocols = "127.0.0.1", []string{"tcp"}
+	e, err := engine.New(cfg)
 	if err != nil {
 		pool.Close()
 		t.Fatal(err)
@@ -370,6 +377,36 @@ func TestInteropMooncakeClient(t *testing.T) {
 	}
 	if n := e.Notifications(); len(n) != 0 {
 		t.Fatalf("Notifications did not drain: %+v", n)
+	}
+}
+
+// TestInteropMooncakeClientRefusedWithToken: the same Mooncake initiator
+// against an engine with a token gets nothing: no descriptor, no bytes.
+func TestInteropMooncakeClientRefusedWithToken(t *testing.T) {
+	noLeaks(t)
+	py := python3(t)
+	cfg := engine.Config{Token: testToken}
+	cfg.Handshake.Timeout = time.Second
+	e, bufs := newEngineCfg(t, cfg, 8<<20, 1<<20)
+	mem := bufs[0]
+	copy(mem, pattern(42, 0, len(mem)))
+	before := bytes.Clone(mem)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*interopWait)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, py, peerScript(t), "client",
+		"--segment", e.Name(),
+		"--expect-buffers", fmt.Sprintf("%#x:%#x,%#x:%#x", addr(bufs[0]), len(bufs[0]), addr(bufs[1]), len(bufs[1])),
+		"--use-buffer", fmt.Sprintf("%#x", addr(mem)),
+		"--write-off", "0", "--write-len", strconv.Itoa(1<<20), "--write-seed", "11",
+		"--read-off", strconv.Itoa(2<<20), "--read-len", "4096", "--read-seed", "42",
+		"--scratch-off", strconv.Itoa(4<<20), "--notify", "x")
+	out, err := cmd.CombinedOutput()
+	t.Logf("mooncake_peer.py client:\n%s", out)
+	if err == nil || bytes.Contains(out, []byte("ALL OK")) {
+		t.Fatalf("a Mooncake peer was served by an engine with a token")
+	}
+	if !bytes.Equal(mem, before) {
+		t.Fatalf("a Mooncake peer changed an engine with a token: %s", firstDiff(mem, before))
 	}
 }
 

@@ -59,7 +59,8 @@ type Config struct {
 	// then only the name the client reports.
 	MasterDialer func(ctx context.Context, addr string, intercept grpc.UnaryClientInterceptor) (MasterConn, error)
 	// TokenFile holds the cluster token (the master's --token_file): each
-	// connection to the master proves it. Empty: none.
+	// connection to the master proves it, and so does every connection of
+	// the engine the client starts (not a Config.Engine). Empty: none.
 	TokenFile string
 	// TLSCA verifies the master's certificate (empty: system roots, when
 	// TLS is on); TLSCert and TLSKey are this client's, for a master that
@@ -325,6 +326,7 @@ func (c *Client) startMemory() error {
 		c.eng, err = engine.New(engine.Config{
 			LocalServerName: c.cfg.LocalHostname, MetadataServer: c.cfg.MetadataServer,
 			Protocols: c.cfg.Protocols, Logger: c.cfg.Logger, Notifications: engine.NotifyOff,
+			Token: c.cfg.Security.Token, // one cluster credential: the master's port and the engines'
 		})
 		if err != nil {
 			return fmt.Errorf("store: start engine: %w", err)

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -287,4 +288,15 @@ func TestClusterTokenRequired(t *testing.T) {
 	defer cancel()
 	_, err = storepb.NewMasterClient(gc).ServiceReady(sctx, &storepb.ServiceReadyRequest{})
 	require.Error(t, err)
+}
+
+// The engine a client starts takes the cluster token too: one credential
+// for the master's port and the data plane.
+func TestClusterTokenReachesEngine(t *testing.T) {
+	sm := startSecureMaster(t, master.Config{}, nil, service.WithTransportSecurity(nil, testToken, nil))
+	ctx := tctx(t)
+	c := newTestClient(t, sm.testMaster, 8<<20, func(cfg *Config) { cfg.Security.Token = testToken })
+	addr := c.Engine().Name()
+	require.Error(t, metadata.Client{}.SendProbe(ctx, addr), "the engine's handshake port answered a peer without the token")
+	require.NoError(t, metadata.Client{Token: testToken}.SendProbe(ctx, addr))
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/crescent-kv/crescent/bench"
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/internal/auth"
 )
 
 // rateUnits are the reference bench's --report_unit values.
@@ -52,6 +53,11 @@ func transferMain(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	table := fs.Bool("table", false, "run each of --table_protocols, write and read, 64 KiB and 1 MiB blocks; print a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
+	tokenFile := fs.String("token_file", "", "cluster token file (mode 0600): the engines authenticate every connection with it")
+	fs.BoolVar(&c.Insecure, "insecure", false, "without a token: open the engines' ports to any address, unauthenticated")
+	fs.BoolVar(&c.MooncakeCompat, "mooncake_compat", false, "serve Mooncake peers (unauthenticated, any address); refused with --token_file")
+	authMode := fs.String("auth", "", `loopback: "both" runs authentication off and on in alternating rounds and prints both and the ratio (default: on with --token_file, else off)`)
+	authRounds := fs.Int("auth_rounds", 3, "--auth both: rounds of each, --duration each")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -79,6 +85,34 @@ func transferMain(ctx context.Context, args []string) error {
 	}
 	if err := checkLocalHost("local_server_name", c.LocalServerName); err != nil {
 		return err
+	}
+	var err error
+	if c.Token, err = auth.LoadToken(*tokenFile); err != nil {
+		return usagef("--token_file: %w", err)
+	}
+	switch {
+	case c.Token != nil && c.MooncakeCompat:
+		return usagef("--mooncake_compat together with --token_file: Mooncake peers cannot authenticate; drop one")
+	case c.Token != nil && c.Insecure:
+		return usagef("%v", auth.ErrInsecureWithCredential)
+	}
+	switch *authMode {
+	case "", "on", "off":
+		if *authMode == "on" && c.Token == nil {
+			return usagef("--auth on needs --token_file")
+		}
+		if *authMode == "off" {
+			c.Token = nil
+		}
+	case "both":
+		if c.Mode != "loopback" || *table {
+			return usagef("--auth both runs in --mode loopback, without --table")
+		}
+		if *authRounds <= 0 {
+			return usagef("--auth_rounds %d: must be positive", *authRounds)
+		}
+	default:
+		return usagef("--auth %q: want on, off or both", *authMode)
 	}
 	stop, err := startCPUProfile(*cpuProfile)
 	if err != nil {
@@ -122,6 +156,9 @@ func transferMain(ctx context.Context, args []string) error {
 		<-ctx.Done()
 		return nil
 	}
+	if *authMode == "both" {
+		return runAuthBoth(ctx, c, *authRounds, *asJSON, mult, *unit, *precision)
+	}
 	res, err := bench.RunTransfer(ctx, c)
 	if err != nil {
 		return err
@@ -141,6 +178,28 @@ func transferMain(ctx context.Context, args []string) error {
 		fmt.Printf("libfabric cgo crossings per batch of %d (both engines): %.1f, of which progress calls %.1f, posting %.2f\n", res.BatchSize, f.PerBatch, f.Progress, f.Post)
 	}
 	fmt.Printf("Test completed: duration %.2f, batch count %d, throughput %.*f %s/s\n", res.DurationS, res.Batches, *precision, rate, *unit)
+	return nil
+}
+
+// runAuthBoth prints the transfer with authentication off and on, from
+// alternating rounds of one run, and their ratio.
+func runAuthBoth(ctx context.Context, c bench.TransferConfig, rounds int, asJSON bool, mult float64, unit string, precision int) error {
+	res, err := bench.RunTransferAuth(ctx, c, rounds)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(res)
+	}
+	fmt.Printf("%s %s, block %d, batch %d, threads %d, %d alternating rounds of each\n", res.On.Protocol, res.On.Operation, res.On.BlockSize, res.On.BatchSize, res.On.Threads, res.Rounds)
+	for _, r := range []struct {
+		name string
+		res  *bench.TransferResult
+	}{{"auth off", &res.Off}, {"auth on ", &res.On}} {
+		fmt.Printf("%s: %.*f %s/s (%.2f s, %d batches; baseline %s %.2f GB/s, mean of its rounds; ratio to it %.2f)\n", r.name, precision,
+			float64(r.res.Bytes)/r.res.DurationS/mult, unit, r.res.DurationS, r.res.Batches, r.res.Baseline, r.res.BaselineGBps, r.res.Ratio)
+	}
+	fmt.Printf("ratio auth on / off: %.3f\n", res.Ratio)
 	return nil
 }
 

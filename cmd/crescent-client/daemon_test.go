@@ -70,6 +70,13 @@ type testMaster struct {
 
 func startMaster(t *testing.T, addr string) *testMaster {
 	t.Helper()
+	return startMasterToken(t, addr, nil)
+}
+
+// startMasterToken is startMaster whose port requires the cluster token
+// (nil: none).
+func startMasterToken(t *testing.T, addr string, token []byte) *testMaster {
+	t.Helper()
 	m, err := master.New(master.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -86,19 +93,34 @@ func startMaster(t *testing.T, addr string) *testMaster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
-	service.New(m).Register(g)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		g.Serve(lis)
-	}()
 	tm := &testMaster{m: m, addr: lis.Addr().String()}
-	tm.stop = sync.OnceFunc(func() {
-		g.Stop()
-		<-done
-		m.Close()
-	})
+	done := make(chan struct{})
+	if token != nil {
+		// The cluster token needs the port as crescent-master serves it
+		// (gRPC and crpc behind the challenge).
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			defer close(done)
+			service.New(m, service.WithTransportSecurity(nil, token, nil)).Serve(ctx, lis)
+		}()
+		tm.stop = sync.OnceFunc(func() {
+			cancel()
+			<-done
+			m.Close()
+		})
+	} else {
+		g := grpc.NewServer()
+		service.New(m).Register(g)
+		go func() {
+			defer close(done)
+			g.Serve(lis)
+		}()
+		tm.stop = sync.OnceFunc(func() {
+			g.Stop()
+			<-done
+			m.Close()
+		})
+	}
 	t.Cleanup(tm.stop)
 	return tm
 }

@@ -74,6 +74,7 @@ type options struct {
 	allowOvercommit                      bool
 	local                                localOptions
 	sec                                  securityOptions
+	engineSec                            engineSecurity
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -95,6 +96,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.allowOvercommit, "allow_overcommit", false, "start even when --global_segment_size plus --local_buffer_size exceed the memory available (MemAvailable, cgroup limit); the kernel may then OOM-kill this or another process")
 	registerLocalFlags(fs, &o.local)
 	registerSecurityFlags(fs, &o.sec)
+	registerEngineFlags(fs, &o.engineSec, &o.sec)
 	version := fs.Bool("version", false, "print the version and exit")
 	fs.SetOutput(io.Discard) // errors are one line, from run's caller
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
@@ -112,6 +114,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, usagef("unexpected argument %q", fs.Arg(0))
 	}
 	var err error
+	if err := o.engineSec.check(); err != nil {
+		return o, err
+	}
 	o.segmentFlag, o.bufferFlag = *seg, *buf
 	if o.segment, err = parseSize(*seg); err != nil {
 		return o, usagef("--global_segment_size: %w", err)
@@ -230,6 +235,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer lis.Close()
 	plis := protect(lis, mode, log)
 
+	eng, err := startEngine(cfg, &o.engineSec)
+	if err != nil {
+		return err
+	}
+	if eng != nil {
+		cfg.Engine = eng
+		defer eng.Close() // after c.Close: the client does not own it
+	}
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	c, err := store.New(startCtx, cfg)
 	cancel()

@@ -18,11 +18,11 @@ type securityOptions struct {
 }
 
 func registerSecurityFlags(fs *flag.FlagSet, o *securityOptions) {
-	fs.StringVar(&o.tokenFile, "token_file", "", "file (mode 0600) holding the cluster token (the master's --token_file)")
+	fs.StringVar(&o.tokenFile, "token_file", "", "file (mode 0600) holding the cluster token (the master's --token_file): proves this client to the master and authenticates every transfer-engine connection (handshake, TCP lanes, shm control)")
 	fs.StringVar(&o.tlsCert, "tls_cert", "", "PEM client certificate for a master that verifies clients (mTLS)")
 	fs.StringVar(&o.tlsKey, "tls_key", "", "PEM key of --tls_cert")
 	fs.StringVar(&o.tlsCA, "tls_ca", "", "PEM CA that signed the master's certificate; any --tls_* flag turns TLS to the master on")
-	fs.BoolVar(&o.insecure, "insecure", false, "serve the metrics port to any peer (default without a credential: loopback peers only)")
+	fs.BoolVar(&o.insecure, "insecure", false, "without a credential: open the metrics port and the transfer engine's ports to any peer WITHOUT authentication (default: loopback peers only; the engine also admits this host's own addresses)")
 }
 
 func (o securityOptions) files() auth.TLSFiles {

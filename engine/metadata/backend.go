@@ -63,6 +63,8 @@ type Options struct {
 	// PollInterval is how often a watch polls where the store cannot
 	// notify changes (default 1s).
 	PollInterval time.Duration
+	// Token, when set, authenticates P2P handshake requests (Client.Token).
+	Token []byte
 	// Logger: nil = slog.Default(), so the application's slog setup applies.
 	Logger *slog.Logger
 }
@@ -197,7 +199,7 @@ func (p *p2p) Get(ctx context.Context, name string) (*SegmentDesc, error) {
 	if p.opts.Self != nil {
 		self = p.opts.Self()
 	}
-	return FetchDesc(ctx, addr, self)
+	return Client{Token: p.opts.Token}.FetchDesc(ctx, addr, self)
 }
 
 // Redact hides the password of a connection string (redis://user:pass@h)

@@ -10,6 +10,8 @@ import (
 	"net"
 	"syscall"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/auth"
 )
 
 var (
@@ -31,9 +33,21 @@ const DefaultReplyMax = 64 << 20
 
 func putLen(b []byte, n uint64) { binary.LittleEndian.PutUint64(b, n) }
 
+// Client is the handshake's dialling side. The zero value speaks the
+// reference protocol; with Token set, every connection first passes
+// auth.Client (PurposeHandshake), as a server with a Token requires.
+type Client struct {
+	Token []byte
+}
+
 // Exchange sends one frame to addr and returns the reply body, on a new
 // connection closed afterwards. ctx bounds the whole exchange.
 func Exchange(ctx context.Context, addr string, t MsgType, body []byte) ([]byte, error) {
+	return Client{}.Exchange(ctx, addr, t, body)
+}
+
+// Exchange is the package's Exchange, authenticated when cl.Token is set.
+func (cl Client) Exchange(ctx context.Context, addr string, t MsgType, body []byte) ([]byte, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
@@ -51,6 +65,12 @@ func Exchange(ctx context.Context, addr string, t MsgType, body []byte) ([]byte,
 	c.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
+	if cl.Token != nil {
+		if err := auth.Client(c, cl.Token, auth.PurposeHandshake, time.Until(dl)); err != nil {
+			return nil, fmt.Errorf("metadata: %s: %w", addr, ctxErr(ctx, err))
+		}
+		c.SetDeadline(dl) // auth.Client cleared it
+	}
 	if err := WriteFrame(c, t, body); err != nil {
 		return nil, exchangeErr(ctx, addr, t, "send", err)
 	}
@@ -116,6 +136,11 @@ func replyError(b []byte) string {
 // self is sent as the request body, as reference peers expect; nil sends
 // an empty object.
 func FetchDesc(ctx context.Context, addr string, self *SegmentDesc) (*SegmentDesc, error) {
+	return Client{}.FetchDesc(ctx, addr, self)
+}
+
+// FetchDesc is the package's FetchDesc over cl.
+func (cl Client) FetchDesc(ctx context.Context, addr string, self *SegmentDesc) (*SegmentDesc, error) {
 	body := []byte("{}\n")
 	if self != nil {
 		b, err := self.Marshal()
@@ -124,7 +149,7 @@ func FetchDesc(ctx context.Context, addr string, self *SegmentDesc) (*SegmentDes
 		}
 		body = b
 	}
-	reply, err := Exchange(ctx, addr, Metadata, body)
+	reply, err := cl.Exchange(ctx, addr, Metadata, body)
 	if err != nil {
 		return nil, err
 	}
@@ -136,8 +161,13 @@ func FetchDesc(ctx context.Context, addr string, self *SegmentDesc) (*SegmentDes
 
 // SendNotify delivers a notification to the handshake server at addr.
 func SendNotify(ctx context.Context, addr, from, msg string) error {
+	return Client{}.SendNotify(ctx, addr, from, msg)
+}
+
+// SendNotify is the package's SendNotify over cl.
+func (cl Client) SendNotify(ctx context.Context, addr, from, msg string) error {
 	body, _ := json.Marshal(NotifyMsg{Name: from, NotifyMsg: msg})
-	reply, err := Exchange(ctx, addr, Notify, append(body, '\n'))
+	reply, err := cl.Exchange(ctx, addr, Notify, append(body, '\n'))
 	if err != nil {
 		return err
 	}
@@ -153,7 +183,12 @@ func SendNotify(ctx context.Context, addr, from, msg string) error {
 
 // SendProbe checks that a handshake server answers at addr.
 func SendProbe(ctx context.Context, addr string) error {
-	reply, err := Exchange(ctx, addr, Probe, []byte("{}\n"))
+	return Client{}.SendProbe(ctx, addr)
+}
+
+// SendProbe is the package's SendProbe over cl.
+func (cl Client) SendProbe(ctx context.Context, addr string) error {
+	reply, err := cl.Exchange(ctx, addr, Probe, []byte("{}\n"))
 	if err != nil {
 		return err
 	}

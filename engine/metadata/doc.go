@@ -32,6 +32,13 @@
 // connect and ErrNoReply when the server took the connection but sent no
 // reply (timed out, or closed at its limits).
 //
+// With ServerConfig.Token set, every connection first runs the
+// internal/auth challenge (PurposeHandshake: the client's 38-byte hello
+// where the frame's length would be) and only then carries the frame
+// above; a peer that fails, including any reference peer, is closed
+// without a reply. Client{Token} is the dialling side. ServerConfig.Allow
+// admits peers by address (the protected default).
+//
 // Bodies:
 //
 //   - Metadata: request = the caller's own descriptor (ignored); reply = the

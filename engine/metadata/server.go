@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/netx"
 )
 
@@ -52,6 +53,13 @@ type ServerConfig struct {
 	// negative: no cap). At the cap that host's idlest connection is
 	// closed, or the new one is refused when none is idle.
 	MaxConnsPerHost int
+	// Token, when set, makes every connection pass auth.Server
+	// (PurposeHandshake) before its frame is read; one that fails is
+	// closed without a reply.
+	Token []byte
+	// Allow, when set, admits peers by address (netx.Config.Allow: the
+	// protected default passes auth.LoopbackOnly).
+	Allow func(net.Addr) bool
 	// Logger: nil = slog.Default(), so the application's slog setup applies.
 	Logger *slog.Logger
 }
@@ -94,7 +102,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, conn: cfg.Handlers.Connection}
 	s.loop = netx.Serve(ln, netx.Config{MaxConns: cfg.MaxConns, MaxConnsPerHost: cfg.MaxConnsPerHost,
-		IdleGrace: cfg.FirstByteTimeout / 4, Name: "handshake server", Logger: cfg.Logger}, s.exchange)
+		IdleGrace: cfg.FirstByteTimeout / 4, Name: "handshake server", Logger: cfg.Logger, Allow: cfg.Allow}, s.exchange)
 	return s, nil
 }
 
@@ -142,8 +150,18 @@ func (s *Server) exchange(c *netx.Conn) {
 		return // sent nothing: a port probe, a health check, or a squatter
 	}
 	c.Busy()
+	var r io.Reader = io.MultiReader(bytes.NewReader(first[:]), c)
+	if s.cfg.Token != nil {
+		// The first byte belongs to the hello; nothing is served before
+		// the peer proved the token.
+		if err := auth.Server(&prefixConn{Conn: c, r: r}, s.cfg.Token, auth.PurposeHandshake, s.cfg.Timeout); err != nil {
+			s.cfg.Logger.Debug("handshake: peer failed authentication", "peer", c.RemoteAddr(), "err", err)
+			return
+		}
+		r = c
+	}
 	c.SetDeadline(start.Add(s.cfg.Timeout))
-	t, body, err := ReadFrame(io.MultiReader(bytes.NewReader(first[:]), c), s.cfg.MaxFrame)
+	t, body, err := ReadFrame(r, s.cfg.MaxFrame)
 	legacy := false
 	if err == nil && t > Probe {
 		// A frame without a type byte (first byte '{') is the reference's
@@ -184,6 +202,15 @@ func (s *Server) exchange(c *netx.Conn) {
 	}
 	c.Read(first[:])
 }
+
+// prefixConn reads from r (bytes already taken off the connection, then
+// the connection) and writes to the connection.
+type prefixConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (p *prefixConn) Read(b []byte) (int, error) { return p.r.Read(b) }
 
 func (s *Server) handle(t MsgType, body []byte) any {
 	h := s.cfg.Handlers

@@ -14,6 +14,8 @@
 // Decide turns (credential configured, --insecure) into a Mode. In
 // Protected mode a listener admits loopback peers only (LoopbackOnly, for
 // netx.Config.Allow) and the binary says so in one log line.
+// AllowSameHost (SameHost) also admits this host's own addresses, for
+// listeners bound to the host's address (the transfer engine's).
 //
 // # Challenge wire format (version 1)
 //

@@ -3,8 +3,12 @@
 //
 // The target listens on an abstract Unix socket (SOCK_SEQPACKET) named in
 // its descriptor ("crescent.shm_socket"). A connecting peer must have the
-// target's uid (or one allowed by Config), checked with SO_PEERCRED. The
-// control protocol is one JSON object per packet:
+// target's uid (or one allowed by Config), checked with SO_PEERCRED; with
+// Config.Token set it then runs the internal/auth challenge
+// (PurposeShmControl, one packet per challenge message; a shorter packet
+// fails it at once) before any message is served, so a same-uid process
+// without the token gets no memfd. The control protocol is one JSON
+// object per packet:
 //
 //	peer   -> target  {"op":"list","id":n}
 //	target -> peer    {"op":"regions","id":n,"version":v,"more":b,

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/auth"
 )
 
 // mapping is a target region mapped into this process.
@@ -85,6 +86,14 @@ func (p *peer) connectLocked() error {
 		p.failed = time.Now()
 		p.t.log.Debug("shm: peer not reachable; using other transports", "peer", p.name, "err", err)
 		return err
+	}
+	if p.t.cfg.Token != nil {
+		if err := auth.Client(packets{c}, p.t.cfg.Token, auth.PurposeShmControl, 0); err != nil {
+			c.Close()
+			p.failed = time.Now()
+			p.t.log.Warn("shm: peer refused authentication; using other transports", "peer", p.name, "err", err)
+			return err
+		}
 	}
 	p.conn = c
 	p.replies = make(chan listReply, 1)

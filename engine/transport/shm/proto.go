@@ -99,3 +99,19 @@ func closeAll(fds []int) {
 		unix.Close(fd)
 	}
 }
+
+// packets adapts a SOCK_SEQPACKET connection to auth's exact-length
+// reads: each challenge message is one packet, so a Read that gets fewer
+// bytes than asked (a control message where a hello belongs) fails at
+// once instead of waiting for more packets.
+type packets struct{ *net.UnixConn }
+
+var errShortPacket = errors.New("shm: packet shorter than the authentication message")
+
+func (p packets) Read(b []byte) (int, error) {
+	n, err := p.UnixConn.Read(b)
+	if err == nil && n < len(b) {
+		err = errShortPacket
+	}
+	return n, err
+}

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/netx"
 )
 
@@ -39,6 +40,13 @@ func (t *Transport) serve(nc *netx.Conn) {
 		t.log.Warn("shm: refused peer", "err", err)
 		send(c, &message{Op: "error", Error: err.Error()}, nil)
 		return
+	}
+	if t.cfg.Token != nil {
+		// Idle (evictable at the cap) until the peer proved the token.
+		if err := auth.Server(packets{c}, t.cfg.Token, auth.PurposeShmControl, 0); err != nil {
+			t.log.Warn("shm: peer failed authentication", "err", err)
+			return
+		}
 	}
 	sc := &serverConn{t: t, nc: nc, c: c, waiting: make(map[uint64]chan struct{})}
 	t.mu.Lock()

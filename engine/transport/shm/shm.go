@@ -40,6 +40,11 @@ type Config struct {
 	// cap). At the cap a connection that has sent nothing yet is closed to
 	// make room; when none is, new peers wait in the accept queue.
 	MaxConns int
+	// Token, when set, authenticates each control connection once
+	// (auth.Client and auth.Server, PurposeShmControl), on top of the uid
+	// check, before any message is served: peers must hold the same
+	// token.
+	Token []byte
 }
 
 // ErrPermission reports a peer whose uid is not allowed.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/auth"
 )
 
 // job gathers the slices of one task.
@@ -288,6 +289,12 @@ func (l *lane) dial() error {
 	}
 	tc := c.(*net.TCPConn)
 	t.tune(tc)
+	if t.cfg.Token != nil {
+		if err := auth.Client(tc, t.cfg.Token, auth.PurposeTCPLane, t.cfg.DialTimeout); err != nil {
+			tc.Close()
+			return fmt.Errorf("authenticate to %s: %w", l.p.addr, err)
+		}
+	}
 	l.mu.Lock()
 	if l.err != nil {
 		l.mu.Unlock()

@@ -22,6 +22,12 @@
 // one-connection-per-transfer clients and pipelined ones. The client uses
 // v2 when the target's descriptor says tcp_proto_version >= 2.
 //
+// With Config.Token set, each connection first runs the internal/auth
+// challenge (PurposeTCPLane), lane by lane on the client, before the
+// first header; the server closes a connection that fails before reading
+// any header (Stats.AuthFailed). Config.Allow admits peers by address
+// (the engine's protected default).
+//
 // The data port serves through internal/netx: accept errors such as
 // EMFILE back off and retry; live connections are capped (MaxConns 4096,
 // MaxConnsPerHost 1024). A connection counts as idle between requests,

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/netx"
 )
 
@@ -46,6 +47,14 @@ type serverConn struct {
 func (t *Transport) serveConn(nc *netx.Conn) {
 	c := nc.Conn.(*net.TCPConn)
 	t.tune(c)
+	if t.cfg.Token != nil {
+		// Idle (evictable at the caps) until the peer proved the token.
+		if err := auth.Server(c, t.cfg.Token, auth.PurposeTCPLane, t.cfg.DialTimeout); err != nil {
+			t.authFailed.Add(1)
+			t.log.Debug("tcp: peer failed authentication", "peer", c.RemoteAddr(), "err", err)
+			return
+		}
+	}
 	s := &serverConn{t: t, nc: nc, c: c, br: bufio.NewReaderSize(c, 8<<10), out: make([]byte, 0, maxReplyStatuses*StatusSize)}
 	if rc, err := c.SyscallConn(); err == nil {
 		s.rc = rc

@@ -49,6 +49,13 @@ type Config struct {
 	// negative: no cap): that host's idlest connection is closed, or the
 	// new one refused when all are busy.
 	MaxConnsPerHost int
+	// Token, when set, authenticates each lane once (auth.Client and
+	// auth.Server, PurposeTCPLane) before any header moves: peers must
+	// hold the same token. A connection that fails is closed unserved.
+	Token []byte
+	// Allow, when set, admits peers to the data port by address
+	// (netx.Config.Allow; the engine's protected default).
+	Allow func(net.Addr) bool
 }
 
 func (c *Config) setDefaults() {
@@ -93,7 +100,7 @@ type Transport struct {
 	closed bool
 	wg     sync.WaitGroup
 
-	bytesIn, bytesOut, rejected atomic.Uint64
+	bytesIn, bytesOut, rejected, authFailed atomic.Uint64
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -118,7 +125,7 @@ func (t *Transport) Start(env transport.Env) error {
 		return fmt.Errorf("tcp: listen: %w", err)
 	}
 	t.loop = netx.Serve(ln, netx.Config{MaxConns: t.cfg.MaxConns, MaxConnsPerHost: t.cfg.MaxConnsPerHost,
-		IdleGrace: idleGrace, Name: "tcp data port", Logger: t.log}, t.serveConn)
+		IdleGrace: idleGrace, Name: "tcp data port", Logger: t.log, Allow: t.cfg.Allow}, t.serveConn)
 	return nil
 }
 
@@ -255,9 +262,11 @@ func (t *Transport) Close() error {
 // Stats are the transport's cumulative counters.
 type Stats struct {
 	ServerBytesIn, ServerBytesOut, Rejected uint64
+	// AuthFailed counts connections closed for failing authentication.
+	AuthFailed uint64
 }
 
 // Stats returns the server-side counters.
 func (t *Transport) Stats() Stats {
-	return Stats{ServerBytesIn: t.bytesIn.Load(), ServerBytesOut: t.bytesOut.Load(), Rejected: t.rejected.Load()}
+	return Stats{ServerBytesIn: t.bytesIn.Load(), ServerBytesOut: t.bytesOut.Load(), Rejected: t.rejected.Load(), AuthFailed: t.authFailed.Load()}
 }
