@@ -260,7 +260,7 @@ func RunStoreLocal(ctx context.Context, c LocalConfig) (res *LocalResult, err er
 		if err := d.plain.PutFrom(ctx, k, d.buf, store.ReplicateConfig{}); err != nil {
 			return err
 		}
-		return d.plain.Remove(ctx, k, true)
+		return d.plain.Remove(ctx, k, false)
 	})
 	if err != nil {
 		return nil, err

@@ -137,7 +137,7 @@ def _py_bench(s, op, vs, zero_copy, duration, tag):
         if now >= end:
             break
         if op == "put" and i == 0 and lap:
-            s.remove_batch(keys, force=True)
+            s.remove_batch(keys)  # not forced: an admin operation; put keys have no lease
             lap = False
         step(keys[i])
         ops += 1
@@ -145,7 +145,7 @@ def _py_bench(s, op, vs, zero_copy, duration, tag):
         if i == len(keys):
             i, lap = 0, True
     elapsed, cpu = time.perf_counter() - t0, _self_cpu() - cpu0
-    s.remove_batch(keys, force=True)
+    s.remove_batch(keys)  # not forced: an admin operation; put keys have no lease
     if zero_copy:
         s.unregister_buffer(addr)
     return ops / elapsed, cpu / max(ops, 1)
