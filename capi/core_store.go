@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 type storeConfig struct {
 	MasterServerAddress, LocalHostname, MetadataServer, Protocol, DeviceName, MasterProtocol string
 	GlobalSegmentSize, LocalBufferSize, RPCTimeoutMs                                         uint64
+	TokenFile, AdminTokenFile, TLSCA, TLSCert, TLSKey                                        string
 }
 
 // parseKV fills a storeConfig from key/value strings named as the C
@@ -55,6 +57,16 @@ func parseKV(keys, values []string) (storeConfig, error) {
 			err = num(&c.LocalBufferSize)
 		case "rpc_timeout_ms":
 			err = num(&c.RPCTimeoutMs)
+		case "token_file":
+			c.TokenFile = v
+		case "admin_token_file":
+			c.AdminTokenFile = v
+		case "tls_ca":
+			c.TLSCA = v
+		case "tls_cert":
+			c.TLSCert = v
+		case "tls_key":
+			c.TLSKey = v
 		default:
 			err = errcode.New(errcode.InvalidParams, "unknown config key %q", k)
 		}
@@ -165,6 +177,15 @@ func storeDialLocal(path string) (uint64, error) {
 	return handles.add(newStoreObj(dummy{d})), nil
 }
 
+// orEnv is v, or the environment variable name when v is empty: code
+// written for Mooncake (the compat module) passes no credentials.
+func orEnv(v, name string) string {
+	if v != "" {
+		return v
+	}
+	return os.Getenv(name)
+}
+
 func storeCreate(cfg storeConfig) (uint64, error) {
 	if cfg.GlobalSegmentSize > math.MaxInt64 || cfg.LocalBufferSize > math.MaxInt64 || cfg.RPCTimeoutMs > math.MaxInt32 {
 		return 0, errcode.New(errcode.InvalidParams, "size or timeout out of range")
@@ -180,6 +201,11 @@ func storeCreate(cfg storeConfig) (uint64, error) {
 		LocalBufferSize:   int64(cfg.LocalBufferSize),
 		RPCTimeout:        time.Duration(cfg.RPCTimeoutMs) * time.Millisecond,
 		Logger:            logger,
+		TokenFile:         orEnv(cfg.TokenFile, "CRESCENT_TOKEN_FILE"),
+		AdminTokenFile:    orEnv(cfg.AdminTokenFile, "CRESCENT_ADMIN_TOKEN_FILE"),
+		TLSCA:             orEnv(cfg.TLSCA, "CRESCENT_TLS_CA"),
+		TLSCert:           orEnv(cfg.TLSCert, "CRESCENT_TLS_CERT"),
+		TLSKey:            orEnv(cfg.TLSKey, "CRESCENT_TLS_KEY"),
 	})
 	if err != nil {
 		return 0, err

@@ -26,6 +26,11 @@ func goConfig(c *C.crescent_store_config_t) storeConfig {
 		GlobalSegmentSize:   uint64(c.global_segment_size),
 		LocalBufferSize:     uint64(c.local_buffer_size),
 		RPCTimeoutMs:        uint64(c.rpc_timeout_ms),
+		TokenFile:           C.GoString(c.token_file),
+		AdminTokenFile:      C.GoString(c.admin_token_file),
+		TLSCA:               C.GoString(c.tls_ca),
+		TLSCert:             C.GoString(c.tls_cert),
+		TLSKey:              C.GoString(c.tls_key),
 	}
 }
 

@@ -13,9 +13,14 @@ for t in test_engine test_store example bench_abi; do
 done
 
 log=$(mktemp)
-bin/crescent-master --rpc_address 127.0.0.1 --rpc_port 0 --metrics_port 0 2>"$log" &
+# The admin token: the C tests' remove_all, remove_by_regex and forced
+# removes present it (CRESCENT_ADMIN_TOKEN_FILE), as a deployment would.
+admin=$(mktemp) # mode 0600, as --admin_token_file requires
+head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$admin"
+bin/crescent-master --rpc_address 127.0.0.1 --rpc_port 0 --metrics_port 0 --admin_token_file "$admin" 2>"$log" &
 master=$!
-trap 'kill $master 2>/dev/null; wait $master 2>/dev/null; rm -f "$log"' EXIT
+trap 'kill $master 2>/dev/null; wait $master 2>/dev/null; rm -f "$log" "$admin"' EXIT
+export CRESCENT_ADMIN_TOKEN_FILE=$admin
 addr=""
 for _ in $(seq 100); do
 	addr=$(grep -o 'rpc=[0-9.]*:[0-9]*' "$log" | head -1 | cut -d= -f2) && [ -n "$addr" ] && break

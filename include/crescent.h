@@ -41,7 +41,7 @@ extern "C" {
 #endif
 
 /* ABI version: bumped on any incompatible change. */
-#define CRESCENT_ABI_VERSION 1
+#define CRESCENT_ABI_VERSION 2 /* 2: crescent_store_config_t gained the credential fields */
 
 typedef uint64_t crescent_engine_t;  /* an engine; 0 = none */
 typedef uint64_t crescent_segment_t; /* a segment opened by an engine */
@@ -310,6 +310,14 @@ typedef struct crescent_store_config {
     uint64_t global_segment_size;      /* memory contributed to the pool (0 = none) */
     uint64_t local_buffer_size;        /* staging pool (default 256 MiB) */
     uint64_t rpc_timeout_ms;           /* each master call (default 10000) */
+    /* Credentials, as the binaries' flags of the same names (NULL/"":
+     * the environment variable in brackets, else none). The cluster
+     * token authenticates the master connection and the engine's. */
+    const char *token_file;            /* --token_file [CRESCENT_TOKEN_FILE] */
+    const char *admin_token_file;      /* --admin_token_file, for remove_all, remove_by_regex and forced removes [CRESCENT_ADMIN_TOKEN_FILE] */
+    const char *tls_ca;                /* --tls_ca: verifies the master; any tls_* turns TLS on [CRESCENT_TLS_CA] */
+    const char *tls_cert;              /* --tls_cert, for a master that verifies clients [CRESCENT_TLS_CERT] */
+    const char *tls_key;               /* --tls_key [CRESCENT_TLS_KEY] */
 } crescent_store_config_t;
 
 /* How a put places its replicas; NULL means the defaults (one replica,

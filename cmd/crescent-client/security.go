@@ -13,12 +13,14 @@ import (
 // securityOptions are the flags every Crescent binary names the same.
 type securityOptions struct {
 	tokenFile              string
+	adminTokenFile         string
 	tlsCert, tlsKey, tlsCA string
 	insecure               bool
 }
 
 func registerSecurityFlags(fs *flag.FlagSet, o *securityOptions) {
 	fs.StringVar(&o.tokenFile, "token_file", "", "file (mode 0600) holding the cluster token (the master's --token_file): proves this client to the master and authenticates every transfer-engine connection (handshake, TCP lanes, shm control)")
+	fs.StringVar(&o.adminTokenFile, "admin_token_file", "", "file (mode 0600) holding the master's admin token: lets this client's local dummies (--local_socket, same uid) do forced removes")
 	fs.StringVar(&o.tlsCert, "tls_cert", "", "PEM client certificate for a master that verifies clients (mTLS)")
 	fs.StringVar(&o.tlsKey, "tls_key", "", "PEM key of --tls_cert")
 	fs.StringVar(&o.tlsCA, "tls_ca", "", "PEM CA that signed the master's certificate; any --tls_* flag turns TLS to the master on")
@@ -40,13 +42,13 @@ func (o securityOptions) check() error {
 	if _, err := o.mode(); err != nil {
 		return err
 	}
-	_, err := store.LoadSecurity(o.tokenFile, "", o.files())
+	_, err := store.LoadSecurity(o.tokenFile, o.adminTokenFile, o.files())
 	return err
 }
 
 // apply loads the credentials into the store client's config.
 func (o securityOptions) apply(cfg *store.Config) error {
-	sec, err := store.LoadSecurity(o.tokenFile, "", o.files())
+	sec, err := store.LoadSecurity(o.tokenFile, o.adminTokenFile, o.files())
 	if err != nil {
 		return err
 	}

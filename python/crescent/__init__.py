@@ -36,6 +36,7 @@ class codes:
     NO_AVAILABLE_HANDLE = -200
     INVALID_KEY = -400
     INVALID_PARAMS = -600
+    ILLEGAL_CLIENT = -601
     OBJECT_NOT_FOUND = -704
     OBJECT_ALREADY_EXISTS = -705
     OBJECT_HAS_LEASE = -706
@@ -246,11 +247,15 @@ class Store:
 
     def __init__(self, master_server_address="127.0.0.1:50051", local_hostname=None, metadata_server=None,
                  protocol=None, global_segment_size=0, local_buffer_size=0, master_protocol=None,
-                 rpc_timeout_ms=0, device_name=None):
+                 rpc_timeout_ms=0, device_name=None, token_file=None, admin_token_file=None,
+                 tls_ca=None, tls_cert=None, tls_key=None):
+        # Credentials left None come from CRESCENT_TOKEN_FILE,
+        # CRESCENT_ADMIN_TOKEN_FILE, CRESCENT_TLS_CA/_CERT/_KEY.
         enc = lambda s: s.encode() if s else None  # noqa: E731
         cfg = _lib.StoreConfigC(enc(master_server_address), enc(local_hostname), enc(metadata_server),
                                 enc(protocol), enc(device_name), enc(master_protocol), int(global_segment_size),
-                                int(local_buffer_size), int(rpc_timeout_ms))
+                                int(local_buffer_size), int(rpc_timeout_ms), enc(token_file),
+                                enc(admin_token_file), enc(tls_ca), enc(tls_cert), enc(tls_key))
         h = ctypes.c_uint64()
         _check(StoreError, lib.crescent_store_create(ctypes.byref(cfg), ctypes.byref(h)))
         self._h = h.value

@@ -31,7 +31,9 @@ class StoreConfigC(ctypes.Structure):
     _fields_ = [("master_server_address", c_char_p), ("local_hostname", c_char_p),
                 ("metadata_server", c_char_p), ("protocol", c_char_p), ("device_name", c_char_p),
                 ("master_protocol", c_char_p), ("global_segment_size", c_uint64),
-                ("local_buffer_size", c_uint64), ("rpc_timeout_ms", c_uint64)]
+                ("local_buffer_size", c_uint64), ("rpc_timeout_ms", c_uint64),
+                ("token_file", c_char_p), ("admin_token_file", c_char_p), ("tls_ca", c_char_p),
+                ("tls_cert", c_char_p), ("tls_key", c_char_p)]
 
 
 class ReplicateConfigC(ctypes.Structure):
@@ -102,6 +104,9 @@ def _candidates():
             os.path.join(here, "..", "..", "build", "libcrescent.so")]
 
 
+ABI_VERSION = 2  # include/crescent.h CRESCENT_ABI_VERSION
+
+
 def load():
     errors = []
     for path in _candidates():
@@ -113,6 +118,9 @@ def load():
         for name, (res, args) in _SIGS.items():
             f = getattr(lib, name)
             f.restype, f.argtypes = res, args
+        if lib.crescent_abi_version() != ABI_VERSION:
+            # The structs above are this version's layout.
+            raise ImportError(f"crescent: {path} has ABI version {lib.crescent_abi_version()}, this package wants {ABI_VERSION}")
         return lib
     raise ImportError("crescent: libcrescent.so not found (build it with `make lib` or set CRESCENT_LIB): "
                       + "; ".join(errors))

@@ -12,6 +12,24 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.path.join(REPO, "bin")
 PYTHON = os.path.join(REPO, "python")
+
+
+def _admin_token_file():
+    """The test masters' admin token (--admin_token_file), also handed to
+    every Store of this process and its children through the library's
+    CRESCENT_ADMIN_TOKEN_FILE, as a deployment would."""
+    import atexit
+    import secrets
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="crescent-admin-")
+    os.write(fd, secrets.token_hex(16).encode())
+    os.close(fd)  # mkstemp makes it 0600, as --admin_token_file requires
+    atexit.register(os.unlink, path)
+    return path
+
+
+ADMIN_TOKEN_FILE = _admin_token_file()
+os.environ["CRESCENT_ADMIN_TOKEN_FILE"] = ADMIN_TOKEN_FILE
 sys.path.insert(0, PYTHON)
 os.environ.setdefault("CRESCENT_LIB", os.path.join(REPO, "build", "libcrescent.so"))
 
@@ -55,7 +73,7 @@ class Cluster:
     def __init__(self, clients=1, segment="64MiB", client_args=(), client_env=None):
         self.procs = []
         m = subprocess.Popen([os.path.join(BIN, "crescent-master"), "--rpc_address", "127.0.0.1", "--rpc_port", "0",
-                              "--metrics_port", "0"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+                              "--metrics_port", "0", "--admin_token_file", ADMIN_TOKEN_FILE], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
         self.procs.append(m)
         self.master = _wait_line(m, m.stderr, r"rpc=(127\.0\.0\.1:\d+)").group(1)
         try:
@@ -69,7 +87,8 @@ class Cluster:
             c = subprocess.Popen([os.path.join(BIN, "crescent-client"), "--master_server_address", self.master,
                                   "--global_segment_size", segment, "--local_buffer_size", "16MiB",
                                   "--metrics_port", "0", "--metrics_address", "127.0.0.1",
-                                  "--local_hostname", "127.0.0.1", *client_args],
+                                  "--local_hostname", "127.0.0.1", "--admin_token_file", ADMIN_TOKEN_FILE,
+                                  *client_args],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                  env=None if client_env is None else {**os.environ, **client_env})
             self.procs.append(c)

@@ -42,6 +42,23 @@ class StoreTest(unittest.TestCase):
     def setUp(self):
         self.s.remove_all(force=True)
 
+    def test_admin_operations_need_the_admin_token(self):
+        # The master's --admin_token_file guards remove_all, remove_by_regex
+        # and forced removes; this process's token comes from
+        # CRESCENT_ADMIN_TOKEN_FILE (the harness), a wrong one is refused.
+        import tempfile
+        with tempfile.NamedTemporaryFile("w", prefix="wrong-admin-") as f:
+            f.write("not-the-admin-token-0123456789")
+            f.flush()
+            with crescent.Store(cluster.master, local_hostname="127.0.0.1", local_buffer_size=1 << 20,
+                                admin_token_file=f.name) as other:
+                for call in (lambda: other.remove_all(force=True), lambda: other.remove_by_regex(".*", force=True),
+                             lambda: other.remove("k", force=True)):
+                    with self.assertRaises(StoreError) as e:
+                        call()
+                    self.assertEqual(e.exception.code, codes.ILLEGAL_CLIENT)
+        self.assertEqual(self.s.remove_all(force=True), 0)  # the right token
+
     def test_put_get_every_buffer_kind(self):
         v = payload(1 << 20, 1)
         values = {"bytes": v, "bytearray": bytearray(v), "memoryview": memoryview(v),
