@@ -231,3 +231,27 @@ func TestSubscriberBoundsMessages(t *testing.T) {
 	_, err = Subscribe(cfg)
 	require.ErrorIs(t, err, ErrConfig)
 }
+
+// Allow turns subscribers away by address on the PUB and replay sockets
+// (the master's protected default) before a ZMTP greeting is read.
+func TestPublisherAllow(t *testing.T) {
+	ctx := testCtx(t)
+	var refused atomic.Int32
+	p := newPub(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
+		Allow: func(net.Addr) bool { refused.Add(1); return false }})
+	for _, ep := range []string{p.Endpoint(), p.ReplayEndpoint()} {
+		c, err := zmtp.DialConn(ctx, endpointOf(t, ep), zmq4.Sub)
+		if err == nil {
+			errc := make(chan error, 1)
+			go func() { _, err := c.ReadMsg(); errc <- err }()
+			select {
+			case err = <-errc:
+			case <-time.After(5 * time.Second): // still connected: served
+			}
+			c.Close()
+		}
+		require.Error(t, err, "%s served a refused peer", ep)
+	}
+	assert.EqualValues(t, 2, refused.Load())
+	assert.Zero(t, p.Stats().Subscribers)
+}

@@ -90,6 +90,9 @@ type PublisherConfig struct {
 	// MaxConns). At a cap the connection idle longest (not subscribed, or
 	// between replay requests) is closed to make room. Negative: no cap.
 	MaxConns, MaxConnsPerHost int
+	// Allow, when set, admits subscribers by address on both sockets
+	// (netx.Config.Allow; the protected default passes loopback only).
+	Allow func(net.Addr) bool
 	// Now is the clock for batch timestamps (default time.Now).
 	Now func() time.Time
 	// Logger receives operational warnings; nil = slog.Default(), so the
@@ -210,7 +213,7 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		hwm = 0
 	}
 	listener := func(name string) netx.Config {
-		return netx.Config{MaxConns: cfg.MaxConns, MaxConnsPerHost: cfg.MaxConnsPerHost, Name: name, Logger: cfg.Logger}
+		return netx.Config{MaxConns: cfg.MaxConns, MaxConnsPerHost: cfg.MaxConnsPerHost, Name: name, Logger: cfg.Logger, Allow: cfg.Allow}
 	}
 	p.pub = zmtp.NewPub(zmtp.PubConfig{HWM: hwm, NoDrop: cfg.NoDrop, MaxTopic: cfg.MaxTopicSize,
 		MaxSubscriptions: cfg.MaxSubscriptions, Listener: listener("kv events pub"), Logger: cfg.Logger})

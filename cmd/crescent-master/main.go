@@ -416,21 +416,20 @@ func run(ctx context.Context, cfg config) error {
 		Logger:                log,
 	}
 
-	var pub *event.Publisher
-	if cfg.EnableKVEvents {
-		var err error
-		if pub, err = newPublisher(cfg, log); err != nil {
-			return err
-		}
-		mc.Events = kvevents.New(pub)
-		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
-	}
 	sec, err := cfg.securityConfig.load(log)
 	if err != nil {
 		return err
 	}
 	cfg.sec = sec
 	cfg.sec.logLine()
+	var pub *event.Publisher
+	if cfg.EnableKVEvents {
+		if pub, err = newPublisher(cfg, log); err != nil {
+			return err
+		}
+		mc.Events = kvevents.New(pub)
+		log.Info("publishing KV events", "endpoint", pub.Endpoint(), "replay", pub.ReplayEndpoint(), "topic", cfg.KVEventsTopic)
+	}
 	if cfg.HABackend != "" {
 		return runHA(ctx, cfg, mc, pub, log)
 	}
@@ -555,6 +554,10 @@ func newPublisher(cfg config, log *slog.Logger) (*event.Publisher, error) {
 		FlushInterval:  time.Duration(cfg.KVEventsBatchIntervalMs * float64(time.Millisecond)),
 		ReplayBuffer:   cfg.KVEventsReplayBufferSize,
 		Logger:         log,
+		// The protected default covers the event ports too; ZMQ
+		// subscribers (vLLM's) cannot authenticate, so with a credential
+		// they stay open (read-only: key names and block hashes).
+		Allow: cfg.sec.mode.Allow(),
 	}
 	switch cfg.KVEventsOverflow {
 	case "drop_oldest", "":
