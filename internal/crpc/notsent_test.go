@@ -23,10 +23,14 @@ func TestNotSent(t *testing.T) {
 	errc := make(chan error, 1)
 	go func() { _, err := call(ctx, c, "Block", "x"); errc <- err }()
 	<-svc.entered
-	go stop()
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
 	err := <-errc
 	require.Error(t, err)
 	assert.False(t, NotSent(err), "a call the server received is marked not sent: %v", err)
+	// The listener is closed only once stop returns; a dial before that
+	// can still be accepted, and then closed (ErrNotCRPC, not a dial error).
+	<-stopped
 
 	// Nobody listens now: the dial fails before anything is written.
 	_, err = call(ctx, c, "Echo", "y")
