@@ -57,6 +57,27 @@ func TestSecurityFlags(t *testing.T) {
 	}
 }
 
+// greetedFrom reports whether a ZMTP peer at addr, dialled from from,
+// sends its greeting (a refused connection is closed without a byte).
+func greetedFrom(addr string, from net.IP) bool {
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if from != nil {
+		d.LocalAddr = &net.TCPAddr{IP: from}
+	}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	// A ZMTP 3 greeting's signature: the peer answers with its own.
+	if _, err := c.Write([]byte{0xff, 0, 0, 0, 0, 0, 0, 0, 1, 0x7f}); err != nil {
+		return false
+	}
+	n, _ := c.Read(make([]byte, 10))
+	return n > 0
+}
+
 func readyFrom(addr string, from net.IP, opts ...crpc.Option) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -98,8 +119,10 @@ func TestProtectedDefaultProcess(t *testing.T) {
 	p := vethtest.New(t)
 	host := net.ParseIP(p.HostIP)
 	for _, insecure := range []bool{false, true} {
-		port, admin := freePort(t), freePort(t)
-		args := []string{"--rpc_address", "0.0.0.0", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin)}
+		port, admin, ev, replay := freePort(t), freePort(t), freePort(t), freePort(t)
+		args := []string{"--rpc_address", "0.0.0.0", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
+			"--enable_kv_events", "--kv_events_endpoint", "tcp://*:" + strconv.Itoa(ev), // "*": bind (vLLM's rule)
+			"--kv_events_replay_endpoint", "tcp://*:" + strconv.Itoa(replay)}
 		if insecure {
 			args = append(args, "--insecure")
 		}
@@ -108,9 +131,14 @@ func TestProtectedDefaultProcess(t *testing.T) {
 		httpAt := func(h string) string { return net.JoinHostPort(h, strconv.Itoa(admin)) }
 		require.NoError(t, readyFrom(rpcAt("127.0.0.1"), nil))
 		require.NoError(t, healthFrom(httpAt("127.0.0.1"), net.IPv4(127, 0, 0, 1)))
+		require.True(t, greetedFrom(net.JoinHostPort("127.0.0.1", strconv.Itoa(ev)), nil), "events port from loopback")
 		rpcErr, httpErr := readyFrom(rpcAt(p.HostIP), host), healthFrom(httpAt(p.HostIP), host)
+		evServed := greetedFrom(net.JoinHostPort(p.HostIP, strconv.Itoa(ev)), host)
+		replayServed := greetedFrom(net.JoinHostPort(p.HostIP, strconv.Itoa(replay)), host)
 		proc.cmd.Process.Signal(syscall.SIGTERM)
 		<-proc.done
+		assert.Equal(t, insecure, evServed, "KV-event port from a non-loopback peer (insecure %v)", insecure)
+		assert.Equal(t, insecure, replayServed, "KV-event replay port from a non-loopback peer (insecure %v)", insecure)
 		if insecure {
 			assert.NoError(t, rpcErr)
 			assert.NoError(t, httpErr)
