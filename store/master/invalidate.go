@@ -140,8 +140,12 @@ func (m *Master) invalidated(key string, gen uint32) {
 // makes a new generation visible, so no reader sees a replaced value.
 func (m *Master) invBarrier() {
 	r := &m.inval
-	if d := time.Until(time.Unix(0, r.hold.Load())); d > 0 {
-		time.Sleep(d)
+	if h := r.hold.Load(); h != 0 { // no clock read on the put path once the hold is over
+		if d := time.Until(time.Unix(0, h)); d > 0 {
+			time.Sleep(d)
+		} else {
+			r.hold.CompareAndSwap(h, 0)
+		}
 	}
 	if r.n.Load() == 0 {
 		return
