@@ -73,6 +73,10 @@ type Config struct {
 	// Security, when any of its fields is set, is used instead of loading
 	// TokenFile, AdminTokenFile and the TLS files.
 	Security Security
+	// EngineInsecure and MooncakeCompat are engine.Config's switches for
+	// the engine the client starts (not a Config.Engine): without a
+	// token, its ports open to any address, unauthenticated.
+	EngineInsecure, MooncakeCompat bool
 	// LocalHostname is the engine's LocalServerName ("host" or
 	// "host:port"; default: the engine's choice).
 	LocalHostname string
@@ -326,7 +330,8 @@ func (c *Client) startMemory() error {
 		c.eng, err = engine.New(engine.Config{
 			LocalServerName: c.cfg.LocalHostname, MetadataServer: c.cfg.MetadataServer,
 			Protocols: c.cfg.Protocols, Logger: c.cfg.Logger, Notifications: engine.NotifyOff,
-			Token: c.cfg.Security.Token, // one cluster credential: the master's port and the engines'
+			Token:    c.cfg.Security.Token, // one cluster credential: the master's port and the engines'
+			Insecure: c.cfg.EngineInsecure, MooncakeCompat: c.cfg.MooncakeCompat,
 		})
 		if err != nil {
 			return fmt.Errorf("store: start engine: %w", err)

@@ -2,22 +2,20 @@ package main
 
 import (
 	"flag"
-	"fmt"
 
-	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/internal/auth"
-	"github.com/crescent-kv/crescent/store"
 )
 
 // engineSecurity is the transfer engine's credential settings. The
 // cluster token and --insecure are the flags the master connection uses
 // too (securityOptions, registered once); --mooncake_compat is the
-// engine's own.
+// engine's own. The store client starts the engine with them
+// (store.Config.EngineInsecure, MooncakeCompat; the token from Security).
 type engineSecurity struct {
 	sec            *securityOptions
 	mooncakeCompat bool
-	token          []byte // loaded by check
 	insecure       bool
+	token          []byte // loaded by check
 }
 
 func registerEngineFlags(fs *flag.FlagSet, s *engineSecurity, sec *securityOptions) {
@@ -42,22 +40,5 @@ func (s *engineSecurity) check() error {
 	return nil
 }
 
+// set reports whether any engine credential setting is given.
 func (s *engineSecurity) set() bool { return s.token != nil || s.insecure || s.mooncakeCompat }
-
-// startEngine starts the engine the store client would, with the
-// credential settings; nil when none is set (the client starts its own,
-// in the protected default).
-func startEngine(cfg store.Config, s *engineSecurity) (*engine.Engine, error) {
-	if !s.set() {
-		return nil, nil
-	}
-	e, err := engine.New(engine.Config{
-		LocalServerName: cfg.LocalHostname, MetadataServer: cfg.MetadataServer,
-		Protocols: cfg.Protocols, Logger: cfg.Logger, Notifications: engine.NotifyOff,
-		Token: s.token, Insecure: s.insecure, MooncakeCompat: s.mooncakeCompat,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("start transfer engine: %w", err)
-	}
-	return e, nil
-}

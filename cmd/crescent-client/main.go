@@ -235,14 +235,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	defer lis.Close()
 	plis := protect(lis, mode, log)
 
-	eng, err := startEngine(cfg, &o.engineSec)
-	if err != nil {
-		return err
-	}
-	if eng != nil {
-		cfg.Engine = eng
-		defer eng.Close() // after c.Close: the client does not own it
-	}
+	cfg.EngineInsecure, cfg.MooncakeCompat = o.engineSec.insecure, o.engineSec.mooncakeCompat
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	c, err := store.New(startCtx, cfg)
 	cancel()
