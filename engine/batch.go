@@ -29,6 +29,7 @@ type reqState struct {
 
 	submitted time.Time
 	lease     transport.Lease
+	via       transport.Transport // the transport carrying it
 }
 
 func (r *reqState) load() TransferStatus {
@@ -108,6 +109,9 @@ func (b *batch) taskDone(t *transport.Task, n int, err error) {
 	}
 	if err == nil && n != len(t.Local) {
 		st, err = Failed, fmt.Errorf("%w: short transfer %d of %d bytes", transport.ErrProtocol, n, len(t.Local))
+	}
+	if err != nil {
+		err = b.e.uninstalledErr(r.via, err)
 	}
 	won := r.finish(st, uint64(n), err)
 	// The transport has let go: count it out before waking waiters, so a
@@ -375,6 +379,7 @@ func (e *Engine) submit(id BatchID, reqs []Request, nr *notifyReq) error {
 		r.task.Op, r.task.Local, r.task.RemoteAddr, r.task.Deadline = reqs[i].Op, reqs[i].Local, reqs[i].TargetAddr, deadline
 		r.task.Reset()
 		r.submitted = now
+		r.via = routes[i].t
 		r.n, r.err, r.latency = 0, nil, 0
 		r.status.Store(uint32(Pending))
 	}

@@ -51,6 +51,14 @@
 //   - Opened segments keep their descriptor cached (re-fetched when a
 //     request falls outside it, or every Config.SegmentRefresh);
 //     RefreshSegment and RefreshSegments fetch now.
+//   - InstallTransport starts a transport on a live engine (registering
+//     the buffers registered so far with it) and UninstallTransport stops
+//     one; each publishes the descriptor again, so peers learn the change
+//     on their next fetch (watch, SegmentRefresh, RefreshSegment).
+//     Requests a transport carried when it was uninstalled end FAILED and
+//     later ones it alone could carry are refused (ErrNoTransport); both
+//     errors wrap ErrTransportUninstalled and name it. Installing a
+//     running transport does nothing.
 //
 // Transports are tried in Config.Protocols order (default shm, cxl, rdma,
 // efa, tcp; those that cannot start here are skipped, all named with why

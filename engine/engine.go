@@ -219,11 +219,11 @@ type Engine struct {
 	name string
 	log  *slog.Logger
 
-	reg        *transport.Registry
-	transports []transport.Transport
-	backend    metadata.Backend
-	hs         *metadata.Server
-	hostID     string
+	reg     *transport.Registry
+	backend metadata.Backend
+	env     transport.Env // what transports start with, also at InstallTransport
+	hs      *metadata.Server
+	hostID  string
 
 	segs    segTable
 	batches handles[batch]
@@ -239,6 +239,18 @@ type Engine struct {
 	// address, until that peer's connection is gone.
 	quarMu     sync.Mutex
 	quarantine map[uint64]*QuarantineError
+
+	// tlist is the running transports in order of preference, replaced
+	// whole (copy on write) by Install/UninstallTransport so routing reads
+	// it without a lock. trMu orders those against the per-transport steps
+	// of (un)registration: a transport installed meanwhile must see every
+	// buffer exactly once.
+	trMu  sync.RWMutex
+	tlist atomic.Pointer[[]transport.Transport]
+	// uninstalled maps each transport UninstallTransport stopped to its
+	// name, so requests it fails say why (one small entry per uninstall).
+	uninstalled sync.Map
+	removed     map[string]bool // names ever uninstalled; guarded by trMu
 
 	stats  counters
 	ready  atomic.Bool
@@ -313,6 +325,7 @@ func New(cfg Config) (*Engine, error) {
 	hs.Token, hs.Allow = cfg.Token, mode.AllowSameHost()
 	cfg.TCP.Token, cfg.TCP.Allow = cfg.Token, mode.AllowSameHost()
 	cfg.Shm.Token = cfg.Token
+	e.cfg.TCP, e.cfg.Shm = cfg.TCP, cfg.Shm // InstallTransport starts them alike
 	e.hs, err = listenHandshake(host, port, cfg.PortRange, hs)
 	if err != nil {
 		return nil, err
@@ -331,11 +344,14 @@ func New(cfg Config) (*Engine, error) {
 	}
 
 	env := transport.Env{LocalName: e.name, Host: host, HostID: e.hostID, Registry: e.reg, Logger: e.log, Handshake: handshake{e}}
+	e.env = env
+	var started []transport.Transport
 	var skipped []string // "protocol: why", logged in one line
 	lvl := slog.LevelInfo
 	for _, p := range cfg.Protocols {
 		t, err := newTransport(p, &cfg)
 		if err != nil {
+			e.tlist.Store(&started)
 			e.closeStarted()
 			return nil, err
 		}
@@ -351,9 +367,10 @@ func New(cfg Config) (*Engine, error) {
 			skipped = append(skipped, p+": "+err.Error())
 			continue
 		}
-		e.transports = append(e.transports, t)
+		started = append(started, t)
 	}
-	if len(e.transports) == 0 {
+	e.tlist.Store(&started)
+	if len(started) == 0 {
 		e.closeStarted()
 		return nil, fmt.Errorf("%w: no transport started of %v (%s)", ErrNoTransport, cfg.Protocols, strings.Join(skipped, "; "))
 	}
@@ -393,7 +410,7 @@ func newTransport(name string, cfg *Config) (transport.Transport, error) {
 
 func (e *Engine) closeStarted() {
 	e.stopWatch()
-	for _, t := range e.transports {
+	for _, t := range e.transportsNow() {
 		t.Close()
 	}
 	if e.backend != nil {
@@ -476,7 +493,7 @@ func (e *Engine) Name() string { return e.name }
 // CXLDevice returns the mapped CXL device when the cxl transport runs:
 // register slices of its Bytes to make them reachable over CXL.
 func (e *Engine) CXLDevice() (*cxl.Device, bool) {
-	for _, t := range e.transports {
+	for _, t := range e.transportsNow() {
 		if c, ok := t.(*cxl.Transport); ok {
 			return c.Device(), true
 		}
@@ -493,7 +510,7 @@ func (e *Engine) WarmupSegment(ctx context.Context, id SegmentID) error {
 		return err
 	}
 	var errs []error
-	for _, t := range e.transports {
+	for _, t := range e.transportsNow() {
 		if w, ok := t.(interface {
 			Warmup(context.Context, transport.Peer) error
 		}); ok {
@@ -507,8 +524,9 @@ func (e *Engine) WarmupSegment(ctx context.Context, id SegmentID) error {
 
 // Transports lists the started transports in order of preference.
 func (e *Engine) Transports() []string {
-	out := make([]string, len(e.transports))
-	for i, t := range e.transports {
+	ts := e.transportsNow()
+	out := make([]string, len(ts))
+	for i, t := range ts {
 		out[i] = t.Name()
 	}
 	return out
@@ -530,21 +548,26 @@ func (e *Engine) RegisterMemory(mem []byte, location string) error {
 	if pfd, poff, p, ok := mempool.Lookup(mem); ok {
 		fd, off, size = pfd, poff, p.Size()
 	}
+	e.trMu.RLock()
 	r, err := e.reg.Add(mem, location, fd, off, size)
 	if err != nil {
+		e.trMu.RUnlock()
 		if errors.Is(err, transport.ErrAlreadyExists) {
 			return fmt.Errorf("%w: %w", ErrAlreadyRegistered, err)
 		}
 		return err
 	}
-	for k, t := range e.transports {
+	ts := e.transportsNow()
+	for k, t := range ts {
 		if rt, ok := t.(transport.Registerer); ok {
 			if err := rt.AfterRegister(r); err != nil {
-				e.undoRegister(r, e.transports[:k])
+				e.undoRegister(r, ts[:k])
+				e.trMu.RUnlock()
 				return fmt.Errorf("engine: register with %s: %w", t.Name(), err)
 			}
 		}
 	}
+	e.trMu.RUnlock()
 	// A peer may have fetched the descriptor between Add and the
 	// transports' registration (without their keys): rebuild it.
 	e.dropDesc()
@@ -606,10 +629,14 @@ func (e *Engine) UnregisterMemory(ctx context.Context, mem []byte) error {
 	if r == nil {
 		return fmt.Errorf("%w: [%#x,+%d)", ErrNotRegistered, addr, len(mem))
 	}
+	// An InstallTransport meanwhile would register the buffer with a
+	// transport this call does not withdraw it from.
+	e.trMu.RLock()
+	defer e.trMu.RUnlock()
 	if !draining { // a retry skips what the first call did
 		var unconfirmed []<-chan struct{}
 		var causes []error
-		for _, t := range e.transports {
+		for _, t := range e.transportsNow() {
 			u, ok := t.(transport.Unregisterer)
 			if !ok {
 				continue
@@ -710,7 +737,7 @@ func (e *Engine) LocalDesc() *metadata.SegmentDesc {
 	for _, r := range e.reg.Regions() {
 		d.Buffers = append(d.Buffers, metadata.Buffer{Name: r.Location, Addr: r.Addr, Length: r.Len()})
 	}
-	for _, t := range e.transports {
+	for _, t := range e.transportsNow() {
 		d.Crescent.Protocols = append(d.Crescent.Protocols, t.Name())
 		t.Describe(d)
 	}
@@ -838,8 +865,11 @@ func (e *Engine) Close() error {
 	if e.closed.Swap(true) {
 		return nil
 	}
+	e.trMu.Lock() // an InstallTransport under way finishes first (and sees closed after)
+	ts := e.transportsNow()
+	e.trMu.Unlock()
 	var errs []error
-	for _, t := range e.transports {
+	for _, t := range ts {
 		if err := t.Close(); err != nil {
 			errs = append(errs, err)
 		}

@@ -26,6 +26,9 @@ var (
 	ErrInvalidConfig     = errors.New("engine: invalid configuration")
 	ErrUnregisterBusy    = errors.New("engine: buffer still in use by transfers")
 	ErrQuarantined       = errors.New("engine: buffer quarantined: a peer did not confirm it stopped using it")
+	// ErrTransportUninstalled: the transport is not running (never
+	// installed, or UninstallTransport stopped it).
+	ErrTransportUninstalled = errors.New("engine: transport not installed")
 )
 
 // QuarantineError is UnregisterMemory's answer when a peer did not

@@ -11,7 +11,7 @@ func SetTransportWrapper(f func(transport.Transport) transport.Transport) (resto
 
 // ForTransport calls f on each started transport until it returns true.
 func ForTransport(e *Engine, f func(any) bool) bool {
-	for _, t := range e.transports {
+	for _, t := range e.transportsNow() {
 		if f(t) {
 			return true
 		}

@@ -205,7 +205,7 @@ func (e *Engine) CloseSegment(id SegmentID) error {
 	}
 	e.segs.mu.Unlock()
 	if last {
-		for _, t := range e.transports {
+		for _, t := range e.transportsNow() {
 			t.ClosePeer(s.name)
 		}
 	}
@@ -269,9 +269,11 @@ func (e *Engine) segment(id SegmentID) (*segment, error) {
 // withdrew the buffer), the descriptor is fetched once more first.
 func (e *Engine) routeRequest(s *segment, addr, n uint64) (transport.Transport, error) {
 	var refreshErr error
+	var tried []transport.Transport
 	for attempt := 0; ; attempt++ {
 		if s.covers(addr, n) {
-			for _, t := range e.transports {
+			tried = e.transportsNow()
+			for _, t := range tried {
 				if t.Accepts(s, addr, n) {
 					return t, nil
 				}
@@ -290,5 +292,5 @@ func (e *Engine) routeRequest(s *segment, addr, n uint64) (transport.Transport, 
 		}
 		return nil, fmt.Errorf("%w: [%#x,%#x) of %s", ErrOutOfBounds, addr, addr+n, s.name)
 	}
-	return nil, fmt.Errorf("%w: %s", ErrNoTransport, s.name)
+	return nil, e.noTransport(s, tried)
 }
