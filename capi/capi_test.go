@@ -365,10 +365,37 @@ func TestEngineCoreReferenceExtras(t *testing.T) {
 	assert.Equal(t, errMetadata, engineCode(err))
 
 	assert.NoError(t, a.installTransport("tcp"))
-	assert.Equal(t, errNotImpl, engineCode(a.installTransport("rdma")))
 	assert.Equal(t, errInvalidArgument, engineCode(a.installTransport("")))
-	assert.Equal(t, errNotImpl, engineCode(a.uninstallTransport("tcp")))
-	assert.Equal(t, errInvalidArgument, engineCode(a.uninstallTransport("shm")))
+	assert.Equal(t, errInvalidArgument, engineCode(a.installTransport("nvmeof")))
+	assert.Equal(t, errNotImpl, engineCode(a.installTransport("cxl")), "no CXL device here")
+	assert.Equal(t, errInvalidArgument, engineCode(a.uninstallTransport("shm")), "not running")
+
+	// Uninstalled: a transfer to b is refused (the endpoint code); installed
+	// again it moves bytes.
+	local := make([]byte, 4096)
+	require.NoError(t, a.register(unsafe.Pointer(&local[0]), uint64(len(local)), ""))
+	require.NoError(t, b.register(unsafe.Pointer(&mem[0]), 1<<20, ""))
+	require.NoError(t, a.e.RefreshSegment(bg(), seg))
+	write := func() error {
+		id, err := a.e.AllocateBatch(1)
+		require.NoError(t, err)
+		defer a.e.FreeBatch(id)
+		if err := a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: local, Target: seg, TargetAddr: uint64(uintptr(unsafe.Pointer(&mem[0])))}}); err != nil {
+			return err
+		}
+		_, err = a.e.Wait(bg(), id)
+		return err
+	}
+	require.NoError(t, write())
+	require.NoError(t, a.uninstallTransport("tcp"))
+	err = write()
+	assert.Equal(t, errEndpoint, engineCode(err))
+	assert.ErrorContains(t, err, "not installed: tcp")
+	assert.Equal(t, errInvalidArgument, engineCode(a.uninstallTransport("tcp")))
+	require.NoError(t, a.installTransport("tcp"))
+	require.NoError(t, write())
+	require.NoError(t, b.unregister(unsafe.Pointer(&mem[0])))
+	require.NoError(t, a.unregister(unsafe.Pointer(&local[0])))
 
 	// A peer gone: sync reports it (its handshake port refuses).
 	require.NoError(t, engineDestroy(hb))

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/crescent-kv/crescent/engine"
+	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/engine/transport/cxl"
 	"github.com/crescent-kv/crescent/internal/logx"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -74,12 +76,14 @@ func engineCode(err error) int {
 		return errMetadata
 	case errors.Is(err, engine.ErrNoTransport):
 		return errEndpoint
+	case errors.Is(err, engine.ErrTransportUninstalled):
+		return errInvalidArgument // uninstalling one not running
+	case errors.Is(err, transport.ErrNotSupported), errors.Is(err, cxl.ErrNoDevice):
+		return errNotImpl // a transport this host or build cannot run
 	case errors.Is(err, engine.ErrClosed):
 		return errContext
 	case errors.Is(err, errNoMemory):
 		return errMemory
-	case errors.Is(err, errNotImplemented):
-		return errNotImpl
 	case errors.As(err, &dns):
 		return errDNS
 	}

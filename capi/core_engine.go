@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -188,31 +187,20 @@ func (o *engineObj) openNoCache(name string) (engine.SegmentID, error) {
 	return id, nil
 }
 
-// errNotImplemented: the call exists for the reference's shape only.
-var errNotImplemented = errors.New("crescent: not implemented")
-
-func (o *engineObj) running(proto string) bool {
-	return slices.Contains(o.e.Transports(), proto)
-}
-
-// installTransport: transports start with the engine (its protocols),
-// so installing one that runs is done, and another is refused.
+// installTransport starts proto on the live engine (engine.InstallTransport);
+// one running already is done.
 func (o *engineObj) installTransport(proto string) error {
 	if proto == "" {
 		return badArg("empty protocol")
 	}
-	if o.running(proto) {
-		return nil
-	}
-	return fmt.Errorf("%w: transport %q is not running and transports start with the engine: name it in crescent_engine_create's protocols (running: %v)",
-		errNotImplemented, proto, o.e.Transports())
+	return o.e.InstallTransport(bg(), proto)
 }
 
-// uninstallTransport: a running transport stays until the engine is
-// destroyed.
+// uninstallTransport stops proto (engine.UninstallTransport): requests it
+// carries fail, later ones it alone could carry are refused.
 func (o *engineObj) uninstallTransport(proto string) error {
-	if !o.running(proto) {
-		return badArg(fmt.Sprintf("transport %q is not running (running: %v)", proto, o.e.Transports()))
+	if proto == "" {
+		return badArg("empty protocol")
 	}
-	return fmt.Errorf("%w: transport %q stops only with the engine (crescent_engine_destroy)", errNotImplemented, proto)
+	return o.e.UninstallTransport(bg(), proto)
 }

@@ -34,6 +34,51 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* One WRITE of 4 KiB from e's src to dst in segment seg: the submit's or
+ * the wait's code. */
+static int write_once(crescent_engine_t e, crescent_segment_t seg) {
+    crescent_batch_t b;
+    CHECK_OK(crescent_engine_allocate_batch(e, 1, &b));
+    crescent_transfer_request_t r = {CRESCENT_OPCODE_WRITE, src, seg, (uint64_t)(uintptr_t)dst, 4096};
+    int rc = crescent_engine_submit(e, b, &r, 1);
+    if (rc == 0) {
+        crescent_batch_status_t st;
+        rc = crescent_engine_wait(e, b, 10000, &st);
+        CHECK(rc != 0 || st.status == CRESCENT_STATUS_COMPLETED);
+    }
+    CHECK_OK(crescent_engine_free_batch(e, b));
+    return rc;
+}
+
+/* Transports at run time: eng (shm, tcp; its buffers are not memfds, so
+ * only tcp carries them) drops tcp, and neither it nor a peer engine
+ * reaches it; installed again, both do. */
+static void uninstall_install(const char *name) {
+    crescent_engine_t peer;
+    CHECK_OK(crescent_engine_create(NULL, "127.0.0.1", "tcp", &peer));
+    crescent_buffer_entry_t pb = {src, 4096};
+    crescent_segment_t seg;
+    CHECK_OK(crescent_engine_register_memory_batch(peer, &pb, 1, "cpu:0"));
+    CHECK_OK(crescent_engine_open_segment(peer, name, &seg));
+    CHECK_OK(write_once(peer, seg));
+    CHECK_OK(write_once(eng, self_seg));
+
+    CHECK_OK(crescent_engine_uninstall_transport(eng, "tcp"));
+    CHECK_RC(crescent_engine_uninstall_transport(eng, "tcp"), CRESCENT_ERR_INVALID_ARGUMENT);
+    CHECK_RC(write_once(eng, self_seg), CRESCENT_ERR_ENDPOINT);
+    CHECK(strstr(crescent_last_error(), "offers [shm]") != NULL);
+    CHECK_OK(crescent_engine_sync_segment_cache(peer)); /* the peer learns it */
+    CHECK_RC(write_once(peer, seg), CRESCENT_ERR_ENDPOINT);
+    CHECK(strstr(crescent_last_error(), "offers [shm]") != NULL);
+
+    CHECK_OK(crescent_engine_install_transport(eng, "tcp"));
+    CHECK_OK(write_once(eng, self_seg));
+    CHECK_OK(crescent_engine_sync_segment_cache(peer));
+    CHECK_OK(write_once(peer, seg));
+    CHECK_OK(crescent_engine_close_segment(peer, seg));
+    CHECK_OK(crescent_engine_destroy(peer));
+}
+
 int main(void) {
     CHECK(crescent_abi_version() == CRESCENT_ABI_VERSION);
     CHECK_OK(crescent_engine_create(NULL, "127.0.0.1", NULL, &eng));
@@ -92,10 +137,11 @@ int main(void) {
     CHECK_OK(crescent_engine_close_segment(eng, again));
     CHECK_OK(crescent_engine_sync_segment_cache(eng));
     CHECK_RC(crescent_engine_open_segment_no_cache(eng, "127.0.0.1:1", &again), CRESCENT_ERR_METADATA);
-    CHECK_OK(crescent_engine_install_transport(eng, "tcp"));
-    CHECK_RC(crescent_engine_install_transport(eng, "nvmeof"), CRESCENT_ERR_NOT_IMPLEMENTED);
-    CHECK_RC(crescent_engine_uninstall_transport(eng, "tcp"), CRESCENT_ERR_NOT_IMPLEMENTED);
+    CHECK_OK(crescent_engine_install_transport(eng, "tcp")); /* running: done */
+    CHECK_RC(crescent_engine_install_transport(eng, "nvmeof"), CRESCENT_ERR_INVALID_ARGUMENT);
     CHECK_RC(crescent_engine_uninstall_transport(eng, "nvmeof"), CRESCENT_ERR_INVALID_ARGUMENT);
+    CHECK_RC(crescent_engine_install_transport(eng, NULL), CRESCENT_ERR_INVALID_ARGUMENT);
+    uninstall_install(name);
 
     memset(src, 0, BUF);
     crescent_transfer_request_t r = {CRESCENT_OPCODE_READ, src, self_seg, (uint64_t)(uintptr_t)dst, 4096};

@@ -286,12 +286,19 @@ int crescent_engine_open_segment_no_cache(crescent_engine_t engine, const char *
  * failure's (CRESCENT_ERR_SOCKET for a peer whose engine is gone). */
 int crescent_engine_sync_segment_cache(crescent_engine_t engine);
 
-/* The reference's install/uninstallTransport. Crescent starts its
- * transports with the engine (crescent_engine_create's protocols) and
- * stops them with it: installing a running transport returns 0, another
- * is CRESCENT_ERR_NOT_IMPLEMENTED; uninstalling a running one is
- * CRESCENT_ERR_NOT_IMPLEMENTED, one not running
- * CRESCENT_ERR_INVALID_ARGUMENT. */
+/* The reference's install/uninstallTransport, on a live engine.
+ * install starts proto ("tcp", "shm", "cxl", "rdma", "efa"), registers
+ * the memory registered so far with it and republishes the segment
+ * descriptor (peers see it on their next fetch: sync_segment_cache, a
+ * watch, or a request outside their cached copy); a running one is 0;
+ * an unknown name is CRESCENT_ERR_INVALID_ARGUMENT, one this host or
+ * build cannot run CRESCENT_ERR_NOT_IMPLEMENTED.
+ * uninstall republishes the descriptor without proto, withdraws the
+ * registered memory from it and closes its listener and connections:
+ * requests it carried end FAILED (their message says proto was
+ * uninstalled), later ones only it could carry are refused with
+ * CRESCENT_ERR_ENDPOINT naming it; one not running is
+ * CRESCENT_ERR_INVALID_ARGUMENT. Installing again works. */
 int crescent_engine_install_transport(crescent_engine_t engine, const char *proto);
 int crescent_engine_uninstall_transport(crescent_engine_t engine, const char *proto);
 #endif
