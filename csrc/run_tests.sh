@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 CC=${CC:-gcc}
 CFLAGS="-O2 -Wall -Wextra -Werror -Iinclude"
 LDFLAGS="-Lbuild -lcrescent -Wl,-rpath,\$ORIGIN -lpthread"
-for t in test_engine test_store example bench_abi; do
+for t in test_engine test_store test_dummy example bench_abi; do
 	$CC $CFLAGS -o build/$t csrc/$t.c $LDFLAGS
 done
 
@@ -30,8 +30,28 @@ done
 [ -n "$addr" ] || { echo "master did not start"; cat "$log"; exit 1; }
 export CRESCENT_MASTER=$addr
 
+# A real client serving dummy clients (test_dummy) on a Unix socket, with
+# a shared hot cache that admits a key at its first miss, started as
+# python/tests/test_dummy.py does.
+sockdir=$(mktemp -d)
+clog=$(mktemp)
+MC_STORE_LOCAL_HOT_ADMISSION_THRESHOLD=1 bin/crescent-client --master_server_address "$addr" \
+	--global_segment_size 64MiB --local_buffer_size 16MiB --metrics_port 0 --metrics_address 127.0.0.1 \
+	--local_hostname 127.0.0.1 --admin_token_file "$admin" --local_socket "$sockdir/crescent.sock" \
+	--local_hot_cache_size 16MiB --local_hot_block_size 1MiB --local_hot_cache_shm=1 >"$clog" 2>&1 &
+client=$!
+trap 'kill $client $master 2>/dev/null; wait $client $master 2>/dev/null; rm -rf "$log" "$admin" "$clog" "$sockdir"' EXIT
+for _ in $(seq 300); do
+	grep -q 'metrics on' "$clog" && break
+	kill -0 $client || { cat "$clog"; exit 1; }
+	sleep 0.1
+done
+grep -q 'metrics on' "$clog" || { echo "crescent-client did not start"; cat "$clog"; exit 1; }
+export CRESCENT_LOCAL_SOCKET=$sockdir/crescent.sock
+
 timeout 120 build/test_engine
 timeout 120 build/test_store
+timeout 120 build/test_dummy
 timeout 60 build/example "$addr"
 timeout 60 build/bench_abi 100000
 if [ "${CRESCENT_SKIP_PYTHON:-}" = "" ]; then

@@ -52,7 +52,9 @@ class codes:
     ERR_BATCH_BUSY = -4
     ERR_ADDRESS_OVERLAPPED = -7
     ERR_QUARANTINED = -9
+    ERR_SOCKET = -102
     ERR_METADATA = -200
+    ERR_ENDPOINT = -201
     ERR_CONTEXT = -202
     ERR_NOT_IMPLEMENTED = -303
 
@@ -505,10 +507,13 @@ class Engine:
         _check(EngineError, lib.crescent_engine_notify(self._h, seg, msg.encode()))
 
     def install_transport(self, proto):
-        """0 for a running transport; transports start with the engine."""
+        """Starts transport proto on the live engine and republishes its
+        descriptor; a running one is left as it is."""
         _check(EngineError, lib.crescent_engine_install_transport(self._h, proto.encode()))
 
     def uninstall_transport(self, proto):
+        """Stops transport proto: requests it carried fail, later ones only
+        it could carry raise EngineError (ERR_ENDPOINT) naming it."""
         _check(EngineError, lib.crescent_engine_uninstall_transport(self._h, proto.encode()))
 
     def close_segment(self, seg):

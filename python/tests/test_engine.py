@@ -64,13 +64,45 @@ class EngineTest(unittest.TestCase):
         self.a.free_batch(bt)
         self.b.unregister_memory(pe)
         self.a.sync_segment_cache()
-        self.a.install_transport("tcp")
+        self.a.install_transport("tcp")  # running: nothing to do
         with self.assertRaises(EngineError) as e:
             self.a.install_transport("nvmeof")
-        self.assertEqual(e.exception.code, codes.ERR_NOT_IMPLEMENTED)
+        self.assertEqual(e.exception.code, codes.ERR_INVALID_ARGUMENT)
+
+    def test_uninstall_install_transport(self):
+        # b (tcp only) drops tcp: a learns it on its next fetch and is refused,
+        # naming what b offers; b installs tcp again and a writes again.
+        def write():
+            bt = self.a.allocate_batch(1)
+            try:
+                self.a.submit(bt, [(WRITE, self.pa, self.seg, self.pb, 4096)])
+                return self.a.wait(bt, timeout=10).status
+            finally:
+                self.a.free_batch(bt)
+
+        self.ma[:4096] = b"\x5a" * 4096
+        self.assertEqual(write(), crescent.COMPLETED)
+        self.b.uninstall_transport("tcp")
         with self.assertRaises(EngineError) as e:
-            self.a.uninstall_transport("tcp")
-        self.assertEqual(e.exception.code, codes.ERR_NOT_IMPLEMENTED)
+            self.b.uninstall_transport("tcp")
+        self.assertEqual(e.exception.code, codes.ERR_INVALID_ARGUMENT)
+        self.a.sync_segment_cache()
+        with self.assertRaises(EngineError) as e:
+            write()
+        self.assertEqual(e.exception.code, codes.ERR_ENDPOINT)
+        self.assertIn("offers []", str(e.exception))
+        self.b.install_transport("tcp")
+        self.a.sync_segment_cache()
+        self.assertEqual(write(), crescent.COMPLETED)
+        self.assertEqual(self.mb[:4096], b"\x5a" * 4096)
+        # a drops its own tcp: refused at once, naming it.
+        self.a.uninstall_transport("tcp")
+        with self.assertRaises(EngineError) as e:
+            write()
+        self.assertEqual(e.exception.code, codes.ERR_ENDPOINT)
+        self.assertIn("not installed: tcp", str(e.exception))
+        self.a.install_transport("tcp")
+        self.assertEqual(write(), crescent.COMPLETED)
 
     def test_errors(self):
         bt = self.a.allocate_batch(1)

@@ -153,3 +153,49 @@ def deserialize(buf):
         return np.frombuffer(data, dtype=dt).reshape(shape)
     mv = memoryview(data).cast(fmt)
     return mv.cast("B").cast(fmt, shape) if len(shape) > 1 and 0 not in shape else mv
+
+
+def chunk_bounds(n, parts):
+    """[start, end) of each chunk when n rows are split into parts as
+    torch.chunk does (ceil(n / parts) rows each, the last ones shorter);
+    None when that gives other than parts chunks (the reference then
+    refuses the put)."""
+    if parts < 1 or n < parts:
+        return None
+    step = -(-n // parts)
+    bounds = [(s, min(s + step, n)) for s in range(0, n, step)]
+    return bounds if len(bounds) == parts else None
+
+
+def split(t, parts, dim):
+    """The stored objects of t split along dim into parts chunks (each a
+    full tensor object of its chunk's shape, C order), as the reference's
+    tensor-parallel puts store them; TensorError when it cannot be."""
+    code, shape, data, keep = tensor_parts(t)
+    try:
+        if not shape:
+            raise TensorError("a 0-dimensional tensor cannot be split")
+        if dim < 0:
+            dim += len(shape)
+        if not 0 <= dim < len(shape):
+            raise TensorError(f"split dim {dim} out of range for {len(shape)} dimensions")
+        bounds = chunk_bounds(shape[dim], parts)
+        if bounds is None:
+            raise TensorError(f"dimension {dim} of size {shape[dim]} does not split into {parts} chunks")
+        outer = 1
+        for d in shape[:dim]:
+            outer *= d
+        inner = DTYPES[code][1]
+        for d in shape[dim + 1:]:
+            inner *= d
+        row = shape[dim] * inner
+        out = []
+        for s, e in bounds:
+            cshape = shape[:dim] + (e - s,) + shape[dim + 1:]
+            obj = bytearray(header(code, cshape, outer * (e - s) * inner))
+            for o in range(outer):
+                obj += data[o * row + s * inner:o * row + e * inner]
+            out.append(obj)
+        return out
+    finally:
+        del data, keep

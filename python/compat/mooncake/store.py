@@ -19,8 +19,20 @@ tensor object format (see _tensor.py) and take torch tensors, numpy-like
 arrays or plain buffers; without torch they return numpy arrays, or
 memoryviews without numpy.
 
-Not provided: the tensor-parallel and "parallelism" variants, pub/upsert,
-safetensors, offload, segment mounting, CUDA IPC.
+The tensor-parallel calls (put_tensor_with_tp, batch_put_tensor_with_tp,
+pub_tensor_with_tp, batch_pub_tensor_with_tp) split a tensor along
+split_dim into tp_size chunks as torch.chunk does (tp_size must come out
+exactly, else INVALID_PARAMS) and store chunk r under "{key}_tp_{r}";
+the get forms (get_tensor_with_tp, batch_get_tensor_with_tp,
+get_tensor_with_tp_into, batch_get_tensor_with_tp_into) read the
+caller's rank's key. tp_size <= 1 is the plain call. pub_tensor and its
+forms are put_tensor with a ReplicateConfig, refused (INVALID_PARAMS)
+when preferred_segments is given with a length other than replica_num.
+
+Answered NOT_SUPPORTED (-1012) with a log line: the replication tasks
+(create_copy_task, create_move_task, query_task: (None, -1012)) and
+get_replica_desc / batch_get_replica_desc (None). Not provided: offload,
+segment mounting, CUDA IPC, MooncakeHostMemAllocator.
 """
 
 import ctypes
@@ -38,6 +50,12 @@ log = logging.getLogger("mooncake.store")
 
 _INVALID_PARAMS = -600
 _INTERNAL_ERROR = -1
+_NOT_SUPPORTED = -1012
+
+
+def tp_key(key, rank):
+    """The key of a tensor-parallel shard, as the reference names it."""
+    return f"{key}_tp_{rank}"
 
 
 class ReplicateConfig:
@@ -521,3 +539,157 @@ class MooncakeDistributedStore:
             log.error("put_tensor_from %s: %s", key, e)
             return _INVALID_PARAMS
         return self.put_from(key, buffer_ptr, size)
+
+    # Tensor parallelism: chunk r of a tensor under tp_key(key, r).
+
+    def _put_objects(self, keys, objects, config):
+        """Stores serialized tensor objects in one batch; the per-key codes."""
+        cfg = (config or ReplicateConfig())._crescent()
+        try:
+            got = self._s.put_batch(keys, objects, cfg)
+        except StoreError as e:
+            return [e.code] * len(keys)
+        return [r.code if isinstance(r, StoreError) else 0 for r in got]
+
+    def _put_tp(self, name, base_keys, tensors_list, config, tp_size, split_dim):
+        """Splits each tensor into tp_size chunks and stores them all at
+        once; the code of each base key (its first failed chunk's)."""
+        res = [0] * len(base_keys)
+        keys, objects, owner = [], [], []
+        for i, (k, t) in enumerate(zip(base_keys, tensors_list)):
+            try:
+                chunks = _tensor.split(t, tp_size, split_dim)
+            except (_tensor.TensorError, TypeError) as e:
+                log.error("%s %s: %s", name, k, e)
+                res[i] = _INVALID_PARAMS
+                continue
+            for r, c in enumerate(chunks):
+                keys.append(tp_key(k, r))
+                objects.append(c)
+                owner.append(i)
+        if keys:
+            for i, code in zip(owner, self._put_objects(keys, objects, config)):
+                if code and not res[i]:
+                    res[i] = code
+        return res
+
+    def put_tensor_with_tp(self, key, tensor, tp_rank=0, tp_size=1, split_dim=0):
+        if self._s is None or self._dummy:
+            return _INVALID_PARAMS
+        if tp_size <= 1:
+            return self.put_tensor(key, tensor)
+        return self._put_tp("put_tensor_with_tp", [key], [tensor], None, tp_size, split_dim)[0]
+
+    def batch_put_tensor_with_tp(self, base_keys, tensors_list, tp_rank=0, tp_size=1, split_dim=0):
+        if tp_size <= 1:
+            return self.batch_put_tensor(base_keys, tensors_list)
+        if self._s is None or self._dummy or len(base_keys) != len(tensors_list) or not base_keys:
+            return [_INVALID_PARAMS] * len(base_keys)
+        return self._put_tp("batch_put_tensor_with_tp", base_keys, tensors_list, None, tp_size, split_dim)
+
+    def get_tensor_with_tp(self, key, tp_rank=0, tp_size=1, split_dim=0):
+        return self.get_tensor(key if tp_size <= 1 else tp_key(key, tp_rank))
+
+    def batch_get_tensor_with_tp(self, base_keys, tp_rank=0, tp_size=1):
+        if tp_size <= 1:
+            return self.batch_get_tensor(base_keys)
+        return self.batch_get_tensor([tp_key(k, tp_rank) for k in base_keys])
+
+    def get_tensor_with_tp_into(self, key, buffer_ptr, size, tp_rank=0, tp_size=1, split_dim=0):
+        return self.get_tensor_into(key if tp_size <= 1 else tp_key(key, tp_rank), buffer_ptr, size)
+
+    def batch_get_tensor_into(self, keys, buffer_ptrs, sizes):
+        """Reads each object into its buffer and returns the tensors (None
+        for those that cannot be read)."""
+        if self._s is None or self._dummy or not (len(keys) == len(buffer_ptrs) == len(sizes)):
+            return [None] * len(keys)
+        got = self.batch_get_into(keys, buffer_ptrs, sizes)
+        if isinstance(got, int):
+            return [None] * len(keys)
+        return [self._to_tensor(k, (ctypes.c_char * n).from_address(p)) if n > 0 else None
+                for k, p, n in zip(keys, buffer_ptrs, got)]
+
+    def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1):
+        keys = base_keys if tp_size <= 1 else [tp_key(k, tp_rank) for k in base_keys]
+        return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
+
+    # pub: put_tensor with a replication config.
+
+    @staticmethod
+    def _check_config(config):
+        c = config or ReplicateConfig()
+        if c.preferred_segments and len(c.preferred_segments) != c.replica_num:
+            log.error("preferred_segments (%d) must match replica_num (%d)", len(c.preferred_segments),
+                      c.replica_num)
+            return _INVALID_PARAMS
+        return 0
+
+    def pub_tensor(self, key, tensor, config=None):
+        if self._s is None or self._dummy:
+            return _INVALID_PARAMS
+        bad = self._check_config(config)
+        if bad:
+            return bad
+        try:
+            v = _tensor.serialize(tensor)
+        except (_tensor.TensorError, TypeError) as e:
+            log.error("pub_tensor %s: %s", key, e)
+            return _INVALID_PARAMS
+        return self._put_objects([key], [v], config)[0]
+
+    def batch_pub_tensor(self, keys, tensors_list, config=None):
+        if self._s is None or self._dummy or len(keys) != len(tensors_list) or not keys or self._check_config(config):
+            return [_INVALID_PARAMS] * len(keys)
+        res, todo, objs = [0] * len(keys), [], []
+        for i, t in enumerate(tensors_list):
+            try:
+                objs.append(_tensor.serialize(t))
+                todo.append(i)
+            except (_tensor.TensorError, TypeError) as e:
+                log.error("batch_pub_tensor %s: %s", keys[i], e)
+                res[i] = _INVALID_PARAMS
+        if todo:
+            for i, code in zip(todo, self._put_objects([keys[i] for i in todo], objs, config)):
+                res[i] = code
+        return res
+
+    def pub_tensor_with_tp(self, key, tensor, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        if self._s is None or self._dummy:
+            return _INVALID_PARAMS
+        bad = self._check_config(config)
+        if bad:
+            return bad
+        if tp_size <= 1:
+            return self.pub_tensor(key, tensor, config)
+        return self._put_tp("pub_tensor_with_tp", [key], [tensor], config, tp_size, split_dim)[0]
+
+    def batch_pub_tensor_with_tp(self, base_keys, tensors_list, config=None, tp_rank=0, tp_size=1, split_dim=0):
+        if tp_size <= 1:
+            return self.batch_pub_tensor(base_keys, tensors_list, config)
+        if (self._s is None or self._dummy or len(base_keys) != len(tensors_list) or not base_keys
+                or self._check_config(config)):
+            return [_INVALID_PARAMS] * len(base_keys)
+        return self._put_tp("batch_pub_tensor_with_tp", base_keys, tensors_list, config, tp_size, split_dim)
+
+    # Calls Crescent does not serve: the reference's shape, a clear code.
+
+    def _unsupported(self, name):
+        log.error("%s is not supported by Crescent's compat store (NOT_SUPPORTED %d)", name, _NOT_SUPPORTED)
+        return _NOT_SUPPORTED
+
+    def create_copy_task(self, key, targets):
+        return None, self._unsupported("create_copy_task")
+
+    def create_move_task(self, key, source, target):
+        return None, self._unsupported("create_move_task")
+
+    def query_task(self, task_id):
+        return None, self._unsupported("query_task")
+
+    def get_replica_desc(self, key):
+        self._unsupported("get_replica_desc")
+        return None
+
+    def batch_get_replica_desc(self, keys):
+        self._unsupported("batch_get_replica_desc")
+        return None
