@@ -865,11 +865,11 @@ func (e *Engine) Close() error {
 	if e.closed.Swap(true) {
 		return nil
 	}
-	e.trMu.Lock() // an InstallTransport under way finishes first (and sees closed after)
-	ts := e.transportsNow()
-	e.trMu.Unlock()
+	// Not under trMu: an UnregisterMemory may hold it while its transfers
+	// drain, and closing the transports is what ends them. An
+	// InstallTransport racing this closes its own transport (see there).
 	var errs []error
-	for _, t := range ts {
+	for _, t := range e.transportsNow() {
 		if err := t.Close(); err != nil {
 			errs = append(errs, err)
 		}

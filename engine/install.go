@@ -79,6 +79,10 @@ func (e *Engine) InstallTransport(ctx context.Context, proto string) error {
 	next := append(slices.Clone(cur), t)
 	sort.SliceStable(next, func(i, j int) bool { return e.rank(next[i].Name()) < e.rank(next[j].Name()) })
 	e.tlist.Store(&next)
+	if e.closed.Load() { // Close ran meanwhile and may have missed it
+		t.Close()
+		return ErrClosed
+	}
 	e.log.Info("transport installed", "protocol", proto, "transports", names(next))
 	e.dropDesc()
 	return e.publish()
@@ -178,7 +182,9 @@ func (e *Engine) uninstalledErr(via transport.Transport, err error) error {
 // missing from tried because it was uninstalled here.
 func (e *Engine) noTransport(s *segment, tried []transport.Transport) error {
 	var offered []string
-	if d := s.Desc(); d != nil && d.Crescent != nil {
+	d := s.Desc()
+	described := d != nil && d.Crescent != nil // a Mooncake peer names none
+	if described {
 		offered = d.Crescent.Protocols
 	}
 	running := names(tried)
@@ -194,7 +200,7 @@ func (e *Engine) noTransport(s *segment, tried []transport.Transport) error {
 		return fmt.Errorf("%w: %s offers %v: %w: %s (running here: %v)", ErrNoTransport, s.name, offered,
 			ErrTransportUninstalled, strings.Join(gone, ", "), running)
 	}
-	if offered != nil {
+	if described {
 		return fmt.Errorf("%w: %s offers %v, running here: %v", ErrNoTransport, s.name, offered, running)
 	}
 	return fmt.Errorf("%w: %s (running here: %v)", ErrNoTransport, s.name, running)

@@ -332,3 +332,37 @@ func TestInstallUninstallConcurrent(t *testing.T) {
 	t.Logf("%d completed, %d failed naming the uninstalled transport", completed.Load(), refused.Load())
 	require.NoError(t, transfer(t, a, b, seg, 8, 64<<10))
 }
+
+// Close ends an UnregisterMemory waiting for a transfer that only
+// closing the transports can end (the wait holds the lock installs take;
+// Close must not).
+func TestCloseEndsUnregisterWaitingForTransfers(t *testing.T) {
+	ctx := context.Background()
+	var hold atomic.Bool
+	in := make(chan struct{}, 4)
+	restore := engine.SetTransportWrapper(func(tr transport.Transport) transport.Transport {
+		return &holdingTransport{Transport: tr, hold: &hold, in: in}
+	})
+	defer restore()
+	a := newNode(t, 1<<20, engine.Config{Protocols: []string{"tcp"}, TransferTimeout: 10 * time.Minute})
+	b := newNode(t, 1<<20, engine.Config{Protocols: []string{"tcp"}})
+	seg, err := a.e.OpenSegment(ctx, b.e.Name())
+	require.NoError(t, err)
+	hold.Store(true)
+	batch, err := a.e.AllocateBatch(1)
+	require.NoError(t, err)
+	require.NoError(t, a.e.Submit(batch, []engine.Request{{Op: engine.Write, Local: a.buf[:4096], Target: seg, TargetAddr: b.addr(0)}}))
+	<-in
+	unregistered := make(chan error, 1)
+	go func() { unregistered <- a.e.UnregisterMemory(ctx, a.buf) }()
+	time.Sleep(50 * time.Millisecond) // let it reach the wait (either order must work)
+	closed := make(chan error, 1)
+	go func() { closed <- a.e.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close blocked behind an UnregisterMemory waiting for a transfer")
+	}
+	<-unregistered
+}
