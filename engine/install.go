@@ -37,7 +37,9 @@ func (e *Engine) rank(name string) int {
 // "rdma", "efa") on a running engine, as New would have (its Config
 // section, the engine's token and admission), registers the buffers
 // registered so far with it, and publishes the descriptor with it, so
-// peers that fetch it again reach this engine over it. Installing a
+// peers that fetch it again reach this engine over it. It takes its
+// place in Config.Protocols' order (one not named there comes after
+// them, in the default order). Installing a
 // running transport does nothing (as the reference returns the one it
 // has). An unknown name is ErrInvalidConfig; one that cannot start here
 // wraps the transport's error (transport.ErrNotSupported when the host
