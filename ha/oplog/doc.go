@@ -137,11 +137,18 @@
 // hold of one lock. LoadLatest builds a master from the latest snapshot
 // alone, for a standby to follow the log from its Seq+1.
 //
-// Durable.ServiceOption installs service.WithDurability: every RPC,
-// reads included, answers only once all that was logged before its
-// answer is durable (Durable.Wait: Sink.WaitDurable(Appended()), at once
-// when nothing is pending); after a failure of the log every RPC
-// answers INTERNAL_ERROR and /health 503 with the cause (fail-stop).
+// Durable.ServiceOption installs service.WithDurability: every RPC
+// answers only once all that was logged before its answer is durable
+// (Durable.Wait: Sink.WaitDurable(Appended()), at once when nothing is
+// pending); after a failure of the log every RPC answers INTERNAL_ERROR
+// and /health 503 with the cause (fail-stop). Reads of keys
+// (GetReplicaList, ExistKey, their batch forms) wait for less
+// (service.WithReadDurability): for the largest Sink.LastChange of
+// their keys, a table of 16384 slots by key hash holding the seq of the
+// last op appended on a key of the slot. An op is appended under its
+// key's shard lock, which the read takes, so the seq of every change a
+// read saw is in its slot when the read returns: such a read still waits
+// for the changes it saw, but not for the commits of other keys' writes.
 // Since an op is logged under the locks of what it changes, before any
 // other op can reuse space it frees, a put's answer (the address its
 // writer will overwrite) implies every earlier remove or eviction of

@@ -175,6 +175,18 @@ func (d *Durable) Wait(ctx context.Context) error {
 	return d.Sink.WaitDurable(ctx, seq)
 }
 
+// WaitSeq returns once seq is durable (at once when it is), or the log's
+// failure, or ctx's error.
+func (d *Durable) WaitSeq(ctx context.Context, seq uint64) error {
+	if err := d.Sink.Failed(); err != nil {
+		return err
+	}
+	if d.Sink.Durable() >= seq {
+		return nil
+	}
+	return d.Sink.WaitDurable(ctx, seq)
+}
+
 // Failed is the log's failure, nil while healthy.
 func (d *Durable) Failed() error {
 	if err := d.Sink.Failed(); err != nil {
@@ -188,9 +200,15 @@ func (d *Durable) Failed() error {
 
 // ServiceOption makes a service.Service answer every RPC only once the
 // changes it may have seen are durable, and report the log's failure
-// on /health.
+// on /health. Reads of keys wait only for the last changes of their keys
+// (Sink.LastChange), not for everything logged so far.
 func (d *Durable) ServiceOption() service.Option {
-	return service.WithDurability(d.Wait, d.Failed)
+	dur := service.WithDurability(d.Wait, d.Failed)
+	reads := service.WithReadDurability(d.Sink.LastChange, d.WaitSeq)
+	return func(s *service.Service) {
+		dur(s)
+		reads(s)
+	}
 }
 
 // Close closes the master, then the sink (writing what is queued), then

@@ -16,7 +16,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/ha/internal/vfs"
 	"github.com/crescent-kv/crescent/ha/internal/vfs/errorfs"
@@ -348,4 +350,79 @@ func TestDurableFreedSpaceReusedAfterDurable(t *testing.T) {
 	require.NoError(t, a.err)
 	require.Equal(t, ra.Replicas[0].Memory.BufferAddress, a.resp.Replicas[0].Memory.BufferAddress, "b reuses a's space")
 	require.GreaterOrEqual(t, a.durable, removeSeq, "b's address was handed out before a's remove was durable")
+}
+
+// A read of keys waits for the last changes of its keys only: with the
+// log's fsync held under another key's write, reads of a durable key
+// answer at once, and a read of the key being written (complete in the
+// master's memory, its PutEnd not durable) does not answer until the
+// commit.
+func TestDurableReadWaitsForItsKeysOnly(t *testing.T) {
+	leakCheck(t)
+	ctx := context.Background()
+	d, fs, mc := openHeld(t)
+	require.NoError(t, durPut(ctx, mc, "a"))
+	_, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Session: durSession, Key: "b", Size: 100})
+	require.NoError(t, err)
+
+	fs.hold()
+	ended := make(chan error, 1)
+	go func() {
+		_, err := mc.PutEnd(ctx, &storepb.PutEndRequest{ClientId: durClient, Session: durSession, Key: "b"})
+		ended <- err
+	}()
+	<-fs.entered // b's PutEnd is being synced
+	require.Greater(t, d.Sink.Appended(), d.Sink.Durable())
+
+	// Reads of a: answered while the fsync is held (they used to wait
+	// for it: everything logged so far).
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = mc.GetReplicaList(rctx, &storepb.GetReplicaListRequest{Key: "a"})
+	require.NoError(t, err)
+	ex, err := mc.ExistKey(rctx, &storepb.ExistKeyRequest{Key: "a"})
+	require.NoError(t, err)
+	require.True(t, ex.Exists)
+	bg, err := mc.BatchGetReplicaList(rctx, &storepb.BatchGetReplicaListRequest{Keys: []string{"a", "missing"}})
+	require.NoError(t, err)
+	require.Len(t, bg.Results, 2)
+	be, err := mc.BatchExistKey(rctx, &storepb.BatchExistKeyRequest{Keys: []string{"a"}})
+	require.NoError(t, err)
+	require.True(t, be.Results[0].Exists)
+
+	// Reads that include b wait for b's commit.
+	for name, read := range map[string]func(context.Context) error{
+		"GetReplicaList": func(c context.Context) error {
+			_, err := mc.GetReplicaList(c, &storepb.GetReplicaListRequest{Key: "b"})
+			return err
+		},
+		"ExistKey": func(c context.Context) error {
+			_, err := mc.ExistKey(c, &storepb.ExistKeyRequest{Key: "b"})
+			return err
+		},
+		"BatchGetReplicaList": func(c context.Context) error {
+			_, err := mc.BatchGetReplicaList(c, &storepb.BatchGetReplicaListRequest{Keys: []string{"a", "b"}})
+			return err
+		},
+		"BatchExistKey": func(c context.Context) error {
+			_, err := mc.BatchExistKey(c, &storepb.BatchExistKeyRequest{Keys: []string{"b", "a"}})
+			return err
+		},
+	} {
+		sctx, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		err := read(sctx)
+		scancel()
+		require.Equal(t, codes.DeadlineExceeded, status.Code(err), "%s of b answered (%v) before b's PutEnd was durable", name, err)
+	}
+	select {
+	case err := <-ended:
+		t.Fatalf("PutEnd answered (%v) while its fsync was held", err)
+	default:
+	}
+
+	fs.unhold()
+	require.NoError(t, <-ended)
+	ex, err = mc.ExistKey(ctx, &storepb.ExistKeyRequest{Key: "b"})
+	require.NoError(t, err)
+	require.True(t, ex.Exists)
 }

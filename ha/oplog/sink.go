@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sort"
 	"sync"
@@ -84,6 +85,13 @@ type Sink struct {
 	durable  atomic.Uint64
 	done     chan struct{}
 
+	// lastOn[slot(key)] is the seq of the last op on a key of that slot
+	// (stored under mu, so it only grows): what a read of the key may
+	// have seen and must wait for (LastChange). Keys share slots, which
+	// costs a read at most a wait for another key's commit.
+	lastOn *[changeSlots]atomic.Uint64
+	seed   maphash.Seed
+
 	// Group commits by entries, in BatchBounds's buckets; errors are
 	// failed Store.Appends.
 	batchBuckets      [len(BatchBounds) + 1]atomic.Uint64
@@ -131,7 +139,8 @@ func NewSink(ctx context.Context, st Store, cfg SinkConfig) (*Sink, error) {
 		cfg.FullDelay = DefaultSinkFullDelay
 	}
 	s := &Sink{store: st, cfg: cfg, next: last + 1, changed: make(chan struct{}),
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
+		lastOn: new([changeSlots]atomic.Uint64), seed: maphash.MakeSeed()}
 	s.appended.Store(last)
 	s.durable.Store(last)
 	s.linger = time.AfterFunc(time.Hour, func() {
@@ -215,6 +224,9 @@ func (s *Sink) Append(op *master.Op) {
 	s.held++
 	s.bytes += size
 	s.appended.Store(e.Seq)
+	if op.Key != "" {
+		s.lastOn[s.slot(op.Key)].Store(e.Seq)
+	}
 	// The writer starts when a handler waits (WaitDurable), so the ops
 	// of one RPC, appended before it waits, share one commit instead of
 	// straddling two (two fsyncs on the RPC's path); an op nobody waits
@@ -347,6 +359,19 @@ func (s *Sink) run() {
 		}
 	}
 }
+
+// changeSlots is the size of the table LastChange reads (8 bytes each).
+const changeSlots = 1 << 14
+
+func (s *Sink) slot(key string) uint64 { return maphash.String(s.seed, key) & (changeSlots - 1) }
+
+// LastChange is a seq at or after the last op on key appended so far (0:
+// none since the sink started; everything before is durable). The master
+// appends an op while it holds the key's shard lock, so a read of key
+// that saw a change sees its seq here once the read returns: waiting for
+// LastChange instead of Appended spares reads the commits of other keys'
+// writes.
+func (s *Sink) LastChange(key string) uint64 { return s.lastOn[s.slot(key)].Load() }
 
 // Appended is the last seq given to an op; Durable the last one the store
 // made durable.

@@ -15,10 +15,13 @@
 // WaitInvalidations (Crescent's) is the hot cache's long poll of
 // master.WaitInvalidations (at most 1024 items and 1 MiB of keys an
 // answer; the hold is capped at a third of InvalidationTTL).
-// WithDurability (an operation log's wait) makes every RPC, reads
-// included, answer only once all the master logged before the answer is
-// durable, and INTERNAL_ERROR when the log failed (/health then answers
-// 503 with the cause); the wait runs in UnaryInterceptor. The admin pages
+// WithDurability (an operation log's wait) makes every RPC answer only
+// once all the master logged before the answer is durable, and
+// INTERNAL_ERROR when the log failed (/health then answers 503 with the
+// cause); the wait runs in UnaryInterceptor. WithReadDurability narrows
+// it for reads of keys (GetReplicaList, ExistKey, BatchGetReplicaList,
+// BatchExistKey): they wait only for the last logged changes of their
+// keys. The admin pages
 // that show keys or segments (store/master/admin.Handler) wait the same
 // way (Service.WaitDurable).
 // Service.Counts and WithObserver feed metrics (store/master/admin), counted in one place:

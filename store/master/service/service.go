@@ -87,7 +87,11 @@ type Service struct {
 	conns   netx.Config
 	durable func(ctx context.Context) error // nil: no log to wait for
 	health  func() error
-	gate    func() error // nil: always answer
+	// lastChange and waitSeq, when set, replace durable for reads of
+	// keys (WithReadDurability).
+	lastChange func(key string) uint64
+	waitSeq    func(ctx context.Context, seq uint64) error
+	gate       func() error // nil: always answer
 	// admin is the admin credential; adminSet: admin RPCs need it
 	// (WithAdminToken).
 	admin    []byte
@@ -132,6 +136,53 @@ func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) Option {
 // admin /health answers 503 with it (fail-stop).
 func WithDurability(wait func(ctx context.Context) error, failed func() error) Option {
 	return func(s *Service) { s.durable, s.health = wait, failed }
+}
+
+// WithReadDurability lets the reads of keys (GetReplicaList,
+// ExistKey and their batch forms) wait for less than WithDurability's
+// wait: only until waitSeq(max of lastChange(key) over the keys read)
+// returns. lastChange(key) must be at or after the seq of every change
+// to key the master made before the read returned (a durable master
+// logs a change while it holds the key's lock), so a read that saw a
+// change is still not answered before it is durable, but it does not
+// wait for the commits of other keys' writes.
+func WithReadDurability(lastChange func(key string) uint64, waitSeq func(ctx context.Context, seq uint64) error) Option {
+	return func(s *Service) { s.lastChange, s.waitSeq = lastChange, waitSeq }
+}
+
+// readNeed is the seq a read RPC must wait for; false when req is not
+// a read of keys.
+func (s *Service) readNeed(rpc int, req any) (uint64, bool) {
+	if s.lastChange == nil || s.waitSeq == nil {
+		return 0, false
+	}
+	var keys []string
+	switch r := req.(type) {
+	case *storepb.GetReplicaListRequest:
+		if rpc == rpcGetReplicaList {
+			return s.lastChange(r.GetKey()), true
+		}
+	case *storepb.ExistKeyRequest:
+		if rpc == rpcExistKey {
+			return s.lastChange(r.GetKey()), true
+		}
+	case *storepb.BatchGetReplicaListRequest:
+		if rpc == rpcBatchGetReplicaList {
+			keys = r.GetKeys()
+		}
+	case *storepb.BatchExistKeyRequest:
+		if rpc == rpcBatchExistKey {
+			keys = r.GetKeys()
+		}
+	}
+	if keys == nil {
+		return 0, false
+	}
+	var need uint64
+	for _, k := range keys {
+		need = max(need, s.lastChange(k))
+	}
+	return need, true
 }
 
 // WithGate makes every RPC check gate just before it answers: a non-nil
@@ -219,8 +270,15 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 		resp, err := h(ctx, req)
 		if s.durable != nil {
 			// Answer nothing (success or failure) from a state that is
-			// not durable yet.
-			if werr := s.durable(ctx); werr != nil {
+			// not durable yet: for a read of keys, their last changes
+			// (read after the handler, so they cover what it saw).
+			var werr error
+			if need, ok := s.readNeed(rpc, req); ok {
+				werr = s.waitSeq(ctx, need)
+			} else {
+				werr = s.durable(ctx)
+			}
+			if werr != nil {
 				if ctx.Err() == nil {
 					werr = &errcode.Error{Code: errcode.InternalError, Msg: "master: operation log not durable: " + werr.Error()}
 				}
