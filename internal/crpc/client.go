@@ -188,11 +188,24 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		binary.LittleEndian.PutUint64(buf[headerLen:], uint64(us))
 	}
 	sent := time.Now().UnixNano()
+	// Claimed before the write, so the background reader (if it reads)
+	// has yielded by the time the reply comes.
+	cc.claim()
 	if err := cc.write(ctx, buf); err != nil {
+		cc.waiting.Add(-1)
 		cc.remove(id)
 		return err
 	}
 	return cc.await(ctx, c, id, ch, sent, method, out)
+}
+
+// claim counts the caller among those waiting for a reply (await takes it
+// off) and makes the background reader give the read role up.
+func (cc *clientConn) claim() {
+	cc.waiting.Add(1)
+	if cc.bgReading.Load() {
+		cc.interrupt()
+	}
 }
 
 // await waits for call id's reply on ch. A caller that finds nobody
@@ -200,7 +213,7 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 // own reply is in (see lead), so with one call in flight no other
 // goroutine runs; others wait on their channels for whoever reads.
 func (cc *clientConn) await(ctx context.Context, c *Conn, id uint32, ch chan frame, sent int64, method string, out proto.Message) error {
-	waiting := false
+	waiting := true // claimed
 	defer func() {
 		if waiting {
 			cc.waiting.Add(-1)
@@ -213,11 +226,8 @@ func (cc *clientConn) await(ctx context.Context, c *Conn, id uint32, ch chan fra
 		case <-cc.role:
 		default:
 			if !waiting {
+				cc.claim()
 				waiting = true
-				cc.waiting.Add(1)
-				if cc.bgReading.Load() {
-					cc.interrupt() // the background reader yields to a caller
-				}
 			}
 			select {
 			case f := <-ch:
@@ -436,6 +446,7 @@ type clientConn struct {
 	err      error
 	lastRead atomic.Int64 // unix ns of the last frame received
 	pongs    atomic.Int64 // pongs received (tests)
+	handed   atomic.Int64 // replies read by another goroutine than their caller's (tests)
 }
 
 func (cc *clientConn) broken() bool {
@@ -736,6 +747,7 @@ func (cc *clientConn) deliver(f frame, own chan frame) bool {
 	if ch == own {
 		return true
 	}
+	cc.handed.Add(1)
 	ch <- f // buffered; a caller that gave up has removed its id
 	return false
 }
