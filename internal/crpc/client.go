@@ -404,7 +404,10 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	nc.SetDeadline(time.Time{})
 	cc := &clientConn{c: nc, wg: &c.wg, flushTimeout: c.pingTimeout, maxFrame: c.maxFrame, wsem: make(chan struct{}, 1), pending: map[uint32]chan frame{},
 		done: make(chan struct{}), kick: make(chan struct{}, 1), pong: make(chan uint32, 1),
-		role: make(chan struct{}, 1), rd: newFrameReader(nc, c.maxFrame)}
+		role: make(chan struct{}, 1)}
+	r := newPollConn(nc)
+	cc.pc, _ = r.(*pollConn)
+	cc.rd = newFrameReader(r, c.maxFrame)
 	cc.role <- struct{}{}
 	cc.lastRead.Store(time.Now().UnixNano())
 	cc.lastLead.Store(nanotime())
@@ -435,6 +438,7 @@ type clientConn struct {
 	// the background reader on an idle connection.
 	role      chan struct{}
 	rd        *frameReader // the role holder's; resumable
+	pc        *pollConn    // under rd when callers poll (pollWait); nil: not
 	waiting   atomic.Int32 // callers waiting for a reply without the role
 	bgReading atomic.Bool  // the background reader holds the role
 	dlSet     atomic.Bool  // an interrupt may have set a read deadline
@@ -626,6 +630,10 @@ func (cc *clientConn) lead(ctx context.Context, ch chan frame) (f frame, got boo
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, cc.interrupt)
 		defer stop()
+	}
+	if cc.pc != nil {
+		cc.pc.poll = true
+		defer func() { cc.pc.poll = false }()
 	}
 	force := false
 	for {
