@@ -53,6 +53,22 @@ func WithPing(interval, timeout time.Duration) Option {
 	return func(c *Conn) { c.pingInterval, c.pingTimeout = interval, timeout }
 }
 
+// WithPollWait makes a caller that reads its own reply and would block
+// first wait up to d for the reply in its own thread (ppoll) before
+// parking in Go's netpoller (default 0: never; plain TCP only, not TLS;
+// Linux only). It is for callers on a locked OS thread (a cgo export called
+// from C or Python): the kernel wakes that thread directly instead of the
+// netpoller waking another thread which then wakes it. It costs Go callers
+// (the thread blocks for up to d with nothing else to run), so it is off
+// unless asked for. A cancel or deadline is seen at most d late.
+// d is capped at maxPollWait.
+func WithPollWait(d time.Duration) Option {
+	return func(c *Conn) { c.pollWait = min(d, maxPollWait) }
+}
+
+// maxPollWait bounds WithPollWait: how late a cancel may be seen.
+const maxPollWait = 10 * time.Millisecond
+
 // WithDialer makes every (re)connection dial with d (a local address,
 // say) instead of a zero net.Dialer.
 func WithDialer(d *net.Dialer) Option { return func(c *Conn) { c.dialer = d } }
@@ -86,6 +102,7 @@ type Conn struct {
 	token        []byte // nil: no challenge (WithToken)
 	dialer       *net.Dialer
 	resolve      func(context.Context) (string, error)
+	pollWait     time.Duration
 
 	mu     sync.Mutex
 	cur    *clientConn
@@ -405,7 +422,7 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	cc := &clientConn{c: nc, wg: &c.wg, flushTimeout: c.pingTimeout, maxFrame: c.maxFrame, wsem: make(chan struct{}, 1), pending: map[uint32]chan frame{},
 		done: make(chan struct{}), kick: make(chan struct{}, 1), pong: make(chan uint32, 1),
 		role: make(chan struct{}, 1)}
-	r := newPollConn(nc)
+	r := newPollConn(nc, c.pollWait)
 	cc.pc, _ = r.(*pollConn)
 	cc.rd = newFrameReader(r, c.maxFrame)
 	cc.role <- struct{}{}

@@ -124,6 +124,10 @@
 //     reading nobody reads, and a call made then on a connection the
 //     server has just closed is written to it and fails UNAVAILABLE, not
 //     NotSent, like a call in flight when the server goes;
+//   - WithPollWait (off by default): a caller about to block on its
+//     reply first waits up to the given time in ppoll on its own thread
+//     (plain TCP only), so a cgo caller's locked thread is woken by the
+//     kernel itself; Go callers lose by it, cgo callers gain;
 //   - WithTLS: every (re)connection is a TLS client; against a TLS-only
 //     server without it, Dial returns ErrTLSRequired;
 //   - WithToken: every (re)connection proves the cluster token first;

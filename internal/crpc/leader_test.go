@@ -316,3 +316,28 @@ func TestPingWhileCallerReads(t *testing.T) {
 	assert.Same(t, cc, current(c))
 	assert.False(t, cc.broken())
 }
+
+// TestPollWait: with WithPollWait a caller about to block waits in ppoll
+// first; replies, deadlines and the stream behave as without it.
+func TestPollWait(t *testing.T) {
+	lis := listen(t)
+	_, svc, _ := serveOn(t, lis)
+	c := dial(t, lis.Addr().String(), WithPollWait(200*time.Microsecond), WithPing(time.Hour, 10*time.Second))
+	cc := current(c)
+	require.NotNil(t, cc.pc, "a plain TCP connection polls")
+	for i := range 200 {
+		got, err := call(tctx(t), c, "Echo", fmt.Sprint(i))
+		require.NoError(t, err)
+		require.Equal(t, fmt.Sprint("echo:", i), got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	_, err := call(ctx, c, "Block", "")
+	cancel()
+	<-svc.entered
+	assert.Equal(t, codes.DeadlineExceeded, status.Code(err))
+	got, err := call(tctx(t), c, "Echo", "after")
+	require.NoError(t, err)
+	assert.Equal(t, "echo:after", got)
+	assert.Same(t, cc, current(c))
+	assert.Positive(t, cc.pc.polled.Load())
+}

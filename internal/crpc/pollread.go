@@ -4,24 +4,12 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
-
-// pollWait is how long a reader about to block first waits for
-// readability in its own thread (ppoll) before parking in the netpoller;
-// 0: never. CRESCENT_CRPC_POLL=<µs> sets it (measurement only).
-var pollWait = func() int64 {
-	var us int64
-	for _, c := range os.Getenv("CRESCENT_CRPC_POLL") {
-		if c < '0' || c > '9' {
-			return 0
-		}
-		us = us*10 + int64(c-'0')
-	}
-	return us * 1000
-}()
 
 // pollConn reads a TCP connection; while poll is set (a caller holds the
 // read role), a read that would block waits in ppoll first, so a thread
@@ -29,20 +17,24 @@ var pollWait = func() int64 {
 // instead of by the netpoller and another thread.
 type pollConn struct {
 	net.Conn
-	rc   syscall.RawConn
-	poll bool
+	rc     syscall.RawConn
+	wait   unix.Timespec
+	poll   bool
+	polled atomic.Int64 // ppoll calls (tests)
 }
 
-func newPollConn(c net.Conn) net.Conn {
+// newPollConn wraps a plain TCP connection when wait > 0 (WithPollWait);
+// TLS connections read through crypto/tls and are not wrapped.
+func newPollConn(c net.Conn, wait time.Duration) net.Conn {
 	tc, ok := c.(*net.TCPConn)
-	if !ok || pollWait <= 0 {
+	if !ok || wait <= 0 {
 		return c
 	}
 	rc, err := tc.SyscallConn()
 	if err != nil {
 		return c
 	}
-	return &pollConn{Conn: c, rc: rc}
+	return &pollConn{Conn: c, rc: rc, wait: unix.NsecToTimespec(int64(wait))}
 }
 
 func (p *pollConn) Read(b []byte) (int, error) {
@@ -60,8 +52,9 @@ func (p *pollConn) Read(b []byte) (int, error) {
 			}
 			if rerr == syscall.EAGAIN && !polled {
 				polled = true
+				p.polled.Add(1)
 				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-				ts := unix.NsecToTimespec(pollWait)
+				ts := p.wait
 				unix.Ppoll(fds, &ts, nil)
 				continue
 			}
