@@ -117,13 +117,15 @@
 //     middle of is finished by the next reader;
 //   - idle connections: a background reader takes the role once no
 //     caller has read for 1 ms, and yields it to the next caller (which
-//     claims it before writing its request), so a server that closes or
-//     dies (FIN or RST) while the connection is idle is seen at once and
-//     the next call dials again, NotSent-safe. The window left: for up to
-//     1 ms (plus timer and scheduling delay) after the last caller stopped
-//     reading nobody reads, and a call made then on a connection the
-//     server has just closed is written to it and fails UNAVAILABLE, not
-//     NotSent, like a call in flight when the server goes;
+//     claims it before writing its request; a reply that comes before the
+//     background reader has woken to yield is handed over, as to a
+//     follower), so a server that closes or dies (FIN or RST) while the
+//     connection is idle is seen at once and the next call dials again,
+//     NotSent-safe. The window left: for up to 1 ms (plus timer and
+//     scheduling delay) after the last caller stopped reading nobody
+//     reads, and a call made then on a connection the server has just
+//     closed is written to it and fails UNAVAILABLE, not NotSent, like a
+//     call in flight when the server goes;
 //   - WithPollWait (off by default): a caller about to block on its
 //     reply first waits up to the given time in ppoll on its own thread
 //     (plain TCP only), so a cgo caller's locked thread is woken by the
