@@ -1,6 +1,7 @@
 package crpc
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/binary"
@@ -52,6 +53,22 @@ func WithPing(interval, timeout time.Duration) Option {
 	return func(c *Conn) { c.pingInterval, c.pingTimeout = interval, timeout }
 }
 
+// WithPollWait makes a caller that reads its own reply and would block
+// first wait up to d for the reply in its own thread (ppoll) before
+// parking in Go's netpoller (default 0: never; plain TCP only, not TLS;
+// Linux only). It is for callers on a locked OS thread (a cgo export called
+// from C or Python): the kernel wakes that thread directly instead of the
+// netpoller waking another thread which then wakes it. It costs Go callers
+// (the thread blocks for up to d with nothing else to run), so it is off
+// unless asked for. A cancel or deadline is seen at most d late.
+// d is capped at maxPollWait.
+func WithPollWait(d time.Duration) Option {
+	return func(c *Conn) { c.pollWait = min(d, maxPollWait) }
+}
+
+// maxPollWait bounds WithPollWait: how late a cancel may be seen.
+const maxPollWait = 10 * time.Millisecond
+
 // WithDialer makes every (re)connection dial with d (a local address,
 // say) instead of a zero net.Dialer.
 func WithDialer(d *net.Dialer) Option { return func(c *Conn) { c.dialer = d } }
@@ -85,6 +102,7 @@ type Conn struct {
 	token        []byte // nil: no challenge (WithToken)
 	dialer       *net.Dialer
 	resolve      func(context.Context) (string, error)
+	pollWait     time.Duration
 
 	mu     sync.Mutex
 	cur    *clientConn
@@ -187,35 +205,99 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		binary.LittleEndian.PutUint64(buf[headerLen:], uint64(us))
 	}
 	sent := time.Now().UnixNano()
+	// Claimed before the write, so the background reader (if it reads)
+	// has yielded by the time the reply comes.
+	cc.claim()
 	if err := cc.write(ctx, buf); err != nil {
+		cc.waiting.Add(-1)
 		cc.remove(id)
 		return err
 	}
-	select {
-	case f := <-ch:
-		return replyOf(ch, f, method, out)
-	case <-cc.done:
-		// The reader hands a reply over before it sees the end of the
-		// stream: a reply that came just before the server closed is
-		// the call's answer, not a lost connection.
+	return cc.await(ctx, c, id, ch, sent, method, out)
+}
+
+// claim counts the caller among those waiting for a reply (await takes it
+// off) and makes the background reader give the read role up.
+func (cc *clientConn) claim() {
+	cc.waiting.Add(1)
+	if cc.bgReading.Load() {
+		cc.interrupt()
+	}
+}
+
+// await waits for call id's reply on ch. A caller that finds nobody
+// reading the connection takes the read role itself and reads until its
+// own reply is in (see lead), so with one call in flight no other
+// goroutine runs; others wait on their channels for whoever reads.
+func (cc *clientConn) await(ctx context.Context, c *Conn, id uint32, ch chan frame, sent int64, method string, out proto.Message) error {
+	waiting := true // claimed
+	defer func() {
+		if waiting {
+			cc.waiting.Add(-1)
+		}
+	}()
+	for {
 		select {
 		case f := <-ch:
 			return replyOf(ch, f, method, out)
+		case <-cc.role:
 		default:
+			if !waiting {
+				cc.claim()
+				waiting = true
+			}
+			select {
+			case f := <-ch:
+				return replyOf(ch, f, method, out)
+			case <-cc.role:
+			case <-cc.done:
+				return cc.doneErr(ch, method, out)
+			case <-ctx.Done():
+				return cc.given(ctx, c, id, sent)
+			}
 		}
-		return cc.err
-	case <-ctx.Done():
-		if cc.remove(id) {
-			c.sendCancel(cc, id)
+		if waiting {
+			waiting = false
+			cc.waiting.Add(-1)
 		}
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) && cc.lastRead.Load() < sent {
-			// Not a byte from the server since this call went out: it may
-			// be gone without a FIN. Ask it now rather than at the next
-			// ping.
-			cc.kickPing()
+		f, got := cc.lead(ctx, ch)
+		cc.release()
+		switch {
+		case got:
+			return replyOf(ch, f, method, out)
+		case cc.broken():
+			return cc.doneErr(ch, method, out)
+		case ctx.Err() != nil:
+			return cc.given(ctx, c, id, sent)
 		}
-		return status.FromContextError(ctx.Err()).Err()
 	}
+}
+
+// doneErr is the outcome of a call on a broken connection. A reader
+// hands a reply over before it sees the end of the stream: a reply that
+// came just before the server closed is the call's answer, not a lost
+// connection.
+func (cc *clientConn) doneErr(ch chan frame, method string, out proto.Message) error {
+	select {
+	case f := <-ch:
+		return replyOf(ch, f, method, out)
+	default:
+	}
+	return cc.err
+}
+
+// given ends a call whose context ended before its reply came.
+func (cc *clientConn) given(ctx context.Context, c *Conn, id uint32, sent int64) error {
+	if cc.remove(id) {
+		c.sendCancel(cc, id)
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) && cc.lastRead.Load() < sent {
+		// Not a byte from the server since this call went out: it may
+		// be gone without a FIN. Ask it now rather than at the next
+		// ping.
+		cc.kickPing()
+	}
+	return status.FromContextError(ctx.Err()).Err()
 }
 
 // replyOf is a call's outcome from its reply or error frame f; ch, which
@@ -338,12 +420,18 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	}
 	nc.SetDeadline(time.Time{})
 	cc := &clientConn{c: nc, wg: &c.wg, flushTimeout: c.pingTimeout, maxFrame: c.maxFrame, wsem: make(chan struct{}, 1), pending: map[uint32]chan frame{},
-		done: make(chan struct{}), kick: make(chan struct{}, 1), pong: make(chan uint32, 1)}
+		done: make(chan struct{}), kick: make(chan struct{}, 1), pong: make(chan uint32, 1),
+		role: make(chan struct{}, 1)}
+	r := newPollConn(nc, c.pollWait)
+	cc.pc, _ = r.(*pollConn)
+	cc.rd = newFrameReader(r, c.maxFrame)
+	cc.role <- struct{}{}
 	cc.lastRead.Store(time.Now().UnixNano())
+	cc.lastLead.Store(nanotime())
 	c.wg.Add(2)
 	go func() {
 		defer c.wg.Done()
-		cc.read()
+		cc.background()
 	}()
 	go func() {
 		defer c.wg.Done()
@@ -362,6 +450,16 @@ type clientConn struct {
 	done         chan struct{} // closed when broken; err says why
 	kick         chan struct{} // ping now
 	pong         chan uint32   // pongs received
+	// role holds the read role's one token while nobody reads: a
+	// caller waiting for its reply takes it and reads (lead), as does
+	// the background reader on an idle connection.
+	role      chan struct{}
+	rd        *frameReader // the role holder's; resumable
+	pc        *pollConn    // under rd when callers poll (pollWait); nil: not
+	waiting   atomic.Int32 // callers waiting for a reply without the role
+	bgReading atomic.Bool  // the background reader holds the role
+	dlSet     atomic.Bool  // an interrupt may have set a read deadline
+	lastLead  atomic.Int64 // nanotime when a caller last gave the role back
 
 	mu       sync.Mutex
 	pending  map[uint32]chan frame
@@ -369,6 +467,7 @@ type clientConn struct {
 	err      error
 	lastRead atomic.Int64 // unix ns of the last frame received
 	pongs    atomic.Int64 // pongs received (tests)
+	handed   atomic.Int64 // replies read by another goroutine than their caller's (tests)
 }
 
 func (cc *clientConn) broken() bool {
@@ -508,43 +607,260 @@ func (cc *clientConn) ping(id uint32, timeout time.Duration) bool {
 	}
 }
 
-// read delivers replies until the connection breaks.
-func (cc *clientConn) read() {
-	rd := newReader(cc.c, cc.maxFrame)
+// idleRead is how long after a caller last read the connection the
+// background reader starts reading it (so an idle connection still sees
+// a server's FIN or RST at once); callers in between read for
+// themselves.
+const idleRead = time.Millisecond
+
+// past is a read deadline that has passed: it interrupts a blocked Read.
+var past = time.Unix(1, 0)
+
+// interrupt makes the connection's current Read (if any) return a
+// timeout. The reader resumes its frame where it stopped (the assembly
+// state is the clientConn's), so an interrupt that lands on another
+// reader than meant costs that reader one wake-up, nothing more.
+func (cc *clientConn) interrupt() {
+	cc.dlSet.Store(true)
+	cc.c.SetReadDeadline(past)
+}
+
+// clearDeadline undoes interrupts before a read. After a timeout it must
+// run (force): an interrupt may have been consumed by a reader before.
+func (cc *clientConn) clearDeadline(force bool) {
+	if cc.dlSet.Swap(false) || force {
+		cc.c.SetReadDeadline(time.Time{})
+	}
+}
+
+// release gives the read role back: a waiting caller or, once the
+// connection has been idle for idleRead, the background reader takes it.
+func (cc *clientConn) release() {
+	cc.lastLead.Store(nanotime())
+	cc.role <- struct{}{} // never blocks: there is one token
+}
+
+// lead reads frames, delivering other calls' replies and pongs, until
+// ch's own reply comes (got), ctx ends or the connection breaks. The
+// caller holds the read role.
+func (cc *clientConn) lead(ctx context.Context, ch chan frame) (f frame, got bool) {
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, cc.interrupt)
+		defer stop()
+	}
+	if cc.pc != nil {
+		cc.pc.poll = true
+		defer func() { cc.pc.poll = false }()
+	}
+	force := false
 	for {
-		f, err := rd.next()
-		if err == nil && f.kind != kindReply && f.kind != kindError && f.kind != kindPong {
-			err = fmt.Errorf("%w: kind %d from the server", errBadFrame, f.kind)
+		// Deadline cleared first, then ctx checked: an interrupt for
+		// this ctx lands after the clearing, so it cannot be lost.
+		cc.clearDeadline(force)
+		select {
+		case f := <-ch: // delivered by a reader before this one
+			return f, true
+		default:
 		}
+		if ctx.Err() != nil || cc.broken() {
+			return frame{}, false
+		}
+		f, err := cc.rd.next()
 		if err != nil {
-			cc.fail(status.Errorf(codes.Unavailable, "crpc: connection lost: %v", err))
+			if isTimeout(err) {
+				force = true
+				continue // an interrupt: ours (ctx checked above) or a stray one
+			}
+			cc.readFailed(err)
+			return frame{}, false
+		}
+		force = false
+		if cc.deliver(f, ch) {
+			return f, true
+		}
+	}
+}
+
+// background reads the connection while no caller does and it has been
+// idle for idleRead, so a server that closes or dies is seen at once,
+// as with a dedicated reader; it yields to the first caller that waits.
+func (cc *clientConn) background() {
+	t := time.NewTimer(idleRead)
+	defer t.Stop()
+	for {
+		select {
+		case <-cc.done:
+			return
+		case <-t.C:
+		}
+		if quiet := time.Duration(nanotime() - cc.lastLead.Load()); quiet < idleRead {
+			t.Reset(idleRead - quiet)
+			continue
+		}
+		select {
+		case <-cc.role:
+		default:
+			t.Reset(idleRead) // a caller reads
+			continue
+		}
+		cc.bgReading.Store(true)
+		force := false
+		for {
+			// As in lead: clear, then look at waiting, so a caller's
+			// interrupt (it raised waiting first) cannot be lost.
+			cc.clearDeadline(force)
+			if cc.waiting.Load() > 0 || cc.broken() {
+				break
+			}
+			f, err := cc.rd.next()
+			if err != nil {
+				if isTimeout(err) {
+					force = true
+					continue
+				}
+				cc.readFailed(err)
+				break
+			}
+			force = false
+			cc.deliver(f, nil)
+		}
+		cc.bgReading.Store(false)
+		cc.role <- struct{}{}
+		if cc.broken() {
 			return
 		}
-		cc.lastRead.Store(time.Now().UnixNano())
-		if f.kind == kindPong {
-			cc.pongs.Add(1)
+		t.Reset(idleRead)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (cc *clientConn) readFailed(err error) {
+	cc.fail(status.Errorf(codes.Unavailable, "crpc: connection lost: %v", err))
+}
+
+// deliver hands frame f to its call (true: it is own's, which is not
+// sent on) or, a pong, to the keepalive.
+func (cc *clientConn) deliver(f frame, own chan frame) bool {
+	cc.lastRead.Store(time.Now().UnixNano())
+	if f.kind == kindPong {
+		cc.pongs.Add(1)
+		select {
+		case cc.pong <- f.id:
+		default:
+			select { // replace a stale one
+			case <-cc.pong:
+			default:
+			}
 			select {
 			case cc.pong <- f.id:
 			default:
-				select { // replace a stale one
-				case <-cc.pong:
-				default:
-				}
-				select {
-				case cc.pong <- f.id:
-				default:
-				}
 			}
-			continue
 		}
-		cc.mu.Lock()
-		ch := cc.pending[f.id]
-		delete(cc.pending, f.id)
-		cc.mu.Unlock()
-		if ch != nil {
-			ch <- f // buffered; a caller that gave up has removed its id
+		return false
+	}
+	cc.mu.Lock()
+	ch := cc.pending[f.id]
+	delete(cc.pending, f.id)
+	cc.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	if ch == own {
+		return true
+	}
+	cc.handed.Add(1)
+	ch <- f // buffered; a caller that gave up has removed its id
+	return false
+}
+
+// frameReader assembles the server's frames resumably: a read that
+// times out (an interrupt) leaves what it had read in the state, and the
+// next call goes on from there, so the read role can change hands in the
+// middle of a frame.
+type frameReader struct {
+	r   *bufio.Reader
+	max int
+	hdr [headerLen]byte
+	hn  int   // header bytes in
+	f   frame // the frame being read, once its header is in
+	n   int   // its declared body length
+}
+
+func newFrameReader(r io.Reader, max int) *frameReader {
+	return &frameReader{r: bufio.NewReaderSize(r, 64<<10), max: max}
+}
+
+// next returns the next whole frame; on an error what was read so far
+// stays (only a timeout is worth resuming after).
+func (fr *frameReader) next() (frame, error) {
+	for fr.hn < headerLen {
+		m, err := fr.r.Read(fr.hdr[fr.hn:])
+		fr.hn += m
+		if fr.hn == headerLen {
+			if err := fr.header(); err != nil {
+				return frame{}, err
+			}
+			break
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && fr.hn > 0 {
+				err = io.ErrUnexpectedEOF
+			}
+			return frame{}, err
 		}
 	}
+	// The body grows as its bytes arrive: a header alone must not make
+	// the client allocate what it declares.
+	for len(fr.f.body) < fr.n {
+		if len(fr.f.body) == cap(fr.f.body) {
+			if _, err := fr.r.Peek(1); err != nil {
+				return frame{}, unexpected(err)
+			}
+			nb := make([]byte, len(fr.f.body), min(fr.n, max(2*cap(fr.f.body), growStep)))
+			copy(nb, fr.f.body)
+			fr.f.body = nb
+		}
+		m, err := fr.r.Read(fr.f.body[len(fr.f.body):cap(fr.f.body)])
+		fr.f.body = fr.f.body[:len(fr.f.body)+m]
+		if err != nil && len(fr.f.body) < fr.n {
+			return frame{}, unexpected(err)
+		}
+	}
+	f := fr.f
+	fr.hn, fr.f, fr.n = 0, frame{}, 0
+	return f, nil
+}
+
+func unexpected(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
+
+// header checks a complete header: a client receives only replies,
+// errors and pongs.
+func (fr *frameReader) header() error {
+	n := binary.LittleEndian.Uint32(fr.hdr[0:4])
+	fr.f = frame{id: binary.LittleEndian.Uint32(fr.hdr[4:8]), kind: fr.hdr[8]}
+	if uint64(n) > uint64(fr.max) {
+		return fmt.Errorf("%w: %d-byte body > %d", errBadFrame, n, fr.max)
+	}
+	switch fr.f.kind {
+	case kindReply, kindError:
+	case kindPong:
+		if n != 0 {
+			return fmt.Errorf("%w: kind %d with a %d-byte body", errBadFrame, fr.f.kind, n)
+		}
+	default:
+		return fmt.Errorf("%w: kind %d from the server", errBadFrame, fr.f.kind)
+	}
+	fr.n = int(n)
+	return nil
 }
 
 // fail breaks the connection: calls in flight return err.
@@ -592,3 +908,9 @@ func NotSent(err error) bool {
 	var e *notSentError
 	return errors.As(err, &e)
 }
+
+// clockBase makes nanotime monotonic (time.Since reads the monotonic
+// clock).
+var clockBase = time.Now()
+
+func nanotime() int64 { return int64(time.Since(clockBase)) }

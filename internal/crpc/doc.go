@@ -106,6 +106,30 @@
 //     timeout (else the connection breaks), so the calls behind it wait
 //     only within their own deadlines;
 //   - a call whose context ends sends a cancel frame;
+//   - replies: there is no reader goroutine per connection. A caller
+//     waiting for its reply that finds nobody reading takes the
+//     connection's one read role and reads itself, delivering the other
+//     calls' replies and the pongs it reads, until its own reply is in;
+//     then a waiting caller takes the role on. One call in flight
+//     involves no other goroutine (no hand-off to wake a cgo caller's
+//     locked thread). A reader whose context ends is interrupted (a read
+//     deadline in the past) and hands the role on; a frame it was in the
+//     middle of is finished by the next reader;
+//   - idle connections: a background reader takes the role once no
+//     caller has read for 1 ms, and yields it to the next caller (which
+//     claims it before writing its request; a reply that comes before the
+//     background reader has woken to yield is handed over, as to a
+//     follower), so a server that closes or dies (FIN or RST) while the
+//     connection is idle is seen at once and the next call dials again,
+//     NotSent-safe. The window left: for up to 1 ms (plus timer and
+//     scheduling delay) after the last caller stopped reading nobody
+//     reads, and a call made then on a connection the server has just
+//     closed is written to it and fails UNAVAILABLE, not NotSent, like a
+//     call in flight when the server goes;
+//   - WithPollWait (off by default): a caller about to block on its
+//     reply first waits up to the given time in ppoll on its own thread
+//     (plain TCP only), so a cgo caller's locked thread is woken by the
+//     kernel itself; Go callers lose by it, cgo callers gain;
 //   - WithTLS: every (re)connection is a TLS client; against a TLS-only
 //     server without it, Dial returns ErrTLSRequired;
 //   - WithToken: every (re)connection proves the cluster token first;
