@@ -186,6 +186,24 @@ func orEnv(v, name string) string {
 	return os.Getenv(name)
 }
 
+// defaultPollWait is how long a C thread waiting for the master's reply
+// polls in its own thread before it parks (store.Config.MasterPollWait):
+// a cgo call runs on a goroutine locked to its thread, which Go's
+// netpoller can only wake through another thread. python/bench.py:
+// less CPU per operation and a higher Python/Go ratio with it.
+const defaultPollWait = 200 * time.Microsecond
+
+// pollWait is defaultPollWait, or CRESCENT_POLL_WAIT_US (0: off).
+func pollWait() time.Duration {
+	if v := os.Getenv("CRESCENT_POLL_WAIT_US"); v != "" {
+		if us, err := strconv.ParseUint(v, 10, 32); err == nil {
+			return time.Duration(us) * time.Microsecond
+		}
+		logger.Warn("capi: CRESCENT_POLL_WAIT_US is not a number of microseconds; using the default", "value", v, "default", defaultPollWait)
+	}
+	return defaultPollWait
+}
+
 func storeCreate(cfg storeConfig) (uint64, error) {
 	if cfg.GlobalSegmentSize > math.MaxInt64 || cfg.LocalBufferSize > math.MaxInt64 || cfg.RPCTimeoutMs > math.MaxInt32 {
 		return 0, errcode.New(errcode.InvalidParams, "size or timeout out of range")
@@ -206,6 +224,7 @@ func storeCreate(cfg storeConfig) (uint64, error) {
 		TLSCA:             orEnv(cfg.TLSCA, "CRESCENT_TLS_CA"),
 		TLSCert:           orEnv(cfg.TLSCert, "CRESCENT_TLS_CERT"),
 		TLSKey:            orEnv(cfg.TLSKey, "CRESCENT_TLS_KEY"),
+		MasterPollWait:    pollWait(),
 	})
 	if err != nil {
 		return 0, err

@@ -58,6 +58,13 @@ type Config struct {
 	// must see every call (the client's RPC counters). MasterProtocol is
 	// then only the name the client reports.
 	MasterDialer func(ctx context.Context, addr string, intercept grpc.UnaryClientInterceptor) (MasterConn, error)
+	// MasterPollWait, when positive, makes a call waiting for the
+	// master's crpc reply wait up to this long in its own thread (ppoll)
+	// before it parks in Go's netpoller (crpc.WithPollWait; plain TCP
+	// only). It pays for callers on locked OS threads, such as calls
+	// from C or Python through the C ABI (which sets 200us), and costs
+	// Go callers; 0 (default): off.
+	MasterPollWait time.Duration
 	// TokenFile holds the cluster token (the master's --token_file): each
 	// connection to the master proves it, and so does every connection of
 	// the engine the client starts (not a Config.Engine). Empty: none.
@@ -154,6 +161,10 @@ func (c *Config) setDefaults() error {
 		}
 		c.Security = sec
 	}
+	if c.MasterPollWait < 0 {
+		return fmt.Errorf("%w: master poll wait %v", ErrInvalidConfig, c.MasterPollWait)
+	}
+	c.Security.pollWait = c.MasterPollWait
 	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, DefaultHeartbeatInterval)
 	c.RPCTimeout = cmp.Or(c.RPCTimeout, DefaultRPCTimeout)
 	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen)

@@ -6,6 +6,9 @@ import (
 	"errors"
 	"net"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
@@ -63,4 +66,25 @@ func TestMasterProtocol(t *testing.T) {
 	if _, err := New(context.Background(), cfg); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("bad protocol: %v", err)
 	}
+}
+
+// Config.MasterPollWait reaches the crpc options of every master dial
+// (the security loaded from files included) and calls work with it; a
+// negative one is refused.
+func TestMasterPollWait(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	ctx := tctx(t)
+	c := newTestClient(t, tm, 16<<20, func(c *Config) { c.MasterPollWait = 150 * time.Microsecond })
+	require.Equal(t, "crpc", c.MasterProtocol())
+	require.Equal(t, 150*time.Microsecond, c.cfg.Security.pollWait)
+	require.Len(t, c.cfg.Security.crpcOptions(), 1, "the poll wait option")
+	v := randBytes(64<<10, 5)
+	require.NoError(t, c.Put(ctx, "pw", v, ReplicateConfig{}))
+	got, err := c.Get(ctx, "pw")
+	require.NoError(t, err)
+	require.Equal(t, v, got)
+	require.Empty(t, Security{}.crpcOptions())
+
+	_, err = New(ctx, Config{MasterAddr: tm.addr, LocalHostname: "127.0.0.1", Logger: quiet, MasterPollWait: -1})
+	require.ErrorIs(t, err, ErrInvalidConfig)
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"time"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -21,6 +22,9 @@ type Security struct {
 	// Admin is the master's admin token (--admin_token_file), sent on
 	// admin calls: RemoveAll, RemoveByRegex, forced removes.
 	Admin []byte
+	// pollWait is Config.MasterPollWait, for every crpc connection the
+	// client opens (first and failover dials alike).
+	pollWait time.Duration
 }
 
 // LoadSecurity reads the token files and TLS files (the --token_file,
@@ -49,6 +53,9 @@ func (s Security) crpcOptions() []crpc.Option {
 	}
 	if s.Token != nil {
 		opts = append(opts, crpc.WithToken(s.Token))
+	}
+	if s.pollWait > 0 {
+		opts = append(opts, crpc.WithPollWait(s.pollWait))
 	}
 	return opts
 }
