@@ -297,6 +297,8 @@ func TestReplayDetectsDivergence(t *testing.T) {
 		{"Unmount of no segment", &Op{Kind: OpUnmount, Segments: []uint32{999}}},
 		{"ClientExpired of an unknown client", &Op{Kind: OpClientExpired, Client: cl(999)}},
 		{"PutStart with mismatched addresses", &Op{Kind: OpPutStart, Key: "new", Size: 1, Segments: []uint32{0}}},
+		// Live puts skip this lookup (claimKey made it); replay must not.
+		{"PutStart of an existing key", ops[idx]},
 	} {
 		if err := standby.Replay(tc.op); !errors.Is(err, ErrReplayDiverged) {
 			t.Errorf("%s: %v", tc.name, err)

@@ -223,7 +223,7 @@ func (m *Master) finishPut(op *Op, rt ReplicaType, now int64) error {
 		now = m.now()
 	}
 	op.Time = now
-	if err := m.apply(sh, h, op, &applyArgs{}); err != nil {
+	if err := m.apply(sh, h, op, &applyArgs{found: o}); err != nil {
 		return err
 	}
 	if op.Kind == OpPutEnd && m.debugOn() {
