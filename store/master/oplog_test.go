@@ -280,6 +280,26 @@ func TestReplayDetectsDivergence(t *testing.T) {
 	if d := diffState(before, dumpState(standby)); d != "" {
 		t.Fatalf("a diverged op changed state:\n%s", d)
 	}
+	// The true op's placement under a key that exists: live puts skip
+	// this lookup (claimKey made it), replay must not.
+	var existing string
+	for _, op := range ops[:idx] {
+		if ok, _ := standby.ExistKey(op.Key, true); op.Kind == OpPutStart && ok {
+			existing = op.Key
+			break
+		}
+	}
+	if existing == "" {
+		t.Fatal("no complete key before the chosen PutStart")
+	}
+	dup := *ops[idx]
+	dup.Key = existing
+	if err := standby.Replay(&dup); !errors.Is(err, ErrReplayDiverged) {
+		t.Fatalf("replay of a PutStart of an existing key: %v", err)
+	}
+	if d := diffState(before, dumpState(standby)); d != "" {
+		t.Fatalf("a diverged PutStart changed state:\n%s", d)
+	}
 	if err := standby.Replay(ops[idx]); err != nil {
 		t.Fatalf("the true op after the bad one: %v", err)
 	}
@@ -297,8 +317,6 @@ func TestReplayDetectsDivergence(t *testing.T) {
 		{"Unmount of no segment", &Op{Kind: OpUnmount, Segments: []uint32{999}}},
 		{"ClientExpired of an unknown client", &Op{Kind: OpClientExpired, Client: cl(999)}},
 		{"PutStart with mismatched addresses", &Op{Kind: OpPutStart, Key: "new", Size: 1, Segments: []uint32{0}}},
-		// Live puts skip this lookup (claimKey made it); replay must not.
-		{"PutStart of an existing key", ops[idx]},
 	} {
 		if err := standby.Replay(tc.op); !errors.Is(err, ErrReplayDiverged) {
 			t.Errorf("%s: %v", tc.name, err)
