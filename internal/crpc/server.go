@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -460,12 +461,26 @@ func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name s
 // reply sends a handler's outcome: the response, or a status when the
 // handler failed or the response cannot be sent.
 func (sc *serverConn) reply(id uint32, resp any, err error) error {
-	buf, err := encodeReply(id, resp, err, sc.s.cfg.MaxFrame)
+	bp := replyBufs.Get().(*[]byte)
+	buf, err := encodeReply((*bp)[:0], id, resp, err, sc.s.cfg.MaxFrame)
 	if err != nil {
-		buf, _ = encodeReply(id, nil, err, sc.s.cfg.MaxFrame)
+		buf, _ = encodeReply((*bp)[:0], id, nil, err, sc.s.cfg.MaxFrame)
 	}
-	return sc.write(buf)
+	werr := sc.write(buf)
+	// write keeps no reference to the frame once it returns (a queued
+	// frame is copied), so the buffer serves the next reply.
+	if cap(buf) <= maxPooledReply {
+		*bp = buf[:0]
+		replyBufs.Put(bp)
+	}
+	return werr
 }
+
+// replyBufs recycles reply frames up to maxPooledReply bytes (a batch
+// reply of a few hundred items); larger ones go to the GC.
+var replyBufs = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledReply = 64 << 10
 
 // maxCoalesce is the largest frame write queues behind another write;
 // a larger one waits its turn and goes out alone (no copy).
@@ -551,9 +566,10 @@ func handshake(c net.Conn, cfg *tls.Config) (*tls.Conn, bool) {
 }
 
 // encodeReply frames resp (kind reply), or herr's status when herr is not
-// nil (kind error); it fails when resp is not a protobuf message, does not
-// encode or exceeds max.
-func encodeReply(id uint32, resp any, herr error, max int) ([]byte, error) {
+// nil (kind error), appended to buf (empty; its capacity is reused); it
+// fails when resp is not a protobuf message, does not encode or exceeds
+// max.
+func encodeReply(buf []byte, id uint32, resp any, herr error, max int) ([]byte, error) {
 	var msg proto.Message
 	kind := byte(kindReply)
 	if herr != nil {
@@ -563,10 +579,14 @@ func encodeReply(id uint32, resp any, herr error, max int) ([]byte, error) {
 	} else {
 		return nil, status.Errorf(codes.Internal, "crpc: reply %T is not a protobuf message", resp)
 	}
-	if n := proto.Size(msg); n > max {
+	n := proto.Size(msg)
+	if n > max {
 		return nil, status.Errorf(codes.ResourceExhausted, "crpc: %d-byte reply > %d", n, max)
 	}
-	buf, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, headerLen, headerLen+proto.Size(msg)), msg)
+	// The size just computed is cached in the messages: the marshal does
+	// not walk them again to size them (a batch reply's items dominate).
+	buf = slices.Grow(buf[:0], headerLen+n)[:headerLen]
+	buf, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, msg)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "crpc: encoding the reply: %v", err)
 	}

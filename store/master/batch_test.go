@@ -2,6 +2,7 @@ package master
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -41,6 +42,8 @@ func TestBatchPutAllocs(t *testing.T) {
 	starts := make([][]PutStartResult, 0, len(keys))
 	ends := make([][]error, 0, len(keys))
 	var failed []error
+	var ms0, ms1 runtime.MemStats
+	runtime.ReadMemStats(&ms0)
 	allocs := testing.AllocsPerRun(runs, func() {
 		ks := keys[len(starts)]
 		res, err := m.BatchPutStart(cl(1), ks, sizes, ReplicateConfig{})
@@ -51,6 +54,7 @@ func TestBatchPutAllocs(t *testing.T) {
 			failed = append(failed, err, err2)
 		}
 	})
+	runtime.ReadMemStats(&ms1)
 	require.Empty(t, failed)
 	for r := range keys {
 		for i := range batch {
@@ -60,8 +64,12 @@ func TestBatchPutAllocs(t *testing.T) {
 		}
 	}
 	perKey := allocs / batch
-	t.Logf("%.2f allocations per key", perKey)
+	bytesPerKey := float64(ms1.TotalAlloc-ms0.TotalAlloc) / float64((runs+1)*batch)
+	t.Logf("%.2f allocations, %.0f bytes per key", perKey, bytesPerKey)
 	require.LessOrEqual(t, perKey, 1.5)
+	// Without an OpSink no op outlives its item: one op serves the batch
+	// (per-item ops were 2 x 160 bytes a key: 850 in all).
+	require.LessOrEqual(t, bytesPerKey, 650.0)
 	for r := range keys {
 		for _, k := range keys[r] {
 			reps, _, err := m.GetReplicaList(k)

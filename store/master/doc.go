@@ -234,8 +234,12 @@
 // BatchGetReplicaList) read the clock once for all their items: their
 // ops carry the batch's time. BatchPutStart and BatchPutEnd also allocate
 // their items' ops, replica descriptions, segment and address lists once
-// per batch (one slice each, clipped per item: a sink keeps its ops); a
-// batch put costs about one heap allocation per key (TestBatchPutAllocs).
+// per batch (one slice each, clipped per item: a sink keeps its ops;
+// without a sink one op serves every item); a batch put costs about one
+// heap allocation per key, the unfinished object's ext
+// (TestBatchPutAllocs). A live put looks its key up once per step:
+// checks that only a replay needs (the key absent at PutStart) are made
+// on replay only.
 //
 // The slab is compacted when more than three quarters of it (and 1024
 // slots) are free. At a million 26-byte keys with one replica a key costs

@@ -280,6 +280,26 @@ func TestReplayDetectsDivergence(t *testing.T) {
 	if d := diffState(before, dumpState(standby)); d != "" {
 		t.Fatalf("a diverged op changed state:\n%s", d)
 	}
+	// The true op's placement under a key that exists: live puts skip
+	// this lookup (claimKey made it), replay must not.
+	var existing string
+	for _, op := range ops[:idx] {
+		if ok, _ := standby.ExistKey(op.Key, true); op.Kind == OpPutStart && ok {
+			existing = op.Key
+			break
+		}
+	}
+	if existing == "" {
+		t.Fatal("no complete key before the chosen PutStart")
+	}
+	dup := *ops[idx]
+	dup.Key = existing
+	if err := standby.Replay(&dup); !errors.Is(err, ErrReplayDiverged) {
+		t.Fatalf("replay of a PutStart of an existing key: %v", err)
+	}
+	if d := diffState(before, dumpState(standby)); d != "" {
+		t.Fatalf("a diverged PutStart changed state:\n%s", d)
+	}
 	if err := standby.Replay(ops[idx]); err != nil {
 		t.Fatalf("the true op after the bad one: %v", err)
 	}

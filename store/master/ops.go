@@ -137,6 +137,9 @@ type applyArgs struct {
 	rs      *resvShard // the locked reservation table of a reservation op
 	// scratch, when not nil, lends a batch's buffers to place.
 	scratch *placeScratch
+	// found, when not nil, is the key's record the live caller already
+	// looked up under the shard lock (a second lookup costs a cache miss).
+	found *object
 }
 
 // placeScratch holds a batch's buffers for place: addrs is carved into
@@ -194,10 +197,11 @@ func (m *Master) apply(sh *shard, h uint64, op *Op, a *applyArgs) error {
 }
 
 func (m *Master) applyPutStart(sh *shard, h uint64, op *Op, a *applyArgs) error {
-	if sh.get(op.Key, h) != nil {
-		return diverged(op, "key exists")
-	}
 	if a.replay {
+		// A live caller claimed the key (claimKey) under the same lock.
+		if sh.get(op.Key, h) != nil {
+			return diverged(op, "key exists")
+		}
 		// A promoted standby goes on from the last generation logged.
 		for g := m.putGen.Load(); g < op.Gen; g = m.putGen.Load() {
 			if m.putGen.CompareAndSwap(g, op.Gen) {
@@ -322,7 +326,10 @@ func (m *Master) complete(o *object, op *Op) {
 }
 
 func (m *Master) applyPutEnd(sh *shard, h uint64, op *Op, a *applyArgs) error {
-	o := sh.get(op.Key, h)
+	o := a.found
+	if o == nil {
+		o = sh.get(op.Key, h)
+	}
 	if o == nil || o.complete() || o.owner() != op.Client || !o.isGen(op.Gen) {
 		return diverged(op, "no unfinished put of this client and generation")
 	}
@@ -339,7 +346,10 @@ func (m *Master) applyPutEnd(sh *shard, h uint64, op *Op, a *applyArgs) error {
 // applyDelete removes an object: PutRevoke, Remove, Evict, Discard,
 // PutRelease.
 func (m *Master) applyDelete(sh *shard, h uint64, op *Op, a *applyArgs) error {
-	p := sh.get(op.Key, h)
+	p := a.found
+	if p == nil {
+		p = sh.get(op.Key, h)
+	}
 	if p == nil {
 		return diverged(op, "no such key")
 	}
