@@ -19,10 +19,10 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/testpki"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/internal/vethtest"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 func tokenFile(t *testing.T, body string, mode os.FileMode) string {
@@ -78,21 +78,6 @@ func greetedFrom(addr string, from net.IP) bool {
 	return n > 0
 }
 
-func readyFrom(addr string, from net.IP, opts ...crpc.Option) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if from != nil {
-		opts = append(opts, crpc.WithDialer(&net.Dialer{LocalAddr: &net.TCPAddr{IP: from}}))
-	}
-	cc, err := crpc.Dial(ctx, addr, opts...)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	_, err = storepb.NewMasterClient(cc).ServiceReady(ctx, &storepb.ServiceReadyRequest{})
-	return err
-}
-
 func healthFrom(addr string, from net.IP) error {
 	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
 		DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: from}}).DialContext}}
@@ -129,10 +114,10 @@ func TestProtectedDefaultProcess(t *testing.T) {
 		proc, _ := startMaster(t, args...)
 		rpcAt := func(h string) string { return net.JoinHostPort(h, strconv.Itoa(port)) }
 		httpAt := func(h string) string { return net.JoinHostPort(h, strconv.Itoa(admin)) }
-		require.NoError(t, readyFrom(rpcAt("127.0.0.1"), nil))
+		require.NoError(t, testsvc.MasterReady(rpcAt("127.0.0.1"), nil))
 		require.NoError(t, healthFrom(httpAt("127.0.0.1"), net.IPv4(127, 0, 0, 1)))
 		require.True(t, greetedFrom(net.JoinHostPort("127.0.0.1", strconv.Itoa(ev)), nil), "events port from loopback")
-		rpcErr, httpErr := readyFrom(rpcAt(p.HostIP), host), healthFrom(httpAt(p.HostIP), host)
+		rpcErr, httpErr := testsvc.MasterReady(rpcAt(p.HostIP), host), healthFrom(httpAt(p.HostIP), host)
 		evServed := greetedFrom(net.JoinHostPort(p.HostIP, strconv.Itoa(ev)), host)
 		replayServed := greetedFrom(net.JoinHostPort(p.HostIP, strconv.Itoa(replay)), host)
 		proc.cmd.Process.Signal(syscall.SIGTERM)
