@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/testpki"
 	"github.com/crescent-kv/crescent/internal/testsvc"
@@ -55,6 +56,36 @@ func TestSecurityFlags(t *testing.T) {
 		assert.Equal(t, 2, ee.ExitCode(), "%v: %s", tc.args, stderr.String())
 		assert.Contains(t, stderr.String(), tc.want)
 	}
+}
+
+// TestSecurityYAML: the security keys of --config (auth.FlagValues
+// inline) are read, a flag on the command line wins over its key, and
+// --insecure with a token from the file is refused like on the command
+// line.
+func TestSecurityYAML(t *testing.T) {
+	fileTok := tokenFile(t, "file-token-0123456789abcdef\n", 0o600)
+	flagTok := tokenFile(t, "flag-token-0123456789abcdef\n", 0o600)
+	adm := tokenFile(t, "admin-token-0123456789abcdef\n", 0o600)
+	conf := filepath.Join(t.TempDir(), "master.yaml")
+	require.NoError(t, os.WriteFile(conf, []byte("token_file: "+fileTok+"\nadmin_token_file: "+adm+"\n"), 0o600))
+
+	c, err := load([]string{"--config", conf})
+	require.NoError(t, err)
+	assert.Equal(t, auth.FlagValues{TokenFile: fileTok, AdminTokenFile: adm}, c.FlagValues)
+	c, err = load([]string{"--config", conf, "--token_file", flagTok})
+	require.NoError(t, err)
+	assert.Equal(t, auth.FlagValues{TokenFile: flagTok, AdminTokenFile: adm}, c.FlagValues, "the flag wins")
+
+	_, err = load([]string{"--config", conf, "--insecure"})
+	assert.ErrorIs(t, err, auth.ErrInsecureWithCredential)
+	open := filepath.Join(t.TempDir(), "open.yaml")
+	require.NoError(t, os.WriteFile(open, []byte("insecure: true\n"), 0o600))
+	c, err = load([]string{"--config", open})
+	require.NoError(t, err)
+	assert.True(t, c.Insecure)
+	c, err = load([]string{"--config", open, "--insecure=false"})
+	require.NoError(t, err)
+	assert.False(t, c.Insecure, "the flag wins")
 }
 
 // greetedFrom reports whether a ZMTP peer at addr, dialled from from,
