@@ -8,29 +8,21 @@ import (
 	"github.com/crescent-kv/crescent/store"
 )
 
-// securityFlags are the flags every Crescent binary names the same.
-type securityFlags struct {
-	tokenFile, adminTokenFile string
-	tlsCert, tlsKey, tlsCA    string
-	insecure                  bool
-}
+// securityFlags are the security flags every Crescent binary names the
+// same (auth.Flags).
+type securityFlags struct{ auth.FlagValues }
 
 func (s *securityFlags) bind(fs *flag.FlagSet) {
-	fs.StringVar(&s.tokenFile, "token_file", "", "file (mode 0600) holding the cluster token (the master's --token_file)")
-	fs.StringVar(&s.adminTokenFile, "admin_token_file", "", "file (mode 0600) holding the master's admin token: rm --force, rm --regex")
-	fs.StringVar(&s.tlsCert, "tls_cert", "", "PEM client certificate, for a master that verifies clients (mTLS)")
-	fs.StringVar(&s.tlsKey, "tls_key", "", "PEM key of --tls_cert")
-	fs.StringVar(&s.tlsCA, "tls_ca", "", "PEM CA that signed the master's certificate; any --tls_* flag turns TLS on (RPC and admin ports)")
-	fs.BoolVar(&s.insecure, "insecure", false, "talk to the master without a credential (refused together with one)")
+	s.Register(fs, auth.RoleClient, auth.FlagTokenFile,
+		auth.FlagAdminTokenFile.For("rm --force, rm --regex"),
+		auth.FlagTLS,
+		auth.FlagInsecure.For("talk to the master unauthenticated (refused together with one)"))
 }
 
-func (s *securityFlags) files() auth.TLSFiles {
-	return auth.TLSFiles{Cert: s.tlsCert, Key: s.tlsKey, CA: s.tlsCA}
-}
-
-// check refuses --insecure with a credential, as the servers do.
+// check refuses --insecure with a credential, as the servers do; any
+// --tls_* flag counts as one here (it is all TLS to the master).
 func (s *securityFlags) check() error {
-	_, err := auth.Decide(s.tokenFile != "" || s.files().Any(), s.insecure)
+	_, err := auth.Decide(s.TokenFile != "" || s.Files().Any(), s.Insecure)
 	if err != nil {
 		return usagef("%v", err)
 	}
@@ -39,7 +31,7 @@ func (s *securityFlags) check() error {
 
 // load is the store client's security.
 func (s *securityFlags) load() (store.Security, error) {
-	sec, err := store.LoadSecurity(s.tokenFile, s.adminTokenFile, s.files())
+	sec, err := store.LoadSecurity(s.TokenFile, s.AdminTokenFile, s.Files())
 	if err != nil {
 		return sec, usagef("%v", err)
 	}
@@ -48,7 +40,7 @@ func (s *securityFlags) load() (store.Security, error) {
 
 // adminHTTP is the client of the admin port: https with the TLS flags.
 func (s *securityFlags) adminHTTP() (*http.Client, string, error) {
-	tc, err := auth.ClientTLS(s.files())
+	tc, err := auth.ClientTLS(s.Files())
 	if err != nil {
 		return nil, "", usagef("%v", err)
 	}

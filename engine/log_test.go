@@ -1,50 +1,17 @@
 package engine_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/testlog"
 )
-
-// logTap keeps every record, at every level.
-type logTap struct {
-	mu   sync.Mutex
-	recs []slog.Record
-}
-
-func (h *logTap) Enabled(context.Context, slog.Level) bool { return true }
-func (h *logTap) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h *logTap) WithGroup(string) slog.Handler            { return h }
-func (h *logTap) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	h.recs = append(h.recs, r.Clone())
-	h.mu.Unlock()
-	return nil
-}
-
-// mentioning returns the records whose message or attributes contain s.
-func (h *logTap) mentioning(s string) []slog.Record {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	var out []slog.Record
-	for _, r := range h.recs {
-		text := r.Message
-		r.Attrs(func(a slog.Attr) bool { text += " " + a.String(); return true })
-		if strings.Contains(text, s) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
 
 // notStarting is a transport whose Start fails with err.
 type notStarting struct {
@@ -81,14 +48,14 @@ func TestSkippedTransportsOneLine(t *testing.T) {
 				return tr
 			})
 			defer restore()
-			h := &logTap{}
+			h := &testlog.Capture{}
 			e, err := engine.New(engine.Config{LocalServerName: "127.0.0.1", Protocols: []string{"rdma", "efa", "cxl", "tcp"},
 				Logger: slog.New(h)})
 			require.NoError(t, err)
 			defer e.Close()
 			require.Equal(t, []string{"tcp"}, e.Transports()[len(e.Transports())-1:])
 
-			lines := h.mentioning("skipped")
+			lines := h.Mentioning("skipped")
 			require.Len(t, lines, 1, "one line for all skipped transports")
 			require.Equal(t, tc.want, lines[0].Level)
 			var skipped string

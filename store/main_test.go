@@ -5,9 +5,12 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/crescent-kv/crescent/internal/testlog"
 )
 
 func TestMain(m *testing.M) {
+	testlog.QuietDefault() // masters with a nil Logger log at info; children too
 	if mode := os.Getenv(childEnv); mode != "" {
 		os.Exit(runChild(mode))
 	}

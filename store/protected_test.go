@@ -1,38 +1,20 @@
 package store
 
 import (
-	"context"
 	"net"
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/internal/vethtest"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/service"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
-
-// ready dials addr (from laddr when set) with crpc and asks ServiceReady.
-func ready(addr string, laddr net.IP, opts ...crpc.Option) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if laddr != nil {
-		opts = append(opts, crpc.WithDialer(&net.Dialer{LocalAddr: &net.TCPAddr{IP: laddr}}))
-	}
-	cc, err := crpc.Dial(ctx, addr, opts...)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	_, err = storepb.NewMasterClient(cc).ServiceReady(ctx, &storepb.ServiceReadyRequest{})
-	return err
-}
 
 func masterOn(t *testing.T, host string, opts ...service.Option) string {
 	lis, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
@@ -50,13 +32,13 @@ func TestProtectedDefaultWiring(t *testing.T) {
 	host := net.ParseIP(p.HostIP)
 	protected := masterOn(t, "0.0.0.0", service.WithTransportSecurity(nil, nil, auth.Protected.Allow()))
 	_, port, _ := net.SplitHostPort(protected)
-	require.NoError(t, ready(net.JoinHostPort("127.0.0.1", port), nil), "loopback peer")
-	err := ready(net.JoinHostPort(p.HostIP, port), host)
+	require.NoError(t, testsvc.MasterReady(net.JoinHostPort("127.0.0.1", port), nil), "loopback peer")
+	err := testsvc.MasterReady(net.JoinHostPort(p.HostIP, port), host)
 	require.Error(t, err, "a non-loopback peer: closed before the preface (EOF or a reset)")
 
 	open := masterOn(t, "0.0.0.0", service.WithTransportSecurity(nil, nil, auth.Insecure.Allow()))
 	_, port, _ = net.SplitHostPort(open)
-	require.NoError(t, ready(net.JoinHostPort(p.HostIP, port), host), "--insecure")
+	require.NoError(t, testsvc.MasterReady(net.JoinHostPort(p.HostIP, port), host), "--insecure")
 
 	// The admin HTTP port goes through the same decision.
 	hl, err := net.Listen("tcp", "0.0.0.0:0")
@@ -85,10 +67,10 @@ func TestProtectedDefaultNetns(t *testing.T) {
 	tokened := masterOn(t, p.HostIP, service.WithTransportSecurity(nil, testToken, auth.Authenticated.Allow()))
 	var errProtected, errOpen, errNoToken, errToken error
 	p.Do(t, func() {
-		errProtected = ready(protected, nil)
-		errOpen = ready(open, nil)
-		errNoToken = ready(tokened, nil)
-		errToken = ready(tokened, nil, crpc.WithToken(testToken))
+		errProtected = testsvc.MasterReady(protected, nil)
+		errOpen = testsvc.MasterReady(open, nil)
+		errNoToken = testsvc.MasterReady(tokened, nil)
+		errToken = testsvc.MasterReady(tokened, nil, crpc.WithToken(testToken))
 	})
 	assert.Error(t, errProtected, "protected default, peer in another namespace")
 	assert.NoError(t, errOpen, "--insecure")

@@ -53,8 +53,8 @@ func transferMain(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	table := fs.Bool("table", false, "run each of --table_protocols, write and read, 64 KiB and 1 MiB blocks; print a table")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file")
-	tokenFile := fs.String("token_file", "", "cluster token file (mode 0600): the engines authenticate every connection with it")
-	fs.BoolVar(&c.Insecure, "insecure", false, "without a token: open the engines' ports to any address, unauthenticated")
+	sec := auth.Flags(fs, auth.RoleClient, auth.FlagTokenFile.For("the engines authenticate every connection with it"),
+		auth.FlagInsecure.For("open the engines' ports to any address, unauthenticated"))
 	fs.BoolVar(&c.MooncakeCompat, "mooncake_compat", false, "serve Mooncake peers (unauthenticated, any address); refused with --token_file")
 	authMode := fs.String("auth", "", `loopback: "both" runs authentication off and on in alternating rounds and prints both and the ratio (default: on with --token_file, else off)`)
 	authRounds := fs.Int("auth_rounds", 3, "--auth both: rounds of each, --duration each")
@@ -87,7 +87,8 @@ func transferMain(ctx context.Context, args []string) error {
 		return err
 	}
 	var err error
-	if c.Token, err = auth.LoadToken(*tokenFile); err != nil {
+	c.Insecure = sec.Insecure
+	if c.Token, err = auth.LoadToken(sec.TokenFile); err != nil {
 		return usagef("--token_file: %w", err)
 	}
 	switch {

@@ -25,8 +25,8 @@ func registerEngineFlags(fs *flag.FlagSet, s *engineSecurity, sec *securityOptio
 
 // check loads the token and refuses contradictory flags.
 func (s *engineSecurity) check() error {
-	s.insecure = s.sec.insecure
-	tok, err := auth.LoadToken(s.sec.tokenFile)
+	s.insecure = s.sec.Insecure
+	tok, err := auth.LoadToken(s.sec.TokenFile)
 	if err != nil {
 		return usagef("--token_file: %w", err)
 	}

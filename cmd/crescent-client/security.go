@@ -10,45 +10,34 @@ import (
 	"github.com/crescent-kv/crescent/store"
 )
 
-// securityOptions are the flags every Crescent binary names the same.
-type securityOptions struct {
-	tokenFile              string
-	adminTokenFile         string
-	tlsCert, tlsKey, tlsCA string
-	insecure               bool
-}
+// securityOptions are the security flags every Crescent binary names
+// the same (auth.Flags).
+type securityOptions struct{ auth.FlagValues }
 
 func registerSecurityFlags(fs *flag.FlagSet, o *securityOptions) {
-	fs.StringVar(&o.tokenFile, "token_file", "", "file (mode 0600) holding the cluster token (the master's --token_file): proves this client to the master and authenticates every transfer-engine connection (handshake, TCP lanes, shm control)")
-	fs.StringVar(&o.adminTokenFile, "admin_token_file", "", "file (mode 0600) holding the master's admin token: lets this client's local dummies (--local_socket, same uid) do forced removes")
-	fs.StringVar(&o.tlsCert, "tls_cert", "", "PEM client certificate for a master that verifies clients (mTLS)")
-	fs.StringVar(&o.tlsKey, "tls_key", "", "PEM key of --tls_cert")
-	fs.StringVar(&o.tlsCA, "tls_ca", "", "PEM CA that signed the master's certificate; any --tls_* flag turns TLS to the master on")
-	fs.BoolVar(&o.insecure, "insecure", false, "without a credential: open the metrics port and the transfer engine's ports to any peer WITHOUT authentication (default: loopback peers only; the engine also admits this host's own addresses)")
-}
-
-func (o securityOptions) files() auth.TLSFiles {
-	return auth.TLSFiles{Cert: o.tlsCert, Key: o.tlsKey, CA: o.tlsCA}
+	o.Register(fs, auth.RoleClient,
+		auth.FlagTokenFile.For("proves this client to the master and authenticates every transfer-engine connection (handshake, TCP lanes, shm control)"),
+		auth.FlagAdminTokenFile.For("lets this client's local dummies (--local_socket, same uid) do forced removes"),
+		auth.FlagTLS,
+		auth.FlagInsecure.For("open the metrics port and the transfer engine's ports to any peer WITHOUT authentication (default: loopback peers only; the engine also admits this host's own addresses)"))
 }
 
 // mode decides the protected default; a credential is the cluster token
 // or a client certificate.
-func (o securityOptions) mode() (auth.Mode, error) {
-	return auth.Decide(o.tokenFile != "" || o.tlsCert != "", o.insecure)
-}
+func (o securityOptions) mode() (auth.Mode, error) { return o.Mode(auth.RoleClient) }
 
 // check refuses --insecure with a credential and files that do not load.
 func (o securityOptions) check() error {
 	if _, err := o.mode(); err != nil {
 		return err
 	}
-	_, err := store.LoadSecurity(o.tokenFile, o.adminTokenFile, o.files())
+	_, err := store.LoadSecurity(o.TokenFile, o.AdminTokenFile, o.Files())
 	return err
 }
 
 // apply loads the credentials into the store client's config.
 func (o securityOptions) apply(cfg *store.Config) error {
-	sec, err := store.LoadSecurity(o.tokenFile, o.adminTokenFile, o.files())
+	sec, err := store.LoadSecurity(o.TokenFile, o.AdminTokenFile, o.Files())
 	if err != nil {
 		return err
 	}

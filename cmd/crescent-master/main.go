@@ -26,6 +26,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/metadata/httpmeta"
 	"github.com/crescent-kv/crescent/event"
 	"github.com/crescent-kv/crescent/ha/oplog"
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/buildinfo"
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/grpctune"
@@ -102,8 +103,8 @@ type config struct {
 
 	haConfig `yaml:",inline"` // ha.go
 
-	securityConfig `yaml:",inline"` // security.go
-	sec            *security        // loaded by run
+	auth.FlagValues `yaml:",inline"` // token_file, tls_*, insecure: security.go
+	sec             *security        // loaded by run
 }
 
 func defaults() config {
@@ -297,7 +298,7 @@ func (c *config) validate() error {
 	if err := c.validateHA(); err != nil {
 		return err
 	}
-	if _, err := c.securityConfig.load(nil); err != nil {
+	if _, err := loadSecurity(c.FlagValues, nil); err != nil {
 		return err
 	}
 	return c.validateSnapshots()
@@ -416,7 +417,7 @@ func run(ctx context.Context, cfg config) error {
 		Logger:                log,
 	}
 
-	sec, err := cfg.securityConfig.load(log)
+	sec, err := loadSecurity(cfg.FlagValues, log)
 	if err != nil {
 		return err
 	}

@@ -14,27 +14,13 @@ import (
 	"github.com/crescent-kv/crescent/store/master/service"
 )
 
-// securityConfig is how the master authenticates peers and admins (the
-// same flag names on every Crescent binary).
-type securityConfig struct {
-	TokenFile      string `yaml:"token_file"`
-	AdminTokenFile string `yaml:"admin_token_file"`
-	TLSCert        string `yaml:"tls_cert"`
-	TLSKey         string `yaml:"tls_key"`
-	TLSCA          string `yaml:"tls_ca"`
-	Insecure       bool   `yaml:"insecure"`
+// securityFlags registers the security flags (auth.FlagValues, the same
+// names on every Crescent binary; yaml keys of the same names) on c.
+func (c *config) securityFlags(fs *flag.FlagSet) {
+	c.FlagValues.Register(fs, auth.RoleServer, auth.FlagTokenFile, auth.FlagAdminTokenFile, auth.FlagTLS, auth.FlagInsecure)
 }
 
-func (c *securityConfig) securityFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.TokenFile, "token_file", c.TokenFile, "file (mode 0600) holding the cluster token: every RPC connection must prove it (the alternative to mTLS)")
-	fs.StringVar(&c.AdminTokenFile, "admin_token_file", c.AdminTokenFile, "file (mode 0600) holding the admin token that RemoveAll, RemoveByRegex, forced removes and the admin HTTP POST endpoints need; without it they are refused (unless --insecure)")
-	fs.StringVar(&c.TLSCert, "tls_cert", c.TLSCert, "PEM certificate of the RPC and admin ports (TLS; the files are re-read when they change)")
-	fs.StringVar(&c.TLSKey, "tls_key", c.TLSKey, "PEM key of --tls_cert")
-	fs.StringVar(&c.TLSCA, "tls_ca", c.TLSCA, "PEM CA: clients must present a certificate it signed (mTLS)")
-	fs.BoolVar(&c.Insecure, "insecure", c.Insecure, "accept any peer WITHOUT authentication (default without --token_file or --tls_ca: loopback peers only)")
-}
-
-// security is securityConfig loaded.
+// security is the security flags loaded.
 type security struct {
 	mode         auth.Mode
 	token, admin []byte
@@ -43,10 +29,10 @@ type security struct {
 	log          *slog.Logger
 }
 
-// load reads the files and decides the mode: a credential is the cluster
+// loadSecurity reads the files and decides the mode: a credential is the cluster
 // token or client certificates (--tls_ca); a server certificate alone
 // authenticates nobody.
-func (c securityConfig) load(log *slog.Logger) (*security, error) {
+func loadSecurity(c auth.FlagValues, log *slog.Logger) (*security, error) {
 	tok, err := auth.LoadToken(c.TokenFile)
 	if err != nil {
 		return nil, err
@@ -55,11 +41,11 @@ func (c securityConfig) load(log *slog.Logger) (*security, error) {
 	if err != nil {
 		return nil, errors.New("admin " + err.Error())
 	}
-	tc, err := auth.ServerTLS(auth.TLSFiles{Cert: c.TLSCert, Key: c.TLSKey, CA: c.TLSCA})
+	tc, err := auth.ServerTLS(c.Files())
 	if err != nil {
 		return nil, err
 	}
-	mode, err := auth.Decide(tok != nil || c.TLSCA != "", c.Insecure)
+	mode, err := c.Mode(auth.RoleServer)
 	if err != nil {
 		return nil, err
 	}

@@ -17,12 +17,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/testpki"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/internal/vethtest"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
-	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 func tokenFile(t *testing.T, body string, mode os.FileMode) string {
@@ -57,6 +58,36 @@ func TestSecurityFlags(t *testing.T) {
 	}
 }
 
+// TestSecurityYAML: the security keys of --config (auth.FlagValues
+// inline) are read, a flag on the command line wins over its key, and
+// --insecure with a token from the file is refused like on the command
+// line.
+func TestSecurityYAML(t *testing.T) {
+	fileTok := tokenFile(t, "file-token-0123456789abcdef\n", 0o600)
+	flagTok := tokenFile(t, "flag-token-0123456789abcdef\n", 0o600)
+	adm := tokenFile(t, "admin-token-0123456789abcdef\n", 0o600)
+	conf := filepath.Join(t.TempDir(), "master.yaml")
+	require.NoError(t, os.WriteFile(conf, []byte("token_file: "+fileTok+"\nadmin_token_file: "+adm+"\n"), 0o600))
+
+	c, err := load([]string{"--config", conf})
+	require.NoError(t, err)
+	assert.Equal(t, auth.FlagValues{TokenFile: fileTok, AdminTokenFile: adm}, c.FlagValues)
+	c, err = load([]string{"--config", conf, "--token_file", flagTok})
+	require.NoError(t, err)
+	assert.Equal(t, auth.FlagValues{TokenFile: flagTok, AdminTokenFile: adm}, c.FlagValues, "the flag wins")
+
+	_, err = load([]string{"--config", conf, "--insecure"})
+	assert.ErrorIs(t, err, auth.ErrInsecureWithCredential)
+	open := filepath.Join(t.TempDir(), "open.yaml")
+	require.NoError(t, os.WriteFile(open, []byte("insecure: true\n"), 0o600))
+	c, err = load([]string{"--config", open})
+	require.NoError(t, err)
+	assert.True(t, c.Insecure)
+	c, err = load([]string{"--config", open, "--insecure=false"})
+	require.NoError(t, err)
+	assert.False(t, c.Insecure, "the flag wins")
+}
+
 // greetedFrom reports whether a ZMTP peer at addr, dialled from from,
 // sends its greeting (a refused connection is closed without a byte).
 func greetedFrom(addr string, from net.IP) bool {
@@ -76,21 +107,6 @@ func greetedFrom(addr string, from net.IP) bool {
 	}
 	n, _ := c.Read(make([]byte, 10))
 	return n > 0
-}
-
-func readyFrom(addr string, from net.IP, opts ...crpc.Option) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if from != nil {
-		opts = append(opts, crpc.WithDialer(&net.Dialer{LocalAddr: &net.TCPAddr{IP: from}}))
-	}
-	cc, err := crpc.Dial(ctx, addr, opts...)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	_, err = storepb.NewMasterClient(cc).ServiceReady(ctx, &storepb.ServiceReadyRequest{})
-	return err
 }
 
 func healthFrom(addr string, from net.IP) error {
@@ -129,10 +145,10 @@ func TestProtectedDefaultProcess(t *testing.T) {
 		proc, _ := startMaster(t, args...)
 		rpcAt := func(h string) string { return net.JoinHostPort(h, strconv.Itoa(port)) }
 		httpAt := func(h string) string { return net.JoinHostPort(h, strconv.Itoa(admin)) }
-		require.NoError(t, readyFrom(rpcAt("127.0.0.1"), nil))
+		require.NoError(t, testsvc.MasterReady(rpcAt("127.0.0.1"), nil))
 		require.NoError(t, healthFrom(httpAt("127.0.0.1"), net.IPv4(127, 0, 0, 1)))
 		require.True(t, greetedFrom(net.JoinHostPort("127.0.0.1", strconv.Itoa(ev)), nil), "events port from loopback")
-		rpcErr, httpErr := readyFrom(rpcAt(p.HostIP), host), healthFrom(httpAt(p.HostIP), host)
+		rpcErr, httpErr := testsvc.MasterReady(rpcAt(p.HostIP), host), healthFrom(httpAt(p.HostIP), host)
 		evServed := greetedFrom(net.JoinHostPort(p.HostIP, strconv.Itoa(ev)), host)
 		replayServed := greetedFrom(net.JoinHostPort(p.HostIP, strconv.Itoa(replay)), host)
 		proc.cmd.Process.Signal(syscall.SIGTERM)

@@ -17,6 +17,22 @@
 // AllowSameHost (SameHost) also admits this host's own addresses, for
 // listeners bound to the host's address (the transfer engine's).
 //
+// # Flags
+//
+// Flags (or FlagValues.Register, which keeps values already set as
+// defaults: the master's config file) is the one registration of the
+// security flags: --token_file, --admin_token_file, --tls_cert, --tls_key,
+// --tls_ca and --insecure, with empty defaults unless set. A binary names
+// the ones it has (FlagTokenFile, FlagAdminTokenFile, FlagTLS for the
+// three --tls_* flags, FlagInsecure) and its Role: RoleServer (the
+// master) or RoleClient, which picks the help texts; Flag.For adds what a
+// flag does on that binary. FlagValues' yaml tags are the master's config
+// keys of the same names. FlagValues.Mode is Decide on the flags: a
+// credential is the token or, on a server, --tls_ca (client certificates
+// required), on a client its --tls_cert; the error is
+// ErrInsecureWithCredential. Loading the files stays with the binary
+// (LoadToken, ServerTLS, ClientTLS).
+//
 // # Challenge wire format (version 1)
 //
 // Run once on a fresh connection, by the dialler (Client) and the

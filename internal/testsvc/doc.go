@@ -8,6 +8,9 @@
 //   - StartEtcd runs a single-member etcd in-process
 //     (go.etcd.io/etcd/server/v3/embed) on free client and peer ports with
 //     a temporary data dir and fsync off.
+//   - MasterReady dials a master's RPC port with crpc, optionally from a
+//     given local address (a non-loopback peer), and asks ServiceReady:
+//     whether that peer is served.
 //
 // Free ports are found by binding port 0 and releasing it; a start that
 // collides is retried on other ports. GoleakIgnores lists the goroutines

@@ -12,10 +12,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/internal/testlog"
 	"github.com/crescent-kv/crescent/store/alloc"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	testlog.QuietDefault() // masters with a nil Logger log at info
+	goleak.VerifyTestMain(m)
+}
 
 var t0 = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
