@@ -21,6 +21,17 @@ type pollConn struct {
 	wait   unix.Timespec
 	poll   bool
 	polled atomic.Int64 // ppoll calls (tests)
+
+	// One read's state, for the callback made once in newPollConn: only
+	// the read role's holder reads, so a closure (and its captured
+	// variables) need not be allocated per read.
+	fn     func(fd uintptr) bool
+	b      []byte
+	n      int
+	rerr   error
+	waited bool
+	fds    [1]unix.PollFd
+	ts     unix.Timespec
 }
 
 // newPollConn wraps a plain TCP connection when wait > 0 (WithPollWait);
@@ -34,33 +45,19 @@ func newPollConn(c net.Conn, wait time.Duration) net.Conn {
 	if err != nil {
 		return c
 	}
-	return &pollConn{Conn: c, rc: rc, wait: unix.NsecToTimespec(int64(wait))}
+	p := &pollConn{Conn: c, rc: rc, wait: unix.NsecToTimespec(int64(wait))}
+	p.fn = p.readFd
+	return p
 }
 
 func (p *pollConn) Read(b []byte) (int, error) {
 	if !p.poll || len(b) == 0 {
 		return p.Conn.Read(b)
 	}
-	var n int
-	var rerr error
-	polled := false
-	err := p.rc.Read(func(fd uintptr) bool {
-		for {
-			n, rerr = syscall.Read(int(fd), b)
-			if rerr == syscall.EINTR {
-				continue
-			}
-			if rerr == syscall.EAGAIN && !polled {
-				polled = true
-				p.polled.Add(1)
-				fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-				ts := p.wait
-				unix.Ppoll(fds, &ts, nil)
-				continue
-			}
-			return rerr != syscall.EAGAIN
-		}
-	})
+	p.b, p.n, p.rerr, p.waited = b, 0, nil, false
+	err := p.rc.Read(p.fn)
+	n, rerr := p.n, p.rerr
+	p.b, p.rerr = nil, nil
 	if err != nil {
 		return 0, err
 	}
@@ -71,4 +68,24 @@ func (p *pollConn) Read(b []byte) (int, error) {
 		return 0, io.EOF
 	}
 	return n, nil
+}
+
+// readFd reads into p.b; the first time it would block it waits in ppoll
+// (up to p.wait), then lets the netpoller wait.
+func (p *pollConn) readFd(fd uintptr) bool {
+	for {
+		p.n, p.rerr = syscall.Read(int(fd), p.b)
+		if p.rerr == syscall.EINTR {
+			continue
+		}
+		if p.rerr == syscall.EAGAIN && !p.waited {
+			p.waited = true
+			p.polled.Add(1)
+			p.fds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+			p.ts = p.wait
+			unix.Ppoll(p.fds[:], &p.ts, nil)
+			continue
+		}
+		return p.rerr != syscall.EAGAIN
+	}
 }
