@@ -150,32 +150,23 @@ func WithReadDurability(lastChange func(key string) uint64, waitSeq func(ctx con
 	return func(s *Service) { s.lastChange, s.waitSeq = lastChange, waitSeq }
 }
 
-// readNeed is the seq a read RPC must wait for; false when req is not
-// a read of keys.
-func (s *Service) readNeed(rpc int, req any) (uint64, bool) {
+// readNeed is the seq a read of keys must wait for; false when req is
+// not one (its request type names the RPC).
+func (s *Service) readNeed(req any) (uint64, bool) {
 	if s.lastChange == nil || s.waitSeq == nil {
 		return 0, false
 	}
 	var keys []string
 	switch r := req.(type) {
 	case *storepb.GetReplicaListRequest:
-		if rpc == rpcGetReplicaList {
-			return s.lastChange(r.GetKey()), true
-		}
+		return s.lastChange(r.GetKey()), true
 	case *storepb.ExistKeyRequest:
-		if rpc == rpcExistKey {
-			return s.lastChange(r.GetKey()), true
-		}
+		return s.lastChange(r.GetKey()), true
 	case *storepb.BatchGetReplicaListRequest:
-		if rpc == rpcBatchGetReplicaList {
-			keys = r.GetKeys()
-		}
+		keys = r.GetKeys()
 	case *storepb.BatchExistKeyRequest:
-		if rpc == rpcBatchExistKey {
-			keys = r.GetKeys()
-		}
-	}
-	if keys == nil {
+		keys = r.GetKeys()
+	default:
 		return 0, false
 	}
 	var need uint64
@@ -273,7 +264,7 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			// not durable yet: for a read of keys, their last changes
 			// (read after the handler, so they cover what it saw).
 			var werr error
-			if need, ok := s.readNeed(rpc, req); ok {
+			if need, ok := s.readNeed(req); ok {
 				werr = s.waitSeq(ctx, need)
 			} else {
 				werr = s.durable(ctx)
