@@ -132,6 +132,7 @@ func newMaster(ctx context.Context, c *StoreConfig, log string) (*inProcessMaste
 		opts = append(opts, service.WithTransportSecurity(c.tls.server, nil, nil))
 	}
 	svc := service.New(im.m, opts...)
+	im.svc = svc
 	if c.MasterProtocol == LayerDRPC {
 		// drpc on its own port: the clients' master address.
 		addr, ddone, err := serveDRPC(sctx, svc)
@@ -208,21 +209,30 @@ func (im *inProcessMaster) closeLog() {
 
 // logStats are the log's counters: record bytes (local only), group
 // commits, entries, fsyncs and their total time (local only).
-type logStats struct{ bytes, batches, entries, fsyncs, fsyncNanos uint64 }
+// waits and waitNanos are the master's answers that waited for the log
+// and their total wait.
+type logStats struct{ bytes, batches, entries, fsyncs, fsyncNanos, waits, waitNanos uint64 }
 
 func (im *inProcessMaster) logStats() logStats {
 	if im == nil || im.d == nil {
 		return logStats{}
 	}
+	var st logStats
 	if l, ok := im.d.Store.(*oplog.Local); ok {
 		s := l.Stats()
-		return logStats{s.Bytes, s.Batches, s.Entries, s.Fsyncs, s.FsyncNanos}
+		st = logStats{bytes: s.Bytes, batches: s.Batches, entries: s.Entries, fsyncs: s.Fsyncs, fsyncNanos: s.FsyncNanos}
 	}
 	if e, ok := im.d.Store.(*oplog.Etcd); ok {
 		s := e.Stats()
-		return logStats{batches: s.Batches, entries: s.Entries}
+		st = logStats{batches: s.Batches, entries: s.Entries}
 	}
-	return logStats{}
+	if im.svc != nil {
+		for _, r := range im.svc.Counts() {
+			st.waits += r.DurableWaits
+			st.waitNanos += r.DurableWaitNanos
+		}
+	}
+	return st
 }
 
 // describeLog records what the log did since before in res.
@@ -237,5 +247,8 @@ func (im *inProcessMaster) describeLog(res *StoreResult, before logStats, puts i
 	}
 	if n := after.fsyncs - before.fsyncs; n > 0 {
 		res.OplogFsyncUs = float64(after.fsyncNanos-before.fsyncNanos) / float64(n) / 1e3
+	}
+	if n := after.waits - before.waits; n > 0 {
+		res.OplogDurableWaitUs = float64(after.waitNanos-before.waitNanos) / float64(n) / 1e3
 	}
 }

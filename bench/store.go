@@ -27,6 +27,7 @@ import (
 	"github.com/crescent-kv/crescent/ha/oplog"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
 )
 
 // Defaults of StoreConfig.
@@ -317,6 +318,10 @@ type StoreResult struct {
 	OplogEntriesPerCommit float64 `json:"oplog_entries_per_commit,omitempty"`
 	// OplogFsyncUs is the local log's mean fdatasync time in the run.
 	OplogFsyncUs float64 `json:"oplog_fsync_us,omitempty"`
+	// OplogDurableWaitUs is how long the master's answers waited on
+	// average for the log to make their changes durable (the log's share
+	// of a call's latency, measured in the master).
+	OplogDurableWaitUs float64 `json:"oplog_durable_wait_us,omitempty"`
 	// EvictedKeys during the measurement (in-process master only).
 	EvictedKeys *uint64 `json:"evicted_keys,omitempty"`
 	// Master is the master's address ("in-process" when started here).
@@ -888,6 +893,7 @@ type inProcessMaster struct {
 	done    chan error
 	// drpcDone is the drpc server's end (--master_protocol drpc).
 	drpcDone <-chan error
+	svc      *service.Service
 }
 
 func (im *inProcessMaster) close() error {

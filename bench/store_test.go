@@ -370,6 +370,8 @@ func TestRunStoreOplog(t *testing.T) {
 				assert.InDelta(t, res.ThroughputGBps/res.BaselineGBps, res.Ratio, 1e-9)
 				assert.Positive(t, res.OplogCommitsPerSec)
 				assert.Positive(t, res.OplogEntriesPerCommit)
+				// Every put's answer waits for its commit to be durable.
+				assert.Positive(t, res.OplogDurableWaitUs)
 				if log == OplogLocal {
 					assert.Positive(t, res.OplogBytesPerPut)
 					assert.Positive(t, res.OplogFsyncUs)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"syscall"
 
 	"github.com/crescent-kv/crescent/internal/buildinfo"
@@ -48,6 +49,26 @@ func benchMain(ctx context.Context, args []string) error {
 		return storeClientMain(ctx, args[1:])
 	}
 	return usagef("unknown command %q (want transfer, store, rpc or ha)", args[0])
+}
+
+// startTrace writes an execution trace (runtime/trace) to path until the
+// returned stop; an empty path traces nothing.
+func startTrace(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		trace.Stop()
+		f.Close()
+	}, nil
 }
 
 // startCPUProfile writes a CPU profile to path until the returned stop;

@@ -47,6 +47,7 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	dummies := fs.Int("dummy", 0, "N > 0: measure gets and puts through N dummy clients of a real client's local socket (hot-cache hit vs memcpy, local and remote replica, IPC round trip, put)")
 	hot := fs.Bool("hot", false, "with --dummy: only the hot-cache hit and its memcpy baseline")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file (client processes: to FILE.PID each)")
+	traceFile := fs.String("trace", "", "write an execution trace of this process to this file (client processes: to FILE.PID each), for go tool trace: -pprof=sched is where goroutines waited for a CPU, -pprof=syscall where they blocked in the kernel")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -99,6 +100,9 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 		if *cpuProfile != "" {
 			c.ClientCommand = append(c.ClientCommand, "--cpuprofile", *cpuProfile)
 		}
+		if *traceFile != "" {
+			c.ClientCommand = append(c.ClientCommand, "--trace", *traceFile)
+		}
 	}
 	if !*asJSON {
 		c.Progress = os.Stderr
@@ -108,6 +112,11 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer stop()
+	stopTrace, err := startTrace(*traceFile)
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	if *dummies > 0 {
 		return storeLocal(ctx, *dummies, *hot, c.ValueSize, c.Duration, *asJSON, out)
 	}
@@ -154,8 +163,8 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	fmt.Fprintf(out, "store %s, %s values, %d clients (%s) x %d threads, batch %d, %s, %s, %s, protocol %s, master %s over %s, oplog %s\n",
 		r.Operation, sizeName(r.ValueSize), r.Clients, procs, r.Threads, r.Batch, replicas, path, ahead, r.Protocol, r.Master, r.MasterProtocol, r.Oplog)
 	if r.OplogBytesPerPut > 0 || r.OplogCommitsPerSec > 0 {
-		fmt.Fprintf(out, "oplog: %.0f bytes written per put, %.0f commits/s of %.1f entries, fdatasync %.0f us on average\n",
-			r.OplogBytesPerPut, r.OplogCommitsPerSec, r.OplogEntriesPerCommit, r.OplogFsyncUs)
+		fmt.Fprintf(out, "oplog: %.0f bytes written per put, %.0f commits/s of %.1f entries, fdatasync %.0f us on average; the master's answers waited %.0f us on average for durability\n",
+			r.OplogBytesPerPut, r.OplogCommitsPerSec, r.OplogEntriesPerCommit, r.OplogFsyncUs, r.OplogDurableWaitUs)
 	}
 	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)
@@ -173,17 +182,25 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 func storeClientMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(storeClientCmd, flag.ContinueOnError)
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.PID")
+	traceFile := fs.String("trace", "", "write an execution trace of this process to FILE.PID")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	path := *cpuProfile
-	if path != "" {
-		path = fmt.Sprintf("%s.%d", path, os.Getpid())
+	perPID := func(p string) string {
+		if p == "" {
+			return ""
+		}
+		return fmt.Sprintf("%s.%d", p, os.Getpid())
 	}
-	stop, err := startCPUProfile(path)
+	stop, err := startCPUProfile(perPID(*cpuProfile))
 	if err != nil {
 		return err
 	}
 	defer stop()
+	stopTrace, err := startTrace(perPID(*traceFile))
+	if err != nil {
+		return err
+	}
+	defer stopTrace()
 	return bench.ServeStoreClient(ctx, os.Stdin, os.Stdout)
 }

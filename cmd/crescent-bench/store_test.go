@@ -4,8 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestStoreMainJSON(t *testing.T) {
@@ -83,4 +89,26 @@ func TestStoreMainOplog(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestStoreMainTrace(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "run.trace")
+	var out bytes.Buffer
+	err := storeMain(context.Background(), []string{
+		"--operation", "meta", "--objects", "1000", "--batch", "100", "--warmup", "0", "--trace", path,
+	}, &out)
+	require.NoError(t, err)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	// runtime/trace's header ("go 1.NN trace"), then the run's events.
+	require.Regexp(t, `^go 1\.[0-9]+ trace`, string(b[:min(len(b), 16)]))
+	assert.Greater(t, len(b), 1024, "a trace of a whole run holds more than its header")
+}
+
+func TestStoreMainTraceUnwritable(t *testing.T) {
+	err := storeMain(context.Background(), []string{
+		"--operation", "meta", "--objects", "1000", "--batch", "100", "--warmup", "0",
+		"--trace", filepath.Join(t.TempDir(), "no", "such", "dir", "run.trace"),
+	}, io.Discard)
+	require.Error(t, err)
 }

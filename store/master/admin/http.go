@@ -31,6 +31,7 @@ type Metrics struct {
 	departed, unmountedReplicas, unmountedKeys                                    *prometheus.Desc
 	// Per RPC, named as the reference does: master_<rpc>_requests_total.
 	requests, failures, items, itemFailures map[string]*prometheus.Desc
+	durableWaits, durableWaitSeconds        map[string]*prometheus.Desc
 }
 
 // NewMetrics returns the collector. Pass its Observe to service.New with
@@ -46,33 +47,35 @@ func NewMetrics(m *master.Master, svc *service.Service) *Metrics {
 			Help:    "Time to serve a master RPC.",
 			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
 		}, []string{"rpc"}),
-		capacity:          d("master_total_capacity_bytes", "Bytes of all mounted segments."),
-		allocated:         d("master_allocated_bytes", "Bytes reserved for replicas."),
-		keys:              d("master_key_count", "Objects, finished or not."),
-		pending:           d("master_pending_key_count", "Objects between PutStart and PutEnd."),
-		softPinned:        d("master_soft_pin_key_count", "Soft-pinned objects."),
-		hardPinned:        d("master_hard_pin_key_count", "Hard-pinned objects."),
-		segments:          d("master_segment_count", "Mounted segments."),
-		clients:           d("master_active_clients", "Clients with mounted segments."),
-		reservations:      d("master_reservation_count", "Space placed ahead of puts (ReservePut), not yet committed."),
-		reservedBytes:     d("master_reserved_bytes", "Bytes of those reservations (one replica each)."),
-		suspects:          d("master_suspect_segment_count", "Segments placement avoids: writes to them failed, their client has not pinged since."),
-		reports:           d("master_segment_reports_total", "Segments reported by clients whose writes to them failed."),
-		evictRuns:         d("master_eviction_runs_total", "Eviction rounds."),
-		evictKeys:         d("master_evicted_keys_total", "Objects evicted."),
-		evictBytes:        d("master_evicted_bytes_total", "Bytes freed by eviction."),
-		expired:           d("master_expired_clients_total", "Clients dropped for missing heartbeats."),
-		departed:          d("master_departed_clients_total", "Clients that unmounted their last segment (a clean departure, not an expiry)."),
-		discarded:         d("master_discarded_puts_total", "Unfinished puts taken over after the discard timeout."),
-		released:          d("master_released_puts_total", "Unfinished puts freed at the release timeout."),
-		dropped:           d("master_dropped_replicas_total", "Replicas lost with the segment of an expired client."),
-		lost:              d("master_lost_keys_total", "Objects erased because no replica was left after a client expired."),
-		unmountedReplicas: d("master_unmounted_replicas_total", "Replicas dropped with a segment its client unmounted."),
-		unmountedKeys:     d("master_unmounted_keys_total", "Objects erased because their last replica's segment was unmounted."),
-		requests:          perRPC("requests_total", "%s RPCs served."),
-		failures:          perRPC("failures_total", "%s RPCs answered with an error."),
-		items:             perRPC("items_total", "Items of %s batch RPCs."),
-		itemFailures:      perRPC("item_failures_total", "Failed items of %s batch RPCs."),
+		capacity:           d("master_total_capacity_bytes", "Bytes of all mounted segments."),
+		allocated:          d("master_allocated_bytes", "Bytes reserved for replicas."),
+		keys:               d("master_key_count", "Objects, finished or not."),
+		pending:            d("master_pending_key_count", "Objects between PutStart and PutEnd."),
+		softPinned:         d("master_soft_pin_key_count", "Soft-pinned objects."),
+		hardPinned:         d("master_hard_pin_key_count", "Hard-pinned objects."),
+		segments:           d("master_segment_count", "Mounted segments."),
+		clients:            d("master_active_clients", "Clients with mounted segments."),
+		reservations:       d("master_reservation_count", "Space placed ahead of puts (ReservePut), not yet committed."),
+		reservedBytes:      d("master_reserved_bytes", "Bytes of those reservations (one replica each)."),
+		suspects:           d("master_suspect_segment_count", "Segments placement avoids: writes to them failed, their client has not pinged since."),
+		reports:            d("master_segment_reports_total", "Segments reported by clients whose writes to them failed."),
+		evictRuns:          d("master_eviction_runs_total", "Eviction rounds."),
+		evictKeys:          d("master_evicted_keys_total", "Objects evicted."),
+		evictBytes:         d("master_evicted_bytes_total", "Bytes freed by eviction."),
+		expired:            d("master_expired_clients_total", "Clients dropped for missing heartbeats."),
+		departed:           d("master_departed_clients_total", "Clients that unmounted their last segment (a clean departure, not an expiry)."),
+		discarded:          d("master_discarded_puts_total", "Unfinished puts taken over after the discard timeout."),
+		released:           d("master_released_puts_total", "Unfinished puts freed at the release timeout."),
+		dropped:            d("master_dropped_replicas_total", "Replicas lost with the segment of an expired client."),
+		lost:               d("master_lost_keys_total", "Objects erased because no replica was left after a client expired."),
+		unmountedReplicas:  d("master_unmounted_replicas_total", "Replicas dropped with a segment its client unmounted."),
+		unmountedKeys:      d("master_unmounted_keys_total", "Objects erased because their last replica's segment was unmounted."),
+		requests:           perRPC("requests_total", "%s RPCs served."),
+		failures:           perRPC("failures_total", "%s RPCs answered with an error."),
+		items:              perRPC("items_total", "Items of %s batch RPCs."),
+		itemFailures:       perRPC("item_failures_total", "Failed items of %s batch RPCs."),
+		durableWaits:       perRPC("durable_waits_total", "%s answers that waited for the operation log to make what they changed or read durable."),
+		durableWaitSeconds: perRPC("durable_wait_seconds_total", "Time %s answers waited for the operation log (divide by durable_waits_total for the mean)."),
 	}
 }
 
@@ -101,7 +104,7 @@ func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
 		x.departed, x.unmountedReplicas, x.unmountedKeys} {
 		ch <- d
 	}
-	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures} {
+	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures, x.durableWaits, x.durableWaitSeconds} {
 		for _, d := range m {
 			ch <- d
 		}
@@ -146,6 +149,10 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 			if itemRPC(r.Name) {
 				c(x.items[r.Name], r.Items)
 				c(x.itemFailures[r.Name], r.ItemFailures)
+			}
+			if r.DurableWaits > 0 {
+				c(x.durableWaits[r.Name], r.DurableWaits)
+				ch <- prometheus.MustNewConstMetric(x.durableWaitSeconds[r.Name], prometheus.CounterValue, float64(r.DurableWaitNanos)/1e9)
 			}
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
@@ -217,4 +218,39 @@ func TestMetricsCountDepartures(t *testing.T) {
 	require.Equal(t, 3.0, mv["master_unmounted_replicas_total"])
 	require.Equal(t, 0.0, mv["master_active_clients"])
 
+}
+
+// TestMetricsDurableWait: with a log, /metrics carries per RPC how many
+// answers waited for durability and for how long.
+func TestMetricsDurableWait(t *testing.T) {
+	e := mastertest.New(t, nil)
+	const hold = 5 * time.Millisecond
+	svc := service.New(e.M, service.WithDurability(func(context.Context) error {
+		time.Sleep(hold)
+		return nil
+	}, func() error { return nil }))
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewMetrics(e.M, svc))
+	ic := svc.UnaryInterceptor()
+	info := &grpc.UnaryServerInfo{FullMethod: storepb.Master_ServiceReady_FullMethodName}
+	for range 2 {
+		_, err := ic(context.Background(), &storepb.ServiceReadyRequest{}, info, func(context.Context, any) (any, error) {
+			return &storepb.ServiceReadyResponse{}, nil
+		})
+		require.NoError(t, err)
+	}
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			if m.GetCounter() != nil {
+				got[mf.GetName()] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	assert.Equal(t, 2.0, got["master_service_ready_durable_waits_total"])
+	assert.GreaterOrEqual(t, got["master_service_ready_durable_wait_seconds_total"], 2*hold.Seconds())
+	_, ok := got["master_ping_durable_waits_total"]
+	assert.False(t, ok, "an RPC that never waited exports no wait counters")
 }

@@ -71,9 +71,16 @@ func RPCNames() []string { return append([]string(nil), rpcNames[:]...) }
 type RPCCount struct {
 	Name                                    string
 	Requests, Failures, Items, ItemFailures uint64
+	// With an operation log: how many answers waited for their changes
+	// (or, for a read, the changes it saw) to be durable, and the total
+	// time they waited, the log's share of the RPC's latency.
+	DurableWaits, DurableWaitNanos uint64
 }
 
-type rpcCounter struct{ requests, failures, items, itemFailures atomic.Uint64 }
+type rpcCounter struct {
+	requests, failures, items, itemFailures atomic.Uint64
+	durableWaits, durableWaitNanos          atomic.Uint64
+}
 
 // Service is the gRPC face of a Master: it converts messages, calls the
 // core and maps errors with rpcerr.ToStatus; batch RPCs answer per item.
@@ -218,7 +225,8 @@ func (s *Service) Counts() []RPCCount {
 	for i := range out {
 		c := &s.counts[i]
 		out[i] = RPCCount{Name: rpcNames[i], Requests: c.requests.Load(), Failures: c.failures.Load(),
-			Items: c.items.Load(), ItemFailures: c.itemFailures.Load()}
+			Items: c.items.Load(), ItemFailures: c.itemFailures.Load(),
+			DurableWaits: c.durableWaits.Load(), DurableWaitNanos: c.durableWaitNanos.Load()}
 	}
 	return out
 }
@@ -264,11 +272,15 @@ func (s *Service) UnaryInterceptor() grpc.UnaryServerInterceptor {
 			// not durable yet: for a read of keys, their last changes
 			// (read after the handler, so they cover what it saw).
 			var werr error
+			w0 := time.Now()
 			if need, ok := s.readNeed(req); ok {
 				werr = s.waitSeq(ctx, need)
 			} else {
 				werr = s.durable(ctx)
 			}
+			c := &s.counts[rpc]
+			c.durableWaits.Add(1)
+			c.durableWaitNanos.Add(uint64(time.Since(w0)))
 			if werr != nil {
 				if ctx.Err() == nil {
 					werr = &errcode.Error{Code: errcode.InternalError, Msg: "master: operation log not durable: " + werr.Error()}
