@@ -23,7 +23,9 @@
 // BatchExistKey): they wait only for the last logged changes of their
 // keys. The admin pages
 // that show keys or segments (store/master/admin.Handler) wait the same
-// way (Service.WaitDurable).
+// way (Service.WaitDurable). Each wait is counted per RPC with its
+// time (RPCCount.DurableWaits, DurableWaitNanos): the log's share of an
+// RPC's latency.
 // Service.Counts and WithObserver feed metrics (store/master/admin), counted in one place:
 // Service.UnaryInterceptor, which Serve installs on both of its servers
 // (a server given the service through Register alone needs it too).
