@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -54,26 +55,17 @@ func benchMain(ctx context.Context, args []string) error {
 // startTrace writes an execution trace (runtime/trace) to path until the
 // returned stop; an empty path traces nothing.
 func startTrace(path string) (stop func(), err error) {
-	if path == "" {
-		return func() {}, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
-	if err := trace.Start(f); err != nil {
-		f.Close()
-		return nil, err
-	}
-	return func() {
-		trace.Stop()
-		f.Close()
-	}, nil
+	return record(path, trace.Start, trace.Stop)
 }
 
 // startCPUProfile writes a CPU profile to path until the returned stop;
 // an empty path profiles nothing.
 func startCPUProfile(path string) (stop func(), err error) {
+	return record(path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// record runs a runtime recorder (start, stop) into the file path.
+func record(path string, start func(io.Writer) error, end func()) (stop func(), err error) {
 	if path == "" {
 		return func() {}, nil
 	}
@@ -81,12 +73,12 @@ func startCPUProfile(path string) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := pprof.StartCPUProfile(f); err != nil {
+	if err := start(f); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return func() {
-		pprof.StopCPUProfile()
+		end()
 		f.Close()
 	}, nil
 }

@@ -105,6 +105,19 @@ func TestStoreMainTrace(t *testing.T) {
 	assert.Greater(t, len(b), 1024, "a trace of a whole run holds more than its header")
 }
 
+func TestStoreMainCPUProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "cpu.prof")
+	err := storeMain(context.Background(), []string{
+		"--operation", "meta", "--objects", "1000", "--batch", "100", "--warmup", "0", "--cpuprofile", path,
+	}, io.Discard)
+	require.NoError(t, err)
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	// A pprof profile is gzip-compressed protobuf.
+	require.GreaterOrEqual(t, len(b), 2)
+	assert.Equal(t, []byte{0x1f, 0x8b}, b[:2])
+}
+
 func TestStoreMainTraceUnwritable(t *testing.T) {
 	err := storeMain(context.Background(), []string{
 		"--operation", "meta", "--objects", "1000", "--batch", "100", "--warmup", "0",
