@@ -59,6 +59,18 @@ func providers() []string {
 	return []string{"tcp;ofi_rxm", "sockets"}
 }
 
+// skipBurstLoss skips a test that posts a burst of writes on libfabric
+// 1.17's sockets provider, which loses some of them (posted, never
+// completed: about 1 run in 40 of TestBackPressure, as of internal/fabric's
+// TestEAGAIN; the transport then ends them with ErrPeerGone, as it should),
+// unless CRESCENT_FI_PROVIDERS names the provider.
+func skipBurstLoss(t testing.TB, prov string) {
+	t.Helper()
+	if prov == "sockets" && os.Getenv("CRESCENT_FI_PROVIDERS") == "" {
+		t.Skip("the sockets provider loses writes in bursts; use tcp;ofi_rxm")
+	}
+}
+
 // needProvider skips a provider this libfabric lacks (fails under
 // CRESCENT_REQUIRE_DEPS=1).
 func needProvider(t testing.TB, prov string) {

@@ -235,6 +235,7 @@ func TestBackPressure(t *testing.T) {
 	for _, prov := range providers() {
 		t.Run(prov, func(t *testing.T) {
 			needProvider(t, prov)
+			skipBurstLoss(t, prov)
 			cfg := efa.Config{TxSize: 8, MaxInflight: 256}
 			a := newNode(t, prov, 4<<20, cfg)
 			b := newNode(t, prov, 4<<20, cfg)
