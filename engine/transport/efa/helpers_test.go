@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/efa"
 	"github.com/crescent-kv/crescent/internal/fabric"
+	"github.com/crescent-kv/crescent/internal/fabric/fabrictest"
 	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
@@ -52,24 +52,7 @@ func needFabric(t testing.TB) {
 
 // providers are the libfabric software providers the tests run the
 // transport on; CRESCENT_FI_PROVIDERS (comma-separated) overrides.
-func providers() []string {
-	if s := os.Getenv("CRESCENT_FI_PROVIDERS"); s != "" {
-		return strings.Split(s, ",")
-	}
-	return []string{"tcp;ofi_rxm", "sockets"}
-}
-
-// skipBurstLoss skips a test that posts a burst of writes on libfabric
-// 1.17's sockets provider, which loses some of them (posted, never
-// completed: about 1 run in 40 of TestBackPressure, as of internal/fabric's
-// TestEAGAIN; the transport then ends them with ErrPeerGone, as it should),
-// unless CRESCENT_FI_PROVIDERS names the provider.
-func skipBurstLoss(t testing.TB, prov string) {
-	t.Helper()
-	if prov == "sockets" && os.Getenv("CRESCENT_FI_PROVIDERS") == "" {
-		t.Skip("the sockets provider loses writes in bursts; use tcp;ofi_rxm")
-	}
-}
+func providers() []string { return fabrictest.Providers("tcp;ofi_rxm", "sockets") }
 
 // needProvider skips a provider this libfabric lacks (fails under
 // CRESCENT_REQUIRE_DEPS=1).
