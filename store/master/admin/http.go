@@ -116,9 +116,10 @@ func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
 func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 	s := x.m.Stats()
 	g := func(d *prometheus.Desc, v float64) { ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v) }
-	c := func(d *prometheus.Desc, v uint64) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+	cf := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v)
 	}
+	c := func(d *prometheus.Desc, v uint64) { cf(d, float64(v)) }
 	g(x.capacity, float64(s.Capacity))
 	g(x.allocated, float64(s.Allocated))
 	g(x.keys, float64(s.Keys))
@@ -152,7 +153,7 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 			}
 			if r.DurableWaits > 0 {
 				c(x.durableWaits[r.Name], r.DurableWaits)
-				ch <- prometheus.MustNewConstMetric(x.durableWaitSeconds[r.Name], prometheus.CounterValue, float64(r.DurableWaitNanos)/1e9)
+				cf(x.durableWaitSeconds[r.Name], float64(r.DurableWaitNanos)/1e9)
 			}
 		}
 	}
