@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -211,7 +212,10 @@ func (im *inProcessMaster) closeLog() {
 // commits, entries, fsyncs and their total time (local only).
 // waits and waitNanos are the master's answers that waited for the log
 // and their total wait.
-type logStats struct{ bytes, batches, entries, fsyncs, fsyncNanos, waits, waitNanos uint64 }
+type logStats struct {
+	bytes, batches, entries, fsyncs, fsyncNanos, waits, waitNanos uint64
+	byRPC                                                         map[string][2]uint64 // RPC -> waits, wait nanoseconds
+}
 
 func (im *inProcessMaster) logStats() logStats {
 	if im == nil || im.d == nil {
@@ -227,9 +231,13 @@ func (im *inProcessMaster) logStats() logStats {
 		st = logStats{batches: s.Batches, entries: s.Entries}
 	}
 	if im.svc != nil {
+		st.byRPC = map[string][2]uint64{}
 		for _, r := range im.svc.Counts() {
 			st.waits += r.DurableWaits
 			st.waitNanos += r.DurableWaitNanos
+			if r.DurableWaits > 0 {
+				st.byRPC[r.Name] = [2]uint64{r.DurableWaits, r.DurableWaitNanos}
+			}
 		}
 	}
 	return st
@@ -251,4 +259,14 @@ func (im *inProcessMaster) describeLog(res *StoreResult, before logStats, puts i
 	if n := after.waits - before.waits; n > 0 {
 		res.OplogDurableWaitUs = float64(after.waitNanos-before.waitNanos) / float64(n) / 1e3
 	}
+	for name, a := range after.byRPC {
+		b := before.byRPC[name]
+		if n := a[0] - b[0]; n > 0 {
+			res.OplogWaits = append(res.OplogWaits, OplogWait{RPC: name, Answers: n, WaitUs: float64(a[1]-b[1]) / float64(n) / 1e3})
+		}
+	}
+	// The RPCs that waited most in total first.
+	slices.SortFunc(res.OplogWaits, func(x, y OplogWait) int {
+		return cmp.Or(cmp.Compare(y.WaitUs*float64(y.Answers), x.WaitUs*float64(x.Answers)), strings.Compare(x.RPC, y.RPC))
+	})
 }

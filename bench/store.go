@@ -322,6 +322,10 @@ type StoreResult struct {
 	// average for the log to make their changes durable (the log's share
 	// of a call's latency, measured in the master).
 	OplogDurableWaitUs float64 `json:"oplog_durable_wait_us,omitempty"`
+	// OplogWaits splits that wait by RPC, the longest total first: a
+	// put's own commit (commit_put) against the bench's ring removals
+	// (batch_remove), for instance.
+	OplogWaits []OplogWait `json:"oplog_waits,omitempty"`
 	// EvictedKeys during the measurement (in-process master only).
 	EvictedKeys *uint64 `json:"evicted_keys,omitempty"`
 	// Master is the master's address ("in-process" when started here).
@@ -381,6 +385,13 @@ func (c *StoreConfig) plan() (gets, ring int, err error) {
 		}
 	}
 	return gets, ring, nil
+}
+
+// OplogWait is one RPC's answers that waited for the log in a run.
+type OplogWait struct {
+	RPC     string  `json:"rpc"`     // as in /metrics: commit_put, batch_remove, ...
+	Answers uint64  `json:"answers"` // answers that waited
+	WaitUs  float64 `json:"wait_us"` // their mean wait
 }
 
 // stepResult is what one call did.

@@ -372,6 +372,25 @@ func TestRunStoreOplog(t *testing.T) {
 				assert.Positive(t, res.OplogEntriesPerCommit)
 				// Every put's answer waits for its commit to be durable.
 				assert.Positive(t, res.OplogDurableWaitUs)
+				// Split by RPC: the commits are there, every entry waited,
+				// and the parts add up to the mean.
+				var answers uint64
+				var total float64
+				rpcs := map[string]bool{}
+				for _, w := range res.OplogWaits {
+					assert.Positive(t, w.Answers, w.RPC)
+					assert.Positive(t, w.WaitUs, w.RPC)
+					answers += w.Answers
+					total += w.WaitUs * float64(w.Answers)
+					rpcs[w.RPC] = true
+				}
+				assert.True(t, rpcs["commit_put"], "%+v", res.OplogWaits)
+				require.Positive(t, answers)
+				assert.InEpsilon(t, res.OplogDurableWaitUs, total/float64(answers), 1e-6)
+				for i := 1; i < len(res.OplogWaits); i++ {
+					a, b := res.OplogWaits[i-1], res.OplogWaits[i]
+					assert.GreaterOrEqual(t, a.WaitUs*float64(a.Answers), b.WaitUs*float64(b.Answers), "longest total first")
+				}
 				if log == OplogLocal {
 					assert.Positive(t, res.OplogBytesPerPut)
 					assert.Positive(t, res.OplogFsyncUs)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/crescent-kv/crescent/bench"
@@ -165,6 +166,13 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.OplogBytesPerPut > 0 || r.OplogCommitsPerSec > 0 {
 		fmt.Fprintf(out, "oplog: %.0f bytes written per put, %.0f commits/s of %.1f entries, fdatasync %.0f us on average; the master's answers waited %.0f us on average for durability\n",
 			r.OplogBytesPerPut, r.OplogCommitsPerSec, r.OplogEntriesPerCommit, r.OplogFsyncUs, r.OplogDurableWaitUs)
+	}
+	if len(r.OplogWaits) > 0 {
+		parts := make([]string, len(r.OplogWaits))
+		for i, w := range r.OplogWaits {
+			parts[i] = fmt.Sprintf("%s %d x %.0f us", w.RPC, w.Answers, w.WaitUs)
+		}
+		fmt.Fprintf(out, "oplog waits by RPC (answers x mean wait): %s\n", strings.Join(parts, ", "))
 	}
 	fmt.Fprintf(out, "crescent: %.0f ops/s, %.2f GB/s; latency per call: p50 %.0f us, p99 %.0f us, p999 %.0f us\n",
 		r.OpsPerSec, r.ThroughputGBps, r.P50us, r.P99us, r.P999us)

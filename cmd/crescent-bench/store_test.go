@@ -88,6 +88,11 @@ func TestStoreMainOplog(t *testing.T) {
 				t.Errorf("%s output lacks %q: %q", op, want, out.String())
 			}
 		}
+		if op == "put" {
+			// Every put's answer waited for its commit: the split by RPC
+			// names it.
+			require.Regexp(t, `oplog waits by RPC \(answers x mean wait\): .*commit_put [1-9][0-9]* x [0-9]+ us`, out.String())
+		}
 	}
 }
 
