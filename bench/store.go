@@ -49,6 +49,7 @@ const (
 	mixedGetShare = 0.40 // mixed: the keys read ...
 	mixedPutShare = 0.30 // ... and the keys written
 	putShare      = 0.70 // put: the keys written
+	aheadShare    = 0.85 // put: the keys written and the reservations held
 	maxGetKeys    = 16384
 	maxRingKeys   = 1024
 )
@@ -109,6 +110,10 @@ type StoreConfig struct {
 	// value size for one-round-trip puts (0 = the client's default,
 	// negative = off: every put is PutStart+PutEnd).
 	PutAhead int `json:"put_ahead,omitempty"`
+	// PutAheadBytes is the clients' Config.PutAheadBytes, the pool
+	// memory each client's reservations may hold (0 = the client's
+	// default); put runs leave room for it in the segments.
+	PutAheadBytes int64 `json:"put_ahead_bytes,omitempty"`
 	// MasterProtocol is the clients' Config.MasterProtocol: auto
 	// (default: crpc, the master's light framing, when it answers), crpc,
 	// grpc, grpc_tuned (the in-process master then serves gRPC with
@@ -183,7 +188,7 @@ func (c *StoreConfig) setDefaults() error {
 		return bad("--clients %d outside [1, 64]", c.Clients)
 	case c.Threads < 1 || c.Threads > 1024:
 		return bad("--threads %d outside [1, 1024]", c.Threads)
-	case c.SegmentSize < 0, c.LocalBufferSize < 0:
+	case c.SegmentSize < 0, c.LocalBufferSize < 0, c.PutAheadBytes < 0:
 		return bad("negative memory size")
 	case c.ValueSize < 1:
 		return bad("--value_size %d", c.ValueSize)
@@ -271,8 +276,15 @@ type StoreResult struct {
 	ReplicasStoredMin   int   `json:"replicas_stored_min"`
 	ReplicasStoredMax   int   `json:"replicas_stored_max"`
 	UnderReplicatedPuts int64 `json:"under_replicated_puts"`
-	// PutAhead as configured (0 = the client's default, negative = off).
-	PutAhead int `json:"put_ahead"`
+	// PutAhead as configured (0 = the client's default, negative = off)
+	// and the reservations' byte budget per client (the default filled
+	// in).
+	PutAhead      int   `json:"put_ahead"`
+	PutAheadBytes int64 `json:"put_ahead_bytes"`
+	// PutsAheadShare is the share of the clients' puts (prepare included)
+	// committed on a reservation held ahead, in one round trip; the rest
+	// took PutStart and PutEnd.
+	PutsAheadShare float64 `json:"puts_ahead_share"`
 	// MasterProtocol the clients used: crpc or grpc.
 	MasterProtocol string `json:"master_protocol"`
 	// ZeroCopy: every call moved values with no copy in user space.
@@ -356,6 +368,14 @@ func ringKey(run string, client, worker, i int) string {
 // allocator rounds to 64 bytes and then to a size class (<= 12.5% more).
 func reserved(n int) int64 { return int64(n) + int64(n)/8 + 64 }
 
+// aheadBytes is the put-ahead budget of each client (0 with it off).
+func (c *StoreConfig) aheadBytes() int64 {
+	if c.PutAhead < 0 {
+		return 0
+	}
+	return cmp.Or(c.PutAheadBytes, store.DefaultPutAheadBytes)
+}
+
 // plan sizes the key sets so that at most a share of each segment is
 // used: client i places its values on the next Replicas segments, so
 // every segment holds Replicas clients' keys.
@@ -378,10 +398,21 @@ func (c *StoreConfig) plan() (gets, ring int, err error) {
 		}
 	}
 	if pShare > 0 {
-		ring = min(int(pShare*seg/per)/c.Threads, maxRingKeys)
-		ring -= ring % c.Batch
+		keys := func(room float64) int {
+			n := min(int(room/per)/c.Threads, maxRingKeys)
+			return n - n%c.Batch
+		}
+		ring = keys(pShare * seg)
 		if ring < c.Batch {
 			return 0, 0, fmt.Errorf("%w: --segment_size %d has no room for --threads %d x --batch %d values of %d bytes", ErrStoreConfig, c.SegmentSize, c.Threads, c.Batch, c.ValueSize)
+		}
+		// Reservations held ahead of puts take pool memory too: a budget
+		// larger than the room above the share leaves less to the ring,
+		// down to half its share and one batch per worker (reservations
+		// that find no room are not made; the puts take two round trips).
+		if c.PutAhead >= 0 {
+			ahead := float64(reserved(int(c.aheadBytes()))) * float64(min(c.Replicas, c.Clients))
+			ring = min(ring, max(keys(max(aheadShare*seg-ahead, pShare*seg/2)), c.Batch))
 		}
 	}
 	return gets, ring, nil
@@ -412,6 +443,9 @@ type roundStats struct {
 	// Stored[n] is the puts that stored n replicas since the clients
 	// started (store.Stats.StoredReplicas; add leaves it alone).
 	Stored []uint64
+	// AllPuts and AheadPuts count the clients' puts and those committed
+	// on a reservation held ahead, since the clients started.
+	AllPuts, AheadPuts uint64
 }
 
 func (r *roundStats) add(o *roundStats) {
@@ -511,7 +545,7 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 	sc := store.Config{
 		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
 		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
-		PutAhead: cfg.PutAhead, MasterProtocol: cfg.MasterProtocol, MasterDialer: masterDialer(cfg.MasterProtocol),
+		PutAhead: cfg.PutAhead, PutAheadBytes: cfg.PutAheadBytes, MasterProtocol: cfg.MasterProtocol, MasterDialer: masterDialer(cfg.MasterProtocol),
 	}
 	if cfg.tls != nil {
 		sc.Security.TLS = cfg.tls.client
@@ -648,6 +682,7 @@ func (lc *localClient) run(ctx context.Context, d time.Duration) (*roundStats, e
 	if s != nil {
 		st := lc.c.Stats()
 		s.Stored = st.StoredReplicas[:]
+		s.AllPuts, s.AheadPuts = st.Puts, st.PutsAhead
 	}
 	return s, err
 }
@@ -1017,6 +1052,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	d := c.Duration / time.Duration(rounds)
 	var tot, base roundStats
 	var stored []uint64 // as of the last round
+	var allPuts, aheadPuts uint64
 	for r := 0; r < rounds; r++ {
 		var bg float64
 		if baseline != nil {
@@ -1035,6 +1071,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		tot.add(s)
 		tot.Elapsed += s.Elapsed
 		stored = s.Stored
+		allPuts, aheadPuts = s.AllPuts, s.AheadPuts
 		if c.Progress != nil {
 			fmt.Fprintf(c.Progress, "round %d/%d: crescent %.2f GB/s, %s %.2f GB/s\n", r+1, rounds,
 				float64(s.Bytes)/s.Elapsed.Seconds()/1e9, c.Baseline, bg)
@@ -1043,12 +1080,15 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	res = &StoreResult{
 		Operation: c.Operation, ValueSize: c.ValueSize, Clients: c.Clients, ClientProcesses: c.ClientProcesses,
 		Threads: c.Threads, Batch: c.Batch, Replicas: c.Replicas, ZeroCopy: c.zeroCopy(), Protocol: c.Protocol,
-		GetKeys: gets, RingKeys: ring, Baseline: c.Baseline, Master: where, PutAhead: c.PutAhead,
+		GetKeys: gets, RingKeys: ring, Baseline: c.Baseline, Master: where, PutAhead: c.PutAhead, PutAheadBytes: c.aheadBytes(),
 		MasterProtocol: clients[0].masterProtocol(),
 		DurationS:      tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
 	}
 	res.Protocol = cmp.Or(res.Protocol, "default")
 	res.ReplicasStoredMin, res.ReplicasStoredMax, res.UnderReplicatedPuts = replicaRange(stored, c.Replicas)
+	if allPuts > 0 {
+		res.PutsAheadShare = float64(aheadPuts) / float64(allPuts)
+	}
 	if im != nil {
 		ev := im.m.Stats().EvictedKeys - evicted0
 		res.EvictedKeys = &ev
@@ -1139,6 +1179,8 @@ func runRound(clients []benchClient, run func(benchClient) (*roundStats, error))
 			}
 			out.Stored[n] += k
 		}
+		out.AllPuts += p.AllPuts
+		out.AheadPuts += p.AheadPuts
 	}
 	return out, nil
 }

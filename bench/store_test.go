@@ -81,6 +81,15 @@ func checkResult(t *testing.T, c StoreConfig, res *StoreResult) {
 			t.Fatalf("mixed run: %d gets, %d puts", res.Gets, res.Puts)
 		}
 	}
+	// Puts of one size repeatedly: put-ahead commits some in one round
+	// trip, none with it off.
+	switch {
+	case c.PutAhead < 0:
+		assert.Zero(t, res.PutsAheadShare, "put-ahead off")
+	case c.Operation == "put" || c.Operation == "mixed":
+		assert.Greater(t, res.PutsAheadShare, 0.0, "puts ahead")
+		assert.LessOrEqual(t, res.PutsAheadShare, 1.0)
+	}
 	if !(res.P50us > 0 && res.P50us <= res.P99us && res.P99us <= res.P999us) {
 		t.Fatalf("latency percentiles %v %v %v", res.P50us, res.P99us, res.P999us)
 	}
@@ -161,6 +170,7 @@ func TestRunStoreVariants(t *testing.T) {
 		{"one-client", func(c *StoreConfig) { c.Clients, c.Operation = 1, "mixed" }},
 		{"under-replicated", func(c *StoreConfig) { c.Clients, c.Replicas, c.Operation = 1, 2, "put" }},
 		{"tcp", func(c *StoreConfig) { c.Protocol, c.Operation = "tcp", "get" }},
+		{"put-ahead-off", func(c *StoreConfig) { c.PutAhead, c.Operation = -1, "put" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := smallStore("", "none")

@@ -102,3 +102,33 @@ func TestStoreConfigEngineBaselineErrors(t *testing.T) {
 		assert.Contains(t, err.Error(), "engine", name)
 	}
 }
+
+// A put run leaves room in the segments for the clients' put-ahead
+// reservations: the default budget fits above the ring's share, a larger
+// one shrinks the ring, one that leaves no room leaves it half its
+// share, and with
+// put-ahead off the budget is not counted.
+func TestPlanLeavesRoomForPutAhead(t *testing.T) {
+	ring := func(mod func(*StoreConfig)) (int, error) {
+		c := StoreConfig{Operation: "put", SegmentSize: 1 << 30, ValueSize: 1 << 20, Threads: 4, Batch: 8}
+		mod(&c)
+		require.NoError(t, c.setDefaults())
+		_, r, err := c.plan()
+		return r, err
+	}
+	def, err := ring(func(*StoreConfig) {})
+	require.NoError(t, err)
+	perValue := float64(reserved(1 << 20))
+	assert.Equal(t, int(putShare*(1<<30)/perValue)/4/8*8, def, "the default budget leaves the ring its share")
+	big, err := ring(func(c *StoreConfig) { c.PutAheadBytes = 256 << 20 })
+	require.NoError(t, err)
+	assert.Less(t, big, def)
+	used := float64(4*big)*perValue + float64(reserved(256<<20))
+	assert.LessOrEqual(t, used, aheadShare*(1<<30), "ring and reservations fit the share")
+	off, err := ring(func(c *StoreConfig) { c.PutAheadBytes, c.PutAhead = 256<<20, -1 })
+	require.NoError(t, err)
+	assert.Equal(t, def, off)
+	half, err := ring(func(c *StoreConfig) { c.PutAheadBytes = 900 << 20 })
+	require.NoError(t, err)
+	assert.Equal(t, int(putShare/2*(1<<30)/perValue)/4/8*8, half)
+}

@@ -40,6 +40,8 @@ type statsWire struct {
 	Elapsed                time.Duration
 	Hist                   histWire
 	Stored                 []uint64 `json:"stored,omitempty"` // roundStats.Stored
+	AllPuts                uint64   `json:"all_puts,omitempty"`
+	AheadPuts              uint64   `json:"ahead_puts,omitempty"`
 }
 
 // histWire is a Histogram's non-empty buckets as [index, count] pairs.
@@ -137,7 +139,7 @@ func ServeStoreClient(ctx context.Context, in io.Reader, out io.Writer) error {
 			}
 			var s *roundStats
 			if s, err = run(ctx, m.Dur); err == nil {
-				reply.Stats = &statsWire{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: s.Hist.wire(), Stored: s.Stored}
+				reply.Stats = &statsWire{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: s.Hist.wire(), Stored: s.Stored, AllPuts: s.AllPuts, AheadPuts: s.AheadPuts}
 			}
 		default:
 			err = fmt.Errorf("bench: unexpected client command %q", m.Cmd)
@@ -286,7 +288,10 @@ func (rc *remoteClient) round(ctx context.Context, cmd string, d time.Duration) 
 	if len(s.Stored) > store.MaxCountedReplicas+1 {
 		return nil, fmt.Errorf("bench: client process %d sent %d replica counts", rc.index, len(s.Stored))
 	}
-	return &roundStats{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: h, Stored: s.Stored}, nil
+	if s.AheadPuts > s.AllPuts {
+		return nil, fmt.Errorf("bench: client process %d sent %d puts ahead of %d puts", rc.index, s.AheadPuts, s.AllPuts)
+	}
+	return &roundStats{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: h, Stored: s.Stored, AllPuts: s.AllPuts, AheadPuts: s.AheadPuts}, nil
 }
 
 // close ends the child: stdin closes (it closes its client and exits);

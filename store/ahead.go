@@ -63,6 +63,11 @@ type resvQueue struct {
 // maxBytes bounds it too.
 const maxAheadPerClass = 256
 
+// maxReserveAsk is the most reservations one request asks for: the
+// master refuses a spec of more (master.MaxReserveCount); a class whose
+// target is higher fills up over several requests.
+const maxReserveAsk = 64
+
 type putAhead struct {
 	perClass int
 	maxBytes uint64
@@ -148,7 +153,7 @@ func (a *putAhead) askLocked(k resvClass, now time.Time) int {
 	if now.Before(q.noRoom) {
 		return 0
 	}
-	n := a.room(k)
+	n := min(a.room(k), maxReserveAsk)
 	q.inflight += n
 	a.bytes += uint64(n) * k.size
 	return n

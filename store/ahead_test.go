@@ -2,14 +2,18 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
 
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
@@ -362,4 +366,85 @@ func TestPutAheadGrowsWithConcurrency(t *testing.T) {
 	}
 	assert.Equal(t, 1, small.ask(k), "two asked for, one more fits the budget")
 	assert.Equal(t, 0, small.ask(k), "the budget is full")
+}
+
+// TestBatchPutCommitBesideEnd: a batch whose items are partly reserved
+// ahead and partly placed by BatchPutStart commits the first while it
+// ends the second (on a durable master each RPC waits for the log, so
+// one after the other would cost the batch two waits).
+func TestBatchPutCommitBesideEnd(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	var armed atomic.Bool
+	endStarted := make(chan struct{})
+	var endOnce sync.Once
+	var overlapped atomic.Bool
+	a := newTestClient(t, tm, 32<<20, func(c *Config) {
+		c.PutAhead = 4
+		c.MasterProtocol = "grpc"
+		c.MasterDialer = func(ctx context.Context, addr string, ic grpc.UnaryClientInterceptor) (MasterConn, error) {
+			conn, _, err := DialMaster(ctx, addr, "grpc", func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+				if armed.Load() {
+					switch {
+					case strings.HasSuffix(method, "/PutEnd") || strings.HasSuffix(method, "/BatchPutEnd"):
+						endOnce.Do(func() { close(endStarted) })
+					case strings.HasSuffix(method, "/CommitPut"):
+						// Hold the commit until the end is under way (or
+						// give up: they ran one after the other).
+						select {
+						case <-endStarted:
+							overlapped.Store(true)
+						case <-time.After(2 * time.Second):
+						}
+					}
+				}
+				return ic(ctx, method, req, reply, cc, invoker, opts...)
+			})
+			return conn, err
+		}
+	})
+	ctx := tctx(t)
+	warmAhead(t, a, "warm", 32<<10, ReplicateConfig{})
+	eventually(t, "a full class", func() bool { return a.ahead.held() == 4 })
+	before := a.Stats()
+	keys := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
+	var vals [][]byte
+	for i := range keys {
+		vals = append(vals, randBytes(32<<10, uint64(40+i)))
+	}
+	armed.Store(true)
+	errs := a.BatchPut(ctx, keys, vals, ReplicateConfig{})
+	armed.Store(false)
+	for i, err := range errs {
+		require.NoError(t, err, "item %d", i)
+	}
+	after := a.Stats()
+	assert.EqualValues(t, 4, after.PutsAhead-before.PutsAhead, "items committed ahead")
+	assert.EqualValues(t, 1, after.RPC["BatchPutStart"].Calls-before.RPC["BatchPutStart"].Calls)
+	assert.True(t, overlapped.Load(), "CommitPut waited for the end of the other items")
+	for i, k := range keys {
+		got, err := a.Get(ctx, k)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(vals[i], got), "value of %s", k)
+	}
+}
+
+// TestPutAheadAboveMasterBound: a class whose target is more than the
+// master grants in one spec (master.MaxReserveCount) still gets its
+// reservations, over several requests, instead of asking for all at
+// once, being refused and backing off.
+func TestPutAheadAboveMasterBound(t *testing.T) {
+	require.Equal(t, master.MaxReserveCount, maxReserveAsk, "the client's bound is the master's")
+	tm := startMaster(t, master.Config{})
+	target := 3*master.MaxReserveCount/2 + 1
+	a := newTestClient(t, tm, 64<<20, func(c *Config) { c.PutAhead = target })
+	warmAhead(t, a, "warm", 4<<10, ReplicateConfig{})
+	assert.Equal(t, master.MaxReserveCount, a.ahead.held(), "the first request's share")
+	ctx := tctx(t)
+	before := a.Stats()
+	for i := range 8 {
+		require.NoError(t, a.Put(ctx, fmt.Sprintf("k%d", i), randBytes(4<<10, uint64(i)), ReplicateConfig{}))
+	}
+	eventually(t, "the whole target held", func() bool { return a.ahead.held() == target })
+	assert.EqualValues(t, 8, a.Stats().PutsAhead-before.PutsAhead, "every put went ahead")
+	assert.Equal(t, target, tm.m.Stats().Reservations)
 }

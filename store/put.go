@@ -441,18 +441,6 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: b.block(a.i), class: a.k, rc: rcpb})
 		committing = append(committing, a)
 	}
-	var gone []int
-	if len(qs) > 0 {
-		_, cerrs := c.rpcCommit(ctx, qs)
-		for j, a := range committing {
-			var g bool
-			if g, errs[a.i] = c.settleAhead(a.k, a.h, cerrs[j]); g {
-				gone = append(gone, a.i)
-			} else if errs[a.i] == nil {
-				c.stats.stored(nreps[a.i], rcpb.ReplicaNum)
-			}
-		}
-	}
 	var done, failed []string
 	var doneGens, failedGens []uint64
 	var doneItems []int
@@ -470,15 +458,43 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 			failedGens = append(failedGens, gens[i])
 		}
 	}
-	if len(done) > 0 {
-		for j, err := range c.rpcPutEnd(ctx, done, doneGens, blocks) {
-			if i := doneItems[j]; err != nil {
-				errs[i] = err
-				failed = append(failed, keys[i])
-				failedGens = append(failedGens, gens[i])
-			} else {
-				c.stats.stored(nreps[i], rcpb.ReplicaNum)
+	// The commit of the reserved items and the end of the others run at
+	// once: on a durable master each answers after a durability wait,
+	// and one after the other a mixed batch would pay two.
+	var endErrs []error
+	var ended chan struct{}
+	switch {
+	case len(done) > 0 && len(qs) > 0:
+		ended = make(chan struct{})
+		go func() {
+			defer close(ended)
+			endErrs = c.rpcPutEnd(ctx, done, doneGens, blocks)
+		}()
+	case len(done) > 0:
+		endErrs = c.rpcPutEnd(ctx, done, doneGens, blocks)
+	}
+	var gone []int
+	if len(qs) > 0 {
+		_, cerrs := c.rpcCommit(ctx, qs)
+		for j, a := range committing {
+			var g bool
+			if g, errs[a.i] = c.settleAhead(a.k, a.h, cerrs[j]); g {
+				gone = append(gone, a.i)
+			} else if errs[a.i] == nil {
+				c.stats.stored(nreps[a.i], rcpb.ReplicaNum)
 			}
+		}
+	}
+	if ended != nil {
+		<-ended
+	}
+	for j, err := range endErrs {
+		if i := doneItems[j]; err != nil {
+			errs[i] = err
+			failed = append(failed, keys[i])
+			failedGens = append(failedGens, gens[i])
+		} else {
+			c.stats.stored(nreps[i], rcpb.ReplicaNum)
 		}
 	}
 	c.revoke(ctx, failed, failedGens)

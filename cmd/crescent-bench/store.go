@@ -40,6 +40,7 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&c.OplogDir, "oplog_dir", "", "--oplog local: the log's directory (default: a temporary directory in the working directory, removed after)")
 	fs.StringVar(&c.RedisServer, "redis_server", "", "redis-server binary (default: $PATH)")
 	fs.StringVar(&c.LocalHostname, "local_server_name", "127.0.0.1", "clients' engine host")
+	aheadBytes := fs.String("put_ahead_bytes", "", "pool memory each client's put-ahead reservations may hold (default: the client's, 64MiB); put runs leave room for it")
 	fs.IntVar(&c.PutAhead, "put_ahead", 0, "reservations each client keeps per value size for one-round-trip puts (0: the client's default, -1: off)")
 	fs.StringVar(&c.MasterProtocol, "master_protocol", "", "clients' protocol to the master: auto (crpc when the master answers it), crpc, grpc, grpc_tuned (the in-process master serves tuned gRPC options too) or drpc (in-process master only)")
 	fs.IntVar(&c.Objects, "objects", bench.DefaultMetaObjects, "meta: objects to store")
@@ -74,6 +75,11 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	var err error
 	if c.SegmentSize, err = parseSize(*segSize); err != nil {
 		return usagef("--segment_size: %w", err)
+	}
+	if *aheadBytes != "" {
+		if c.PutAheadBytes, err = parseSize(*aheadBytes); err != nil {
+			return usagef("--put_ahead_bytes: %w", err)
+		}
 	}
 	if c.LocalBufferSize, err = parseSize(*stage); err != nil {
 		return usagef("--local_buffer_size: %w", err)
@@ -153,7 +159,11 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.ClientProcesses {
 		procs = "processes"
 	}
-	ahead := "put-ahead on"
+	ahead := "put-ahead on (" + sizeName(int(r.PutAheadBytes)) + " per client"
+	if r.Puts > 0 {
+		ahead += fmt.Sprintf(", %.0f%% of puts in one round trip", 100*r.PutsAheadShare)
+	}
+	ahead += ")"
 	if r.PutAhead < 0 {
 		ahead = "put-ahead off"
 	}

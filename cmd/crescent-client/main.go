@@ -64,7 +64,7 @@ func exitCode(err error) int {
 type options struct {
 	master, hostname, protocol, metadata string
 	masterProtocol                       string
-	segment, buffer                      int64
+	segment, buffer, aheadBytes          int64
 	metricsAddr                          string
 	metricsPort                          int
 	heartbeat                            time.Duration
@@ -87,6 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.hostname, "local_hostname", "", `transfer engine host or host:port (default: this host's first IPv4 address, port chosen in 15000-17000)`)
 	seg := fs.String("global_segment_size", "4 GB", `memory contributed to the pool ("4 GB", "512MiB", bytes; units are powers of 1024; 0 = none)`)
 	buf := fs.String("local_buffer_size", "64 MB", "staging buffer pool for transfers")
+	ahead := fs.String("put_ahead_bytes", "64 MB", "pool memory the client's put-ahead reservations (space held for one-round-trip puts) may hold; at least the bytes of the batch puts in flight at once")
 	fs.StringVar(&o.protocol, "protocol", "", `transports in order of preference, comma-separated, e.g. "shm,tcp" (default: the engine's)`)
 	fs.StringVar(&o.metadata, "metadata_server", "P2PHANDSHAKE", "transfer engine metadata connection string")
 	fs.IntVar(&o.metricsPort, "metrics_port", 9004, "HTTP port for /metrics, /metrics/summary and /health (0 = any free port)")
@@ -123,6 +124,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.buffer, err = parseSize(*buf); err != nil {
 		return o, usagef("--local_buffer_size: %w", err)
+	}
+	if o.aheadBytes, err = parseSize(*ahead); err != nil {
+		return o, usagef("--put_ahead_bytes: %w", err)
 	}
 	if o.metricsPort < 0 || o.metricsPort > 65535 {
 		return o, usagef("--metrics_port %d out of range", o.metricsPort)
@@ -215,7 +219,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := store.Config{
 		MasterAddr: o.master, ClusterID: o.clusterID, MasterProtocol: o.masterProtocol, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
-		LocalBufferSize: o.buffer, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,
+		LocalBufferSize: o.buffer, PutAheadBytes: o.aheadBytes, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,
 		AllowOvercommit: o.allowOvercommit,
 	}
 	if o.protocol != "" {
