@@ -70,7 +70,10 @@
 //     Config.PutAheadBytes (64 MiB) in all; each put of the class that
 //     finds none while replacements are on their way raises the class's
 //     count by one (more of its puts run at once than PutAhead covers),
-//     up to 256, until the class idles. A put of a class with one at
+//     up to 256, until the class idles; one request asks the master for
+//     at most 64 (its bound per spec). A BatchPut takes reservations for
+//     as many items as are held and PutStart/PutEnd for the rest, whose
+//     BatchPutEnd runs beside the CommitPut. A put of a class with one at
 //     hand writes into it and commits it with CommitPut, which asks for
 //     its replacement in the same RPC: one round trip instead of two.
 //     Concurrent single-key calls of one kind (PutStart, PutEnd, commits,
