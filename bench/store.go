@@ -402,8 +402,8 @@ func (c *StoreConfig) plan() (gets, ring int, err error) {
 			n := min(int(room/per)/c.Threads, maxRingKeys)
 			return n - n%c.Batch
 		}
-		ring = keys(pShare * seg)
-		if ring < c.Batch {
+		room := pShare * seg
+		if keys(room) < c.Batch {
 			return 0, 0, fmt.Errorf("%w: --segment_size %d has no room for --threads %d x --batch %d values of %d bytes", ErrStoreConfig, c.SegmentSize, c.Threads, c.Batch, c.ValueSize)
 		}
 		// Reservations held ahead of puts take pool memory too: a budget
@@ -412,8 +412,9 @@ func (c *StoreConfig) plan() (gets, ring int, err error) {
 		// that find no room are not made; the puts take two round trips).
 		if c.PutAhead >= 0 {
 			ahead := float64(reserved(int(c.aheadBytes()))) * float64(min(c.Replicas, c.Clients))
-			ring = min(ring, max(keys(max(aheadShare*seg-ahead, pShare*seg/2)), c.Batch))
+			room = max(min(room, aheadShare*seg-ahead), room/2)
 		}
+		ring = max(keys(room), c.Batch)
 	}
 	return gets, ring, nil
 }
@@ -1051,8 +1052,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	rounds := max(1, int((c.Duration+time.Second/2)/time.Second))
 	d := c.Duration / time.Duration(rounds)
 	var tot, base roundStats
-	var stored []uint64 // as of the last round
-	var allPuts, aheadPuts uint64
+	var last *roundStats // counts since the clients started, as of the last round
 	for r := 0; r < rounds; r++ {
 		var bg float64
 		if baseline != nil {
@@ -1070,8 +1070,7 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		}
 		tot.add(s)
 		tot.Elapsed += s.Elapsed
-		stored = s.Stored
-		allPuts, aheadPuts = s.AllPuts, s.AheadPuts
+		last = s
 		if c.Progress != nil {
 			fmt.Fprintf(c.Progress, "round %d/%d: crescent %.2f GB/s, %s %.2f GB/s\n", r+1, rounds,
 				float64(s.Bytes)/s.Elapsed.Seconds()/1e9, c.Baseline, bg)
@@ -1085,9 +1084,9 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 		DurationS:      tot.Elapsed.Seconds(), Ops: tot.Ops, Gets: tot.Gets, Puts: tot.Puts, Bytes: tot.Bytes,
 	}
 	res.Protocol = cmp.Or(res.Protocol, "default")
-	res.ReplicasStoredMin, res.ReplicasStoredMax, res.UnderReplicatedPuts = replicaRange(stored, c.Replicas)
-	if allPuts > 0 {
-		res.PutsAheadShare = float64(aheadPuts) / float64(allPuts)
+	res.ReplicasStoredMin, res.ReplicasStoredMax, res.UnderReplicatedPuts = replicaRange(last.Stored, c.Replicas)
+	if last.AllPuts > 0 {
+		res.PutsAheadShare = float64(last.AheadPuts) / float64(last.AllPuts)
 	}
 	if im != nil {
 		ev := im.m.Stats().EvictedKeys - evicted0

@@ -106,8 +106,7 @@ func TestStoreConfigEngineBaselineErrors(t *testing.T) {
 // A put run leaves room in the segments for the clients' put-ahead
 // reservations: the default budget fits above the ring's share, a larger
 // one shrinks the ring, one that leaves no room leaves it half its
-// share, and with
-// put-ahead off the budget is not counted.
+// share, and with put-ahead off the budget is not counted.
 func TestPlanLeavesRoomForPutAhead(t *testing.T) {
 	ring := func(mod func(*StoreConfig)) (int, error) {
 		c := StoreConfig{Operation: "put", SegmentSize: 1 << 30, ValueSize: 1 << 20, Threads: 4, Batch: 8}
