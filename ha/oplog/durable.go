@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/crescent-kv/crescent/ha/snapshot"
+	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/service"
 )
@@ -172,6 +173,7 @@ func (d *Durable) Wait(ctx context.Context) error {
 	if d.Sink.Durable() >= seq {
 		return nil
 	}
+	crpc.Detach(ctx) // a call on its connection's reader lets the others go on
 	return d.Sink.WaitDurable(ctx, seq)
 }
 
@@ -184,6 +186,7 @@ func (d *Durable) WaitSeq(ctx context.Context, seq uint64) error {
 	if d.Sink.Durable() >= seq {
 		return nil
 	}
+	crpc.Detach(ctx)
 	return d.Sink.WaitDurable(ctx, seq)
 }
 

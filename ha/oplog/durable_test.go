@@ -23,6 +23,7 @@ import (
 	"github.com/crescent-kv/crescent/ha/internal/vfs"
 	"github.com/crescent-kv/crescent/ha/internal/vfs/errorfs"
 	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
@@ -91,6 +92,11 @@ func leakCheck(t *testing.T) {
 
 // serveDurable serves d's master on a real gRPC server on 127.0.0.1:0.
 func serveDurable(t *testing.T, d *Durable) (storepb.MasterClient, *service.Service) {
+	return serveDurableOver(t, d, false)
+}
+
+// serveDurableOver is serveDurable with a crpc client instead when crpc.
+func serveDurableOver(t *testing.T, d *Durable, overCRPC bool) (storepb.MasterClient, *service.Service) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -98,7 +104,15 @@ func serveDurable(t *testing.T, d *Durable) (storepb.MasterClient, *service.Serv
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx, lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var conn interface {
+		grpc.ClientConnInterface
+		Close() error
+	}
+	if overCRPC {
+		conn, err = crpc.Dial(ctx, lis.Addr().String())
+	} else {
+		conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		conn.Close()
@@ -113,12 +127,16 @@ func serveDurable(t *testing.T, d *Durable) (storepb.MasterClient, *service.Serv
 // failing test must not leave it held), then stops the server, then
 // closes the master.
 func openHeld(t *testing.T) (*Durable, *holdFS, storepb.MasterClient) {
+	return openHeldOver(t, false)
+}
+
+func openHeldOver(t *testing.T, overCRPC bool) (*Durable, *holdFS, storepb.MasterClient) {
 	t.Helper()
 	fs := newHoldFS()
 	d, err := OpenDurable(context.Background(), t.TempDir(), master.Config{Shards: 4}, LocalOptions{FS: fs})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, d.Close()) })
-	mc, _ := serveDurable(t, d)
+	mc, _ := serveDurableOver(t, d, overCRPC)
 	t.Cleanup(fs.unhold)
 	_, err = mc.MountSegment(context.Background(), &storepb.MountSegmentRequest{ClientId: durClient, Session: durSession, Segment: durSeg})
 	require.NoError(t, err)
@@ -171,6 +189,40 @@ func TestDurableRPCWaitsForFsync(t *testing.T) {
 	// Nothing pending: a read answers at once.
 	_, err := mc.ExistKey(ctx, &storepb.ExistKeyRequest{Key: "k"})
 	require.NoError(t, err)
+}
+
+// A call waiting for its entry's fsync does not hold its connection:
+// over crpc, where calls may run on the connection's reader, a read of
+// another key on the same connection answers while the fsync is held.
+func TestDurableWaitFreesItsConnection(t *testing.T) {
+	leakCheck(t)
+	ctx := context.Background()
+	_, fs, mc := openHeldOver(t, true)
+	fs.hold()
+	put := make(chan error, 1)
+	go func() {
+		_, err := mc.PutStart(ctx, &storepb.PutStartRequest{ClientId: durClient, Session: durSession, Key: "k", Size: 100})
+		put <- err
+	}()
+	<-fs.entered
+	read := make(chan error, 1)
+	go func() {
+		_, err := mc.ExistKey(ctx, &storepb.ExistKeyRequest{Key: "other"})
+		read <- err
+	}()
+	select {
+	case err := <-read:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the read waited behind the held put on its connection")
+	}
+	select {
+	case err := <-put:
+		t.Fatalf("the put answered (%v) with its fsync held", err)
+	default:
+	}
+	fs.unhold()
+	require.NoError(t, <-put)
 }
 
 // A failed fsync stops the master acknowledging anything (fail-stop):

@@ -84,6 +84,15 @@
 //     waiting request waits with it);
 //   - a handler's context ends at the caller's deadline (the request's
 //     timeout), at its cancel frame, or when the connection closes;
+//   - each call runs on a goroutine of its own, unless ServerConfig.Inline
+//     says it may run on its connection's reader: at small calls the
+//     hand-off to a new goroutine (waking another thread on an idle
+//     process) costs more than the handler. The connection reads on
+//     when an inline call returns; a handler about to wait calls
+//     Detach(ctx), which hands reading to a new goroutine, so only calls
+//     that do not wait stay on the reader. An inline call that runs
+//     longer than the client's ping timeout (5 s) without Detach loses
+//     its connection, since the ping behind it is not read;
 //   - every write has WriteTimeout (10 s): a peer that stops reading
 //     loses its connection; replies (up to 64 KiB each) that are ready
 //     while another is being written queue and go out together in the

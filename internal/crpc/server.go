@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -69,6 +70,17 @@ type ServerConfig struct {
 	// grpc.UnaryInterceptor does for a grpc.Server (the same hook serves
 	// both).
 	Interceptor grpc.UnaryServerInterceptor
+	// Inline, when set, picks the methods whose calls may run on their
+	// connection's reader instead of a goroutine of their own: no
+	// hand-off between goroutines (threads, when the process was idle)
+	// per call, which at small calls costs more than the handler. It is
+	// asked once per method at registration and returns nil (never) or
+	// a check made before each call (true: this one runs inline). The
+	// connection reads its next frame when an inline call returns, so
+	// its handler must not wait on anything that takes long (I/O, other
+	// calls, timers) without calling Detach first; one that does stalls
+	// its own connection, no other.
+	Inline func(method string) func() bool
 	// Conns configures the accept loop (netx): connection caps, logging.
 	Conns netx.Config
 	// TLS, when set, makes Serve handshake every connection (within the
@@ -109,8 +121,9 @@ func (c ServerConfig) withDefaults() ServerConfig {
 }
 
 type method struct {
-	srv any
-	h   grpc.MethodHandler
+	srv    any
+	h      grpc.MethodHandler
+	inline func() bool // ServerConfig.Inline's check; nil: never
 }
 
 // Server serves registered services' unary methods. Register services
@@ -142,7 +155,12 @@ func NewServer(cfg ServerConfig) *Server {
 // RegisterService implements grpc.ServiceRegistrar (unary methods only).
 func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) {
 	for _, m := range desc.Methods {
-		s.methods["/"+desc.ServiceName+"/"+m.MethodName] = method{srv: impl, h: m.Handler}
+		name := "/" + desc.ServiceName + "/" + m.MethodName
+		var inline func() bool
+		if s.cfg.Inline != nil {
+			inline = s.cfg.Inline(name)
+		}
+		s.methods[name] = method{srv: impl, h: m.Handler, inline: inline}
 	}
 }
 
@@ -234,13 +252,47 @@ type serverConn struct {
 	sent    uint64 // the last batch written
 	werr    error
 
+	// Reading: one reader at a time. The connection's own goroutine
+	// (serveConn's) reads first; a call running on the reader that
+	// Detaches hands reading to a new goroutine (readLoop).
+	rd            *reader
+	frameDeadline time.Time     // of the frame being read; zero: none
+	readDone      chan struct{} // closed when reading has ended for good
+
 	mu    sync.Mutex
 	calls map[uint32]*serverCall
 }
 
 type serverCall struct {
+	sc       *serverConn
 	cancel   context.CancelFunc
 	canceled bool // by the client: no reply wanted
+	// Of a call run on the reader (ServerConfig.Inline): onReader while
+	// the reader runs it, detached once it has handed reading on, done
+	// once the reader has taken reading back.
+	state atomic.Int32
+}
+
+const (
+	onReader int32 = iota + 1
+	detached
+	finished
+)
+
+type callKey struct{}
+
+// Detach tells the server that the handler of ctx's call is about to
+// wait (for a disk, a lease, another call): when the call runs on its
+// connection's reader (ServerConfig.Inline), the connection gets a new
+// reader so its other calls go on meanwhile. A handler calls it from its
+// own goroutine; elsewhere (gRPC, a call with a goroutine of its own, a
+// second time) it does nothing.
+func Detach(ctx context.Context) {
+	c, _ := ctx.Value(callKey{}).(*serverCall)
+	if c == nil || !c.state.CompareAndSwap(onReader, detached) {
+		return
+	}
+	go c.sc.readLoop()
 }
 
 func (sc *serverConn) close() {
@@ -278,7 +330,8 @@ func (s *Server) serveConn(raw *netx.Conn) {
 		}
 		nc = tc
 	}
-	sc := &serverConn{s: s, c: nc, nc: raw, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}, fill: 1}
+	sc := &serverConn{s: s, c: nc, nc: raw, slots: make(chan struct{}, s.cfg.MaxCallsPerConn), calls: map[uint32]*serverCall{}, fill: 1,
+		readDone: make(chan struct{})}
 	sc.wcond.L = &sc.wmu
 	sc.ctx, sc.cancel = context.WithCancel(context.Background())
 	defer sc.close()
@@ -307,31 +360,50 @@ func (s *Server) serveConn(raw *netx.Conn) {
 	if sc.write(preface()) != nil {
 		return
 	}
-	rd := newReader(nc, s.cfg.MaxFrame)
+	sc.rd = newReader(nc, s.cfg.MaxFrame)
+	rd := sc.rd
 	// Deadlines are armed only before a read that may wait: a frame
 	// already buffered needs none (time.Now and a timer update per frame
 	// add up at small calls).
-	var frameDeadline time.Time
 	rd.onHeader = func(whole bool) {
 		if whole {
-			frameDeadline = time.Time{}
+			sc.frameDeadline = time.Time{}
 			return
 		}
-		frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
-		nc.SetReadDeadline(frameDeadline)
+		sc.frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
+		nc.SetReadDeadline(sc.frameDeadline)
 	}
 	rd.reserve = func(n int) error {
 		if s.mem.tryAcquire(int64(n)) {
 			return nil
 		}
-		if frameDeadline.IsZero() {
-			frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
+		if sc.frameDeadline.IsZero() {
+			sc.frameDeadline = time.Now().Add(s.cfg.FrameTimeout)
 		}
-		ctx, cancel := context.WithDeadline(sc.ctx, frameDeadline)
+		ctx, cancel := context.WithDeadline(sc.ctx, sc.frameDeadline)
 		defer cancel()
 		return s.mem.acquire(ctx, int64(n))
 	}
 	rd.release = func(n int) { s.mem.release(int64(n)) }
+	sc.readLoop()
+	// This goroutine holds the connection (netx counts it until
+	// serveConn returns) while another reads after a Detach.
+	<-sc.readDone
+}
+
+// readLoop reads and dispatches frames until the connection ends (then it
+// closes it and readDone) or a call it runs inline Detaches (then the
+// reading goes on in another readLoop and this one returns once that
+// call has answered).
+func (sc *serverConn) readLoop() {
+	s, rd, nc := sc.s, sc.rd, sc.c
+	ended := true
+	defer func() {
+		if ended {
+			sc.close()
+			close(sc.readDone)
+		}
+	}()
 	for {
 		if rd.buffered() < headerLen {
 			nc.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
@@ -361,7 +433,12 @@ func (s *Server) serveConn(raw *netx.Conn) {
 				s.mem.release(int64(f.held))
 				return
 			}
-			if !sc.admit(f.id, timeout, name, msg, f.held) {
+			ok, gone := sc.admit(f.id, timeout, name, msg, f.held)
+			if !ok {
+				return
+			}
+			if gone {
+				ended = false // a Detach handed reading on
 				return
 			}
 		default:
@@ -371,22 +448,24 @@ func (s *Server) serveConn(raw *netx.Conn) {
 }
 
 // admit starts a call once a slot is free on the connection and in the
-// server (the connection is not read meanwhile); false when the
-// connection ended while waiting.
-func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg []byte, held int) bool {
+// server (the connection is not read meanwhile): on a goroutine of its
+// own, or here when its method is inline. ok is false when the
+// connection ended while waiting; gone when an inline call Detached (the
+// caller no longer reads).
+func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg []byte, held int) (ok, gone bool) {
 	s := sc.s
 	select {
 	case sc.slots <- struct{}{}:
 	case <-sc.ctx.Done():
 		s.mem.release(int64(held))
-		return false
+		return false, false
 	}
 	select {
 	case s.slots <- struct{}{}:
 	case <-sc.ctx.Done():
 		<-sc.slots
 		s.mem.release(int64(held))
-		return false
+		return false, false
 	}
 	s.mu.Lock()
 	if s.stopped || s.draining {
@@ -395,7 +474,7 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg [
 		<-sc.slots
 		s.mem.release(int64(held))
 		// Calls in progress still answer on this connection.
-		return sc.reply(id, nil, status.Error(codes.Unavailable, "crpc: server stopping")) == nil
+		return sc.reply(id, nil, status.Error(codes.Unavailable, "crpc: server stopping")) == nil, false
 	}
 	s.callWG.Add(1)
 	s.mu.Unlock()
@@ -406,15 +485,20 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg [
 	} else {
 		ctx, cancel = context.WithCancel(sc.ctx)
 	}
-	c := &serverCall{cancel: cancel}
+	c := &serverCall{sc: sc, cancel: cancel}
 	sc.mu.Lock()
 	if len(sc.calls) == 0 {
 		sc.busy(true)
 	}
 	sc.calls[id] = c
 	sc.mu.Unlock()
-	go sc.call(ctx, c, id, name, msg, held)
-	return true
+	if m, known := s.methods[name]; !known || m.inline == nil || !m.inline() {
+		go sc.call(ctx, c, id, name, msg, held)
+		return true, false
+	}
+	c.state.Store(onReader)
+	sc.call(context.WithValue(ctx, callKey{}, c), c, id, name, msg, held)
+	return true, !c.state.CompareAndSwap(onReader, finished)
 }
 
 // call runs one handler and answers.

@@ -139,6 +139,31 @@ func TestHotCacheOtherHostRemoves(t *testing.T) {
 	}
 }
 
+// TestHotCacheOwnClientRemoves: the subscribing client itself removes
+// (and re-puts) a cached key: the master's barrier waits for an
+// acknowledgement that comes on the same connection as the remove, so
+// the remove must not hold that connection (a crpc call run on the
+// connection's reader would, until the TTL).
+func TestHotCacheOwnClientRemoves(t *testing.T) {
+	old, cur := val(64<<10, 1), val(64<<10, 2)
+	for _, reput := range []bool{false, true} {
+		s, d, _, tm := twoHosts(t, master.Config{})
+		require.Equal(t, "crpc", s.c.MasterProtocol())
+		ctx := tctx(t)
+		rc := store.ReplicateConfig{Preferred: []string{s.c.SegmentName()}}
+		require.NoError(t, s.c.Put(ctx, "k1", old, rc))
+		cacheHot(t, s, d, "k1", old)
+		require.NoError(t, s.c.Remove(ctx, "k1", true))
+		var want []byte
+		if reput {
+			want = cur
+			require.NoError(t, s.c.Put(ctx, "k1", cur, rc))
+		}
+		notOld(t, d, "k1", old, want)
+		assert.Zero(t, tm.m.InvalidationTimeouts(), "the acknowledgement was held behind the remove")
+	}
+}
+
 // TestHotCacheEviction: eviction never takes a leased object, but once
 // the lease is over it may, and the space may go to a re-put of the same
 // key; the cache, asking the master again after the lease, must not take

@@ -209,6 +209,18 @@ func deleteTargets[T any](ts []T, done func(T) bool) []T {
 // subscriber after InvalidationTTL.
 func (m *Master) InvalidationTimeouts() uint64 { return m.invTimeouts.Load() }
 
+// BarrierFree reports that no invalidation barrier can wait now: there is
+// no subscriber and no hold after a restore. Puts and removes then wait
+// on nothing but the master's own locks (and a blocking event sink), so a
+// server may run them without a goroutine of their own.
+func (m *Master) BarrierFree() bool {
+	if m.inval.n.Load() != 0 {
+		return false
+	}
+	h := m.inval.hold.Load()
+	return h == 0 || time.Now().UnixNano() >= h
+}
+
 // Subscribers is the number of live invalidation subscriptions.
 func (m *Master) Subscribers() int { return int(m.inval.n.Load()) }
 

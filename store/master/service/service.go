@@ -140,7 +140,10 @@ func WithCRPC(cfg crpc.ServerConfig, conns netx.Config) Option {
 // either) and returns at once when nothing is pending. When wait fails
 // the RPC answers INTERNAL_ERROR with the cause (or the caller's context error) instead of its result.
 // failed, when set, reports the log's failure (nil while healthy): the
-// admin /health answers 503 with it (fail-stop).
+// admin /health answers 503 with it (fail-stop). A wait about to block
+// calls crpc.Detach(ctx) first: a crpc call may be running on its
+// connection's reader (ServerConfig.Inline), whose other calls would
+// wait behind it. The same goes for WithReadDurability's waitSeq.
 func WithDurability(wait func(ctx context.Context) error, failed func() error) Option {
 	return func(s *Service) { s.durable, s.health = wait, failed }
 }
@@ -250,6 +253,22 @@ var rpcOf = map[string]int{
 	storepb.Master_ReservePut_FullMethodName: rpcReservePut, storepb.Master_CommitPut_FullMethodName: rpcCommitPut,
 	storepb.Master_ReportFailedSegments_FullMethodName: rpcReportFailedSegments,
 	storepb.Master_WaitInvalidations_FullMethodName:    rpcWaitInvalidations,
+}
+
+// inline is the crpc server's ServerConfig.Inline: the service's calls
+// run on their connection's reader while no invalidation barrier can
+// make them wait (the durability waits Detach first), except the long
+// poll and the admin removals that scan every key.
+func (s *Service) inline(method string) func() bool {
+	switch method {
+	case storepb.Master_WaitInvalidations_FullMethodName, storepb.Master_RemoveByRegex_FullMethodName,
+		storepb.Master_RemoveAll_FullMethodName:
+		return nil
+	}
+	if _, ok := rpcOf[method]; !ok {
+		return nil
+	}
+	return s.m.BarrierFree
 }
 
 // UnaryInterceptor counts every RPC of the service (Counts) and reports
@@ -364,6 +383,9 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serv
 		}
 	} else {
 		cfg.Interceptor = ic
+	}
+	if cfg.Inline == nil {
+		cfg.Inline = s.inline
 	}
 	c := crpc.NewServer(cfg)
 	s.Register(c)
