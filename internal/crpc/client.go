@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -635,9 +636,15 @@ func (cc *clientConn) clearDeadline(force bool) {
 
 // release gives the read role back: a waiting caller or, once the
 // connection has been idle for idleRead, the background reader takes it.
+// A waiting caller woken by the token would otherwise sit in the run
+// queue until this goroutine blocks, which is after its whole next call
+// is sent, while its reply may already be in (TestReleaseYieldsToNextReader).
 func (cc *clientConn) release() {
 	cc.lastLead.Store(nanotime())
 	cc.role <- struct{}{} // never blocks: there is one token
+	if cc.waiting.Load() > 0 {
+		runtime.Gosched()
+	}
 }
 
 // lead reads frames, delivering other calls' replies and pongs, until

@@ -119,7 +119,9 @@
 //     waiting for its reply that finds nobody reading takes the
 //     connection's one read role and reads itself, delivering the other
 //     calls' replies and the pongs it reads, until its own reply is in;
-//     then a waiting caller takes the role on. One call in flight
+//     then a waiting caller takes the role on, and the caller that
+//     hands it yields its core so the next reader runs at once rather
+//     than after this caller's next request is out. One call in flight
 //     involves no other goroutine (no hand-off to wake a cgo caller's
 //     locked thread). A reader whose context ends is interrupted (a read
 //     deadline in the past) and hands the role on; a frame it was in the
