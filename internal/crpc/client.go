@@ -425,6 +425,9 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 		role: make(chan struct{}, 1)}
 	r := newPollConn(nc, c.pollWait)
 	cc.pc, _ = r.(*pollConn)
+	// Poll-waiting callers sit on locked threads (cgo), where a yield
+	// costs two thread switches instead of one goroutine switch.
+	cc.noYield = c.pollWait > 0
 	cc.rd = newFrameReader(r, c.maxFrame)
 	cc.role <- struct{}{}
 	cc.lastRead.Store(time.Now().UnixNano())
@@ -461,6 +464,7 @@ type clientConn struct {
 	bgReading atomic.Bool  // the background reader holds the role
 	dlSet     atomic.Bool  // an interrupt may have set a read deadline
 	lastLead  atomic.Int64 // nanotime when a caller last gave the role back
+	noYield   bool         // release does not yield (WithPollWait)
 
 	mu       sync.Mutex
 	pending  map[uint32]chan frame
@@ -642,7 +646,7 @@ func (cc *clientConn) clearDeadline(force bool) {
 func (cc *clientConn) release() {
 	cc.lastLead.Store(nanotime())
 	cc.role <- struct{}{} // never blocks: there is one token
-	if cc.waiting.Load() > 0 {
+	if !cc.noYield && cc.waiting.Load() > 0 {
 		runtime.Gosched()
 	}
 }

@@ -121,7 +121,8 @@
 //     calls' replies and the pongs it reads, until its own reply is in;
 //     then a waiting caller takes the role on, and the caller that
 //     hands it yields its core so the next reader runs at once rather
-//     than after this caller's next request is out. One call in flight
+//     than after this caller's next request is out (not with
+//     WithPollWait, whose callers sit on locked threads). One call in flight
 //     involves no other goroutine (no hand-off to wake a cgo caller's
 //     locked thread). A reader whose context ends is interrupted (a read
 //     deadline in the past) and hands the role on; a frame it was in the

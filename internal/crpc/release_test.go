@@ -14,11 +14,24 @@ import (
 // already sent). Under -race the scheduler sometimes queues the woken
 // goroutine behind another, so a majority of tries must see it run.
 func TestReleaseYieldsToNextReader(t *testing.T) {
+	ran, tries := releaseRuns(false)
+	assert.GreaterOrEqual(t, ran, tries/2+1, "the waiter ran before the releaser went on in %d of %d tries", ran, tries)
+}
+
+// TestReleaseNoYieldWithPollWait: callers that poll-wait sit on locked
+// threads, where a yield switches threads twice; they do not yield.
+func TestReleaseNoYieldWithPollWait(t *testing.T) {
+	ran, tries := releaseRuns(true)
+	assert.Less(t, ran, tries/2+1, "the waiter ran before the releaser went on in %d of %d tries", ran, tries)
+}
+
+// releaseRuns counts the tries, on one P, in which a caller waiting for
+// the read role ran before release returned.
+func releaseRuns(noYield bool) (ran, tries int) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
-	const tries = 7
-	ran := 0
+	tries = 7
 	for range tries {
-		cc := &clientConn{role: make(chan struct{}, 1)}
+		cc := &clientConn{role: make(chan struct{}, 1), noYield: noYield}
 		cc.waiting.Add(1) // the waiter below, as claim counts it
 		var took atomic.Bool
 		done := make(chan struct{})
@@ -34,7 +47,7 @@ func TestReleaseYieldsToNextReader(t *testing.T) {
 		}
 		<-done
 	}
-	assert.GreaterOrEqual(t, ran, tries/2+1, "the waiter ran before the releaser went on in %d of %d tries", ran, tries)
+	return ran, tries
 }
 
 // TestReleaseReturnsTheToken: with nobody waiting the role's token goes
