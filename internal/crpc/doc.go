@@ -122,9 +122,9 @@
 //     then a waiting caller takes the role on, and the caller that
 //     hands it yields its core so the next reader runs at once rather
 //     than after this caller's next request is out (not with
-//     WithPollWait, whose callers sit on locked threads). One call in flight
-//     involves no other goroutine (no hand-off to wake a cgo caller's
-//     locked thread). A reader whose context ends is interrupted (a read
+//     WithPollWait, whose callers sit on locked threads). One call in
+//     flight involves no other goroutine (no hand-off to wake a cgo
+//     caller's locked thread). A reader whose context ends is interrupted (a read
 //     deadline in the past) and hands the role on; a frame it was in the
 //     middle of is finished by the next reader;
 //   - idle connections: a background reader takes the role once no
