@@ -256,9 +256,7 @@ func (l *Loop) admit(raw net.Conn) {
 func (l *Loop) refuse(raw net.Conn) {
 	addr := raw.RemoteAddr()
 	raw.Close()
-	if l.cfg.OnRefuse != nil {
-		l.cfg.OnRefuse(addr)
-	}
+	// Counted before OnRefuse, so whoever it tells sees the count.
 	l.mu.Lock()
 	l.refused++
 	n, now := l.refused, time.Now()
@@ -267,6 +265,9 @@ func (l *Loop) refuse(raw net.Conn) {
 		l.refusedLog = now
 	}
 	l.mu.Unlock()
+	if l.cfg.OnRefuse != nil {
+		l.cfg.OnRefuse(addr)
+	}
 	if !quiet {
 		l.log.Warn("connection refused: peer not allowed", "listener", l.cfg.Name, "peer", addr.String(), "refused_total", n)
 	}

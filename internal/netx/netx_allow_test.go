@@ -15,8 +15,13 @@ func TestAllowRefuses(t *testing.T) {
 	require.NoError(t, err)
 	handled := make(chan struct{}, 1)
 	refused := make(chan net.Addr, 1)
-	l := Serve(ln, Config{Allow: func(net.Addr) bool { return false }, OnRefuse: func(a net.Addr) { refused <- a }},
-		func(c *Conn) { handled <- struct{}{} })
+	counted := make(chan uint64, 1)
+	loop := make(chan *Loop, 1)
+	l := Serve(ln, Config{Allow: func(net.Addr) bool { return false }, OnRefuse: func(a net.Addr) {
+		counted <- (<-loop).Refused()
+		refused <- a
+	}}, func(c *Conn) { handled <- struct{}{} })
+	loop <- l
 	defer l.Close()
 	c, err := net.Dial("tcp", ln.Addr().String())
 	require.NoError(t, err)
@@ -30,6 +35,7 @@ func TestAllowRefuses(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	_, err = c.Read(make([]byte, 1))
 	assert.Error(t, err, "the refused connection is closed")
+	assert.Equal(t, uint64(1), <-counted, "counted before OnRefuse runs")
 	assert.Equal(t, uint64(1), l.Refused())
 	assert.Empty(t, handled)
 }
