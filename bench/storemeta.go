@@ -166,9 +166,15 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 				}
 				t0 := time.Now()
 				r1, err := mc.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: ms.client, Session: ms.session, Keys: keys, Sizes: sizes,
-					Config: &storepb.ReplicateConfig{PreferredSegments: []string{seg.Name}}})
+					Config: &storepb.ReplicateConfig{PreferredSegments: []string{seg.Name}}, Packed: true})
 				if err != nil {
 					return stepResult{}, fmt.Errorf("bench: BatchPutStart: %w", rpcerr.FromStatus(err))
+				}
+				// Decoded as a client would before writing.
+				if p := r1.Packed; p != nil {
+					if _, err := p.Unpack(len(keys)); err != nil {
+						return stepResult{}, fmt.Errorf("bench: BatchPutStart: %w", err)
+					}
 				}
 				if err := itemErrors("BatchPutStart", keys, len(r1.Results), func(i int) (int32, string) {
 					return r1.Results[i].ErrorCode, r1.Results[i].Message

@@ -174,6 +174,22 @@ func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl t
 	if res.GetErrorCode() != 0 {
 		q.noRoom = now.Add(time.Second)
 	}
+	if p := res.GetPacked(); p != nil {
+		// A packed answer that does not decode is given back whole.
+		reps, err := p.Unpack(len(res.PackedIds))
+		for j, id := range res.PackedIds {
+			if err != nil || a.closed || res.PackedSize != k.size {
+				a.release = append(a.release, id)
+				continue
+			}
+			q.free = append(q.free, heldResv{id: id, reps: reps[j], at: now})
+			a.bytes += k.size
+		}
+		if err != nil {
+			q.noRoom = now.Add(time.Second)
+		}
+		return
+	}
 	for _, r := range res.GetReservations() {
 		if a.closed || r.Size != k.size {
 			a.release = append(a.release, r.Id)
@@ -320,7 +336,7 @@ func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int) {
 		var ttl time.Duration
 		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
 		resp, err := c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Session: c.session,
-			Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n)}},
+			Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n), Packed: true}},
 			Release: a.takeRelease()})
 		cancel()
 		if err != nil {
@@ -397,12 +413,15 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease()}
 	var classes []resvClass
 	var asked []int
+	items := make([]storepb.CommitItem, len(qs))
 	for i, q := range qs {
-		req.Items[i] = &storepb.CommitItem{Key: q.key, ReservationId: q.id, Block: q.block}
+		it := &items[i]
+		it.Key, it.ReservationId, it.Block = q.key, q.id, q.block
+		req.Items[i] = it
 		if !containsClass(classes, q.class) {
 			if n := a.ask(q.class); n > 0 {
 				classes, asked = append(classes, q.class), append(asked, n)
-				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: q.rc, Count: uint32(n)})
+				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: q.rc, Count: uint32(n), Packed: true})
 			}
 		}
 	}

@@ -204,14 +204,22 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 		}
 		return rs, errs
 	}
-	resp, err := c.master.BatchPutStart(rctx, &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, Sizes: sizes, Config: rc})
+	resp, err := c.master.BatchPutStart(rctx, &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, Sizes: sizes, Config: rc, Packed: true})
 	if err = batchErr(err, "BatchPutStart", len(resp.GetResults()), len(keys)); err != nil {
+		fill(errs, err)
+		return rs, errs
+	}
+	packed, err := unpack(resp.Packed, len(keys), "BatchPutStart")
+	if err != nil {
 		fill(errs, err)
 		return rs, errs
 	}
 	for i, r := range resp.Results {
 		if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
 			rs[i] = putStarted{r.Replicas, r.Generation}
+			if packed != nil {
+				rs[i].replicas = packed[i]
+			}
 		}
 	}
 	return rs, errs
@@ -259,17 +267,39 @@ func (c *Client) rpcGetReplicaList(ctx context.Context, keys []string) ([]getRes
 		}
 		return rs, errs
 	}
-	resp, err := c.master.BatchGetReplicaList(rctx, &storepb.BatchGetReplicaListRequest{Keys: keys})
+	resp, err := c.master.BatchGetReplicaList(rctx, &storepb.BatchGetReplicaListRequest{Keys: keys, Packed: true})
 	if err = batchErr(err, "BatchGetReplicaList", len(resp.GetResults()), len(keys)); err != nil {
+		fill(errs, err)
+		return rs, errs
+	}
+	packed, err := unpack(resp.Packed, len(keys), "BatchGetReplicaList")
+	if err != nil {
 		fill(errs, err)
 		return rs, errs
 	}
 	for i, r := range resp.Results {
 		if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
 			rs[i] = getResult{r.Replicas, time.Duration(r.LeaseTtlMs) * time.Millisecond}
+			if packed != nil {
+				rs[i].replicas = packed[i]
+			}
 		}
 	}
 	return rs, errs
+}
+
+// unpack returns the replicas of a packed reply's n entries, or nil when
+// the reply came unpacked (a master that predates the packed form, or a
+// replica that is not in memory).
+func unpack(p *storepb.PackedReplicas, n int, rpc string) ([][]*storepb.ReplicaDescriptor, error) {
+	if p == nil {
+		return nil, nil
+	}
+	reps, err := p.Unpack(n)
+	if err != nil {
+		return nil, errcode.New(errcode.InternalError, "%s: %v", rpc, err)
+	}
+	return reps, nil
 }
 
 // batchErr turns a batch RPC's outcome into the error of every item: the

@@ -3,4 +3,11 @@
 // regenerates them with pinned generator versions, and `make test` fails
 // when they are stale). Errors travel as gRPC statuses with an ErrorDetail;
 // package store/errcode converts them.
+//
+// Batch replies can carry their memory replicas packed (PackedReplicas,
+// built by Packer, read by Unpack): one message of columns for the whole
+// batch instead of four messages per replica, which were most of the
+// allocations of a batch put or get. A request asks with its packed
+// flag; a master answers packed only when every replica is in memory,
+// and one that predates the flag ignores it, so clients read both forms.
 package storepb

@@ -638,6 +638,158 @@ func (x *ReplicaDescriptor) GetDisk() *DiskDescriptor {
 	return nil
 }
 
+// PackedReplicas lists the memory replicas of n entries in columns: per
+// entry a count; per replica a segment (an index into segments), an
+// address, a size and a status, in entry order. Decoding it costs a few
+// slices whatever n is, where repeated ReplicaDescriptor costs four
+// messages per replica. A request asks for it with its packed flag; the
+// reply carries it only when every replica is a memory replica, and
+// otherwise the unpacked form (so does a master that predates it).
+type PackedReplicas struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Segments      []*MemorySegment       `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty"`
+	Counts        []uint32               `protobuf:"varint,2,rep,packed,name=counts,proto3" json:"counts,omitempty"` // one per entry
+	Segment       []uint32               `protobuf:"varint,3,rep,packed,name=segment,proto3" json:"segment,omitempty"`
+	Address       []uint64               `protobuf:"varint,4,rep,packed,name=address,proto3" json:"address,omitempty"`
+	Size          []uint64               `protobuf:"varint,5,rep,packed,name=size,proto3" json:"size,omitempty"`
+	Status        []ReplicaStatus        `protobuf:"varint,6,rep,packed,name=status,proto3,enum=crescent.store.v1.ReplicaStatus" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PackedReplicas) Reset() {
+	*x = PackedReplicas{}
+	mi := &file_master_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PackedReplicas) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PackedReplicas) ProtoMessage() {}
+
+func (x *PackedReplicas) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PackedReplicas.ProtoReflect.Descriptor instead.
+func (*PackedReplicas) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PackedReplicas) GetSegments() []*MemorySegment {
+	if x != nil {
+		return x.Segments
+	}
+	return nil
+}
+
+func (x *PackedReplicas) GetCounts() []uint32 {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+func (x *PackedReplicas) GetSegment() []uint32 {
+	if x != nil {
+		return x.Segment
+	}
+	return nil
+}
+
+func (x *PackedReplicas) GetAddress() []uint64 {
+	if x != nil {
+		return x.Address
+	}
+	return nil
+}
+
+func (x *PackedReplicas) GetSize() []uint64 {
+	if x != nil {
+		return x.Size
+	}
+	return nil
+}
+
+func (x *PackedReplicas) GetStatus() []ReplicaStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
+// MemorySegment names a segment once for all the replicas packed in it.
+type MemorySegment struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Protocol      string                 `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Id            *UUID                  `protobuf:"bytes,3,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MemorySegment) Reset() {
+	*x = MemorySegment{}
+	mi := &file_master_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MemorySegment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MemorySegment) ProtoMessage() {}
+
+func (x *MemorySegment) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MemorySegment.ProtoReflect.Descriptor instead.
+func (*MemorySegment) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MemorySegment) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MemorySegment) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *MemorySegment) GetId() *UUID {
+	if x != nil {
+		return x.Id
+	}
+	return nil
+}
+
 // BlockMetadata is the inference engine's view of a stored KV block; the
 // master passes it on in KV events (BlockStored/BlockRemoved).
 type BlockMetadata struct {
@@ -654,7 +806,7 @@ type BlockMetadata struct {
 
 func (x *BlockMetadata) Reset() {
 	*x = BlockMetadata{}
-	mi := &file_master_proto_msgTypes[6]
+	mi := &file_master_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +818,7 @@ func (x *BlockMetadata) String() string {
 func (*BlockMetadata) ProtoMessage() {}
 
 func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[6]
+	mi := &file_master_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +831,7 @@ func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockMetadata.ProtoReflect.Descriptor instead.
 func (*BlockMetadata) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{6}
+	return file_master_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *BlockMetadata) GetBlockHashes() []uint64 {
@@ -735,7 +887,7 @@ type ItemResult struct {
 
 func (x *ItemResult) Reset() {
 	*x = ItemResult{}
-	mi := &file_master_proto_msgTypes[7]
+	mi := &file_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -747,7 +899,7 @@ func (x *ItemResult) String() string {
 func (*ItemResult) ProtoMessage() {}
 
 func (x *ItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[7]
+	mi := &file_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -760,7 +912,7 @@ func (x *ItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemResult.ProtoReflect.Descriptor instead.
 func (*ItemResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{7}
+	return file_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ItemResult) GetErrorCode() int32 {
@@ -791,7 +943,7 @@ type PutStartRequest struct {
 
 func (x *PutStartRequest) Reset() {
 	*x = PutStartRequest{}
-	mi := &file_master_proto_msgTypes[8]
+	mi := &file_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +955,7 @@ func (x *PutStartRequest) String() string {
 func (*PutStartRequest) ProtoMessage() {}
 
 func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[8]
+	mi := &file_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +968,7 @@ func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartRequest.ProtoReflect.Descriptor instead.
 func (*PutStartRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{8}
+	return file_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PutStartRequest) GetClientId() *UUID {
@@ -866,7 +1018,7 @@ type PutStartResponse struct {
 
 func (x *PutStartResponse) Reset() {
 	*x = PutStartResponse{}
-	mi := &file_master_proto_msgTypes[9]
+	mi := &file_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -878,7 +1030,7 @@ func (x *PutStartResponse) String() string {
 func (*PutStartResponse) ProtoMessage() {}
 
 func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[9]
+	mi := &file_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -891,7 +1043,7 @@ func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResponse.ProtoReflect.Descriptor instead.
 func (*PutStartResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{9}
+	return file_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutStartResponse) GetReplicas() []*ReplicaDescriptor {
@@ -926,7 +1078,7 @@ type PutEndRequest struct {
 
 func (x *PutEndRequest) Reset() {
 	*x = PutEndRequest{}
-	mi := &file_master_proto_msgTypes[10]
+	mi := &file_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -938,7 +1090,7 @@ func (x *PutEndRequest) String() string {
 func (*PutEndRequest) ProtoMessage() {}
 
 func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[10]
+	mi := &file_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -951,7 +1103,7 @@ func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndRequest.ProtoReflect.Descriptor instead.
 func (*PutEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{10}
+	return file_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutEndRequest) GetClientId() *UUID {
@@ -1004,7 +1156,7 @@ type PutEndResponse struct {
 
 func (x *PutEndResponse) Reset() {
 	*x = PutEndResponse{}
-	mi := &file_master_proto_msgTypes[11]
+	mi := &file_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1168,7 @@ func (x *PutEndResponse) String() string {
 func (*PutEndResponse) ProtoMessage() {}
 
 func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[11]
+	mi := &file_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1181,7 @@ func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndResponse.ProtoReflect.Descriptor instead.
 func (*PutEndResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{11}
+	return file_master_proto_rawDescGZIP(), []int{13}
 }
 
 type PutRevokeRequest struct {
@@ -1046,7 +1198,7 @@ type PutRevokeRequest struct {
 
 func (x *PutRevokeRequest) Reset() {
 	*x = PutRevokeRequest{}
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1058,7 +1210,7 @@ func (x *PutRevokeRequest) String() string {
 func (*PutRevokeRequest) ProtoMessage() {}
 
 func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1071,7 +1223,7 @@ func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*PutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{12}
+	return file_master_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutRevokeRequest) GetClientId() *UUID {
@@ -1117,7 +1269,7 @@ type PutRevokeResponse struct {
 
 func (x *PutRevokeResponse) Reset() {
 	*x = PutRevokeResponse{}
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1129,7 +1281,7 @@ func (x *PutRevokeResponse) String() string {
 func (*PutRevokeResponse) ProtoMessage() {}
 
 func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1142,7 +1294,7 @@ func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*PutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{13}
+	return file_master_proto_rawDescGZIP(), []int{15}
 }
 
 type BatchPutStartRequest struct {
@@ -1151,6 +1303,7 @@ type BatchPutStartRequest struct {
 	Keys     []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
 	Sizes    []uint64               `protobuf:"varint,3,rep,packed,name=sizes,proto3" json:"sizes,omitempty"` // one per key
 	Config   *ReplicateConfig       `protobuf:"bytes,4,opt,name=config,proto3" json:"config,omitempty"`
+	Packed   bool                   `protobuf:"varint,5,opt,name=packed,proto3" json:"packed,omitempty"` // answer replicas in BatchPutStartResponse.packed
 	// session proves client_id (see auth.ClientID): the id is derived from it.
 	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1159,7 +1312,7 @@ type BatchPutStartRequest struct {
 
 func (x *BatchPutStartRequest) Reset() {
 	*x = BatchPutStartRequest{}
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1171,7 +1324,7 @@ func (x *BatchPutStartRequest) String() string {
 func (*BatchPutStartRequest) ProtoMessage() {}
 
 func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1184,7 +1337,7 @@ func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutStartRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{14}
+	return file_master_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *BatchPutStartRequest) GetClientId() *UUID {
@@ -1215,6 +1368,13 @@ func (x *BatchPutStartRequest) GetConfig() *ReplicateConfig {
 	return nil
 }
 
+func (x *BatchPutStartRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
+}
+
 func (x *BatchPutStartRequest) GetSession() []byte {
 	if x != nil {
 		return x.Session
@@ -1234,7 +1394,7 @@ type PutStartResult struct {
 
 func (x *PutStartResult) Reset() {
 	*x = PutStartResult{}
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1246,7 +1406,7 @@ func (x *PutStartResult) String() string {
 func (*PutStartResult) ProtoMessage() {}
 
 func (x *PutStartResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1259,7 +1419,7 @@ func (x *PutStartResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResult.ProtoReflect.Descriptor instead.
 func (*PutStartResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{15}
+	return file_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PutStartResult) GetErrorCode() int32 {
@@ -1291,15 +1451,18 @@ func (x *PutStartResult) GetGeneration() uint64 {
 }
 
 type BatchPutStartResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Results       []*PutStartResult      `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Results []*PutStartResult      `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// When asked for and possible: the replicas of results[i] are entry i,
+	// and results carry none.
+	Packed        *PackedReplicas `protobuf:"bytes,2,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1311,7 +1474,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1324,12 +1487,19 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{16}
+	return file_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *BatchPutStartResponse) GetResults() []*PutStartResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *BatchPutStartResponse) GetPacked() *PackedReplicas {
+	if x != nil {
+		return x.Packed
 	}
 	return nil
 }
@@ -1349,7 +1519,7 @@ type BatchPutEndRequest struct {
 
 func (x *BatchPutEndRequest) Reset() {
 	*x = BatchPutEndRequest{}
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1361,7 +1531,7 @@ func (x *BatchPutEndRequest) String() string {
 func (*BatchPutEndRequest) ProtoMessage() {}
 
 func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1374,7 +1544,7 @@ func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{17}
+	return file_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchPutEndRequest) GetClientId() *UUID {
@@ -1428,7 +1598,7 @@ type BatchPutEndResponse struct {
 
 func (x *BatchPutEndResponse) Reset() {
 	*x = BatchPutEndResponse{}
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1440,7 +1610,7 @@ func (x *BatchPutEndResponse) String() string {
 func (*BatchPutEndResponse) ProtoMessage() {}
 
 func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1453,7 +1623,7 @@ func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutEndResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{18}
+	return file_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchPutEndResponse) GetResults() []*ItemResult {
@@ -1477,7 +1647,7 @@ type BatchPutRevokeRequest struct {
 
 func (x *BatchPutRevokeRequest) Reset() {
 	*x = BatchPutRevokeRequest{}
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1489,7 +1659,7 @@ func (x *BatchPutRevokeRequest) String() string {
 func (*BatchPutRevokeRequest) ProtoMessage() {}
 
 func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1502,7 +1672,7 @@ func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{19}
+	return file_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchPutRevokeRequest) GetClientId() *UUID {
@@ -1549,7 +1719,7 @@ type BatchPutRevokeResponse struct {
 
 func (x *BatchPutRevokeResponse) Reset() {
 	*x = BatchPutRevokeResponse{}
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +1731,7 @@ func (x *BatchPutRevokeResponse) String() string {
 func (*BatchPutRevokeResponse) ProtoMessage() {}
 
 func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +1744,7 @@ func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{20}
+	return file_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchPutRevokeResponse) GetResults() []*ItemResult {
@@ -1596,7 +1766,7 @@ type Reservation struct {
 
 func (x *Reservation) Reset() {
 	*x = Reservation{}
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1778,7 @@ func (x *Reservation) String() string {
 func (*Reservation) ProtoMessage() {}
 
 func (x *Reservation) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1791,7 @@ func (x *Reservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reservation.ProtoReflect.Descriptor instead.
 func (*Reservation) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{21}
+	return file_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Reservation) GetId() uint64 {
@@ -1651,13 +1821,14 @@ type ReserveSpec struct {
 	Size          uint64                 `protobuf:"varint,1,opt,name=size,proto3" json:"size,omitempty"`
 	Config        *ReplicateConfig       `protobuf:"bytes,2,opt,name=config,proto3" json:"config,omitempty"`
 	Count         uint32                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Packed        bool                   `protobuf:"varint,4,opt,name=packed,proto3" json:"packed,omitempty"` // answer in ReserveResult.packed
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveSpec) Reset() {
 	*x = ReserveSpec{}
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1840,7 @@ func (x *ReserveSpec) String() string {
 func (*ReserveSpec) ProtoMessage() {}
 
 func (x *ReserveSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1853,7 @@ func (x *ReserveSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveSpec.ProtoReflect.Descriptor instead.
 func (*ReserveSpec) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{22}
+	return file_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReserveSpec) GetSize() uint64 {
@@ -1706,20 +1877,32 @@ func (x *ReserveSpec) GetCount() uint32 {
 	return 0
 }
 
+func (x *ReserveSpec) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
+}
+
 // ReserveResult answers one ReserveSpec: the reservations placed (maybe
 // fewer than asked), or an error when none was.
 type ReserveResult struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	ErrorCode     int32                  `protobuf:"varint,1,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
-	Reservations  []*Reservation         `protobuf:"bytes,3,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ErrorCode    int32                  `protobuf:"varint,1,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	Message      string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Reservations []*Reservation         `protobuf:"bytes,3,rep,name=reservations,proto3" json:"reservations,omitempty"`
+	// When asked for and possible, instead of reservations: reservation i
+	// has id packed_ids[i], size packed_size and the replicas of entry i.
+	Packed        *PackedReplicas `protobuf:"bytes,4,opt,name=packed,proto3" json:"packed,omitempty"`
+	PackedIds     []uint64        `protobuf:"varint,5,rep,packed,name=packed_ids,json=packedIds,proto3" json:"packed_ids,omitempty"`
+	PackedSize    uint64          `protobuf:"varint,6,opt,name=packed_size,json=packedSize,proto3" json:"packed_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveResult) Reset() {
 	*x = ReserveResult{}
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1731,7 +1914,7 @@ func (x *ReserveResult) String() string {
 func (*ReserveResult) ProtoMessage() {}
 
 func (x *ReserveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1744,7 +1927,7 @@ func (x *ReserveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
 func (*ReserveResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{23}
+	return file_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReserveResult) GetErrorCode() int32 {
@@ -1768,6 +1951,27 @@ func (x *ReserveResult) GetReservations() []*Reservation {
 	return nil
 }
 
+func (x *ReserveResult) GetPacked() *PackedReplicas {
+	if x != nil {
+		return x.Packed
+	}
+	return nil
+}
+
+func (x *ReserveResult) GetPackedIds() []uint64 {
+	if x != nil {
+		return x.PackedIds
+	}
+	return nil
+}
+
+func (x *ReserveResult) GetPackedSize() uint64 {
+	if x != nil {
+		return x.PackedSize
+	}
+	return 0
+}
+
 type ReservePutRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	ClientId *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -1781,7 +1985,7 @@ type ReservePutRequest struct {
 
 func (x *ReservePutRequest) Reset() {
 	*x = ReservePutRequest{}
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +1997,7 @@ func (x *ReservePutRequest) String() string {
 func (*ReservePutRequest) ProtoMessage() {}
 
 func (x *ReservePutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +2010,7 @@ func (x *ReservePutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservePutRequest.ProtoReflect.Descriptor instead.
 func (*ReservePutRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{24}
+	return file_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReservePutRequest) GetClientId() *UUID {
@@ -1849,7 +2053,7 @@ type ReservePutResponse struct {
 
 func (x *ReservePutResponse) Reset() {
 	*x = ReservePutResponse{}
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1861,7 +2065,7 @@ func (x *ReservePutResponse) String() string {
 func (*ReservePutResponse) ProtoMessage() {}
 
 func (x *ReservePutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1874,7 +2078,7 @@ func (x *ReservePutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservePutResponse.ProtoReflect.Descriptor instead.
 func (*ReservePutResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{25}
+	return file_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReservePutResponse) GetResults() []*ReserveResult {
@@ -1902,7 +2106,7 @@ type CommitItem struct {
 
 func (x *CommitItem) Reset() {
 	*x = CommitItem{}
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1914,7 +2118,7 @@ func (x *CommitItem) String() string {
 func (*CommitItem) ProtoMessage() {}
 
 func (x *CommitItem) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1927,7 +2131,7 @@ func (x *CommitItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitItem.ProtoReflect.Descriptor instead.
 func (*CommitItem) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{26}
+	return file_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *CommitItem) GetKey() string {
@@ -1965,7 +2169,7 @@ type CommitPutRequest struct {
 
 func (x *CommitPutRequest) Reset() {
 	*x = CommitPutRequest{}
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2181,7 @@ func (x *CommitPutRequest) String() string {
 func (*CommitPutRequest) ProtoMessage() {}
 
 func (x *CommitPutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2194,7 @@ func (x *CommitPutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitPutRequest.ProtoReflect.Descriptor instead.
 func (*CommitPutRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{27}
+	return file_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommitPutRequest) GetClientId() *UUID {
@@ -2039,7 +2243,7 @@ type CommitPutResponse struct {
 
 func (x *CommitPutResponse) Reset() {
 	*x = CommitPutResponse{}
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2255,7 @@ func (x *CommitPutResponse) String() string {
 func (*CommitPutResponse) ProtoMessage() {}
 
 func (x *CommitPutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2268,7 @@ func (x *CommitPutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitPutResponse.ProtoReflect.Descriptor instead.
 func (*CommitPutResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{28}
+	return file_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommitPutResponse) GetResults() []*ItemResult {
@@ -2097,7 +2301,7 @@ type GetReplicaListRequest struct {
 
 func (x *GetReplicaListRequest) Reset() {
 	*x = GetReplicaListRequest{}
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2109,7 +2313,7 @@ func (x *GetReplicaListRequest) String() string {
 func (*GetReplicaListRequest) ProtoMessage() {}
 
 func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2122,7 +2326,7 @@ func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{29}
+	return file_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GetReplicaListRequest) GetKey() string {
@@ -2142,7 +2346,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2154,7 +2358,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2167,7 +2371,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{30}
+	return file_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetReplicaListResponse) GetReplicas() []*ReplicaDescriptor {
@@ -2187,13 +2391,14 @@ func (x *GetReplicaListResponse) GetLeaseTtlMs() uint64 {
 type BatchGetReplicaListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Keys          []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Packed        bool                   `protobuf:"varint,2,opt,name=packed,proto3" json:"packed,omitempty"` // answer replicas in BatchGetReplicaListResponse.packed
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchGetReplicaListRequest) Reset() {
 	*x = BatchGetReplicaListRequest{}
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2205,7 +2410,7 @@ func (x *BatchGetReplicaListRequest) String() string {
 func (*BatchGetReplicaListRequest) ProtoMessage() {}
 
 func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2218,7 +2423,7 @@ func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{31}
+	return file_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *BatchGetReplicaListRequest) GetKeys() []string {
@@ -2226,6 +2431,13 @@ func (x *BatchGetReplicaListRequest) GetKeys() []string {
 		return x.Keys
 	}
 	return nil
+}
+
+func (x *BatchGetReplicaListRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
 }
 
 type GetReplicaListResult struct {
@@ -2240,7 +2452,7 @@ type GetReplicaListResult struct {
 
 func (x *GetReplicaListResult) Reset() {
 	*x = GetReplicaListResult{}
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2252,7 +2464,7 @@ func (x *GetReplicaListResult) String() string {
 func (*GetReplicaListResult) ProtoMessage() {}
 
 func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2265,7 +2477,7 @@ func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResult.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{32}
+	return file_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GetReplicaListResult) GetErrorCode() int32 {
@@ -2297,15 +2509,18 @@ func (x *GetReplicaListResult) GetLeaseTtlMs() uint64 {
 }
 
 type BatchGetReplicaListResponse struct {
-	state         protoimpl.MessageState  `protogen:"open.v1"`
-	Results       []*GetReplicaListResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState  `protogen:"open.v1"`
+	Results []*GetReplicaListResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// When asked for and possible: the replicas of results[i] are entry i,
+	// and results carry none.
+	Packed        *PackedReplicas `protobuf:"bytes,2,opt,name=packed,proto3" json:"packed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2317,7 +2532,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2330,12 +2545,19 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{33}
+	return file_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BatchGetReplicaListResponse) GetResults() []*GetReplicaListResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *BatchGetReplicaListResponse) GetPacked() *PackedReplicas {
+	if x != nil {
+		return x.Packed
 	}
 	return nil
 }
@@ -2352,7 +2574,7 @@ type ExistKeyRequest struct {
 
 func (x *ExistKeyRequest) Reset() {
 	*x = ExistKeyRequest{}
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2586,7 @@ func (x *ExistKeyRequest) String() string {
 func (*ExistKeyRequest) ProtoMessage() {}
 
 func (x *ExistKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2599,7 @@ func (x *ExistKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistKeyRequest.ProtoReflect.Descriptor instead.
 func (*ExistKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{34}
+	return file_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ExistKeyRequest) GetKey() string {
@@ -2403,7 +2625,7 @@ type ExistKeyResponse struct {
 
 func (x *ExistKeyResponse) Reset() {
 	*x = ExistKeyResponse{}
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2637,7 @@ func (x *ExistKeyResponse) String() string {
 func (*ExistKeyResponse) ProtoMessage() {}
 
 func (x *ExistKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2650,7 @@ func (x *ExistKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistKeyResponse.ProtoReflect.Descriptor instead.
 func (*ExistKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{35}
+	return file_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExistKeyResponse) GetExists() bool {
@@ -2448,7 +2670,7 @@ type BatchExistKeyRequest struct {
 
 func (x *BatchExistKeyRequest) Reset() {
 	*x = BatchExistKeyRequest{}
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +2682,7 @@ func (x *BatchExistKeyRequest) String() string {
 func (*BatchExistKeyRequest) ProtoMessage() {}
 
 func (x *BatchExistKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +2695,7 @@ func (x *BatchExistKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistKeyRequest.ProtoReflect.Descriptor instead.
 func (*BatchExistKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{36}
+	return file_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *BatchExistKeyRequest) GetKeys() []string {
@@ -2500,7 +2722,7 @@ type ExistResult struct {
 
 func (x *ExistResult) Reset() {
 	*x = ExistResult{}
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2512,7 +2734,7 @@ func (x *ExistResult) String() string {
 func (*ExistResult) ProtoMessage() {}
 
 func (x *ExistResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2525,7 +2747,7 @@ func (x *ExistResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistResult.ProtoReflect.Descriptor instead.
 func (*ExistResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{37}
+	return file_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ExistResult) GetErrorCode() int32 {
@@ -2551,7 +2773,7 @@ type BatchExistKeyResponse struct {
 
 func (x *BatchExistKeyResponse) Reset() {
 	*x = BatchExistKeyResponse{}
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2563,7 +2785,7 @@ func (x *BatchExistKeyResponse) String() string {
 func (*BatchExistKeyResponse) ProtoMessage() {}
 
 func (x *BatchExistKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2576,7 +2798,7 @@ func (x *BatchExistKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistKeyResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{38}
+	return file_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *BatchExistKeyResponse) GetResults() []*ExistResult {
@@ -2598,7 +2820,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2610,7 +2832,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2623,7 +2845,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{39}
+	return file_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *RemoveRequest) GetKey() string {
@@ -2655,7 +2877,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2667,7 +2889,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2680,7 +2902,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{40}
+	return file_master_proto_rawDescGZIP(), []int{42}
 }
 
 type BatchRemoveRequest struct {
@@ -2695,7 +2917,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_master_proto_msgTypes[41]
+	mi := &file_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2707,7 +2929,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[41]
+	mi := &file_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2720,7 +2942,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{41}
+	return file_master_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *BatchRemoveRequest) GetKeys() []string {
@@ -2753,7 +2975,7 @@ type BatchRemoveResponse struct {
 
 func (x *BatchRemoveResponse) Reset() {
 	*x = BatchRemoveResponse{}
-	mi := &file_master_proto_msgTypes[42]
+	mi := &file_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2765,7 +2987,7 @@ func (x *BatchRemoveResponse) String() string {
 func (*BatchRemoveResponse) ProtoMessage() {}
 
 func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[42]
+	mi := &file_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2778,7 +3000,7 @@ func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveResponse.ProtoReflect.Descriptor instead.
 func (*BatchRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{42}
+	return file_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BatchRemoveResponse) GetResults() []*ItemResult {
@@ -2800,7 +3022,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_master_proto_msgTypes[43]
+	mi := &file_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2812,7 +3034,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[43]
+	mi := &file_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2825,7 +3047,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{43}
+	return file_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RemoveByRegexRequest) GetRegex() string {
@@ -2858,7 +3080,7 @@ type RemoveByRegexResponse struct {
 
 func (x *RemoveByRegexResponse) Reset() {
 	*x = RemoveByRegexResponse{}
-	mi := &file_master_proto_msgTypes[44]
+	mi := &file_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +3092,7 @@ func (x *RemoveByRegexResponse) String() string {
 func (*RemoveByRegexResponse) ProtoMessage() {}
 
 func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[44]
+	mi := &file_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +3105,7 @@ func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{44}
+	return file_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveByRegexResponse) GetRemoved() uint64 {
@@ -2904,7 +3126,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_master_proto_msgTypes[45]
+	mi := &file_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2916,7 +3138,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[45]
+	mi := &file_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2929,7 +3151,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{45}
+	return file_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveAllRequest) GetForce() bool {
@@ -2955,7 +3177,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_master_proto_msgTypes[46]
+	mi := &file_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2967,7 +3189,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[46]
+	mi := &file_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2980,7 +3202,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{46}
+	return file_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -3008,7 +3230,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_master_proto_msgTypes[47]
+	mi := &file_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3020,7 +3242,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[47]
+	mi := &file_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3033,7 +3255,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{47}
+	return file_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Segment) GetId() *UUID {
@@ -3090,7 +3312,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[48]
+	mi := &file_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3102,7 +3324,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[48]
+	mi := &file_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3115,7 +3337,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{48}
+	return file_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *MountSegmentRequest) GetClientId() *UUID {
@@ -3147,7 +3369,7 @@ type MountSegmentResponse struct {
 
 func (x *MountSegmentResponse) Reset() {
 	*x = MountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[49]
+	mi := &file_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3381,7 @@ func (x *MountSegmentResponse) String() string {
 func (*MountSegmentResponse) ProtoMessage() {}
 
 func (x *MountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[49]
+	mi := &file_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3394,7 @@ func (x *MountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*MountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{49}
+	return file_master_proto_rawDescGZIP(), []int{51}
 }
 
 type ReMountSegmentRequest struct {
@@ -3187,7 +3409,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[50]
+	mi := &file_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3199,7 +3421,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[50]
+	mi := &file_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3212,7 +3434,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{50}
+	return file_master_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() *UUID {
@@ -3244,7 +3466,7 @@ type ReMountSegmentResponse struct {
 
 func (x *ReMountSegmentResponse) Reset() {
 	*x = ReMountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[51]
+	mi := &file_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3256,7 +3478,7 @@ func (x *ReMountSegmentResponse) String() string {
 func (*ReMountSegmentResponse) ProtoMessage() {}
 
 func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[51]
+	mi := &file_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +3491,7 @@ func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{51}
+	return file_master_proto_rawDescGZIP(), []int{53}
 }
 
 type UnmountSegmentRequest struct {
@@ -3284,7 +3506,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[52]
+	mi := &file_master_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3518,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[52]
+	mi := &file_master_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3531,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{52}
+	return file_master_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() *UUID {
@@ -3341,7 +3563,7 @@ type UnmountSegmentResponse struct {
 
 func (x *UnmountSegmentResponse) Reset() {
 	*x = UnmountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[53]
+	mi := &file_master_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3353,7 +3575,7 @@ func (x *UnmountSegmentResponse) String() string {
 func (*UnmountSegmentResponse) ProtoMessage() {}
 
 func (x *UnmountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[53]
+	mi := &file_master_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3366,7 +3588,7 @@ func (x *UnmountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{53}
+	return file_master_proto_rawDescGZIP(), []int{55}
 }
 
 type QuerySegmentStatusRequest struct {
@@ -3378,7 +3600,7 @@ type QuerySegmentStatusRequest struct {
 
 func (x *QuerySegmentStatusRequest) Reset() {
 	*x = QuerySegmentStatusRequest{}
-	mi := &file_master_proto_msgTypes[54]
+	mi := &file_master_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3390,7 +3612,7 @@ func (x *QuerySegmentStatusRequest) String() string {
 func (*QuerySegmentStatusRequest) ProtoMessage() {}
 
 func (x *QuerySegmentStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[54]
+	mi := &file_master_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3403,7 +3625,7 @@ func (x *QuerySegmentStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuerySegmentStatusRequest.ProtoReflect.Descriptor instead.
 func (*QuerySegmentStatusRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{54}
+	return file_master_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *QuerySegmentStatusRequest) GetSegmentId() *UUID {
@@ -3425,7 +3647,7 @@ type QuerySegmentStatusResponse struct {
 
 func (x *QuerySegmentStatusResponse) Reset() {
 	*x = QuerySegmentStatusResponse{}
-	mi := &file_master_proto_msgTypes[55]
+	mi := &file_master_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3437,7 +3659,7 @@ func (x *QuerySegmentStatusResponse) String() string {
 func (*QuerySegmentStatusResponse) ProtoMessage() {}
 
 func (x *QuerySegmentStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[55]
+	mi := &file_master_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3450,7 +3672,7 @@ func (x *QuerySegmentStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuerySegmentStatusResponse.ProtoReflect.Descriptor instead.
 func (*QuerySegmentStatusResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{55}
+	return file_master_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *QuerySegmentStatusResponse) GetStatus() SegmentStatus {
@@ -3492,7 +3714,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_master_proto_msgTypes[56]
+	mi := &file_master_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3504,7 +3726,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[56]
+	mi := &file_master_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3517,7 +3739,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{56}
+	return file_master_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *PingRequest) GetClientId() *UUID {
@@ -3544,7 +3766,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_master_proto_msgTypes[57]
+	mi := &file_master_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +3778,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[57]
+	mi := &file_master_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +3791,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{57}
+	return file_master_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *PingResponse) GetViewVersion() uint64 {
@@ -3594,7 +3816,7 @@ type ServiceReadyRequest struct {
 
 func (x *ServiceReadyRequest) Reset() {
 	*x = ServiceReadyRequest{}
-	mi := &file_master_proto_msgTypes[58]
+	mi := &file_master_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3606,7 +3828,7 @@ func (x *ServiceReadyRequest) String() string {
 func (*ServiceReadyRequest) ProtoMessage() {}
 
 func (x *ServiceReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[58]
+	mi := &file_master_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3619,7 +3841,7 @@ func (x *ServiceReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReadyRequest.ProtoReflect.Descriptor instead.
 func (*ServiceReadyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{58}
+	return file_master_proto_rawDescGZIP(), []int{60}
 }
 
 type ServiceReadyResponse struct {
@@ -3630,7 +3852,7 @@ type ServiceReadyResponse struct {
 
 func (x *ServiceReadyResponse) Reset() {
 	*x = ServiceReadyResponse{}
-	mi := &file_master_proto_msgTypes[59]
+	mi := &file_master_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3642,7 +3864,7 @@ func (x *ServiceReadyResponse) String() string {
 func (*ServiceReadyResponse) ProtoMessage() {}
 
 func (x *ServiceReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[59]
+	mi := &file_master_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3655,7 +3877,7 @@ func (x *ServiceReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReadyResponse.ProtoReflect.Descriptor instead.
 func (*ServiceReadyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{59}
+	return file_master_proto_rawDescGZIP(), []int{61}
 }
 
 // ReportFailedSegmentsRequest: writes from client_id to these segments
@@ -3675,7 +3897,7 @@ type ReportFailedSegmentsRequest struct {
 
 func (x *ReportFailedSegmentsRequest) Reset() {
 	*x = ReportFailedSegmentsRequest{}
-	mi := &file_master_proto_msgTypes[60]
+	mi := &file_master_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3687,7 +3909,7 @@ func (x *ReportFailedSegmentsRequest) String() string {
 func (*ReportFailedSegmentsRequest) ProtoMessage() {}
 
 func (x *ReportFailedSegmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[60]
+	mi := &file_master_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3700,7 +3922,7 @@ func (x *ReportFailedSegmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportFailedSegmentsRequest.ProtoReflect.Descriptor instead.
 func (*ReportFailedSegmentsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{60}
+	return file_master_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ReportFailedSegmentsRequest) GetClientId() *UUID {
@@ -3733,7 +3955,7 @@ type ReportFailedSegmentsResponse struct {
 
 func (x *ReportFailedSegmentsResponse) Reset() {
 	*x = ReportFailedSegmentsResponse{}
-	mi := &file_master_proto_msgTypes[61]
+	mi := &file_master_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +3967,7 @@ func (x *ReportFailedSegmentsResponse) String() string {
 func (*ReportFailedSegmentsResponse) ProtoMessage() {}
 
 func (x *ReportFailedSegmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[61]
+	mi := &file_master_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +3980,7 @@ func (x *ReportFailedSegmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportFailedSegmentsResponse.ProtoReflect.Descriptor instead.
 func (*ReportFailedSegmentsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{61}
+	return file_master_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReportFailedSegmentsResponse) GetMarked() uint32 {
@@ -3783,7 +4005,7 @@ type WaitInvalidationsRequest struct {
 
 func (x *WaitInvalidationsRequest) Reset() {
 	*x = WaitInvalidationsRequest{}
-	mi := &file_master_proto_msgTypes[62]
+	mi := &file_master_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3795,7 +4017,7 @@ func (x *WaitInvalidationsRequest) String() string {
 func (*WaitInvalidationsRequest) ProtoMessage() {}
 
 func (x *WaitInvalidationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[62]
+	mi := &file_master_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3808,7 +4030,7 @@ func (x *WaitInvalidationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitInvalidationsRequest.ProtoReflect.Descriptor instead.
 func (*WaitInvalidationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{62}
+	return file_master_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *WaitInvalidationsRequest) GetSubscription() uint64 {
@@ -3851,7 +4073,7 @@ type Invalidation struct {
 
 func (x *Invalidation) Reset() {
 	*x = Invalidation{}
-	mi := &file_master_proto_msgTypes[63]
+	mi := &file_master_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3863,7 +4085,7 @@ func (x *Invalidation) String() string {
 func (*Invalidation) ProtoMessage() {}
 
 func (x *Invalidation) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[63]
+	mi := &file_master_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3876,7 +4098,7 @@ func (x *Invalidation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Invalidation.ProtoReflect.Descriptor instead.
 func (*Invalidation) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{63}
+	return file_master_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Invalidation) GetKey() string {
@@ -3913,7 +4135,7 @@ type WaitInvalidationsResponse struct {
 
 func (x *WaitInvalidationsResponse) Reset() {
 	*x = WaitInvalidationsResponse{}
-	mi := &file_master_proto_msgTypes[64]
+	mi := &file_master_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3925,7 +4147,7 @@ func (x *WaitInvalidationsResponse) String() string {
 func (*WaitInvalidationsResponse) ProtoMessage() {}
 
 func (x *WaitInvalidationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[64]
+	mi := &file_master_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3938,7 +4160,7 @@ func (x *WaitInvalidationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitInvalidationsResponse.ProtoReflect.Descriptor instead.
 func (*WaitInvalidationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{64}
+	return file_master_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *WaitInvalidationsResponse) GetSubscription() uint64 {
@@ -4024,7 +4246,18 @@ const file_master_proto_rawDesc = "" +
 	"\x04type\x18\x01 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\x04type\x128\n" +
 	"\x06status\x18\x02 \x01(\x0e2 .crescent.store.v1.ReplicaStatusR\x06status\x12;\n" +
 	"\x06memory\x18\x03 \x01(\v2#.crescent.store.v1.MemoryDescriptorR\x06memory\x125\n" +
-	"\x04disk\x18\x04 \x01(\v2!.crescent.store.v1.DiskDescriptorR\x04disk\"\xfc\x01\n" +
+	"\x04disk\x18\x04 \x01(\v2!.crescent.store.v1.DiskDescriptorR\x04disk\"\xe8\x01\n" +
+	"\x0ePackedReplicas\x12<\n" +
+	"\bsegments\x18\x01 \x03(\v2 .crescent.store.v1.MemorySegmentR\bsegments\x12\x16\n" +
+	"\x06counts\x18\x02 \x03(\rR\x06counts\x12\x18\n" +
+	"\asegment\x18\x03 \x03(\rR\asegment\x12\x18\n" +
+	"\aaddress\x18\x04 \x03(\x04R\aaddress\x12\x12\n" +
+	"\x04size\x18\x05 \x03(\x04R\x04size\x128\n" +
+	"\x06status\x18\x06 \x03(\x0e2 .crescent.store.v1.ReplicaStatusR\x06status\"h\n" +
+	"\rMemorySegment\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12'\n" +
+	"\x02id\x18\x03 \x01(\v2\x17.crescent.store.v1.UUIDR\x02id\"\xfc\x01\n" +
 	"\rBlockMetadata\x12!\n" +
 	"\fblock_hashes\x18\x01 \x03(\x04R\vblockHashes\x12/\n" +
 	"\x11parent_block_hash\x18\x02 \x01(\x04H\x00R\x0fparentBlockHash\x88\x01\x01\x12\x1b\n" +
@@ -4070,12 +4303,13 @@ const file_master_proto_rawDesc = "" +
 	"generation\x18\x04 \x01(\x04R\n" +
 	"generation\x12\x18\n" +
 	"\asession\x18\x0f \x01(\fR\asession\"\x13\n" +
-	"\x11PutRevokeResponse\"\xcc\x01\n" +
+	"\x11PutRevokeResponse\"\xe4\x01\n" +
 	"\x14BatchPutStartRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12\x14\n" +
 	"\x05sizes\x18\x03 \x03(\x04R\x05sizes\x12:\n" +
-	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\x12\x18\n" +
+	"\x06config\x18\x04 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\x12\x16\n" +
+	"\x06packed\x18\x05 \x01(\bR\x06packed\x12\x18\n" +
 	"\asession\x18\x0f \x01(\fR\asession\"\xab\x01\n" +
 	"\x0ePutStartResult\x12\x1d\n" +
 	"\n" +
@@ -4084,9 +4318,10 @@ const file_master_proto_rawDesc = "" +
 	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x04R\n" +
-	"generation\"T\n" +
+	"generation\"\x8f\x01\n" +
 	"\x15BatchPutStartResponse\x12;\n" +
-	"\aresults\x18\x01 \x03(\v2!.crescent.store.v1.PutStartResultR\aresults\"\x97\x02\n" +
+	"\aresults\x18\x01 \x03(\v2!.crescent.store.v1.PutStartResultR\aresults\x129\n" +
+	"\x06packed\x18\x02 \x01(\v2!.crescent.store.v1.PackedReplicasR\x06packed\"\x97\x02\n" +
 	"\x12BatchPutEndRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
@@ -4107,16 +4342,22 @@ const file_master_proto_rawDesc = "" +
 	"\vReservation\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x04R\x04size\x12@\n" +
-	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\"s\n" +
+	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\"\x8b\x01\n" +
 	"\vReserveSpec\x12\x12\n" +
 	"\x04size\x18\x01 \x01(\x04R\x04size\x12:\n" +
 	"\x06config\x18\x02 \x01(\v2\".crescent.store.v1.ReplicateConfigR\x06config\x12\x14\n" +
-	"\x05count\x18\x03 \x01(\rR\x05count\"\x8c\x01\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\x12\x16\n" +
+	"\x06packed\x18\x04 \x01(\bR\x06packed\"\x87\x02\n" +
 	"\rReserveResult\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12B\n" +
-	"\freservations\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReservationR\freservations\"\xb3\x01\n" +
+	"\freservations\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReservationR\freservations\x129\n" +
+	"\x06packed\x18\x04 \x01(\v2!.crescent.store.v1.PackedReplicasR\x06packed\x12\x1d\n" +
+	"\n" +
+	"packed_ids\x18\x05 \x03(\x04R\tpackedIds\x12\x1f\n" +
+	"\vpacked_size\x18\x06 \x01(\x04R\n" +
+	"packedSize\"\xb3\x01\n" +
 	"\x11ReservePutRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x124\n" +
 	"\x05specs\x18\x02 \x03(\v2\x1e.crescent.store.v1.ReserveSpecR\x05specs\x12\x18\n" +
@@ -4145,18 +4386,20 @@ const file_master_proto_rawDesc = "" +
 	"\x16GetReplicaListResponse\x12@\n" +
 	"\breplicas\x18\x01 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12 \n" +
 	"\flease_ttl_ms\x18\x02 \x01(\x04R\n" +
-	"leaseTtlMs\"0\n" +
+	"leaseTtlMs\"H\n" +
 	"\x1aBatchGetReplicaListRequest\x12\x12\n" +
-	"\x04keys\x18\x01 \x03(\tR\x04keys\"\xb3\x01\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12\x16\n" +
+	"\x06packed\x18\x02 \x01(\bR\x06packed\"\xb3\x01\n" +
 	"\x14GetReplicaListResult\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\x01 \x01(\x05R\terrorCode\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12@\n" +
 	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12 \n" +
 	"\flease_ttl_ms\x18\x04 \x01(\x04R\n" +
-	"leaseTtlMs\"`\n" +
+	"leaseTtlMs\"\x9b\x01\n" +
 	"\x1bBatchGetReplicaListResponse\x12A\n" +
-	"\aresults\x18\x01 \x03(\v2'.crescent.store.v1.GetReplicaListResultR\aresults\">\n" +
+	"\aresults\x18\x01 \x03(\v2'.crescent.store.v1.GetReplicaListResultR\aresults\x129\n" +
+	"\x06packed\x18\x02 \x01(\v2!.crescent.store.v1.PackedReplicasR\x06packed\">\n" +
 	"\x0fExistKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
 	"\bno_lease\x18\x02 \x01(\bR\anoLease\"*\n" +
@@ -4321,7 +4564,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_master_proto_goTypes = []any{
 	(ReplicaType)(0),                     // 0: crescent.store.v1.ReplicaType
 	(ReplicaStatus)(0),                   // 1: crescent.store.v1.ReplicaStatus
@@ -4333,65 +4576,67 @@ var file_master_proto_goTypes = []any{
 	(*MemoryDescriptor)(nil),             // 7: crescent.store.v1.MemoryDescriptor
 	(*DiskDescriptor)(nil),               // 8: crescent.store.v1.DiskDescriptor
 	(*ReplicaDescriptor)(nil),            // 9: crescent.store.v1.ReplicaDescriptor
-	(*BlockMetadata)(nil),                // 10: crescent.store.v1.BlockMetadata
-	(*ItemResult)(nil),                   // 11: crescent.store.v1.ItemResult
-	(*PutStartRequest)(nil),              // 12: crescent.store.v1.PutStartRequest
-	(*PutStartResponse)(nil),             // 13: crescent.store.v1.PutStartResponse
-	(*PutEndRequest)(nil),                // 14: crescent.store.v1.PutEndRequest
-	(*PutEndResponse)(nil),               // 15: crescent.store.v1.PutEndResponse
-	(*PutRevokeRequest)(nil),             // 16: crescent.store.v1.PutRevokeRequest
-	(*PutRevokeResponse)(nil),            // 17: crescent.store.v1.PutRevokeResponse
-	(*BatchPutStartRequest)(nil),         // 18: crescent.store.v1.BatchPutStartRequest
-	(*PutStartResult)(nil),               // 19: crescent.store.v1.PutStartResult
-	(*BatchPutStartResponse)(nil),        // 20: crescent.store.v1.BatchPutStartResponse
-	(*BatchPutEndRequest)(nil),           // 21: crescent.store.v1.BatchPutEndRequest
-	(*BatchPutEndResponse)(nil),          // 22: crescent.store.v1.BatchPutEndResponse
-	(*BatchPutRevokeRequest)(nil),        // 23: crescent.store.v1.BatchPutRevokeRequest
-	(*BatchPutRevokeResponse)(nil),       // 24: crescent.store.v1.BatchPutRevokeResponse
-	(*Reservation)(nil),                  // 25: crescent.store.v1.Reservation
-	(*ReserveSpec)(nil),                  // 26: crescent.store.v1.ReserveSpec
-	(*ReserveResult)(nil),                // 27: crescent.store.v1.ReserveResult
-	(*ReservePutRequest)(nil),            // 28: crescent.store.v1.ReservePutRequest
-	(*ReservePutResponse)(nil),           // 29: crescent.store.v1.ReservePutResponse
-	(*CommitItem)(nil),                   // 30: crescent.store.v1.CommitItem
-	(*CommitPutRequest)(nil),             // 31: crescent.store.v1.CommitPutRequest
-	(*CommitPutResponse)(nil),            // 32: crescent.store.v1.CommitPutResponse
-	(*GetReplicaListRequest)(nil),        // 33: crescent.store.v1.GetReplicaListRequest
-	(*GetReplicaListResponse)(nil),       // 34: crescent.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListRequest)(nil),   // 35: crescent.store.v1.BatchGetReplicaListRequest
-	(*GetReplicaListResult)(nil),         // 36: crescent.store.v1.GetReplicaListResult
-	(*BatchGetReplicaListResponse)(nil),  // 37: crescent.store.v1.BatchGetReplicaListResponse
-	(*ExistKeyRequest)(nil),              // 38: crescent.store.v1.ExistKeyRequest
-	(*ExistKeyResponse)(nil),             // 39: crescent.store.v1.ExistKeyResponse
-	(*BatchExistKeyRequest)(nil),         // 40: crescent.store.v1.BatchExistKeyRequest
-	(*ExistResult)(nil),                  // 41: crescent.store.v1.ExistResult
-	(*BatchExistKeyResponse)(nil),        // 42: crescent.store.v1.BatchExistKeyResponse
-	(*RemoveRequest)(nil),                // 43: crescent.store.v1.RemoveRequest
-	(*RemoveResponse)(nil),               // 44: crescent.store.v1.RemoveResponse
-	(*BatchRemoveRequest)(nil),           // 45: crescent.store.v1.BatchRemoveRequest
-	(*BatchRemoveResponse)(nil),          // 46: crescent.store.v1.BatchRemoveResponse
-	(*RemoveByRegexRequest)(nil),         // 47: crescent.store.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),        // 48: crescent.store.v1.RemoveByRegexResponse
-	(*RemoveAllRequest)(nil),             // 49: crescent.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),            // 50: crescent.store.v1.RemoveAllResponse
-	(*Segment)(nil),                      // 51: crescent.store.v1.Segment
-	(*MountSegmentRequest)(nil),          // 52: crescent.store.v1.MountSegmentRequest
-	(*MountSegmentResponse)(nil),         // 53: crescent.store.v1.MountSegmentResponse
-	(*ReMountSegmentRequest)(nil),        // 54: crescent.store.v1.ReMountSegmentRequest
-	(*ReMountSegmentResponse)(nil),       // 55: crescent.store.v1.ReMountSegmentResponse
-	(*UnmountSegmentRequest)(nil),        // 56: crescent.store.v1.UnmountSegmentRequest
-	(*UnmountSegmentResponse)(nil),       // 57: crescent.store.v1.UnmountSegmentResponse
-	(*QuerySegmentStatusRequest)(nil),    // 58: crescent.store.v1.QuerySegmentStatusRequest
-	(*QuerySegmentStatusResponse)(nil),   // 59: crescent.store.v1.QuerySegmentStatusResponse
-	(*PingRequest)(nil),                  // 60: crescent.store.v1.PingRequest
-	(*PingResponse)(nil),                 // 61: crescent.store.v1.PingResponse
-	(*ServiceReadyRequest)(nil),          // 62: crescent.store.v1.ServiceReadyRequest
-	(*ServiceReadyResponse)(nil),         // 63: crescent.store.v1.ServiceReadyResponse
-	(*ReportFailedSegmentsRequest)(nil),  // 64: crescent.store.v1.ReportFailedSegmentsRequest
-	(*ReportFailedSegmentsResponse)(nil), // 65: crescent.store.v1.ReportFailedSegmentsResponse
-	(*WaitInvalidationsRequest)(nil),     // 66: crescent.store.v1.WaitInvalidationsRequest
-	(*Invalidation)(nil),                 // 67: crescent.store.v1.Invalidation
-	(*WaitInvalidationsResponse)(nil),    // 68: crescent.store.v1.WaitInvalidationsResponse
+	(*PackedReplicas)(nil),               // 10: crescent.store.v1.PackedReplicas
+	(*MemorySegment)(nil),                // 11: crescent.store.v1.MemorySegment
+	(*BlockMetadata)(nil),                // 12: crescent.store.v1.BlockMetadata
+	(*ItemResult)(nil),                   // 13: crescent.store.v1.ItemResult
+	(*PutStartRequest)(nil),              // 14: crescent.store.v1.PutStartRequest
+	(*PutStartResponse)(nil),             // 15: crescent.store.v1.PutStartResponse
+	(*PutEndRequest)(nil),                // 16: crescent.store.v1.PutEndRequest
+	(*PutEndResponse)(nil),               // 17: crescent.store.v1.PutEndResponse
+	(*PutRevokeRequest)(nil),             // 18: crescent.store.v1.PutRevokeRequest
+	(*PutRevokeResponse)(nil),            // 19: crescent.store.v1.PutRevokeResponse
+	(*BatchPutStartRequest)(nil),         // 20: crescent.store.v1.BatchPutStartRequest
+	(*PutStartResult)(nil),               // 21: crescent.store.v1.PutStartResult
+	(*BatchPutStartResponse)(nil),        // 22: crescent.store.v1.BatchPutStartResponse
+	(*BatchPutEndRequest)(nil),           // 23: crescent.store.v1.BatchPutEndRequest
+	(*BatchPutEndResponse)(nil),          // 24: crescent.store.v1.BatchPutEndResponse
+	(*BatchPutRevokeRequest)(nil),        // 25: crescent.store.v1.BatchPutRevokeRequest
+	(*BatchPutRevokeResponse)(nil),       // 26: crescent.store.v1.BatchPutRevokeResponse
+	(*Reservation)(nil),                  // 27: crescent.store.v1.Reservation
+	(*ReserveSpec)(nil),                  // 28: crescent.store.v1.ReserveSpec
+	(*ReserveResult)(nil),                // 29: crescent.store.v1.ReserveResult
+	(*ReservePutRequest)(nil),            // 30: crescent.store.v1.ReservePutRequest
+	(*ReservePutResponse)(nil),           // 31: crescent.store.v1.ReservePutResponse
+	(*CommitItem)(nil),                   // 32: crescent.store.v1.CommitItem
+	(*CommitPutRequest)(nil),             // 33: crescent.store.v1.CommitPutRequest
+	(*CommitPutResponse)(nil),            // 34: crescent.store.v1.CommitPutResponse
+	(*GetReplicaListRequest)(nil),        // 35: crescent.store.v1.GetReplicaListRequest
+	(*GetReplicaListResponse)(nil),       // 36: crescent.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListRequest)(nil),   // 37: crescent.store.v1.BatchGetReplicaListRequest
+	(*GetReplicaListResult)(nil),         // 38: crescent.store.v1.GetReplicaListResult
+	(*BatchGetReplicaListResponse)(nil),  // 39: crescent.store.v1.BatchGetReplicaListResponse
+	(*ExistKeyRequest)(nil),              // 40: crescent.store.v1.ExistKeyRequest
+	(*ExistKeyResponse)(nil),             // 41: crescent.store.v1.ExistKeyResponse
+	(*BatchExistKeyRequest)(nil),         // 42: crescent.store.v1.BatchExistKeyRequest
+	(*ExistResult)(nil),                  // 43: crescent.store.v1.ExistResult
+	(*BatchExistKeyResponse)(nil),        // 44: crescent.store.v1.BatchExistKeyResponse
+	(*RemoveRequest)(nil),                // 45: crescent.store.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 46: crescent.store.v1.RemoveResponse
+	(*BatchRemoveRequest)(nil),           // 47: crescent.store.v1.BatchRemoveRequest
+	(*BatchRemoveResponse)(nil),          // 48: crescent.store.v1.BatchRemoveResponse
+	(*RemoveByRegexRequest)(nil),         // 49: crescent.store.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),        // 50: crescent.store.v1.RemoveByRegexResponse
+	(*RemoveAllRequest)(nil),             // 51: crescent.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),            // 52: crescent.store.v1.RemoveAllResponse
+	(*Segment)(nil),                      // 53: crescent.store.v1.Segment
+	(*MountSegmentRequest)(nil),          // 54: crescent.store.v1.MountSegmentRequest
+	(*MountSegmentResponse)(nil),         // 55: crescent.store.v1.MountSegmentResponse
+	(*ReMountSegmentRequest)(nil),        // 56: crescent.store.v1.ReMountSegmentRequest
+	(*ReMountSegmentResponse)(nil),       // 57: crescent.store.v1.ReMountSegmentResponse
+	(*UnmountSegmentRequest)(nil),        // 58: crescent.store.v1.UnmountSegmentRequest
+	(*UnmountSegmentResponse)(nil),       // 59: crescent.store.v1.UnmountSegmentResponse
+	(*QuerySegmentStatusRequest)(nil),    // 60: crescent.store.v1.QuerySegmentStatusRequest
+	(*QuerySegmentStatusResponse)(nil),   // 61: crescent.store.v1.QuerySegmentStatusResponse
+	(*PingRequest)(nil),                  // 62: crescent.store.v1.PingRequest
+	(*PingResponse)(nil),                 // 63: crescent.store.v1.PingResponse
+	(*ServiceReadyRequest)(nil),          // 64: crescent.store.v1.ServiceReadyRequest
+	(*ServiceReadyResponse)(nil),         // 65: crescent.store.v1.ServiceReadyResponse
+	(*ReportFailedSegmentsRequest)(nil),  // 66: crescent.store.v1.ReportFailedSegmentsRequest
+	(*ReportFailedSegmentsResponse)(nil), // 67: crescent.store.v1.ReportFailedSegmentsResponse
+	(*WaitInvalidationsRequest)(nil),     // 68: crescent.store.v1.WaitInvalidationsRequest
+	(*Invalidation)(nil),                 // 69: crescent.store.v1.Invalidation
+	(*WaitInvalidationsResponse)(nil),    // 70: crescent.store.v1.WaitInvalidationsResponse
 }
 var file_master_proto_depIdxs = []int32{
 	5,  // 0: crescent.store.v1.MemoryDescriptor.segment_id:type_name -> crescent.store.v1.UUID
@@ -4399,109 +4644,115 @@ var file_master_proto_depIdxs = []int32{
 	1,  // 2: crescent.store.v1.ReplicaDescriptor.status:type_name -> crescent.store.v1.ReplicaStatus
 	7,  // 3: crescent.store.v1.ReplicaDescriptor.memory:type_name -> crescent.store.v1.MemoryDescriptor
 	8,  // 4: crescent.store.v1.ReplicaDescriptor.disk:type_name -> crescent.store.v1.DiskDescriptor
-	5,  // 5: crescent.store.v1.PutStartRequest.client_id:type_name -> crescent.store.v1.UUID
-	6,  // 6: crescent.store.v1.PutStartRequest.config:type_name -> crescent.store.v1.ReplicateConfig
-	9,  // 7: crescent.store.v1.PutStartResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	5,  // 8: crescent.store.v1.PutEndRequest.client_id:type_name -> crescent.store.v1.UUID
-	0,  // 9: crescent.store.v1.PutEndRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
-	10, // 10: crescent.store.v1.PutEndRequest.block:type_name -> crescent.store.v1.BlockMetadata
-	5,  // 11: crescent.store.v1.PutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
-	0,  // 12: crescent.store.v1.PutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
-	5,  // 13: crescent.store.v1.BatchPutStartRequest.client_id:type_name -> crescent.store.v1.UUID
-	6,  // 14: crescent.store.v1.BatchPutStartRequest.config:type_name -> crescent.store.v1.ReplicateConfig
-	9,  // 15: crescent.store.v1.PutStartResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	19, // 16: crescent.store.v1.BatchPutStartResponse.results:type_name -> crescent.store.v1.PutStartResult
-	5,  // 17: crescent.store.v1.BatchPutEndRequest.client_id:type_name -> crescent.store.v1.UUID
-	0,  // 18: crescent.store.v1.BatchPutEndRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
-	10, // 19: crescent.store.v1.BatchPutEndRequest.blocks:type_name -> crescent.store.v1.BlockMetadata
-	11, // 20: crescent.store.v1.BatchPutEndResponse.results:type_name -> crescent.store.v1.ItemResult
-	5,  // 21: crescent.store.v1.BatchPutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
-	0,  // 22: crescent.store.v1.BatchPutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
-	11, // 23: crescent.store.v1.BatchPutRevokeResponse.results:type_name -> crescent.store.v1.ItemResult
-	9,  // 24: crescent.store.v1.Reservation.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	6,  // 25: crescent.store.v1.ReserveSpec.config:type_name -> crescent.store.v1.ReplicateConfig
-	25, // 26: crescent.store.v1.ReserveResult.reservations:type_name -> crescent.store.v1.Reservation
-	5,  // 27: crescent.store.v1.ReservePutRequest.client_id:type_name -> crescent.store.v1.UUID
-	26, // 28: crescent.store.v1.ReservePutRequest.specs:type_name -> crescent.store.v1.ReserveSpec
-	27, // 29: crescent.store.v1.ReservePutResponse.results:type_name -> crescent.store.v1.ReserveResult
-	10, // 30: crescent.store.v1.CommitItem.block:type_name -> crescent.store.v1.BlockMetadata
-	5,  // 31: crescent.store.v1.CommitPutRequest.client_id:type_name -> crescent.store.v1.UUID
-	30, // 32: crescent.store.v1.CommitPutRequest.items:type_name -> crescent.store.v1.CommitItem
-	26, // 33: crescent.store.v1.CommitPutRequest.reserve:type_name -> crescent.store.v1.ReserveSpec
-	11, // 34: crescent.store.v1.CommitPutResponse.results:type_name -> crescent.store.v1.ItemResult
-	27, // 35: crescent.store.v1.CommitPutResponse.reserved:type_name -> crescent.store.v1.ReserveResult
-	9,  // 36: crescent.store.v1.GetReplicaListResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	9,  // 37: crescent.store.v1.GetReplicaListResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	36, // 38: crescent.store.v1.BatchGetReplicaListResponse.results:type_name -> crescent.store.v1.GetReplicaListResult
-	41, // 39: crescent.store.v1.BatchExistKeyResponse.results:type_name -> crescent.store.v1.ExistResult
-	11, // 40: crescent.store.v1.BatchRemoveResponse.results:type_name -> crescent.store.v1.ItemResult
-	5,  // 41: crescent.store.v1.Segment.id:type_name -> crescent.store.v1.UUID
-	5,  // 42: crescent.store.v1.MountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	51, // 43: crescent.store.v1.MountSegmentRequest.segment:type_name -> crescent.store.v1.Segment
-	5,  // 44: crescent.store.v1.ReMountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	51, // 45: crescent.store.v1.ReMountSegmentRequest.segments:type_name -> crescent.store.v1.Segment
-	5,  // 46: crescent.store.v1.UnmountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	5,  // 47: crescent.store.v1.UnmountSegmentRequest.segment_id:type_name -> crescent.store.v1.UUID
-	5,  // 48: crescent.store.v1.QuerySegmentStatusRequest.segment_id:type_name -> crescent.store.v1.UUID
-	2,  // 49: crescent.store.v1.QuerySegmentStatusResponse.status:type_name -> crescent.store.v1.SegmentStatus
-	5,  // 50: crescent.store.v1.PingRequest.client_id:type_name -> crescent.store.v1.UUID
-	3,  // 51: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
-	5,  // 52: crescent.store.v1.ReportFailedSegmentsRequest.client_id:type_name -> crescent.store.v1.UUID
-	5,  // 53: crescent.store.v1.ReportFailedSegmentsRequest.segment_ids:type_name -> crescent.store.v1.UUID
-	67, // 54: crescent.store.v1.WaitInvalidationsResponse.items:type_name -> crescent.store.v1.Invalidation
-	12, // 55: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
-	14, // 56: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
-	16, // 57: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
-	18, // 58: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
-	21, // 59: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
-	23, // 60: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
-	28, // 61: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
-	31, // 62: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
-	33, // 63: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
-	35, // 64: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
-	38, // 65: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
-	40, // 66: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
-	43, // 67: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
-	45, // 68: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
-	47, // 69: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
-	49, // 70: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
-	52, // 71: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
-	54, // 72: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
-	56, // 73: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
-	58, // 74: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
-	60, // 75: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
-	62, // 76: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
-	64, // 77: crescent.store.v1.Master.ReportFailedSegments:input_type -> crescent.store.v1.ReportFailedSegmentsRequest
-	66, // 78: crescent.store.v1.Master.WaitInvalidations:input_type -> crescent.store.v1.WaitInvalidationsRequest
-	13, // 79: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
-	15, // 80: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
-	17, // 81: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
-	20, // 82: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
-	22, // 83: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
-	24, // 84: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
-	29, // 85: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
-	32, // 86: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
-	34, // 87: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
-	37, // 88: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
-	39, // 89: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
-	42, // 90: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
-	44, // 91: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
-	46, // 92: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
-	48, // 93: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
-	50, // 94: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
-	53, // 95: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
-	55, // 96: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
-	57, // 97: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
-	59, // 98: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
-	61, // 99: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
-	63, // 100: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
-	65, // 101: crescent.store.v1.Master.ReportFailedSegments:output_type -> crescent.store.v1.ReportFailedSegmentsResponse
-	68, // 102: crescent.store.v1.Master.WaitInvalidations:output_type -> crescent.store.v1.WaitInvalidationsResponse
-	79, // [79:103] is the sub-list for method output_type
-	55, // [55:79] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	11, // 5: crescent.store.v1.PackedReplicas.segments:type_name -> crescent.store.v1.MemorySegment
+	1,  // 6: crescent.store.v1.PackedReplicas.status:type_name -> crescent.store.v1.ReplicaStatus
+	5,  // 7: crescent.store.v1.MemorySegment.id:type_name -> crescent.store.v1.UUID
+	5,  // 8: crescent.store.v1.PutStartRequest.client_id:type_name -> crescent.store.v1.UUID
+	6,  // 9: crescent.store.v1.PutStartRequest.config:type_name -> crescent.store.v1.ReplicateConfig
+	9,  // 10: crescent.store.v1.PutStartResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	5,  // 11: crescent.store.v1.PutEndRequest.client_id:type_name -> crescent.store.v1.UUID
+	0,  // 12: crescent.store.v1.PutEndRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
+	12, // 13: crescent.store.v1.PutEndRequest.block:type_name -> crescent.store.v1.BlockMetadata
+	5,  // 14: crescent.store.v1.PutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
+	0,  // 15: crescent.store.v1.PutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
+	5,  // 16: crescent.store.v1.BatchPutStartRequest.client_id:type_name -> crescent.store.v1.UUID
+	6,  // 17: crescent.store.v1.BatchPutStartRequest.config:type_name -> crescent.store.v1.ReplicateConfig
+	9,  // 18: crescent.store.v1.PutStartResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	21, // 19: crescent.store.v1.BatchPutStartResponse.results:type_name -> crescent.store.v1.PutStartResult
+	10, // 20: crescent.store.v1.BatchPutStartResponse.packed:type_name -> crescent.store.v1.PackedReplicas
+	5,  // 21: crescent.store.v1.BatchPutEndRequest.client_id:type_name -> crescent.store.v1.UUID
+	0,  // 22: crescent.store.v1.BatchPutEndRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
+	12, // 23: crescent.store.v1.BatchPutEndRequest.blocks:type_name -> crescent.store.v1.BlockMetadata
+	13, // 24: crescent.store.v1.BatchPutEndResponse.results:type_name -> crescent.store.v1.ItemResult
+	5,  // 25: crescent.store.v1.BatchPutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
+	0,  // 26: crescent.store.v1.BatchPutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
+	13, // 27: crescent.store.v1.BatchPutRevokeResponse.results:type_name -> crescent.store.v1.ItemResult
+	9,  // 28: crescent.store.v1.Reservation.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	6,  // 29: crescent.store.v1.ReserveSpec.config:type_name -> crescent.store.v1.ReplicateConfig
+	27, // 30: crescent.store.v1.ReserveResult.reservations:type_name -> crescent.store.v1.Reservation
+	10, // 31: crescent.store.v1.ReserveResult.packed:type_name -> crescent.store.v1.PackedReplicas
+	5,  // 32: crescent.store.v1.ReservePutRequest.client_id:type_name -> crescent.store.v1.UUID
+	28, // 33: crescent.store.v1.ReservePutRequest.specs:type_name -> crescent.store.v1.ReserveSpec
+	29, // 34: crescent.store.v1.ReservePutResponse.results:type_name -> crescent.store.v1.ReserveResult
+	12, // 35: crescent.store.v1.CommitItem.block:type_name -> crescent.store.v1.BlockMetadata
+	5,  // 36: crescent.store.v1.CommitPutRequest.client_id:type_name -> crescent.store.v1.UUID
+	32, // 37: crescent.store.v1.CommitPutRequest.items:type_name -> crescent.store.v1.CommitItem
+	28, // 38: crescent.store.v1.CommitPutRequest.reserve:type_name -> crescent.store.v1.ReserveSpec
+	13, // 39: crescent.store.v1.CommitPutResponse.results:type_name -> crescent.store.v1.ItemResult
+	29, // 40: crescent.store.v1.CommitPutResponse.reserved:type_name -> crescent.store.v1.ReserveResult
+	9,  // 41: crescent.store.v1.GetReplicaListResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	9,  // 42: crescent.store.v1.GetReplicaListResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	38, // 43: crescent.store.v1.BatchGetReplicaListResponse.results:type_name -> crescent.store.v1.GetReplicaListResult
+	10, // 44: crescent.store.v1.BatchGetReplicaListResponse.packed:type_name -> crescent.store.v1.PackedReplicas
+	43, // 45: crescent.store.v1.BatchExistKeyResponse.results:type_name -> crescent.store.v1.ExistResult
+	13, // 46: crescent.store.v1.BatchRemoveResponse.results:type_name -> crescent.store.v1.ItemResult
+	5,  // 47: crescent.store.v1.Segment.id:type_name -> crescent.store.v1.UUID
+	5,  // 48: crescent.store.v1.MountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	53, // 49: crescent.store.v1.MountSegmentRequest.segment:type_name -> crescent.store.v1.Segment
+	5,  // 50: crescent.store.v1.ReMountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	53, // 51: crescent.store.v1.ReMountSegmentRequest.segments:type_name -> crescent.store.v1.Segment
+	5,  // 52: crescent.store.v1.UnmountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	5,  // 53: crescent.store.v1.UnmountSegmentRequest.segment_id:type_name -> crescent.store.v1.UUID
+	5,  // 54: crescent.store.v1.QuerySegmentStatusRequest.segment_id:type_name -> crescent.store.v1.UUID
+	2,  // 55: crescent.store.v1.QuerySegmentStatusResponse.status:type_name -> crescent.store.v1.SegmentStatus
+	5,  // 56: crescent.store.v1.PingRequest.client_id:type_name -> crescent.store.v1.UUID
+	3,  // 57: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
+	5,  // 58: crescent.store.v1.ReportFailedSegmentsRequest.client_id:type_name -> crescent.store.v1.UUID
+	5,  // 59: crescent.store.v1.ReportFailedSegmentsRequest.segment_ids:type_name -> crescent.store.v1.UUID
+	69, // 60: crescent.store.v1.WaitInvalidationsResponse.items:type_name -> crescent.store.v1.Invalidation
+	14, // 61: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
+	16, // 62: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
+	18, // 63: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
+	20, // 64: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
+	23, // 65: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
+	25, // 66: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
+	30, // 67: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
+	33, // 68: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
+	35, // 69: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
+	37, // 70: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
+	40, // 71: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
+	42, // 72: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
+	45, // 73: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
+	47, // 74: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
+	49, // 75: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
+	51, // 76: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
+	54, // 77: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
+	56, // 78: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
+	58, // 79: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
+	60, // 80: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
+	62, // 81: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
+	64, // 82: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
+	66, // 83: crescent.store.v1.Master.ReportFailedSegments:input_type -> crescent.store.v1.ReportFailedSegmentsRequest
+	68, // 84: crescent.store.v1.Master.WaitInvalidations:input_type -> crescent.store.v1.WaitInvalidationsRequest
+	15, // 85: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
+	17, // 86: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
+	19, // 87: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
+	22, // 88: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
+	24, // 89: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
+	26, // 90: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
+	31, // 91: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
+	34, // 92: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
+	36, // 93: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
+	39, // 94: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
+	41, // 95: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
+	44, // 96: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
+	46, // 97: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
+	48, // 98: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
+	50, // 99: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
+	52, // 100: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
+	55, // 101: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
+	57, // 102: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
+	59, // 103: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
+	61, // 104: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
+	63, // 105: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
+	65, // 106: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
+	67, // 107: crescent.store.v1.Master.ReportFailedSegments:output_type -> crescent.store.v1.ReportFailedSegmentsResponse
+	70, // 108: crescent.store.v1.Master.WaitInvalidations:output_type -> crescent.store.v1.WaitInvalidationsResponse
+	85, // [85:109] is the sub-list for method output_type
+	61, // [61:85] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -4509,14 +4760,14 @@ func file_master_proto_init() {
 	if File_master_proto != nil {
 		return
 	}
-	file_master_proto_msgTypes[6].OneofWrappers = []any{}
+	file_master_proto_msgTypes[8].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   65,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

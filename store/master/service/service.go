@@ -481,6 +481,29 @@ func configFromPB(c *storepb.ReplicateConfig) (master.ReplicateConfig, error) {
 	return rc, nil
 }
 
+// packReplicas packs the replicas of entries (by their index) when all
+// are memory replicas, and returns nil otherwise: the reply is then sent
+// unpacked.
+func packReplicas(entries int, replicas func(int) []master.Replica) *storepb.PackedReplicas {
+	n := 0
+	for e := range entries {
+		for _, r := range replicas(e) {
+			if r.Type != master.Memory {
+				return nil
+			}
+			n++
+		}
+	}
+	k := storepb.NewPacker(entries, n)
+	for e := range entries {
+		for _, r := range replicas(e) {
+			k.Add(r.SegmentName, r.Protocol, r.SegmentID.Hi, r.SegmentID.Lo, r.Addr, r.Size, storepb.ReplicaStatus(r.Status))
+		}
+		k.End()
+	}
+	return k.Packed()
+}
+
 func replicasPB(rs []master.Replica) []*storepb.ReplicaDescriptor {
 	b := newReplicaBuf(len(rs))
 	return b.add(rs)
@@ -616,15 +639,21 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
+	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
+	if r.Packed {
+		out.Packed = packReplicas(len(res), func(i int) []master.Replica { return res[i].Replicas })
+	}
 	// One allocation per message type for the whole batch, not one per
 	// message per item.
 	nrep := 0
 	for _, x := range res {
 		nrep += len(x.Replicas)
 	}
-	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
 	results := make([]storepb.PutStartResult, len(res))
-	b := newReplicaBuf(nrep)
+	var b *replicaBuf
+	if out.Packed == nil {
+		b = newReplicaBuf(nrep)
+	}
 	for i, x := range res {
 		r := &results[i]
 		out.Results[i] = r
@@ -632,7 +661,10 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 			r.ErrorCode, r.Message = int32(errcode.CodeOf(x.Err)), x.Err.Error()
 			continue
 		}
-		r.Replicas, r.Generation = b.add(x.Replicas), x.Gen
+		r.Generation = x.Gen
+		if b != nil {
+			r.Replicas = b.add(x.Replicas)
+		}
 	}
 	return out, nil
 }
@@ -698,13 +730,36 @@ func (s *Service) reserve(c master.UUID, release []uint64, specs []*storepb.Rese
 			out[i] = &storepb.ReserveResult{ErrorCode: int32(errcode.CodeOf(err)), Message: err.Error()}
 			continue
 		}
-		rs := make([]*storepb.Reservation, len(res.Reservations))
-		for j, x := range res.Reservations {
-			rs[j] = &storepb.Reservation{Id: x.ID, Size: x.Size, Replicas: replicasPB(x.Replicas)}
-		}
-		out[i] = &storepb.ReserveResult{Reservations: rs}
+		out[i] = reservationsPB(sp.Packed, res.Reservations)
 	}
 	return out, nil
+}
+
+// reservationsPB answers one reserve spec, packed when asked for and
+// possible.
+func reservationsPB(packed bool, rs []master.Reservation) *storepb.ReserveResult {
+	if packed && len(rs) > 0 && !slices.ContainsFunc(rs, func(x master.Reservation) bool { return x.Size != rs[0].Size }) {
+		if p := packReplicas(len(rs), func(i int) []master.Replica { return rs[i].Replicas }); p != nil {
+			ids := make([]uint64, len(rs))
+			for j, x := range rs {
+				ids[j] = x.ID
+			}
+			return &storepb.ReserveResult{Packed: p, PackedIds: ids, PackedSize: rs[0].Size}
+		}
+	}
+	n := 0
+	for _, x := range rs {
+		n += len(x.Replicas)
+	}
+	b := newReplicaBuf(n)
+	msgs := make([]storepb.Reservation, len(rs))
+	out := make([]*storepb.Reservation, len(rs))
+	for j, x := range rs {
+		m := &msgs[j]
+		m.Id, m.Size, m.Replicas = x.ID, x.Size, b.add(x.Replicas)
+		out[j] = m
+	}
+	return &storepb.ReserveResult{Reservations: out}
 }
 
 func (s *Service) reserveTTL() uint64 { return leaseMs(s.m.Config().PutDiscardTimeout) }
@@ -757,12 +812,29 @@ func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListReq
 func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetReplicaListRequest) (_ *storepb.BatchGetReplicaListResponse, err error) {
 	res := s.m.BatchGetReplicaList(r.Keys)
 	out := &storepb.BatchGetReplicaListResponse{Results: make([]*storepb.GetReplicaListResult, len(res))}
+	if r.Packed {
+		out.Packed = packReplicas(len(res), func(i int) []master.Replica { return res[i].Replicas })
+	}
+	nrep := 0
+	for _, x := range res {
+		nrep += len(x.Replicas)
+	}
+	results := make([]storepb.GetReplicaListResult, len(res))
+	var b *replicaBuf
+	if out.Packed == nil {
+		b = newReplicaBuf(nrep)
+	}
 	for i, x := range res {
+		m := &results[i]
+		out.Results[i] = m
 		if x.Err != nil {
-			out.Results[i] = &storepb.GetReplicaListResult{ErrorCode: int32(errcode.CodeOf(x.Err)), Message: x.Err.Error()}
+			m.ErrorCode, m.Message = int32(errcode.CodeOf(x.Err)), x.Err.Error()
 			continue
 		}
-		out.Results[i] = &storepb.GetReplicaListResult{Replicas: replicasPB(x.Replicas), LeaseTtlMs: leaseMs(x.LeaseTTL)}
+		m.LeaseTtlMs = leaseMs(x.LeaseTTL)
+		if b != nil {
+			m.Replicas = b.add(x.Replicas)
+		}
 	}
 	return out, nil
 }
