@@ -224,19 +224,36 @@ func (c *Client) settleAhead(k resvClass, h heldResv, err error) (gone bool, _ e
 
 // writeXfers turns the replicas PutStart reserved into writes of value.
 func writeXfers(key string, value []byte, reps []*storepb.ReplicaDescriptor, item int) ([]*xfer, error) {
+	return appendWriteXfers(nil, nil, key, value, reps, item)
+}
+
+// appendWriteXfers is writeXfers appending to xs, the xfers taken from
+// slab while it has room (a batch sizes one for all its items); xs is
+// unchanged on error.
+func appendWriteXfers(xs []*xfer, slab *[]xfer, key string, value []byte, reps []*storepb.ReplicaDescriptor, item int) ([]*xfer, error) {
 	if len(reps) == 0 {
-		return nil, errcode.New(errcode.InvalidReplica, "%q: master reserved no replica", key)
+		return xs, errcode.New(errcode.InvalidReplica, "%q: master reserved no replica", key)
 	}
-	xs := make([]*xfer, 0, len(reps))
 	for _, r := range reps {
 		m := r.GetMemory()
 		if r.Type != storepb.ReplicaType_REPLICA_TYPE_MEMORY || m == nil {
-			return nil, errcode.New(errcode.InvalidReplica, "%q: replica of type %s", key, r.Type)
+			return xs, errcode.New(errcode.InvalidReplica, "%q: replica of type %s", key, r.Type)
 		}
 		if m.Size < uint64(len(value)) {
-			return nil, errcode.New(errcode.InvalidReplica, "%q: replica of %d bytes for a %d-byte value", key, m.Size, len(value))
+			return xs, errcode.New(errcode.InvalidReplica, "%q: replica of %d bytes for a %d-byte value", key, m.Size, len(value))
 		}
-		xs = append(xs, &xfer{op: engine.Write, buf: value, seg: m.SegmentName, addr: m.BufferAddress, item: item, segID: m.SegmentId})
+	}
+	for _, r := range reps {
+		m := r.Memory
+		var x *xfer
+		if slab != nil && len(*slab) < cap(*slab) {
+			*slab = (*slab)[:len(*slab)+1]
+			x = &(*slab)[len(*slab)-1]
+		} else {
+			x = new(xfer)
+		}
+		*x = xfer{op: engine.Write, buf: value, seg: m.SegmentName, addr: m.BufferAddress, item: item, segID: m.SegmentId}
+		xs = append(xs, x)
 	}
 	return xs, nil
 }
@@ -358,6 +375,9 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 		h heldResv
 	}
 	var held []aheadItem
+	if ahead && c.ahead != nil {
+		held = make([]aheadItem, 0, len(todo))
+	}
 	var items []int // request position -> item, for BatchPutStart
 	var okKeys []string
 	var sizes []uint64
@@ -388,10 +408,22 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 	if c.beforeWrite != nil {
 		c.beforeWrite()
 	}
-	var xs []*xfer
+	// One slab of xfers for the batch.
+	nx := 0
+	for j := range items {
+		if startErrs[j] == nil {
+			nx += len(replicas[j].replicas)
+		}
+	}
+	for _, a := range held {
+		nx += len(a.h.reps)
+	}
+	slab := make([]xfer, 0, nx)
+	xs := make([]*xfer, 0, nx)
 	var started []int
-	nreps := make(map[int]int)        // item -> replicas written
+	nreps := make([]int, len(keys))   // by item: replicas written
 	gens := make([]uint64, len(keys)) // by item
+	var err error
 	for j, i := range items {
 		if errs[i] = startErrs[j]; errs[i] != nil {
 			continue
@@ -399,21 +431,15 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 		started = append(started, i)
 		nreps[i] = len(replicas[j].replicas)
 		gens[i] = replicas[j].gen
-		ix, err := writeXfers(keys[i], values[i], replicas[j].replicas, i)
-		if err != nil {
+		if xs, err = appendWriteXfers(xs, &slab, keys[i], values[i], replicas[j].replicas, i); err != nil {
 			errs[i] = err
-			continue
 		}
-		xs = append(xs, ix...)
 	}
 	for _, a := range held {
 		nreps[a.i] = len(a.h.reps)
-		ix, err := writeXfers(keys[a.i], values[a.i], a.h.reps, a.i)
-		if err != nil {
+		if xs, err = appendWriteXfers(xs, &slab, keys[a.i], values[a.i], a.h.reps, a.i); err != nil {
 			errs[a.i] = err
-			continue
 		}
-		xs = append(xs, ix...)
 	}
 	c.transfer(ctx, xs)
 	var retry []int
@@ -431,8 +457,8 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 		}
 	}
 	// Written reservations are committed; the others go back.
-	var qs []commitQ
-	var committing []aheadItem
+	qs := make([]commitQ, 0, len(held))
+	committing := make([]aheadItem, 0, len(held))
 	for _, a := range held {
 		if errs[a.i] != nil {
 			c.ahead.drop(a.h.id)
