@@ -70,13 +70,18 @@ func packedDialer(old bool, counts *packedCounts) func(*Config) {
 						counts.note(method, r.Packed != nil)
 					case *storepb.BatchGetReplicaListResponse:
 						counts.note(method, r.Packed != nil)
+					// One reservation goes unpacked either way.
 					case *storepb.ReservePutResponse:
 						for _, x := range r.Results {
-							counts.note(method, x.Packed != nil)
+							if len(x.PackedIds)+len(x.Reservations) > 1 {
+								counts.note(method, x.Packed != nil)
+							}
 						}
 					case *storepb.CommitPutResponse:
 						for _, x := range r.Reserved {
-							counts.note(method, x.Packed != nil)
+							if len(x.PackedIds)+len(x.Reservations) > 1 {
+								counts.note(method, x.Packed != nil)
+							}
 						}
 					}
 				}

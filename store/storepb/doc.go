@@ -8,6 +8,6 @@
 // built by Packer, read by Unpack): one message of columns for the whole
 // batch instead of four messages per replica, which were most of the
 // allocations of a batch put or get. A request asks with its packed
-// flag; a master answers packed only when every replica is in memory,
+// flag; a master answers packed only for two entries or more, all in memory,
 // and one that predates the flag ignores it, so clients read both forms.
 package storepb

@@ -643,8 +643,9 @@ func (x *ReplicaDescriptor) GetDisk() *DiskDescriptor {
 // address, a size and a status, in entry order. Decoding it costs a few
 // slices whatever n is, where repeated ReplicaDescriptor costs four
 // messages per replica. A request asks for it with its packed flag; the
-// reply carries it only when every replica is a memory replica, and
-// otherwise the unpacked form (so does a master that predates it).
+// reply carries it only for two entries or more (for one, the columns
+// cost more) all of whose replicas are memory replicas, and otherwise the
+// unpacked form (so does a master that predates it).
 type PackedReplicas struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Segments      []*MemorySegment       `protobuf:"bytes,1,rep,name=segments,proto3" json:"segments,omitempty"`

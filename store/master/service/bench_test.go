@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/crescent-kv/crescent/internal/clock"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -104,5 +106,44 @@ func BenchmarkGRPCBatchPut(b *testing.B) {
 			}
 			b.ReportMetric(float64(next.Load())/time.Since(start).Seconds(), "objects/s")
 		})
+	}
+}
+
+// BenchmarkReserveReply is one reserve spec's answer encoded, decoded and
+// unpacked as a client reads it, in both forms: where the packed form
+// pays (packMin).
+func BenchmarkReserveReply(b *testing.B) {
+	for _, n := range []int{1, 2, 16} {
+		rs := make([]master.Reservation, n)
+		for i := range rs {
+			rs[i] = master.Reservation{ID: uint64(i + 1), Size: 1 << 20, Replicas: []master.Replica{{Type: master.Memory,
+				SegmentName: "127.0.0.1:12345", SegmentID: master.UUID{Hi: 1, Lo: 2}, Addr: uint64(i) << 20, Size: 1 << 20, Protocol: "shm"}}}
+		}
+		for _, packed := range []bool{false, true} {
+			b.Run(fmt.Sprintf("n=%d/packed=%v", n, packed), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					buf, err := proto.Marshal(&storepb.CommitPutResponse{Reserved: []*storepb.ReserveResult{reservationsPB(packed, rs)}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					var in storepb.CommitPutResponse
+					if err := proto.Unmarshal(buf, &in); err != nil {
+						b.Fatal(err)
+					}
+					got := len(in.Reserved[0].Reservations)
+					if p := in.Reserved[0].Packed; p != nil {
+						reps, err := p.Unpack(len(in.Reserved[0].PackedIds))
+						if err != nil {
+							b.Fatal(err)
+						}
+						got = len(reps)
+					}
+					if got != n {
+						b.Fatalf("%d reservations, want %d", got, n)
+					}
+				}
+			})
+		}
 	}
 }

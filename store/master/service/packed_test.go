@@ -93,9 +93,21 @@ func TestPackedReplies(t *testing.T) {
 func TestPackOnlyMemory(t *testing.T) {
 	rs := [][]master.Replica{{{Type: master.Memory, SegmentName: "a"}}, {{Type: master.Disk}}}
 	assert.Nil(t, packReplicas(len(rs), func(i int) []master.Replica { return rs[i] }))
-	assert.NotNil(t, packReplicas(1, func(i int) []master.Replica { return rs[i] }))
-	res := reservationsPB(true, []master.Reservation{{ID: 1, Size: 8, Replicas: rs[1]}})
+	two := [][]master.Replica{rs[0], rs[0]}
+	assert.NotNil(t, packReplicas(2, func(i int) []master.Replica { return two[i] }))
+	res := reservationsPB(true, []master.Reservation{{ID: 1, Size: 8, Replicas: rs[1]}, {ID: 2, Size: 8, Replicas: rs[0]}})
+	assert.Nil(t, res.Packed)
+	require.Len(t, res.Reservations, 2)
+	assert.EqualValues(t, 1, res.Reservations[0].Id)
+}
+
+// One entry goes unpacked: its columns would cost more than its messages
+// (BenchmarkReserveReply).
+func TestPackNotOne(t *testing.T) {
+	one := []master.Replica{{Type: master.Memory, SegmentName: "a", Size: 8}}
+	assert.Nil(t, packReplicas(1, func(int) []master.Replica { return one }))
+	res := reservationsPB(true, []master.Reservation{{ID: 1, Size: 8, Replicas: one}})
 	assert.Nil(t, res.Packed)
 	require.Len(t, res.Reservations, 1)
-	assert.EqualValues(t, 1, res.Reservations[0].Id)
+	assert.NotNil(t, reservationsPB(true, []master.Reservation{{ID: 1, Size: 8, Replicas: one}, {ID: 2, Size: 8, Replicas: one}}).Packed)
 }

@@ -481,10 +481,19 @@ func configFromPB(c *storepb.ReplicateConfig) (master.ReplicateConfig, error) {
 	return rc, nil
 }
 
-// packReplicas packs the replicas of entries (by their index) when all
-// are memory replicas, and returns nil otherwise: the reply is then sent
-// unpacked.
+// packMin is the fewest entries packed: for one entry the columns cost
+// more than its messages (encoded, decoded and unpacked: 3.1 µs packed,
+// 2.2 unpacked), from two on less (BenchmarkReserveReply: 2.5 against
+// 3.3 µs for two reservations, 5.0 against 16.0 for sixteen).
+const packMin = 2
+
+// packReplicas packs the replicas of entries (by their index) when they
+// are at least packMin and all are memory replicas, and returns nil
+// otherwise: the reply is then sent unpacked.
 func packReplicas(entries int, replicas func(int) []master.Replica) *storepb.PackedReplicas {
+	if entries < packMin {
+		return nil
+	}
 	n := 0
 	for e := range entries {
 		for _, r := range replicas(e) {
@@ -738,7 +747,7 @@ func (s *Service) reserve(c master.UUID, release []uint64, specs []*storepb.Rese
 // reservationsPB answers one reserve spec, packed when asked for and
 // possible.
 func reservationsPB(packed bool, rs []master.Reservation) *storepb.ReserveResult {
-	if packed && len(rs) > 0 && !slices.ContainsFunc(rs, func(x master.Reservation) bool { return x.Size != rs[0].Size }) {
+	if packed && len(rs) >= packMin && !slices.ContainsFunc(rs, func(x master.Reservation) bool { return x.Size != rs[0].Size }) {
 		if p := packReplicas(len(rs), func(i int) []master.Replica { return rs[i].Replicas }); p != nil {
 			ids := make([]uint64, len(rs))
 			for j, x := range rs {
