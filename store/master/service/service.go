@@ -513,6 +513,21 @@ func packReplicas(entries int, replicas func(int) []master.Replica) *storepb.Pac
 	return k.Packed()
 }
 
+// batchReplicas prepares the replicas of a batch reply's entries: packed
+// when asked for and possible, otherwise a replicaBuf for all of them.
+func batchReplicas(packed bool, entries int, replicas func(int) []master.Replica) (*storepb.PackedReplicas, *replicaBuf) {
+	if packed {
+		if p := packReplicas(entries, replicas); p != nil {
+			return p, nil
+		}
+	}
+	n := 0
+	for e := range entries {
+		n += len(replicas(e))
+	}
+	return nil, newReplicaBuf(n)
+}
+
 func replicasPB(rs []master.Replica) []*storepb.ReplicaDescriptor {
 	b := newReplicaBuf(len(rs))
 	return b.add(rs)
@@ -649,20 +664,11 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 		return nil, rpcerr.ToStatus(err)
 	}
 	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
-	if r.Packed {
-		out.Packed = packReplicas(len(res), func(i int) []master.Replica { return res[i].Replicas })
-	}
+	var b *replicaBuf
+	out.Packed, b = batchReplicas(r.Packed, len(res), func(i int) []master.Replica { return res[i].Replicas })
 	// One allocation per message type for the whole batch, not one per
 	// message per item.
-	nrep := 0
-	for _, x := range res {
-		nrep += len(x.Replicas)
-	}
 	results := make([]storepb.PutStartResult, len(res))
-	var b *replicaBuf
-	if out.Packed == nil {
-		b = newReplicaBuf(nrep)
-	}
 	for i, x := range res {
 		r := &results[i]
 		out.Results[i] = r
@@ -747,20 +753,16 @@ func (s *Service) reserve(c master.UUID, release []uint64, specs []*storepb.Rese
 // reservationsPB answers one reserve spec, packed when asked for and
 // possible.
 func reservationsPB(packed bool, rs []master.Reservation) *storepb.ReserveResult {
-	if packed && len(rs) >= packMin && !slices.ContainsFunc(rs, func(x master.Reservation) bool { return x.Size != rs[0].Size }) {
-		if p := packReplicas(len(rs), func(i int) []master.Replica { return rs[i].Replicas }); p != nil {
-			ids := make([]uint64, len(rs))
-			for j, x := range rs {
-				ids[j] = x.ID
-			}
-			return &storepb.ReserveResult{Packed: p, PackedIds: ids, PackedSize: rs[0].Size}
+	// Packed reservations share one size.
+	packed = packed && !slices.ContainsFunc(rs, func(x master.Reservation) bool { return x.Size != rs[0].Size })
+	p, b := batchReplicas(packed, len(rs), func(i int) []master.Replica { return rs[i].Replicas })
+	if p != nil {
+		ids := make([]uint64, len(rs))
+		for j, x := range rs {
+			ids[j] = x.ID
 		}
+		return &storepb.ReserveResult{Packed: p, PackedIds: ids, PackedSize: rs[0].Size}
 	}
-	n := 0
-	for _, x := range rs {
-		n += len(x.Replicas)
-	}
-	b := newReplicaBuf(n)
 	msgs := make([]storepb.Reservation, len(rs))
 	out := make([]*storepb.Reservation, len(rs))
 	for j, x := range rs {
@@ -821,18 +823,9 @@ func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListReq
 func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetReplicaListRequest) (_ *storepb.BatchGetReplicaListResponse, err error) {
 	res := s.m.BatchGetReplicaList(r.Keys)
 	out := &storepb.BatchGetReplicaListResponse{Results: make([]*storepb.GetReplicaListResult, len(res))}
-	if r.Packed {
-		out.Packed = packReplicas(len(res), func(i int) []master.Replica { return res[i].Replicas })
-	}
-	nrep := 0
-	for _, x := range res {
-		nrep += len(x.Replicas)
-	}
-	results := make([]storepb.GetReplicaListResult, len(res))
 	var b *replicaBuf
-	if out.Packed == nil {
-		b = newReplicaBuf(nrep)
-	}
+	out.Packed, b = batchReplicas(r.Packed, len(res), func(i int) []master.Replica { return res[i].Replicas })
+	results := make([]storepb.GetReplicaListResult, len(res))
 	for i, x := range res {
 		m := &results[i]
 		out.Results[i] = m
