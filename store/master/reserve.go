@@ -107,10 +107,15 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 		MinReplicas: rc.MinReplicas, NoSuspect: true} // speculative: never on a segment that failed writes
 	var res ReserveResult
 	now := m.now() // one clock read for the count
-	for range spec.Count {
+	ops, one := m.batchOps(spec.Count)
+	for i := range spec.Count {
 		segs, err := m.alloc.Choose(req)
 		if err == nil {
-			op := &Op{Kind: OpReserve, Time: now, Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
+			op := one
+			if ops != nil {
+				op = &ops[i]
+			}
+			*op = Op{Kind: OpReserve, Time: now, Client: client, Size: spec.Size, SoftPin: rc.SoftPin,
 				SoftPinTTL: m.pinTTL(&rc), HardPin: rc.HardPin, Segments: segs}
 			var o object
 			rs := m.resvOf(client)
@@ -147,13 +152,19 @@ func (m *Master) Commit(client UUID, items []CommitItem) []error {
 	m.invBarrier() // as PutEnd: caches drop an old generation first
 	out := make([]error, len(items))
 	now := m.now() // one clock read for the batch
+	ops, one := m.batchOps(len(items))
 	for i, it := range items {
-		out[i] = m.commit(client, it, now)
+		op := one
+		if ops != nil {
+			op = &ops[i]
+		}
+		out[i] = m.commit(client, it, now, op)
 	}
 	return out
 }
 
-func (m *Master) commit(client UUID, it CommitItem, now int64) error {
+// commit is one item of Commit, recorded in op.
+func (m *Master) commit(client UUID, it CommitItem, now int64, op *Op) error {
 	if err := m.checkKey(it.Key); err != nil {
 		return err
 	}
@@ -183,7 +194,8 @@ func (m *Master) commit(client UUID, it CommitItem, now int64) error {
 	if err := m.claimKey(sh, h, it.Key, now); err != nil {
 		return err
 	}
-	if err := m.apply(sh, h, &Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}, &applyArgs{rs: rs}); err != nil {
+	*op = Op{Kind: OpCommit, Time: now, Key: it.Key, Client: client, ID: it.ID, Block: it.Block}
+	if err := m.apply(sh, h, op, &applyArgs{rs: rs}); err != nil {
 		return err
 	}
 	if m.debugOn() {
