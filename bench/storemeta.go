@@ -176,16 +176,17 @@ func newMetaSide(ctx context.Context, c *StoreConfig, addr string) (_ *metaSide,
 						return stepResult{}, fmt.Errorf("bench: BatchPutStart: %w", err)
 					}
 				}
-				if err := itemErrors("BatchPutStart", keys, len(r1.Results), func(i int) (int32, string) {
+				if err := itemErrors("BatchPutStart", keys, r1.PackedResults, true, len(r1.Results), func(i int) (int32, string) {
 					return r1.Results[i].ErrorCode, r1.Results[i].Message
 				}); err != nil {
 					return stepResult{}, err
 				}
-				r2, err := mc.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: ms.client, Session: ms.session, Keys: keys, ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY})
+				r2, err := mc.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: ms.client, Session: ms.session, Keys: keys,
+					ReplicaType: storepb.ReplicaType_REPLICA_TYPE_MEMORY, Packed: true})
 				if err != nil {
 					return stepResult{}, fmt.Errorf("bench: BatchPutEnd: %w", rpcerr.FromStatus(err))
 				}
-				if err := itemErrors("BatchPutEnd", keys, len(r2.Results), func(i int) (int32, string) {
+				if err := itemErrors("BatchPutEnd", keys, r2.PackedResults, false, len(r2.Results), func(i int) (int32, string) {
 					return r2.Results[i].ErrorCode, r2.Results[i].Message
 				}); err != nil {
 					return stepResult{}, err
@@ -251,7 +252,15 @@ func metaKey(run string, i int64) string {
 	return string(strconv.AppendInt(out, i, 10))
 }
 
-func itemErrors(rpc string, keys []string, n int, get func(int) (int32, string)) error {
+func itemErrors(rpc string, keys []string, packed *storepb.PackedResults, values bool, n int, get func(int) (int32, string)) error {
+	if packed != nil {
+		o, err := packed.Unpack(len(keys), values)
+		if err != nil {
+			return fmt.Errorf("bench: %s: %w", rpc, err)
+		}
+		get = func(i int) (int32, string) { return o.Codes[i], o.Message(i) }
+		n = len(o.Codes)
+	}
 	if n != len(keys) {
 		return fmt.Errorf("bench: %s answered %d results for %d keys", rpc, n, len(keys))
 	}

@@ -410,7 +410,7 @@ type commitQ struct {
 func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []error) {
 	a := c.ahead
 	errs := make([]error, len(qs))
-	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease()}
+	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease(), Packed: true}
 	var classes []resvClass
 	var asked []int
 	items := make([]storepb.CommitItem, len(qs))
@@ -428,8 +428,10 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
 	resp, err := c.master.CommitPut(rctx, req)
-	if err == nil && (len(resp.Results) != len(qs) || len(resp.Reserved) != len(req.Reserve)) {
-		err = errcode.New(errcode.InternalError, "CommitPut answered %d results for %d items", len(resp.Results), len(qs))
+	ierrs, _, err := batchOutcomes("CommitPut", err, len(qs), resp.GetPackedResults(), len(resp.GetResults()), false,
+		func(i int) (int32, string, uint64) { r := resp.Results[i]; return r.ErrorCode, r.Message, 0 })
+	if err == nil && len(resp.Reserved) != len(req.Reserve) {
+		err = errcode.New(errcode.InternalError, "CommitPut answered %d reservations for %d specs", len(resp.Reserved), len(req.Reserve))
 	}
 	ttl := time.Duration(resp.GetTtlMs()) * time.Millisecond
 	for j, k := range classes {
@@ -440,12 +442,10 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 		a.got(k, asked[j], res, ttl)
 	}
 	if err != nil {
-		fill(errs, rpcerr.FromStatus(err))
+		fill(errs, err)
 		return make([]struct{}, len(qs)), errs
 	}
-	for i, r := range resp.Results {
-		errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
-	}
+	copy(errs, ierrs)
 	return make([]struct{}, len(qs)), errs
 }
 

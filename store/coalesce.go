@@ -205,20 +205,23 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 		return rs, errs
 	}
 	resp, err := c.master.BatchPutStart(rctx, &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, Sizes: sizes, Config: rc, Packed: true})
-	if err = batchErr(err, "BatchPutStart", len(resp.GetResults()), len(keys)); err != nil {
-		fill(errs, err)
-		return rs, errs
+	ierrs, gens, err := batchOutcomes("BatchPutStart", err, len(keys), resp.GetPackedResults(), len(resp.GetResults()), true,
+		func(i int) (int32, string, uint64) { r := resp.Results[i]; return r.ErrorCode, r.Message, r.Generation })
+	var packed [][]*storepb.ReplicaDescriptor
+	if err == nil {
+		packed, err = unpackReplicas(resp.Packed, len(resp.GetResults()), len(keys), "BatchPutStart")
 	}
-	packed, err := unpack(resp.Packed, len(keys), "BatchPutStart")
 	if err != nil {
 		fill(errs, err)
 		return rs, errs
 	}
-	for i, r := range resp.Results {
-		if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
-			rs[i] = putStarted{r.Replicas, r.Generation}
+	for i := range keys {
+		if errs[i] = ierrs[i]; errs[i] == nil {
+			rs[i].gen = gens[i]
 			if packed != nil {
 				rs[i].replicas = packed[i]
+			} else {
+				rs[i].replicas = resp.Results[i].Replicas
 			}
 		}
 	}
@@ -242,15 +245,14 @@ func (c *Client) rpcPutEnd(ctx context.Context, keys []string, gens []uint64, bl
 		}
 		return errs
 	}
-	resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, ReplicaType: mem, Blocks: blocks, Generations: gens})
-	if err = batchErr(err, "BatchPutEnd", len(resp.GetResults()), len(keys)); err != nil {
+	resp, err := c.master.BatchPutEnd(rctx, &storepb.BatchPutEndRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, ReplicaType: mem, Blocks: blocks, Generations: gens, Packed: true})
+	ierrs, _, err := batchOutcomes("BatchPutEnd", err, len(keys), resp.GetPackedResults(), len(resp.GetResults()), false,
+		func(i int) (int32, string, uint64) { r := resp.Results[i]; return r.ErrorCode, r.Message, 0 })
+	if err != nil {
 		fill(errs, err)
 		return errs
 	}
-	for i, r := range resp.Results {
-		errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
-	}
-	return errs
+	return ierrs
 }
 
 // rpcGetReplicaList locates keys, granting read leases.
@@ -268,31 +270,38 @@ func (c *Client) rpcGetReplicaList(ctx context.Context, keys []string) ([]getRes
 		return rs, errs
 	}
 	resp, err := c.master.BatchGetReplicaList(rctx, &storepb.BatchGetReplicaListRequest{Keys: keys, Packed: true})
-	if err = batchErr(err, "BatchGetReplicaList", len(resp.GetResults()), len(keys)); err != nil {
-		fill(errs, err)
-		return rs, errs
+	ierrs, ttls, err := batchOutcomes("BatchGetReplicaList", err, len(keys), resp.GetPackedResults(), len(resp.GetResults()), true,
+		func(i int) (int32, string, uint64) { r := resp.Results[i]; return r.ErrorCode, r.Message, r.LeaseTtlMs })
+	var packed [][]*storepb.ReplicaDescriptor
+	if err == nil {
+		packed, err = unpackReplicas(resp.Packed, len(resp.GetResults()), len(keys), "BatchGetReplicaList")
 	}
-	packed, err := unpack(resp.Packed, len(keys), "BatchGetReplicaList")
 	if err != nil {
 		fill(errs, err)
 		return rs, errs
 	}
-	for i, r := range resp.Results {
-		if errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message); errs[i] == nil {
-			rs[i] = getResult{r.Replicas, time.Duration(r.LeaseTtlMs) * time.Millisecond}
+	for i := range keys {
+		if errs[i] = ierrs[i]; errs[i] == nil {
+			rs[i].leaseTTL = time.Duration(ttls[i]) * time.Millisecond
 			if packed != nil {
 				rs[i].replicas = packed[i]
+			} else {
+				rs[i].replicas = resp.Results[i].Replicas
 			}
 		}
 	}
 	return rs, errs
 }
 
-// unpack returns the replicas of a packed reply's n entries, or nil when
-// the reply came unpacked (a master that predates the packed form, or a
-// replica that is not in memory).
-func unpack(p *storepb.PackedReplicas, n int, rpc string) ([][]*storepb.ReplicaDescriptor, error) {
+// unpackReplicas returns the replicas of a packed reply's n entries, or
+// nil when the reply came unpacked (a master that predates the packed
+// form, or a replica that is not in memory) and has its results, of
+// which it has got.
+func unpackReplicas(p *storepb.PackedReplicas, got, n int, rpc string) ([][]*storepb.ReplicaDescriptor, error) {
 	if p == nil {
+		if got != n {
+			return nil, errcode.New(errcode.InternalError, "%s answered replicas for %d of %d keys", rpc, got, n)
+		}
 		return nil, nil
 	}
 	reps, err := p.Unpack(n)
@@ -302,14 +311,39 @@ func unpack(p *storepb.PackedReplicas, n int, rpc string) ([][]*storepb.ReplicaD
 	return reps, nil
 }
 
-// batchErr turns a batch RPC's outcome into the error of every item: the
-// RPC's own error, or a result count that does not match the request.
-func batchErr(err error, rpc string, got, want int) error {
+// batchOutcomes reads the per-item outcomes of a batch reply for n items
+// (err is the RPC's own): its packed results when it has them, else its
+// got results, of which plain gives item i's code, message and number.
+// The numbers come back when values (the RPC has one per item).
+func batchOutcomes(rpc string, err error, n int, packed *storepb.PackedResults, got int, values bool,
+	plain func(i int) (int32, string, uint64)) ([]error, []uint64, error) {
 	if err != nil {
-		return rpcerr.FromStatus(err)
+		return nil, nil, rpcerr.FromStatus(err)
 	}
-	if got != want {
-		return errcode.New(errcode.InternalError, "%s answered %d results for %d keys", rpc, got, want)
+	errs := make([]error, n)
+	if packed != nil {
+		o, err := packed.Unpack(n, values)
+		if err != nil {
+			return nil, nil, errcode.New(errcode.InternalError, "%s: %v", rpc, err)
+		}
+		for i, code := range o.Codes {
+			errs[i] = errcode.FromCode(errcode.Code(code), o.Message(i))
+		}
+		return errs, o.Values, nil
 	}
-	return nil
+	if got != n {
+		return nil, nil, errcode.New(errcode.InternalError, "%s answered %d results for %d keys", rpc, got, n)
+	}
+	var vals []uint64
+	if values {
+		vals = make([]uint64, n)
+	}
+	for i := range n {
+		code, msg, v := plain(i)
+		errs[i] = errcode.FromCode(errcode.Code(code), msg)
+		if values {
+			vals[i] = v
+		}
+	}
+	return errs, vals, nil
 }

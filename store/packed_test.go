@@ -23,10 +23,9 @@ type packedCounts struct {
 	packed, plain map[string]int
 }
 
-func (p *packedCounts) note(method string, packed bool) {
+func (p *packedCounts) note(name string, packed bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	name := method[strings.LastIndex(method, "/")+1:]
 	if packed {
 		p.packed[name]++
 	} else {
@@ -57,30 +56,42 @@ func packedDialer(old bool, counts *packedCounts) func(*Config) {
 						req = r
 					case *storepb.CommitPutRequest:
 						r = proto.Clone(r).(*storepb.CommitPutRequest)
+						r.Packed = false
 						for _, s := range r.Reserve {
 							s.Packed = false
 						}
 						req = r
+					case *storepb.BatchPutEndRequest:
+						r = proto.Clone(r).(*storepb.BatchPutEndRequest)
+						r.Packed, req = false, r
 					}
 				}
 				err := ic(ctx, method, req, reply, cc, invoker, opts...)
+				rpc := method[strings.LastIndex(method, "/")+1:]
 				if err == nil {
 					switch r := reply.(type) {
 					case *storepb.BatchPutStartResponse:
-						counts.note(method, r.Packed != nil)
+						counts.note(rpc, r.Packed != nil)
+						counts.note(rpc+"/results", r.PackedResults != nil)
 					case *storepb.BatchGetReplicaListResponse:
-						counts.note(method, r.Packed != nil)
+						counts.note(rpc, r.Packed != nil)
+						counts.note(rpc+"/results", r.PackedResults != nil)
+					case *storepb.BatchPutEndResponse:
+						counts.note(rpc+"/results", r.PackedResults != nil)
 					// One reservation goes unpacked either way.
 					case *storepb.ReservePutResponse:
 						for _, x := range r.Results {
 							if len(x.PackedIds)+len(x.Reservations) > 1 {
-								counts.note(method, x.Packed != nil)
+								counts.note(rpc, x.Packed != nil)
 							}
 						}
 					case *storepb.CommitPutResponse:
+						if len(r.Results) != 1 { // one item goes unpacked either way
+							counts.note(rpc+"/results", r.PackedResults != nil)
+						}
 						for _, x := range r.Reserved {
 							if len(x.PackedIds)+len(x.Reservations) > 1 {
-								counts.note(method, x.Packed != nil)
+								counts.note(rpc, x.Packed != nil)
 							}
 						}
 					}
@@ -126,7 +137,7 @@ func TestPackedReplicas(t *testing.T) {
 			assert.Positive(t, c.Stats().PutsAhead, "puts went through reservations")
 			counts.mu.Lock()
 			defer counts.mu.Unlock()
-			for _, rpc := range []string{"BatchPutStart", "BatchGetReplicaList"} {
+			for _, rpc := range []string{"BatchPutStart", "BatchGetReplicaList", "BatchPutStart/results", "BatchGetReplicaList/results", "BatchPutEnd/results", "CommitPut/results"} {
 				if old {
 					assert.Zero(t, counts.packed[rpc], rpc)
 					assert.Positive(t, counts.plain[rpc], rpc)

@@ -730,6 +730,72 @@ func (x *PackedReplicas) GetStatus() []ReplicaStatus {
 	return nil
 }
 
+// PackedResults answers the n items of a batch in columns: a code per
+// item (0 = OK), the message of each item whose code is not 0 (in item
+// order), and, for the RPCs that have one, a number per item (a put
+// start's generation, a get's lease TTL in ms). Asked for, and sent, as
+// PackedReplicas is (two items or more); with it a reply's per-item
+// results are empty.
+type PackedResults struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Codes         []int32                `protobuf:"varint,1,rep,packed,name=codes,proto3" json:"codes,omitempty"`
+	Messages      []string               `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	Values        []uint64               `protobuf:"varint,3,rep,packed,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PackedResults) Reset() {
+	*x = PackedResults{}
+	mi := &file_master_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PackedResults) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PackedResults) ProtoMessage() {}
+
+func (x *PackedResults) ProtoReflect() protoreflect.Message {
+	mi := &file_master_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PackedResults.ProtoReflect.Descriptor instead.
+func (*PackedResults) Descriptor() ([]byte, []int) {
+	return file_master_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PackedResults) GetCodes() []int32 {
+	if x != nil {
+		return x.Codes
+	}
+	return nil
+}
+
+func (x *PackedResults) GetMessages() []string {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *PackedResults) GetValues() []uint64 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
 // MemorySegment names a segment once for all the replicas packed in it.
 type MemorySegment struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -742,7 +808,7 @@ type MemorySegment struct {
 
 func (x *MemorySegment) Reset() {
 	*x = MemorySegment{}
-	mi := &file_master_proto_msgTypes[7]
+	mi := &file_master_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -754,7 +820,7 @@ func (x *MemorySegment) String() string {
 func (*MemorySegment) ProtoMessage() {}
 
 func (x *MemorySegment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[7]
+	mi := &file_master_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -767,7 +833,7 @@ func (x *MemorySegment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemorySegment.ProtoReflect.Descriptor instead.
 func (*MemorySegment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{7}
+	return file_master_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *MemorySegment) GetName() string {
@@ -807,7 +873,7 @@ type BlockMetadata struct {
 
 func (x *BlockMetadata) Reset() {
 	*x = BlockMetadata{}
-	mi := &file_master_proto_msgTypes[8]
+	mi := &file_master_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -819,7 +885,7 @@ func (x *BlockMetadata) String() string {
 func (*BlockMetadata) ProtoMessage() {}
 
 func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[8]
+	mi := &file_master_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -832,7 +898,7 @@ func (x *BlockMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BlockMetadata.ProtoReflect.Descriptor instead.
 func (*BlockMetadata) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{8}
+	return file_master_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *BlockMetadata) GetBlockHashes() []uint64 {
@@ -888,7 +954,7 @@ type ItemResult struct {
 
 func (x *ItemResult) Reset() {
 	*x = ItemResult{}
-	mi := &file_master_proto_msgTypes[9]
+	mi := &file_master_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +966,7 @@ func (x *ItemResult) String() string {
 func (*ItemResult) ProtoMessage() {}
 
 func (x *ItemResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[9]
+	mi := &file_master_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +979,7 @@ func (x *ItemResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ItemResult.ProtoReflect.Descriptor instead.
 func (*ItemResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{9}
+	return file_master_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ItemResult) GetErrorCode() int32 {
@@ -944,7 +1010,7 @@ type PutStartRequest struct {
 
 func (x *PutStartRequest) Reset() {
 	*x = PutStartRequest{}
-	mi := &file_master_proto_msgTypes[10]
+	mi := &file_master_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -956,7 +1022,7 @@ func (x *PutStartRequest) String() string {
 func (*PutStartRequest) ProtoMessage() {}
 
 func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[10]
+	mi := &file_master_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -969,7 +1035,7 @@ func (x *PutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartRequest.ProtoReflect.Descriptor instead.
 func (*PutStartRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{10}
+	return file_master_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PutStartRequest) GetClientId() *UUID {
@@ -1019,7 +1085,7 @@ type PutStartResponse struct {
 
 func (x *PutStartResponse) Reset() {
 	*x = PutStartResponse{}
-	mi := &file_master_proto_msgTypes[11]
+	mi := &file_master_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1031,7 +1097,7 @@ func (x *PutStartResponse) String() string {
 func (*PutStartResponse) ProtoMessage() {}
 
 func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[11]
+	mi := &file_master_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1044,7 +1110,7 @@ func (x *PutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResponse.ProtoReflect.Descriptor instead.
 func (*PutStartResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{11}
+	return file_master_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PutStartResponse) GetReplicas() []*ReplicaDescriptor {
@@ -1079,7 +1145,7 @@ type PutEndRequest struct {
 
 func (x *PutEndRequest) Reset() {
 	*x = PutEndRequest{}
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1091,7 +1157,7 @@ func (x *PutEndRequest) String() string {
 func (*PutEndRequest) ProtoMessage() {}
 
 func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[12]
+	mi := &file_master_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1104,7 +1170,7 @@ func (x *PutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndRequest.ProtoReflect.Descriptor instead.
 func (*PutEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{12}
+	return file_master_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutEndRequest) GetClientId() *UUID {
@@ -1157,7 +1223,7 @@ type PutEndResponse struct {
 
 func (x *PutEndResponse) Reset() {
 	*x = PutEndResponse{}
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1169,7 +1235,7 @@ func (x *PutEndResponse) String() string {
 func (*PutEndResponse) ProtoMessage() {}
 
 func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[13]
+	mi := &file_master_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1182,7 +1248,7 @@ func (x *PutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutEndResponse.ProtoReflect.Descriptor instead.
 func (*PutEndResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{13}
+	return file_master_proto_rawDescGZIP(), []int{14}
 }
 
 type PutRevokeRequest struct {
@@ -1199,7 +1265,7 @@ type PutRevokeRequest struct {
 
 func (x *PutRevokeRequest) Reset() {
 	*x = PutRevokeRequest{}
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1277,7 @@ func (x *PutRevokeRequest) String() string {
 func (*PutRevokeRequest) ProtoMessage() {}
 
 func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[14]
+	mi := &file_master_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1290,7 @@ func (x *PutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*PutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{14}
+	return file_master_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutRevokeRequest) GetClientId() *UUID {
@@ -1270,7 +1336,7 @@ type PutRevokeResponse struct {
 
 func (x *PutRevokeResponse) Reset() {
 	*x = PutRevokeResponse{}
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1282,7 +1348,7 @@ func (x *PutRevokeResponse) String() string {
 func (*PutRevokeResponse) ProtoMessage() {}
 
 func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[15]
+	mi := &file_master_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1295,7 +1361,7 @@ func (x *PutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*PutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{15}
+	return file_master_proto_rawDescGZIP(), []int{16}
 }
 
 type BatchPutStartRequest struct {
@@ -1313,7 +1379,7 @@ type BatchPutStartRequest struct {
 
 func (x *BatchPutStartRequest) Reset() {
 	*x = BatchPutStartRequest{}
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1391,7 @@ func (x *BatchPutStartRequest) String() string {
 func (*BatchPutStartRequest) ProtoMessage() {}
 
 func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[16]
+	mi := &file_master_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1404,7 @@ func (x *BatchPutStartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutStartRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{16}
+	return file_master_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *BatchPutStartRequest) GetClientId() *UUID {
@@ -1395,7 +1461,7 @@ type PutStartResult struct {
 
 func (x *PutStartResult) Reset() {
 	*x = PutStartResult{}
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1473,7 @@ func (x *PutStartResult) String() string {
 func (*PutStartResult) ProtoMessage() {}
 
 func (x *PutStartResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[17]
+	mi := &file_master_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1486,7 @@ func (x *PutStartResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutStartResult.ProtoReflect.Descriptor instead.
 func (*PutStartResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{17}
+	return file_master_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PutStartResult) GetErrorCode() int32 {
@@ -1456,14 +1522,17 @@ type BatchPutStartResponse struct {
 	Results []*PutStartResult      `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// When asked for and possible: the replicas of results[i] are entry i,
 	// and results carry none.
-	Packed        *PackedReplicas `protobuf:"bytes,2,opt,name=packed,proto3" json:"packed,omitempty"`
+	Packed *PackedReplicas `protobuf:"bytes,2,opt,name=packed,proto3" json:"packed,omitempty"`
+	// When asked for and possible, instead of results; values are the
+	// generations.
+	PackedResults *PackedResults `protobuf:"bytes,3,opt,name=packed_results,json=packedResults,proto3" json:"packed_results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchPutStartResponse) Reset() {
 	*x = BatchPutStartResponse{}
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1475,7 +1544,7 @@ func (x *BatchPutStartResponse) String() string {
 func (*BatchPutStartResponse) ProtoMessage() {}
 
 func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[18]
+	mi := &file_master_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1488,7 +1557,7 @@ func (x *BatchPutStartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutStartResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutStartResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{18}
+	return file_master_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *BatchPutStartResponse) GetResults() []*PutStartResult {
@@ -1505,6 +1574,13 @@ func (x *BatchPutStartResponse) GetPacked() *PackedReplicas {
 	return nil
 }
 
+func (x *BatchPutStartResponse) GetPackedResults() *PackedResults {
+	if x != nil {
+		return x.PackedResults
+	}
+	return nil
+}
+
 type BatchPutEndRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ClientId    *UUID                  `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -1512,6 +1588,7 @@ type BatchPutEndRequest struct {
 	ReplicaType ReplicaType            `protobuf:"varint,3,opt,name=replica_type,json=replicaType,proto3,enum=crescent.store.v1.ReplicaType" json:"replica_type,omitempty"`
 	Blocks      []*BlockMetadata       `protobuf:"bytes,4,rep,name=blocks,proto3" json:"blocks,omitempty"`                   // empty, or one per key
 	Generations []uint64               `protobuf:"varint,5,rep,packed,name=generations,proto3" json:"generations,omitempty"` // empty, or one per key (0 = unchecked)
+	Packed      bool                   `protobuf:"varint,6,opt,name=packed,proto3" json:"packed,omitempty"`                  // answer in BatchPutEndResponse.packed_results
 	// session proves client_id (see auth.ClientID): the id is derived from it.
 	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1520,7 +1597,7 @@ type BatchPutEndRequest struct {
 
 func (x *BatchPutEndRequest) Reset() {
 	*x = BatchPutEndRequest{}
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1532,7 +1609,7 @@ func (x *BatchPutEndRequest) String() string {
 func (*BatchPutEndRequest) ProtoMessage() {}
 
 func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[19]
+	mi := &file_master_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1545,7 +1622,7 @@ func (x *BatchPutEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutEndRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{19}
+	return file_master_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *BatchPutEndRequest) GetClientId() *UUID {
@@ -1583,6 +1660,13 @@ func (x *BatchPutEndRequest) GetGenerations() []uint64 {
 	return nil
 }
 
+func (x *BatchPutEndRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
+}
+
 func (x *BatchPutEndRequest) GetSession() []byte {
 	if x != nil {
 		return x.Session
@@ -1593,13 +1677,14 @@ func (x *BatchPutEndRequest) GetSession() []byte {
 type BatchPutEndResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Results       []*ItemResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	PackedResults *PackedResults         `protobuf:"bytes,2,opt,name=packed_results,json=packedResults,proto3" json:"packed_results,omitempty"` // when asked for and possible, instead of results
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchPutEndResponse) Reset() {
 	*x = BatchPutEndResponse{}
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1696,7 @@ func (x *BatchPutEndResponse) String() string {
 func (*BatchPutEndResponse) ProtoMessage() {}
 
 func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[20]
+	mi := &file_master_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,12 +1709,19 @@ func (x *BatchPutEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutEndResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutEndResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{20}
+	return file_master_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *BatchPutEndResponse) GetResults() []*ItemResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *BatchPutEndResponse) GetPackedResults() *PackedResults {
+	if x != nil {
+		return x.PackedResults
 	}
 	return nil
 }
@@ -1648,7 +1740,7 @@ type BatchPutRevokeRequest struct {
 
 func (x *BatchPutRevokeRequest) Reset() {
 	*x = BatchPutRevokeRequest{}
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1660,7 +1752,7 @@ func (x *BatchPutRevokeRequest) String() string {
 func (*BatchPutRevokeRequest) ProtoMessage() {}
 
 func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[21]
+	mi := &file_master_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1673,7 +1765,7 @@ func (x *BatchPutRevokeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeRequest.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{21}
+	return file_master_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BatchPutRevokeRequest) GetClientId() *UUID {
@@ -1720,7 +1812,7 @@ type BatchPutRevokeResponse struct {
 
 func (x *BatchPutRevokeResponse) Reset() {
 	*x = BatchPutRevokeResponse{}
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +1824,7 @@ func (x *BatchPutRevokeResponse) String() string {
 func (*BatchPutRevokeResponse) ProtoMessage() {}
 
 func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[22]
+	mi := &file_master_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +1837,7 @@ func (x *BatchPutRevokeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchPutRevokeResponse.ProtoReflect.Descriptor instead.
 func (*BatchPutRevokeResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{22}
+	return file_master_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *BatchPutRevokeResponse) GetResults() []*ItemResult {
@@ -1767,7 +1859,7 @@ type Reservation struct {
 
 func (x *Reservation) Reset() {
 	*x = Reservation{}
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +1871,7 @@ func (x *Reservation) String() string {
 func (*Reservation) ProtoMessage() {}
 
 func (x *Reservation) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[23]
+	mi := &file_master_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +1884,7 @@ func (x *Reservation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Reservation.ProtoReflect.Descriptor instead.
 func (*Reservation) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{23}
+	return file_master_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Reservation) GetId() uint64 {
@@ -1829,7 +1921,7 @@ type ReserveSpec struct {
 
 func (x *ReserveSpec) Reset() {
 	*x = ReserveSpec{}
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1933,7 @@ func (x *ReserveSpec) String() string {
 func (*ReserveSpec) ProtoMessage() {}
 
 func (x *ReserveSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[24]
+	mi := &file_master_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1946,7 @@ func (x *ReserveSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveSpec.ProtoReflect.Descriptor instead.
 func (*ReserveSpec) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{24}
+	return file_master_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReserveSpec) GetSize() uint64 {
@@ -1903,7 +1995,7 @@ type ReserveResult struct {
 
 func (x *ReserveResult) Reset() {
 	*x = ReserveResult{}
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2007,7 @@ func (x *ReserveResult) String() string {
 func (*ReserveResult) ProtoMessage() {}
 
 func (x *ReserveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[25]
+	mi := &file_master_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2020,7 @@ func (x *ReserveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResult.ProtoReflect.Descriptor instead.
 func (*ReserveResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{25}
+	return file_master_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReserveResult) GetErrorCode() int32 {
@@ -1986,7 +2078,7 @@ type ReservePutRequest struct {
 
 func (x *ReservePutRequest) Reset() {
 	*x = ReservePutRequest{}
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1998,7 +2090,7 @@ func (x *ReservePutRequest) String() string {
 func (*ReservePutRequest) ProtoMessage() {}
 
 func (x *ReservePutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[26]
+	mi := &file_master_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2011,7 +2103,7 @@ func (x *ReservePutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservePutRequest.ProtoReflect.Descriptor instead.
 func (*ReservePutRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{26}
+	return file_master_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReservePutRequest) GetClientId() *UUID {
@@ -2054,7 +2146,7 @@ type ReservePutResponse struct {
 
 func (x *ReservePutResponse) Reset() {
 	*x = ReservePutResponse{}
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2158,7 @@ func (x *ReservePutResponse) String() string {
 func (*ReservePutResponse) ProtoMessage() {}
 
 func (x *ReservePutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[27]
+	mi := &file_master_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2171,7 @@ func (x *ReservePutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReservePutResponse.ProtoReflect.Descriptor instead.
 func (*ReservePutResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{27}
+	return file_master_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReservePutResponse) GetResults() []*ReserveResult {
@@ -2107,7 +2199,7 @@ type CommitItem struct {
 
 func (x *CommitItem) Reset() {
 	*x = CommitItem{}
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2119,7 +2211,7 @@ func (x *CommitItem) String() string {
 func (*CommitItem) ProtoMessage() {}
 
 func (x *CommitItem) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[28]
+	mi := &file_master_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2132,7 +2224,7 @@ func (x *CommitItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitItem.ProtoReflect.Descriptor instead.
 func (*CommitItem) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{28}
+	return file_master_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CommitItem) GetKey() string {
@@ -2162,6 +2254,7 @@ type CommitPutRequest struct {
 	Items    []*CommitItem          `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
 	Reserve  []*ReserveSpec         `protobuf:"bytes,3,rep,name=reserve,proto3" json:"reserve,omitempty"` // served after the items
 	Release  []uint64               `protobuf:"varint,4,rep,packed,name=release,proto3" json:"release,omitempty"`
+	Packed   bool                   `protobuf:"varint,5,opt,name=packed,proto3" json:"packed,omitempty"` // answer the items in CommitPutResponse.packed_results
 	// session proves client_id (see auth.ClientID): the id is derived from it.
 	Session       []byte `protobuf:"bytes,15,opt,name=session,proto3" json:"session,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2170,7 +2263,7 @@ type CommitPutRequest struct {
 
 func (x *CommitPutRequest) Reset() {
 	*x = CommitPutRequest{}
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2275,7 @@ func (x *CommitPutRequest) String() string {
 func (*CommitPutRequest) ProtoMessage() {}
 
 func (x *CommitPutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[29]
+	mi := &file_master_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2288,7 @@ func (x *CommitPutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitPutRequest.ProtoReflect.Descriptor instead.
 func (*CommitPutRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{29}
+	return file_master_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CommitPutRequest) GetClientId() *UUID {
@@ -2226,6 +2319,13 @@ func (x *CommitPutRequest) GetRelease() []uint64 {
 	return nil
 }
 
+func (x *CommitPutRequest) GetPacked() bool {
+	if x != nil {
+		return x.Packed
+	}
+	return false
+}
+
 func (x *CommitPutRequest) GetSession() []byte {
 	if x != nil {
 		return x.Session
@@ -2238,13 +2338,14 @@ type CommitPutResponse struct {
 	Results       []*ItemResult          `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`   // one per item
 	Reserved      []*ReserveResult       `protobuf:"bytes,2,rep,name=reserved,proto3" json:"reserved,omitempty"` // one per reserve spec
 	TtlMs         uint64                 `protobuf:"varint,3,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	PackedResults *PackedResults         `protobuf:"bytes,4,opt,name=packed_results,json=packedResults,proto3" json:"packed_results,omitempty"` // when asked for and possible, instead of results
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CommitPutResponse) Reset() {
 	*x = CommitPutResponse{}
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2357,7 @@ func (x *CommitPutResponse) String() string {
 func (*CommitPutResponse) ProtoMessage() {}
 
 func (x *CommitPutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[30]
+	mi := &file_master_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2370,7 @@ func (x *CommitPutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitPutResponse.ProtoReflect.Descriptor instead.
 func (*CommitPutResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{30}
+	return file_master_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CommitPutResponse) GetResults() []*ItemResult {
@@ -2293,6 +2394,13 @@ func (x *CommitPutResponse) GetTtlMs() uint64 {
 	return 0
 }
 
+func (x *CommitPutResponse) GetPackedResults() *PackedResults {
+	if x != nil {
+		return x.PackedResults
+	}
+	return nil
+}
+
 type GetReplicaListRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -2302,7 +2410,7 @@ type GetReplicaListRequest struct {
 
 func (x *GetReplicaListRequest) Reset() {
 	*x = GetReplicaListRequest{}
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2422,7 @@ func (x *GetReplicaListRequest) String() string {
 func (*GetReplicaListRequest) ProtoMessage() {}
 
 func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[31]
+	mi := &file_master_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2435,7 @@ func (x *GetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*GetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{31}
+	return file_master_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetReplicaListRequest) GetKey() string {
@@ -2347,7 +2455,7 @@ type GetReplicaListResponse struct {
 
 func (x *GetReplicaListResponse) Reset() {
 	*x = GetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2467,7 @@ func (x *GetReplicaListResponse) String() string {
 func (*GetReplicaListResponse) ProtoMessage() {}
 
 func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[32]
+	mi := &file_master_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2480,7 @@ func (x *GetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{32}
+	return file_master_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GetReplicaListResponse) GetReplicas() []*ReplicaDescriptor {
@@ -2399,7 +2507,7 @@ type BatchGetReplicaListRequest struct {
 
 func (x *BatchGetReplicaListRequest) Reset() {
 	*x = BatchGetReplicaListRequest{}
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2519,7 @@ func (x *BatchGetReplicaListRequest) String() string {
 func (*BatchGetReplicaListRequest) ProtoMessage() {}
 
 func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[33]
+	mi := &file_master_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2532,7 @@ func (x *BatchGetReplicaListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListRequest.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{33}
+	return file_master_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BatchGetReplicaListRequest) GetKeys() []string {
@@ -2453,7 +2561,7 @@ type GetReplicaListResult struct {
 
 func (x *GetReplicaListResult) Reset() {
 	*x = GetReplicaListResult{}
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2465,7 +2573,7 @@ func (x *GetReplicaListResult) String() string {
 func (*GetReplicaListResult) ProtoMessage() {}
 
 func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[34]
+	mi := &file_master_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2478,7 +2586,7 @@ func (x *GetReplicaListResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetReplicaListResult.ProtoReflect.Descriptor instead.
 func (*GetReplicaListResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{34}
+	return file_master_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetReplicaListResult) GetErrorCode() int32 {
@@ -2514,14 +2622,17 @@ type BatchGetReplicaListResponse struct {
 	Results []*GetReplicaListResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
 	// When asked for and possible: the replicas of results[i] are entry i,
 	// and results carry none.
-	Packed        *PackedReplicas `protobuf:"bytes,2,opt,name=packed,proto3" json:"packed,omitempty"`
+	Packed *PackedReplicas `protobuf:"bytes,2,opt,name=packed,proto3" json:"packed,omitempty"`
+	// When asked for and possible, instead of results; values are the
+	// lease TTLs in ms.
+	PackedResults *PackedResults `protobuf:"bytes,3,opt,name=packed_results,json=packedResults,proto3" json:"packed_results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BatchGetReplicaListResponse) Reset() {
 	*x = BatchGetReplicaListResponse{}
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2533,7 +2644,7 @@ func (x *BatchGetReplicaListResponse) String() string {
 func (*BatchGetReplicaListResponse) ProtoMessage() {}
 
 func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[35]
+	mi := &file_master_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2546,7 +2657,7 @@ func (x *BatchGetReplicaListResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchGetReplicaListResponse.ProtoReflect.Descriptor instead.
 func (*BatchGetReplicaListResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{35}
+	return file_master_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BatchGetReplicaListResponse) GetResults() []*GetReplicaListResult {
@@ -2563,6 +2674,13 @@ func (x *BatchGetReplicaListResponse) GetPacked() *PackedReplicas {
 	return nil
 }
 
+func (x *BatchGetReplicaListResponse) GetPackedResults() *PackedResults {
+	if x != nil {
+		return x.PackedResults
+	}
+	return nil
+}
+
 type ExistKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -2575,7 +2693,7 @@ type ExistKeyRequest struct {
 
 func (x *ExistKeyRequest) Reset() {
 	*x = ExistKeyRequest{}
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2587,7 +2705,7 @@ func (x *ExistKeyRequest) String() string {
 func (*ExistKeyRequest) ProtoMessage() {}
 
 func (x *ExistKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[36]
+	mi := &file_master_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2600,7 +2718,7 @@ func (x *ExistKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistKeyRequest.ProtoReflect.Descriptor instead.
 func (*ExistKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{36}
+	return file_master_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ExistKeyRequest) GetKey() string {
@@ -2626,7 +2744,7 @@ type ExistKeyResponse struct {
 
 func (x *ExistKeyResponse) Reset() {
 	*x = ExistKeyResponse{}
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2638,7 +2756,7 @@ func (x *ExistKeyResponse) String() string {
 func (*ExistKeyResponse) ProtoMessage() {}
 
 func (x *ExistKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[37]
+	mi := &file_master_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2651,7 +2769,7 @@ func (x *ExistKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistKeyResponse.ProtoReflect.Descriptor instead.
 func (*ExistKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{37}
+	return file_master_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ExistKeyResponse) GetExists() bool {
@@ -2671,7 +2789,7 @@ type BatchExistKeyRequest struct {
 
 func (x *BatchExistKeyRequest) Reset() {
 	*x = BatchExistKeyRequest{}
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2683,7 +2801,7 @@ func (x *BatchExistKeyRequest) String() string {
 func (*BatchExistKeyRequest) ProtoMessage() {}
 
 func (x *BatchExistKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[38]
+	mi := &file_master_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2696,7 +2814,7 @@ func (x *BatchExistKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistKeyRequest.ProtoReflect.Descriptor instead.
 func (*BatchExistKeyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{38}
+	return file_master_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *BatchExistKeyRequest) GetKeys() []string {
@@ -2723,7 +2841,7 @@ type ExistResult struct {
 
 func (x *ExistResult) Reset() {
 	*x = ExistResult{}
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2853,7 @@ func (x *ExistResult) String() string {
 func (*ExistResult) ProtoMessage() {}
 
 func (x *ExistResult) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[39]
+	mi := &file_master_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2866,7 @@ func (x *ExistResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExistResult.ProtoReflect.Descriptor instead.
 func (*ExistResult) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{39}
+	return file_master_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ExistResult) GetErrorCode() int32 {
@@ -2774,7 +2892,7 @@ type BatchExistKeyResponse struct {
 
 func (x *BatchExistKeyResponse) Reset() {
 	*x = BatchExistKeyResponse{}
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +2904,7 @@ func (x *BatchExistKeyResponse) String() string {
 func (*BatchExistKeyResponse) ProtoMessage() {}
 
 func (x *BatchExistKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[40]
+	mi := &file_master_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +2917,7 @@ func (x *BatchExistKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchExistKeyResponse.ProtoReflect.Descriptor instead.
 func (*BatchExistKeyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{40}
+	return file_master_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *BatchExistKeyResponse) GetResults() []*ExistResult {
@@ -2821,7 +2939,7 @@ type RemoveRequest struct {
 
 func (x *RemoveRequest) Reset() {
 	*x = RemoveRequest{}
-	mi := &file_master_proto_msgTypes[41]
+	mi := &file_master_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2833,7 +2951,7 @@ func (x *RemoveRequest) String() string {
 func (*RemoveRequest) ProtoMessage() {}
 
 func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[41]
+	mi := &file_master_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2846,7 +2964,7 @@ func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{41}
+	return file_master_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RemoveRequest) GetKey() string {
@@ -2878,7 +2996,7 @@ type RemoveResponse struct {
 
 func (x *RemoveResponse) Reset() {
 	*x = RemoveResponse{}
-	mi := &file_master_proto_msgTypes[42]
+	mi := &file_master_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3008,7 @@ func (x *RemoveResponse) String() string {
 func (*RemoveResponse) ProtoMessage() {}
 
 func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[42]
+	mi := &file_master_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3021,7 @@ func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
 func (*RemoveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{42}
+	return file_master_proto_rawDescGZIP(), []int{43}
 }
 
 type BatchRemoveRequest struct {
@@ -2918,7 +3036,7 @@ type BatchRemoveRequest struct {
 
 func (x *BatchRemoveRequest) Reset() {
 	*x = BatchRemoveRequest{}
-	mi := &file_master_proto_msgTypes[43]
+	mi := &file_master_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2930,7 +3048,7 @@ func (x *BatchRemoveRequest) String() string {
 func (*BatchRemoveRequest) ProtoMessage() {}
 
 func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[43]
+	mi := &file_master_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2943,7 +3061,7 @@ func (x *BatchRemoveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveRequest.ProtoReflect.Descriptor instead.
 func (*BatchRemoveRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{43}
+	return file_master_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *BatchRemoveRequest) GetKeys() []string {
@@ -2976,7 +3094,7 @@ type BatchRemoveResponse struct {
 
 func (x *BatchRemoveResponse) Reset() {
 	*x = BatchRemoveResponse{}
-	mi := &file_master_proto_msgTypes[44]
+	mi := &file_master_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2988,7 +3106,7 @@ func (x *BatchRemoveResponse) String() string {
 func (*BatchRemoveResponse) ProtoMessage() {}
 
 func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[44]
+	mi := &file_master_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3001,7 +3119,7 @@ func (x *BatchRemoveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BatchRemoveResponse.ProtoReflect.Descriptor instead.
 func (*BatchRemoveResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{44}
+	return file_master_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *BatchRemoveResponse) GetResults() []*ItemResult {
@@ -3023,7 +3141,7 @@ type RemoveByRegexRequest struct {
 
 func (x *RemoveByRegexRequest) Reset() {
 	*x = RemoveByRegexRequest{}
-	mi := &file_master_proto_msgTypes[45]
+	mi := &file_master_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3153,7 @@ func (x *RemoveByRegexRequest) String() string {
 func (*RemoveByRegexRequest) ProtoMessage() {}
 
 func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[45]
+	mi := &file_master_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3166,7 @@ func (x *RemoveByRegexRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexRequest.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{45}
+	return file_master_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RemoveByRegexRequest) GetRegex() string {
@@ -3081,7 +3199,7 @@ type RemoveByRegexResponse struct {
 
 func (x *RemoveByRegexResponse) Reset() {
 	*x = RemoveByRegexResponse{}
-	mi := &file_master_proto_msgTypes[46]
+	mi := &file_master_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3211,7 @@ func (x *RemoveByRegexResponse) String() string {
 func (*RemoveByRegexResponse) ProtoMessage() {}
 
 func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[46]
+	mi := &file_master_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3224,7 @@ func (x *RemoveByRegexResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveByRegexResponse.ProtoReflect.Descriptor instead.
 func (*RemoveByRegexResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{46}
+	return file_master_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RemoveByRegexResponse) GetRemoved() uint64 {
@@ -3127,7 +3245,7 @@ type RemoveAllRequest struct {
 
 func (x *RemoveAllRequest) Reset() {
 	*x = RemoveAllRequest{}
-	mi := &file_master_proto_msgTypes[47]
+	mi := &file_master_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3139,7 +3257,7 @@ func (x *RemoveAllRequest) String() string {
 func (*RemoveAllRequest) ProtoMessage() {}
 
 func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[47]
+	mi := &file_master_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3152,7 +3270,7 @@ func (x *RemoveAllRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllRequest.ProtoReflect.Descriptor instead.
 func (*RemoveAllRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{47}
+	return file_master_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveAllRequest) GetForce() bool {
@@ -3178,7 +3296,7 @@ type RemoveAllResponse struct {
 
 func (x *RemoveAllResponse) Reset() {
 	*x = RemoveAllResponse{}
-	mi := &file_master_proto_msgTypes[48]
+	mi := &file_master_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3190,7 +3308,7 @@ func (x *RemoveAllResponse) String() string {
 func (*RemoveAllResponse) ProtoMessage() {}
 
 func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[48]
+	mi := &file_master_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3203,7 +3321,7 @@ func (x *RemoveAllResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveAllResponse.ProtoReflect.Descriptor instead.
 func (*RemoveAllResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{48}
+	return file_master_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RemoveAllResponse) GetRemoved() uint64 {
@@ -3231,7 +3349,7 @@ type Segment struct {
 
 func (x *Segment) Reset() {
 	*x = Segment{}
-	mi := &file_master_proto_msgTypes[49]
+	mi := &file_master_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3243,7 +3361,7 @@ func (x *Segment) String() string {
 func (*Segment) ProtoMessage() {}
 
 func (x *Segment) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[49]
+	mi := &file_master_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3256,7 +3374,7 @@ func (x *Segment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Segment.ProtoReflect.Descriptor instead.
 func (*Segment) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{49}
+	return file_master_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Segment) GetId() *UUID {
@@ -3313,7 +3431,7 @@ type MountSegmentRequest struct {
 
 func (x *MountSegmentRequest) Reset() {
 	*x = MountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[50]
+	mi := &file_master_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3443,7 @@ func (x *MountSegmentRequest) String() string {
 func (*MountSegmentRequest) ProtoMessage() {}
 
 func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[50]
+	mi := &file_master_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +3456,7 @@ func (x *MountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*MountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{50}
+	return file_master_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *MountSegmentRequest) GetClientId() *UUID {
@@ -3370,7 +3488,7 @@ type MountSegmentResponse struct {
 
 func (x *MountSegmentResponse) Reset() {
 	*x = MountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[51]
+	mi := &file_master_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3382,7 +3500,7 @@ func (x *MountSegmentResponse) String() string {
 func (*MountSegmentResponse) ProtoMessage() {}
 
 func (x *MountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[51]
+	mi := &file_master_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3395,7 +3513,7 @@ func (x *MountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*MountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{51}
+	return file_master_proto_rawDescGZIP(), []int{52}
 }
 
 type ReMountSegmentRequest struct {
@@ -3410,7 +3528,7 @@ type ReMountSegmentRequest struct {
 
 func (x *ReMountSegmentRequest) Reset() {
 	*x = ReMountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[52]
+	mi := &file_master_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3422,7 +3540,7 @@ func (x *ReMountSegmentRequest) String() string {
 func (*ReMountSegmentRequest) ProtoMessage() {}
 
 func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[52]
+	mi := &file_master_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3435,7 +3553,7 @@ func (x *ReMountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{52}
+	return file_master_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ReMountSegmentRequest) GetClientId() *UUID {
@@ -3467,7 +3585,7 @@ type ReMountSegmentResponse struct {
 
 func (x *ReMountSegmentResponse) Reset() {
 	*x = ReMountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[53]
+	mi := &file_master_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3479,7 +3597,7 @@ func (x *ReMountSegmentResponse) String() string {
 func (*ReMountSegmentResponse) ProtoMessage() {}
 
 func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[53]
+	mi := &file_master_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3492,7 +3610,7 @@ func (x *ReMountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReMountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*ReMountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{53}
+	return file_master_proto_rawDescGZIP(), []int{54}
 }
 
 type UnmountSegmentRequest struct {
@@ -3507,7 +3625,7 @@ type UnmountSegmentRequest struct {
 
 func (x *UnmountSegmentRequest) Reset() {
 	*x = UnmountSegmentRequest{}
-	mi := &file_master_proto_msgTypes[54]
+	mi := &file_master_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3519,7 +3637,7 @@ func (x *UnmountSegmentRequest) String() string {
 func (*UnmountSegmentRequest) ProtoMessage() {}
 
 func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[54]
+	mi := &file_master_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3532,7 +3650,7 @@ func (x *UnmountSegmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentRequest.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{54}
+	return file_master_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *UnmountSegmentRequest) GetClientId() *UUID {
@@ -3564,7 +3682,7 @@ type UnmountSegmentResponse struct {
 
 func (x *UnmountSegmentResponse) Reset() {
 	*x = UnmountSegmentResponse{}
-	mi := &file_master_proto_msgTypes[55]
+	mi := &file_master_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3694,7 @@ func (x *UnmountSegmentResponse) String() string {
 func (*UnmountSegmentResponse) ProtoMessage() {}
 
 func (x *UnmountSegmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[55]
+	mi := &file_master_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3707,7 @@ func (x *UnmountSegmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountSegmentResponse.ProtoReflect.Descriptor instead.
 func (*UnmountSegmentResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{55}
+	return file_master_proto_rawDescGZIP(), []int{56}
 }
 
 type QuerySegmentStatusRequest struct {
@@ -3601,7 +3719,7 @@ type QuerySegmentStatusRequest struct {
 
 func (x *QuerySegmentStatusRequest) Reset() {
 	*x = QuerySegmentStatusRequest{}
-	mi := &file_master_proto_msgTypes[56]
+	mi := &file_master_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3613,7 +3731,7 @@ func (x *QuerySegmentStatusRequest) String() string {
 func (*QuerySegmentStatusRequest) ProtoMessage() {}
 
 func (x *QuerySegmentStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[56]
+	mi := &file_master_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3626,7 +3744,7 @@ func (x *QuerySegmentStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuerySegmentStatusRequest.ProtoReflect.Descriptor instead.
 func (*QuerySegmentStatusRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{56}
+	return file_master_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *QuerySegmentStatusRequest) GetSegmentId() *UUID {
@@ -3648,7 +3766,7 @@ type QuerySegmentStatusResponse struct {
 
 func (x *QuerySegmentStatusResponse) Reset() {
 	*x = QuerySegmentStatusResponse{}
-	mi := &file_master_proto_msgTypes[57]
+	mi := &file_master_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3660,7 +3778,7 @@ func (x *QuerySegmentStatusResponse) String() string {
 func (*QuerySegmentStatusResponse) ProtoMessage() {}
 
 func (x *QuerySegmentStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[57]
+	mi := &file_master_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3673,7 +3791,7 @@ func (x *QuerySegmentStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuerySegmentStatusResponse.ProtoReflect.Descriptor instead.
 func (*QuerySegmentStatusResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{57}
+	return file_master_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *QuerySegmentStatusResponse) GetStatus() SegmentStatus {
@@ -3715,7 +3833,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_master_proto_msgTypes[58]
+	mi := &file_master_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3727,7 +3845,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[58]
+	mi := &file_master_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3740,7 +3858,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{58}
+	return file_master_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *PingRequest) GetClientId() *UUID {
@@ -3767,7 +3885,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_master_proto_msgTypes[59]
+	mi := &file_master_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3779,7 +3897,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[59]
+	mi := &file_master_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3792,7 +3910,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{59}
+	return file_master_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *PingResponse) GetViewVersion() uint64 {
@@ -3817,7 +3935,7 @@ type ServiceReadyRequest struct {
 
 func (x *ServiceReadyRequest) Reset() {
 	*x = ServiceReadyRequest{}
-	mi := &file_master_proto_msgTypes[60]
+	mi := &file_master_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3829,7 +3947,7 @@ func (x *ServiceReadyRequest) String() string {
 func (*ServiceReadyRequest) ProtoMessage() {}
 
 func (x *ServiceReadyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[60]
+	mi := &file_master_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3842,7 +3960,7 @@ func (x *ServiceReadyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReadyRequest.ProtoReflect.Descriptor instead.
 func (*ServiceReadyRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{60}
+	return file_master_proto_rawDescGZIP(), []int{61}
 }
 
 type ServiceReadyResponse struct {
@@ -3853,7 +3971,7 @@ type ServiceReadyResponse struct {
 
 func (x *ServiceReadyResponse) Reset() {
 	*x = ServiceReadyResponse{}
-	mi := &file_master_proto_msgTypes[61]
+	mi := &file_master_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3865,7 +3983,7 @@ func (x *ServiceReadyResponse) String() string {
 func (*ServiceReadyResponse) ProtoMessage() {}
 
 func (x *ServiceReadyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[61]
+	mi := &file_master_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3878,7 +3996,7 @@ func (x *ServiceReadyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceReadyResponse.ProtoReflect.Descriptor instead.
 func (*ServiceReadyResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{61}
+	return file_master_proto_rawDescGZIP(), []int{62}
 }
 
 // ReportFailedSegmentsRequest: writes from client_id to these segments
@@ -3898,7 +4016,7 @@ type ReportFailedSegmentsRequest struct {
 
 func (x *ReportFailedSegmentsRequest) Reset() {
 	*x = ReportFailedSegmentsRequest{}
-	mi := &file_master_proto_msgTypes[62]
+	mi := &file_master_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3910,7 +4028,7 @@ func (x *ReportFailedSegmentsRequest) String() string {
 func (*ReportFailedSegmentsRequest) ProtoMessage() {}
 
 func (x *ReportFailedSegmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[62]
+	mi := &file_master_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3923,7 +4041,7 @@ func (x *ReportFailedSegmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportFailedSegmentsRequest.ProtoReflect.Descriptor instead.
 func (*ReportFailedSegmentsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{62}
+	return file_master_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ReportFailedSegmentsRequest) GetClientId() *UUID {
@@ -3956,7 +4074,7 @@ type ReportFailedSegmentsResponse struct {
 
 func (x *ReportFailedSegmentsResponse) Reset() {
 	*x = ReportFailedSegmentsResponse{}
-	mi := &file_master_proto_msgTypes[63]
+	mi := &file_master_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3968,7 +4086,7 @@ func (x *ReportFailedSegmentsResponse) String() string {
 func (*ReportFailedSegmentsResponse) ProtoMessage() {}
 
 func (x *ReportFailedSegmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[63]
+	mi := &file_master_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3981,7 +4099,7 @@ func (x *ReportFailedSegmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportFailedSegmentsResponse.ProtoReflect.Descriptor instead.
 func (*ReportFailedSegmentsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{63}
+	return file_master_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReportFailedSegmentsResponse) GetMarked() uint32 {
@@ -4006,7 +4124,7 @@ type WaitInvalidationsRequest struct {
 
 func (x *WaitInvalidationsRequest) Reset() {
 	*x = WaitInvalidationsRequest{}
-	mi := &file_master_proto_msgTypes[64]
+	mi := &file_master_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4018,7 +4136,7 @@ func (x *WaitInvalidationsRequest) String() string {
 func (*WaitInvalidationsRequest) ProtoMessage() {}
 
 func (x *WaitInvalidationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[64]
+	mi := &file_master_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4031,7 +4149,7 @@ func (x *WaitInvalidationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitInvalidationsRequest.ProtoReflect.Descriptor instead.
 func (*WaitInvalidationsRequest) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{64}
+	return file_master_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *WaitInvalidationsRequest) GetSubscription() uint64 {
@@ -4074,7 +4192,7 @@ type Invalidation struct {
 
 func (x *Invalidation) Reset() {
 	*x = Invalidation{}
-	mi := &file_master_proto_msgTypes[65]
+	mi := &file_master_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4086,7 +4204,7 @@ func (x *Invalidation) String() string {
 func (*Invalidation) ProtoMessage() {}
 
 func (x *Invalidation) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[65]
+	mi := &file_master_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4099,7 +4217,7 @@ func (x *Invalidation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Invalidation.ProtoReflect.Descriptor instead.
 func (*Invalidation) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{65}
+	return file_master_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *Invalidation) GetKey() string {
@@ -4136,7 +4254,7 @@ type WaitInvalidationsResponse struct {
 
 func (x *WaitInvalidationsResponse) Reset() {
 	*x = WaitInvalidationsResponse{}
-	mi := &file_master_proto_msgTypes[66]
+	mi := &file_master_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4148,7 +4266,7 @@ func (x *WaitInvalidationsResponse) String() string {
 func (*WaitInvalidationsResponse) ProtoMessage() {}
 
 func (x *WaitInvalidationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_master_proto_msgTypes[66]
+	mi := &file_master_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4161,7 +4279,7 @@ func (x *WaitInvalidationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WaitInvalidationsResponse.ProtoReflect.Descriptor instead.
 func (*WaitInvalidationsResponse) Descriptor() ([]byte, []int) {
-	return file_master_proto_rawDescGZIP(), []int{66}
+	return file_master_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *WaitInvalidationsResponse) GetSubscription() uint64 {
@@ -4254,7 +4372,11 @@ const file_master_proto_rawDesc = "" +
 	"\asegment\x18\x03 \x03(\rR\asegment\x12\x18\n" +
 	"\aaddress\x18\x04 \x03(\x04R\aaddress\x12\x12\n" +
 	"\x04size\x18\x05 \x03(\x04R\x04size\x128\n" +
-	"\x06status\x18\x06 \x03(\x0e2 .crescent.store.v1.ReplicaStatusR\x06status\"h\n" +
+	"\x06status\x18\x06 \x03(\x0e2 .crescent.store.v1.ReplicaStatusR\x06status\"Y\n" +
+	"\rPackedResults\x12\x14\n" +
+	"\x05codes\x18\x01 \x03(\x05R\x05codes\x12\x1a\n" +
+	"\bmessages\x18\x02 \x03(\tR\bmessages\x12\x16\n" +
+	"\x06values\x18\x03 \x03(\x04R\x06values\"h\n" +
 	"\rMemorySegment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12'\n" +
@@ -4319,19 +4441,22 @@ const file_master_proto_rawDesc = "" +
 	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x04R\n" +
-	"generation\"\x8f\x01\n" +
+	"generation\"\xd8\x01\n" +
 	"\x15BatchPutStartResponse\x12;\n" +
 	"\aresults\x18\x01 \x03(\v2!.crescent.store.v1.PutStartResultR\aresults\x129\n" +
-	"\x06packed\x18\x02 \x01(\v2!.crescent.store.v1.PackedReplicasR\x06packed\"\x97\x02\n" +
+	"\x06packed\x18\x02 \x01(\v2!.crescent.store.v1.PackedReplicasR\x06packed\x12G\n" +
+	"\x0epacked_results\x18\x03 \x01(\v2 .crescent.store.v1.PackedResultsR\rpackedResults\"\xaf\x02\n" +
 	"\x12BatchPutEndRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
 	"\freplica_type\x18\x03 \x01(\x0e2\x1e.crescent.store.v1.ReplicaTypeR\vreplicaType\x128\n" +
 	"\x06blocks\x18\x04 \x03(\v2 .crescent.store.v1.BlockMetadataR\x06blocks\x12 \n" +
-	"\vgenerations\x18\x05 \x03(\x04R\vgenerations\x12\x18\n" +
-	"\asession\x18\x0f \x01(\fR\asession\"N\n" +
+	"\vgenerations\x18\x05 \x03(\x04R\vgenerations\x12\x16\n" +
+	"\x06packed\x18\x06 \x01(\bR\x06packed\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\x97\x01\n" +
 	"\x13BatchPutEndResponse\x127\n" +
-	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\"\xe0\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\x12G\n" +
+	"\x0epacked_results\x18\x02 \x01(\v2 .crescent.store.v1.PackedResultsR\rpackedResults\"\xe0\x01\n" +
 	"\x15BatchPutRevokeRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\tR\x04keys\x12A\n" +
@@ -4371,17 +4496,19 @@ const file_master_proto_rawDesc = "" +
 	"CommitItem\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12%\n" +
 	"\x0ereservation_id\x18\x02 \x01(\x04R\rreservationId\x126\n" +
-	"\x05block\x18\x03 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\"\xeb\x01\n" +
+	"\x05block\x18\x03 \x01(\v2 .crescent.store.v1.BlockMetadataR\x05block\"\x83\x02\n" +
 	"\x10CommitPutRequest\x124\n" +
 	"\tclient_id\x18\x01 \x01(\v2\x17.crescent.store.v1.UUIDR\bclientId\x123\n" +
 	"\x05items\x18\x02 \x03(\v2\x1d.crescent.store.v1.CommitItemR\x05items\x128\n" +
 	"\areserve\x18\x03 \x03(\v2\x1e.crescent.store.v1.ReserveSpecR\areserve\x12\x18\n" +
-	"\arelease\x18\x04 \x03(\x04R\arelease\x12\x18\n" +
-	"\asession\x18\x0f \x01(\fR\asession\"\xa1\x01\n" +
+	"\arelease\x18\x04 \x03(\x04R\arelease\x12\x16\n" +
+	"\x06packed\x18\x05 \x01(\bR\x06packed\x12\x18\n" +
+	"\asession\x18\x0f \x01(\fR\asession\"\xea\x01\n" +
 	"\x11CommitPutResponse\x127\n" +
 	"\aresults\x18\x01 \x03(\v2\x1d.crescent.store.v1.ItemResultR\aresults\x12<\n" +
 	"\breserved\x18\x02 \x03(\v2 .crescent.store.v1.ReserveResultR\breserved\x12\x15\n" +
-	"\x06ttl_ms\x18\x03 \x01(\x04R\x05ttlMs\")\n" +
+	"\x06ttl_ms\x18\x03 \x01(\x04R\x05ttlMs\x12G\n" +
+	"\x0epacked_results\x18\x04 \x01(\v2 .crescent.store.v1.PackedResultsR\rpackedResults\")\n" +
 	"\x15GetReplicaListRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\"|\n" +
 	"\x16GetReplicaListResponse\x12@\n" +
@@ -4397,10 +4524,11 @@ const file_master_proto_rawDesc = "" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12@\n" +
 	"\breplicas\x18\x03 \x03(\v2$.crescent.store.v1.ReplicaDescriptorR\breplicas\x12 \n" +
 	"\flease_ttl_ms\x18\x04 \x01(\x04R\n" +
-	"leaseTtlMs\"\x9b\x01\n" +
+	"leaseTtlMs\"\xe4\x01\n" +
 	"\x1bBatchGetReplicaListResponse\x12A\n" +
 	"\aresults\x18\x01 \x03(\v2'.crescent.store.v1.GetReplicaListResultR\aresults\x129\n" +
-	"\x06packed\x18\x02 \x01(\v2!.crescent.store.v1.PackedReplicasR\x06packed\">\n" +
+	"\x06packed\x18\x02 \x01(\v2!.crescent.store.v1.PackedReplicasR\x06packed\x12G\n" +
+	"\x0epacked_results\x18\x03 \x01(\v2 .crescent.store.v1.PackedResultsR\rpackedResults\">\n" +
 	"\x0fExistKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x19\n" +
 	"\bno_lease\x18\x02 \x01(\bR\anoLease\"*\n" +
@@ -4565,7 +4693,7 @@ func file_master_proto_rawDescGZIP() []byte {
 }
 
 var file_master_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
+var file_master_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_master_proto_goTypes = []any{
 	(ReplicaType)(0),                     // 0: crescent.store.v1.ReplicaType
 	(ReplicaStatus)(0),                   // 1: crescent.store.v1.ReplicaStatus
@@ -4578,66 +4706,67 @@ var file_master_proto_goTypes = []any{
 	(*DiskDescriptor)(nil),               // 8: crescent.store.v1.DiskDescriptor
 	(*ReplicaDescriptor)(nil),            // 9: crescent.store.v1.ReplicaDescriptor
 	(*PackedReplicas)(nil),               // 10: crescent.store.v1.PackedReplicas
-	(*MemorySegment)(nil),                // 11: crescent.store.v1.MemorySegment
-	(*BlockMetadata)(nil),                // 12: crescent.store.v1.BlockMetadata
-	(*ItemResult)(nil),                   // 13: crescent.store.v1.ItemResult
-	(*PutStartRequest)(nil),              // 14: crescent.store.v1.PutStartRequest
-	(*PutStartResponse)(nil),             // 15: crescent.store.v1.PutStartResponse
-	(*PutEndRequest)(nil),                // 16: crescent.store.v1.PutEndRequest
-	(*PutEndResponse)(nil),               // 17: crescent.store.v1.PutEndResponse
-	(*PutRevokeRequest)(nil),             // 18: crescent.store.v1.PutRevokeRequest
-	(*PutRevokeResponse)(nil),            // 19: crescent.store.v1.PutRevokeResponse
-	(*BatchPutStartRequest)(nil),         // 20: crescent.store.v1.BatchPutStartRequest
-	(*PutStartResult)(nil),               // 21: crescent.store.v1.PutStartResult
-	(*BatchPutStartResponse)(nil),        // 22: crescent.store.v1.BatchPutStartResponse
-	(*BatchPutEndRequest)(nil),           // 23: crescent.store.v1.BatchPutEndRequest
-	(*BatchPutEndResponse)(nil),          // 24: crescent.store.v1.BatchPutEndResponse
-	(*BatchPutRevokeRequest)(nil),        // 25: crescent.store.v1.BatchPutRevokeRequest
-	(*BatchPutRevokeResponse)(nil),       // 26: crescent.store.v1.BatchPutRevokeResponse
-	(*Reservation)(nil),                  // 27: crescent.store.v1.Reservation
-	(*ReserveSpec)(nil),                  // 28: crescent.store.v1.ReserveSpec
-	(*ReserveResult)(nil),                // 29: crescent.store.v1.ReserveResult
-	(*ReservePutRequest)(nil),            // 30: crescent.store.v1.ReservePutRequest
-	(*ReservePutResponse)(nil),           // 31: crescent.store.v1.ReservePutResponse
-	(*CommitItem)(nil),                   // 32: crescent.store.v1.CommitItem
-	(*CommitPutRequest)(nil),             // 33: crescent.store.v1.CommitPutRequest
-	(*CommitPutResponse)(nil),            // 34: crescent.store.v1.CommitPutResponse
-	(*GetReplicaListRequest)(nil),        // 35: crescent.store.v1.GetReplicaListRequest
-	(*GetReplicaListResponse)(nil),       // 36: crescent.store.v1.GetReplicaListResponse
-	(*BatchGetReplicaListRequest)(nil),   // 37: crescent.store.v1.BatchGetReplicaListRequest
-	(*GetReplicaListResult)(nil),         // 38: crescent.store.v1.GetReplicaListResult
-	(*BatchGetReplicaListResponse)(nil),  // 39: crescent.store.v1.BatchGetReplicaListResponse
-	(*ExistKeyRequest)(nil),              // 40: crescent.store.v1.ExistKeyRequest
-	(*ExistKeyResponse)(nil),             // 41: crescent.store.v1.ExistKeyResponse
-	(*BatchExistKeyRequest)(nil),         // 42: crescent.store.v1.BatchExistKeyRequest
-	(*ExistResult)(nil),                  // 43: crescent.store.v1.ExistResult
-	(*BatchExistKeyResponse)(nil),        // 44: crescent.store.v1.BatchExistKeyResponse
-	(*RemoveRequest)(nil),                // 45: crescent.store.v1.RemoveRequest
-	(*RemoveResponse)(nil),               // 46: crescent.store.v1.RemoveResponse
-	(*BatchRemoveRequest)(nil),           // 47: crescent.store.v1.BatchRemoveRequest
-	(*BatchRemoveResponse)(nil),          // 48: crescent.store.v1.BatchRemoveResponse
-	(*RemoveByRegexRequest)(nil),         // 49: crescent.store.v1.RemoveByRegexRequest
-	(*RemoveByRegexResponse)(nil),        // 50: crescent.store.v1.RemoveByRegexResponse
-	(*RemoveAllRequest)(nil),             // 51: crescent.store.v1.RemoveAllRequest
-	(*RemoveAllResponse)(nil),            // 52: crescent.store.v1.RemoveAllResponse
-	(*Segment)(nil),                      // 53: crescent.store.v1.Segment
-	(*MountSegmentRequest)(nil),          // 54: crescent.store.v1.MountSegmentRequest
-	(*MountSegmentResponse)(nil),         // 55: crescent.store.v1.MountSegmentResponse
-	(*ReMountSegmentRequest)(nil),        // 56: crescent.store.v1.ReMountSegmentRequest
-	(*ReMountSegmentResponse)(nil),       // 57: crescent.store.v1.ReMountSegmentResponse
-	(*UnmountSegmentRequest)(nil),        // 58: crescent.store.v1.UnmountSegmentRequest
-	(*UnmountSegmentResponse)(nil),       // 59: crescent.store.v1.UnmountSegmentResponse
-	(*QuerySegmentStatusRequest)(nil),    // 60: crescent.store.v1.QuerySegmentStatusRequest
-	(*QuerySegmentStatusResponse)(nil),   // 61: crescent.store.v1.QuerySegmentStatusResponse
-	(*PingRequest)(nil),                  // 62: crescent.store.v1.PingRequest
-	(*PingResponse)(nil),                 // 63: crescent.store.v1.PingResponse
-	(*ServiceReadyRequest)(nil),          // 64: crescent.store.v1.ServiceReadyRequest
-	(*ServiceReadyResponse)(nil),         // 65: crescent.store.v1.ServiceReadyResponse
-	(*ReportFailedSegmentsRequest)(nil),  // 66: crescent.store.v1.ReportFailedSegmentsRequest
-	(*ReportFailedSegmentsResponse)(nil), // 67: crescent.store.v1.ReportFailedSegmentsResponse
-	(*WaitInvalidationsRequest)(nil),     // 68: crescent.store.v1.WaitInvalidationsRequest
-	(*Invalidation)(nil),                 // 69: crescent.store.v1.Invalidation
-	(*WaitInvalidationsResponse)(nil),    // 70: crescent.store.v1.WaitInvalidationsResponse
+	(*PackedResults)(nil),                // 11: crescent.store.v1.PackedResults
+	(*MemorySegment)(nil),                // 12: crescent.store.v1.MemorySegment
+	(*BlockMetadata)(nil),                // 13: crescent.store.v1.BlockMetadata
+	(*ItemResult)(nil),                   // 14: crescent.store.v1.ItemResult
+	(*PutStartRequest)(nil),              // 15: crescent.store.v1.PutStartRequest
+	(*PutStartResponse)(nil),             // 16: crescent.store.v1.PutStartResponse
+	(*PutEndRequest)(nil),                // 17: crescent.store.v1.PutEndRequest
+	(*PutEndResponse)(nil),               // 18: crescent.store.v1.PutEndResponse
+	(*PutRevokeRequest)(nil),             // 19: crescent.store.v1.PutRevokeRequest
+	(*PutRevokeResponse)(nil),            // 20: crescent.store.v1.PutRevokeResponse
+	(*BatchPutStartRequest)(nil),         // 21: crescent.store.v1.BatchPutStartRequest
+	(*PutStartResult)(nil),               // 22: crescent.store.v1.PutStartResult
+	(*BatchPutStartResponse)(nil),        // 23: crescent.store.v1.BatchPutStartResponse
+	(*BatchPutEndRequest)(nil),           // 24: crescent.store.v1.BatchPutEndRequest
+	(*BatchPutEndResponse)(nil),          // 25: crescent.store.v1.BatchPutEndResponse
+	(*BatchPutRevokeRequest)(nil),        // 26: crescent.store.v1.BatchPutRevokeRequest
+	(*BatchPutRevokeResponse)(nil),       // 27: crescent.store.v1.BatchPutRevokeResponse
+	(*Reservation)(nil),                  // 28: crescent.store.v1.Reservation
+	(*ReserveSpec)(nil),                  // 29: crescent.store.v1.ReserveSpec
+	(*ReserveResult)(nil),                // 30: crescent.store.v1.ReserveResult
+	(*ReservePutRequest)(nil),            // 31: crescent.store.v1.ReservePutRequest
+	(*ReservePutResponse)(nil),           // 32: crescent.store.v1.ReservePutResponse
+	(*CommitItem)(nil),                   // 33: crescent.store.v1.CommitItem
+	(*CommitPutRequest)(nil),             // 34: crescent.store.v1.CommitPutRequest
+	(*CommitPutResponse)(nil),            // 35: crescent.store.v1.CommitPutResponse
+	(*GetReplicaListRequest)(nil),        // 36: crescent.store.v1.GetReplicaListRequest
+	(*GetReplicaListResponse)(nil),       // 37: crescent.store.v1.GetReplicaListResponse
+	(*BatchGetReplicaListRequest)(nil),   // 38: crescent.store.v1.BatchGetReplicaListRequest
+	(*GetReplicaListResult)(nil),         // 39: crescent.store.v1.GetReplicaListResult
+	(*BatchGetReplicaListResponse)(nil),  // 40: crescent.store.v1.BatchGetReplicaListResponse
+	(*ExistKeyRequest)(nil),              // 41: crescent.store.v1.ExistKeyRequest
+	(*ExistKeyResponse)(nil),             // 42: crescent.store.v1.ExistKeyResponse
+	(*BatchExistKeyRequest)(nil),         // 43: crescent.store.v1.BatchExistKeyRequest
+	(*ExistResult)(nil),                  // 44: crescent.store.v1.ExistResult
+	(*BatchExistKeyResponse)(nil),        // 45: crescent.store.v1.BatchExistKeyResponse
+	(*RemoveRequest)(nil),                // 46: crescent.store.v1.RemoveRequest
+	(*RemoveResponse)(nil),               // 47: crescent.store.v1.RemoveResponse
+	(*BatchRemoveRequest)(nil),           // 48: crescent.store.v1.BatchRemoveRequest
+	(*BatchRemoveResponse)(nil),          // 49: crescent.store.v1.BatchRemoveResponse
+	(*RemoveByRegexRequest)(nil),         // 50: crescent.store.v1.RemoveByRegexRequest
+	(*RemoveByRegexResponse)(nil),        // 51: crescent.store.v1.RemoveByRegexResponse
+	(*RemoveAllRequest)(nil),             // 52: crescent.store.v1.RemoveAllRequest
+	(*RemoveAllResponse)(nil),            // 53: crescent.store.v1.RemoveAllResponse
+	(*Segment)(nil),                      // 54: crescent.store.v1.Segment
+	(*MountSegmentRequest)(nil),          // 55: crescent.store.v1.MountSegmentRequest
+	(*MountSegmentResponse)(nil),         // 56: crescent.store.v1.MountSegmentResponse
+	(*ReMountSegmentRequest)(nil),        // 57: crescent.store.v1.ReMountSegmentRequest
+	(*ReMountSegmentResponse)(nil),       // 58: crescent.store.v1.ReMountSegmentResponse
+	(*UnmountSegmentRequest)(nil),        // 59: crescent.store.v1.UnmountSegmentRequest
+	(*UnmountSegmentResponse)(nil),       // 60: crescent.store.v1.UnmountSegmentResponse
+	(*QuerySegmentStatusRequest)(nil),    // 61: crescent.store.v1.QuerySegmentStatusRequest
+	(*QuerySegmentStatusResponse)(nil),   // 62: crescent.store.v1.QuerySegmentStatusResponse
+	(*PingRequest)(nil),                  // 63: crescent.store.v1.PingRequest
+	(*PingResponse)(nil),                 // 64: crescent.store.v1.PingResponse
+	(*ServiceReadyRequest)(nil),          // 65: crescent.store.v1.ServiceReadyRequest
+	(*ServiceReadyResponse)(nil),         // 66: crescent.store.v1.ServiceReadyResponse
+	(*ReportFailedSegmentsRequest)(nil),  // 67: crescent.store.v1.ReportFailedSegmentsRequest
+	(*ReportFailedSegmentsResponse)(nil), // 68: crescent.store.v1.ReportFailedSegmentsResponse
+	(*WaitInvalidationsRequest)(nil),     // 69: crescent.store.v1.WaitInvalidationsRequest
+	(*Invalidation)(nil),                 // 70: crescent.store.v1.Invalidation
+	(*WaitInvalidationsResponse)(nil),    // 71: crescent.store.v1.WaitInvalidationsResponse
 }
 var file_master_proto_depIdxs = []int32{
 	5,  // 0: crescent.store.v1.MemoryDescriptor.segment_id:type_name -> crescent.store.v1.UUID
@@ -4645,7 +4774,7 @@ var file_master_proto_depIdxs = []int32{
 	1,  // 2: crescent.store.v1.ReplicaDescriptor.status:type_name -> crescent.store.v1.ReplicaStatus
 	7,  // 3: crescent.store.v1.ReplicaDescriptor.memory:type_name -> crescent.store.v1.MemoryDescriptor
 	8,  // 4: crescent.store.v1.ReplicaDescriptor.disk:type_name -> crescent.store.v1.DiskDescriptor
-	11, // 5: crescent.store.v1.PackedReplicas.segments:type_name -> crescent.store.v1.MemorySegment
+	12, // 5: crescent.store.v1.PackedReplicas.segments:type_name -> crescent.store.v1.MemorySegment
 	1,  // 6: crescent.store.v1.PackedReplicas.status:type_name -> crescent.store.v1.ReplicaStatus
 	5,  // 7: crescent.store.v1.MemorySegment.id:type_name -> crescent.store.v1.UUID
 	5,  // 8: crescent.store.v1.PutStartRequest.client_id:type_name -> crescent.store.v1.UUID
@@ -4653,107 +4782,111 @@ var file_master_proto_depIdxs = []int32{
 	9,  // 10: crescent.store.v1.PutStartResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
 	5,  // 11: crescent.store.v1.PutEndRequest.client_id:type_name -> crescent.store.v1.UUID
 	0,  // 12: crescent.store.v1.PutEndRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
-	12, // 13: crescent.store.v1.PutEndRequest.block:type_name -> crescent.store.v1.BlockMetadata
+	13, // 13: crescent.store.v1.PutEndRequest.block:type_name -> crescent.store.v1.BlockMetadata
 	5,  // 14: crescent.store.v1.PutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
 	0,  // 15: crescent.store.v1.PutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
 	5,  // 16: crescent.store.v1.BatchPutStartRequest.client_id:type_name -> crescent.store.v1.UUID
 	6,  // 17: crescent.store.v1.BatchPutStartRequest.config:type_name -> crescent.store.v1.ReplicateConfig
 	9,  // 18: crescent.store.v1.PutStartResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	21, // 19: crescent.store.v1.BatchPutStartResponse.results:type_name -> crescent.store.v1.PutStartResult
+	22, // 19: crescent.store.v1.BatchPutStartResponse.results:type_name -> crescent.store.v1.PutStartResult
 	10, // 20: crescent.store.v1.BatchPutStartResponse.packed:type_name -> crescent.store.v1.PackedReplicas
-	5,  // 21: crescent.store.v1.BatchPutEndRequest.client_id:type_name -> crescent.store.v1.UUID
-	0,  // 22: crescent.store.v1.BatchPutEndRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
-	12, // 23: crescent.store.v1.BatchPutEndRequest.blocks:type_name -> crescent.store.v1.BlockMetadata
-	13, // 24: crescent.store.v1.BatchPutEndResponse.results:type_name -> crescent.store.v1.ItemResult
-	5,  // 25: crescent.store.v1.BatchPutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
-	0,  // 26: crescent.store.v1.BatchPutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
-	13, // 27: crescent.store.v1.BatchPutRevokeResponse.results:type_name -> crescent.store.v1.ItemResult
-	9,  // 28: crescent.store.v1.Reservation.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	6,  // 29: crescent.store.v1.ReserveSpec.config:type_name -> crescent.store.v1.ReplicateConfig
-	27, // 30: crescent.store.v1.ReserveResult.reservations:type_name -> crescent.store.v1.Reservation
-	10, // 31: crescent.store.v1.ReserveResult.packed:type_name -> crescent.store.v1.PackedReplicas
-	5,  // 32: crescent.store.v1.ReservePutRequest.client_id:type_name -> crescent.store.v1.UUID
-	28, // 33: crescent.store.v1.ReservePutRequest.specs:type_name -> crescent.store.v1.ReserveSpec
-	29, // 34: crescent.store.v1.ReservePutResponse.results:type_name -> crescent.store.v1.ReserveResult
-	12, // 35: crescent.store.v1.CommitItem.block:type_name -> crescent.store.v1.BlockMetadata
-	5,  // 36: crescent.store.v1.CommitPutRequest.client_id:type_name -> crescent.store.v1.UUID
-	32, // 37: crescent.store.v1.CommitPutRequest.items:type_name -> crescent.store.v1.CommitItem
-	28, // 38: crescent.store.v1.CommitPutRequest.reserve:type_name -> crescent.store.v1.ReserveSpec
-	13, // 39: crescent.store.v1.CommitPutResponse.results:type_name -> crescent.store.v1.ItemResult
-	29, // 40: crescent.store.v1.CommitPutResponse.reserved:type_name -> crescent.store.v1.ReserveResult
-	9,  // 41: crescent.store.v1.GetReplicaListResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	9,  // 42: crescent.store.v1.GetReplicaListResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
-	38, // 43: crescent.store.v1.BatchGetReplicaListResponse.results:type_name -> crescent.store.v1.GetReplicaListResult
-	10, // 44: crescent.store.v1.BatchGetReplicaListResponse.packed:type_name -> crescent.store.v1.PackedReplicas
-	43, // 45: crescent.store.v1.BatchExistKeyResponse.results:type_name -> crescent.store.v1.ExistResult
-	13, // 46: crescent.store.v1.BatchRemoveResponse.results:type_name -> crescent.store.v1.ItemResult
-	5,  // 47: crescent.store.v1.Segment.id:type_name -> crescent.store.v1.UUID
-	5,  // 48: crescent.store.v1.MountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	53, // 49: crescent.store.v1.MountSegmentRequest.segment:type_name -> crescent.store.v1.Segment
-	5,  // 50: crescent.store.v1.ReMountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	53, // 51: crescent.store.v1.ReMountSegmentRequest.segments:type_name -> crescent.store.v1.Segment
-	5,  // 52: crescent.store.v1.UnmountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
-	5,  // 53: crescent.store.v1.UnmountSegmentRequest.segment_id:type_name -> crescent.store.v1.UUID
-	5,  // 54: crescent.store.v1.QuerySegmentStatusRequest.segment_id:type_name -> crescent.store.v1.UUID
-	2,  // 55: crescent.store.v1.QuerySegmentStatusResponse.status:type_name -> crescent.store.v1.SegmentStatus
-	5,  // 56: crescent.store.v1.PingRequest.client_id:type_name -> crescent.store.v1.UUID
-	3,  // 57: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
-	5,  // 58: crescent.store.v1.ReportFailedSegmentsRequest.client_id:type_name -> crescent.store.v1.UUID
-	5,  // 59: crescent.store.v1.ReportFailedSegmentsRequest.segment_ids:type_name -> crescent.store.v1.UUID
-	69, // 60: crescent.store.v1.WaitInvalidationsResponse.items:type_name -> crescent.store.v1.Invalidation
-	14, // 61: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
-	16, // 62: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
-	18, // 63: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
-	20, // 64: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
-	23, // 65: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
-	25, // 66: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
-	30, // 67: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
-	33, // 68: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
-	35, // 69: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
-	37, // 70: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
-	40, // 71: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
-	42, // 72: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
-	45, // 73: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
-	47, // 74: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
-	49, // 75: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
-	51, // 76: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
-	54, // 77: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
-	56, // 78: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
-	58, // 79: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
-	60, // 80: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
-	62, // 81: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
-	64, // 82: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
-	66, // 83: crescent.store.v1.Master.ReportFailedSegments:input_type -> crescent.store.v1.ReportFailedSegmentsRequest
-	68, // 84: crescent.store.v1.Master.WaitInvalidations:input_type -> crescent.store.v1.WaitInvalidationsRequest
-	15, // 85: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
-	17, // 86: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
-	19, // 87: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
-	22, // 88: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
-	24, // 89: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
-	26, // 90: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
-	31, // 91: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
-	34, // 92: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
-	36, // 93: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
-	39, // 94: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
-	41, // 95: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
-	44, // 96: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
-	46, // 97: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
-	48, // 98: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
-	50, // 99: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
-	52, // 100: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
-	55, // 101: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
-	57, // 102: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
-	59, // 103: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
-	61, // 104: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
-	63, // 105: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
-	65, // 106: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
-	67, // 107: crescent.store.v1.Master.ReportFailedSegments:output_type -> crescent.store.v1.ReportFailedSegmentsResponse
-	70, // 108: crescent.store.v1.Master.WaitInvalidations:output_type -> crescent.store.v1.WaitInvalidationsResponse
-	85, // [85:109] is the sub-list for method output_type
-	61, // [61:85] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	11, // 21: crescent.store.v1.BatchPutStartResponse.packed_results:type_name -> crescent.store.v1.PackedResults
+	5,  // 22: crescent.store.v1.BatchPutEndRequest.client_id:type_name -> crescent.store.v1.UUID
+	0,  // 23: crescent.store.v1.BatchPutEndRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
+	13, // 24: crescent.store.v1.BatchPutEndRequest.blocks:type_name -> crescent.store.v1.BlockMetadata
+	14, // 25: crescent.store.v1.BatchPutEndResponse.results:type_name -> crescent.store.v1.ItemResult
+	11, // 26: crescent.store.v1.BatchPutEndResponse.packed_results:type_name -> crescent.store.v1.PackedResults
+	5,  // 27: crescent.store.v1.BatchPutRevokeRequest.client_id:type_name -> crescent.store.v1.UUID
+	0,  // 28: crescent.store.v1.BatchPutRevokeRequest.replica_type:type_name -> crescent.store.v1.ReplicaType
+	14, // 29: crescent.store.v1.BatchPutRevokeResponse.results:type_name -> crescent.store.v1.ItemResult
+	9,  // 30: crescent.store.v1.Reservation.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	6,  // 31: crescent.store.v1.ReserveSpec.config:type_name -> crescent.store.v1.ReplicateConfig
+	28, // 32: crescent.store.v1.ReserveResult.reservations:type_name -> crescent.store.v1.Reservation
+	10, // 33: crescent.store.v1.ReserveResult.packed:type_name -> crescent.store.v1.PackedReplicas
+	5,  // 34: crescent.store.v1.ReservePutRequest.client_id:type_name -> crescent.store.v1.UUID
+	29, // 35: crescent.store.v1.ReservePutRequest.specs:type_name -> crescent.store.v1.ReserveSpec
+	30, // 36: crescent.store.v1.ReservePutResponse.results:type_name -> crescent.store.v1.ReserveResult
+	13, // 37: crescent.store.v1.CommitItem.block:type_name -> crescent.store.v1.BlockMetadata
+	5,  // 38: crescent.store.v1.CommitPutRequest.client_id:type_name -> crescent.store.v1.UUID
+	33, // 39: crescent.store.v1.CommitPutRequest.items:type_name -> crescent.store.v1.CommitItem
+	29, // 40: crescent.store.v1.CommitPutRequest.reserve:type_name -> crescent.store.v1.ReserveSpec
+	14, // 41: crescent.store.v1.CommitPutResponse.results:type_name -> crescent.store.v1.ItemResult
+	30, // 42: crescent.store.v1.CommitPutResponse.reserved:type_name -> crescent.store.v1.ReserveResult
+	11, // 43: crescent.store.v1.CommitPutResponse.packed_results:type_name -> crescent.store.v1.PackedResults
+	9,  // 44: crescent.store.v1.GetReplicaListResponse.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	9,  // 45: crescent.store.v1.GetReplicaListResult.replicas:type_name -> crescent.store.v1.ReplicaDescriptor
+	39, // 46: crescent.store.v1.BatchGetReplicaListResponse.results:type_name -> crescent.store.v1.GetReplicaListResult
+	10, // 47: crescent.store.v1.BatchGetReplicaListResponse.packed:type_name -> crescent.store.v1.PackedReplicas
+	11, // 48: crescent.store.v1.BatchGetReplicaListResponse.packed_results:type_name -> crescent.store.v1.PackedResults
+	44, // 49: crescent.store.v1.BatchExistKeyResponse.results:type_name -> crescent.store.v1.ExistResult
+	14, // 50: crescent.store.v1.BatchRemoveResponse.results:type_name -> crescent.store.v1.ItemResult
+	5,  // 51: crescent.store.v1.Segment.id:type_name -> crescent.store.v1.UUID
+	5,  // 52: crescent.store.v1.MountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	54, // 53: crescent.store.v1.MountSegmentRequest.segment:type_name -> crescent.store.v1.Segment
+	5,  // 54: crescent.store.v1.ReMountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	54, // 55: crescent.store.v1.ReMountSegmentRequest.segments:type_name -> crescent.store.v1.Segment
+	5,  // 56: crescent.store.v1.UnmountSegmentRequest.client_id:type_name -> crescent.store.v1.UUID
+	5,  // 57: crescent.store.v1.UnmountSegmentRequest.segment_id:type_name -> crescent.store.v1.UUID
+	5,  // 58: crescent.store.v1.QuerySegmentStatusRequest.segment_id:type_name -> crescent.store.v1.UUID
+	2,  // 59: crescent.store.v1.QuerySegmentStatusResponse.status:type_name -> crescent.store.v1.SegmentStatus
+	5,  // 60: crescent.store.v1.PingRequest.client_id:type_name -> crescent.store.v1.UUID
+	3,  // 61: crescent.store.v1.PingResponse.client_status:type_name -> crescent.store.v1.ClientStatus
+	5,  // 62: crescent.store.v1.ReportFailedSegmentsRequest.client_id:type_name -> crescent.store.v1.UUID
+	5,  // 63: crescent.store.v1.ReportFailedSegmentsRequest.segment_ids:type_name -> crescent.store.v1.UUID
+	70, // 64: crescent.store.v1.WaitInvalidationsResponse.items:type_name -> crescent.store.v1.Invalidation
+	15, // 65: crescent.store.v1.Master.PutStart:input_type -> crescent.store.v1.PutStartRequest
+	17, // 66: crescent.store.v1.Master.PutEnd:input_type -> crescent.store.v1.PutEndRequest
+	19, // 67: crescent.store.v1.Master.PutRevoke:input_type -> crescent.store.v1.PutRevokeRequest
+	21, // 68: crescent.store.v1.Master.BatchPutStart:input_type -> crescent.store.v1.BatchPutStartRequest
+	24, // 69: crescent.store.v1.Master.BatchPutEnd:input_type -> crescent.store.v1.BatchPutEndRequest
+	26, // 70: crescent.store.v1.Master.BatchPutRevoke:input_type -> crescent.store.v1.BatchPutRevokeRequest
+	31, // 71: crescent.store.v1.Master.ReservePut:input_type -> crescent.store.v1.ReservePutRequest
+	34, // 72: crescent.store.v1.Master.CommitPut:input_type -> crescent.store.v1.CommitPutRequest
+	36, // 73: crescent.store.v1.Master.GetReplicaList:input_type -> crescent.store.v1.GetReplicaListRequest
+	38, // 74: crescent.store.v1.Master.BatchGetReplicaList:input_type -> crescent.store.v1.BatchGetReplicaListRequest
+	41, // 75: crescent.store.v1.Master.ExistKey:input_type -> crescent.store.v1.ExistKeyRequest
+	43, // 76: crescent.store.v1.Master.BatchExistKey:input_type -> crescent.store.v1.BatchExistKeyRequest
+	46, // 77: crescent.store.v1.Master.Remove:input_type -> crescent.store.v1.RemoveRequest
+	48, // 78: crescent.store.v1.Master.BatchRemove:input_type -> crescent.store.v1.BatchRemoveRequest
+	50, // 79: crescent.store.v1.Master.RemoveByRegex:input_type -> crescent.store.v1.RemoveByRegexRequest
+	52, // 80: crescent.store.v1.Master.RemoveAll:input_type -> crescent.store.v1.RemoveAllRequest
+	55, // 81: crescent.store.v1.Master.MountSegment:input_type -> crescent.store.v1.MountSegmentRequest
+	57, // 82: crescent.store.v1.Master.ReMountSegment:input_type -> crescent.store.v1.ReMountSegmentRequest
+	59, // 83: crescent.store.v1.Master.UnmountSegment:input_type -> crescent.store.v1.UnmountSegmentRequest
+	61, // 84: crescent.store.v1.Master.QuerySegmentStatus:input_type -> crescent.store.v1.QuerySegmentStatusRequest
+	63, // 85: crescent.store.v1.Master.Ping:input_type -> crescent.store.v1.PingRequest
+	65, // 86: crescent.store.v1.Master.ServiceReady:input_type -> crescent.store.v1.ServiceReadyRequest
+	67, // 87: crescent.store.v1.Master.ReportFailedSegments:input_type -> crescent.store.v1.ReportFailedSegmentsRequest
+	69, // 88: crescent.store.v1.Master.WaitInvalidations:input_type -> crescent.store.v1.WaitInvalidationsRequest
+	16, // 89: crescent.store.v1.Master.PutStart:output_type -> crescent.store.v1.PutStartResponse
+	18, // 90: crescent.store.v1.Master.PutEnd:output_type -> crescent.store.v1.PutEndResponse
+	20, // 91: crescent.store.v1.Master.PutRevoke:output_type -> crescent.store.v1.PutRevokeResponse
+	23, // 92: crescent.store.v1.Master.BatchPutStart:output_type -> crescent.store.v1.BatchPutStartResponse
+	25, // 93: crescent.store.v1.Master.BatchPutEnd:output_type -> crescent.store.v1.BatchPutEndResponse
+	27, // 94: crescent.store.v1.Master.BatchPutRevoke:output_type -> crescent.store.v1.BatchPutRevokeResponse
+	32, // 95: crescent.store.v1.Master.ReservePut:output_type -> crescent.store.v1.ReservePutResponse
+	35, // 96: crescent.store.v1.Master.CommitPut:output_type -> crescent.store.v1.CommitPutResponse
+	37, // 97: crescent.store.v1.Master.GetReplicaList:output_type -> crescent.store.v1.GetReplicaListResponse
+	40, // 98: crescent.store.v1.Master.BatchGetReplicaList:output_type -> crescent.store.v1.BatchGetReplicaListResponse
+	42, // 99: crescent.store.v1.Master.ExistKey:output_type -> crescent.store.v1.ExistKeyResponse
+	45, // 100: crescent.store.v1.Master.BatchExistKey:output_type -> crescent.store.v1.BatchExistKeyResponse
+	47, // 101: crescent.store.v1.Master.Remove:output_type -> crescent.store.v1.RemoveResponse
+	49, // 102: crescent.store.v1.Master.BatchRemove:output_type -> crescent.store.v1.BatchRemoveResponse
+	51, // 103: crescent.store.v1.Master.RemoveByRegex:output_type -> crescent.store.v1.RemoveByRegexResponse
+	53, // 104: crescent.store.v1.Master.RemoveAll:output_type -> crescent.store.v1.RemoveAllResponse
+	56, // 105: crescent.store.v1.Master.MountSegment:output_type -> crescent.store.v1.MountSegmentResponse
+	58, // 106: crescent.store.v1.Master.ReMountSegment:output_type -> crescent.store.v1.ReMountSegmentResponse
+	60, // 107: crescent.store.v1.Master.UnmountSegment:output_type -> crescent.store.v1.UnmountSegmentResponse
+	62, // 108: crescent.store.v1.Master.QuerySegmentStatus:output_type -> crescent.store.v1.QuerySegmentStatusResponse
+	64, // 109: crescent.store.v1.Master.Ping:output_type -> crescent.store.v1.PingResponse
+	66, // 110: crescent.store.v1.Master.ServiceReady:output_type -> crescent.store.v1.ServiceReadyResponse
+	68, // 111: crescent.store.v1.Master.ReportFailedSegments:output_type -> crescent.store.v1.ReportFailedSegmentsResponse
+	71, // 112: crescent.store.v1.Master.WaitInvalidations:output_type -> crescent.store.v1.WaitInvalidationsResponse
+	89, // [89:113] is the sub-list for method output_type
+	65, // [65:89] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_master_proto_init() }
@@ -4761,14 +4894,14 @@ func file_master_proto_init() {
 	if File_master_proto != nil {
 		return
 	}
-	file_master_proto_msgTypes[8].OneofWrappers = []any{}
+	file_master_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_master_proto_rawDesc), len(file_master_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   67,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

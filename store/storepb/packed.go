@@ -113,3 +113,71 @@ func (p *PackedReplicas) Unpack(entries int) ([][]*ReplicaDescriptor, error) {
 	}
 	return out, nil
 }
+
+// PackResults packs the outcomes of n items: item i's code and message
+// from outcome, its number from value (nil for an RPC without one).
+func PackResults(n int, outcome func(int) (int32, string), value func(int) uint64) *PackedResults {
+	p := &PackedResults{Codes: make([]int32, n)}
+	if value != nil {
+		p.Values = make([]uint64, n)
+	}
+	for i := range n {
+		code, msg := outcome(i)
+		p.Codes[i] = code
+		if code != 0 {
+			p.Messages = append(p.Messages, msg)
+		}
+		if value != nil {
+			p.Values[i] = value(i)
+		}
+	}
+	return p
+}
+
+// Outcomes are the results of a batch's items as PackedResults.Unpack
+// reads them.
+type Outcomes struct {
+	Codes    []int32
+	messages []string // per item; nil when every item succeeded
+	Values   []uint64 // nil when the RPC has none
+}
+
+// Message is item i's error message ("" when it succeeded).
+func (o *Outcomes) Message(i int) string {
+	if o.messages == nil {
+		return ""
+	}
+	return o.messages[i]
+}
+
+// Unpack checks p against the n items expected of it (and their numbers,
+// when values) and returns their outcomes.
+func (p *PackedResults) Unpack(n int, values bool) (*Outcomes, error) {
+	if len(p.GetCodes()) != n {
+		return nil, fmt.Errorf("packed results: %d codes for %d items", len(p.GetCodes()), n)
+	}
+	if values && len(p.GetValues()) != n || !values && len(p.GetValues()) != 0 {
+		return nil, fmt.Errorf("packed results: %d values for %d items", len(p.GetValues()), n)
+	}
+	o := &Outcomes{Codes: p.GetCodes(), Values: p.GetValues()}
+	failed := 0
+	for _, c := range p.GetCodes() {
+		if c != 0 {
+			failed++
+		}
+	}
+	if failed != len(p.GetMessages()) {
+		return nil, fmt.Errorf("packed results: %d messages for %d failed items", len(p.GetMessages()), failed)
+	}
+	if failed > 0 {
+		o.messages = make([]string, n)
+		j := 0
+		for i, c := range p.GetCodes() {
+			if c != 0 {
+				o.messages[i] = p.GetMessages()[j]
+				j++
+			}
+		}
+	}
+	return o, nil
+}

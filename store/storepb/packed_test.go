@@ -124,3 +124,64 @@ func TestUnpackNil(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, got)
 }
+
+// Packed results carry each item's code, the failed items' messages and
+// the per-item numbers, and unpack to them.
+func TestPackResultsRoundTrip(t *testing.T) {
+	codes := []int32{0, 7, 0, 9}
+	msgs := []string{"", "seven", "", "nine"}
+	p := PackResults(len(codes), func(i int) (int32, string) { return codes[i], msgs[i] }, func(i int) uint64 { return uint64(10 + i) })
+	assert.Equal(t, []string{"seven", "nine"}, p.Messages, "only the failed items' messages travel")
+	b, err := proto.Marshal(p)
+	require.NoError(t, err)
+	var q PackedResults
+	require.NoError(t, proto.Unmarshal(b, &q))
+	o, err := q.Unpack(len(codes), true)
+	require.NoError(t, err)
+	assert.Equal(t, codes, o.Codes)
+	assert.Equal(t, []uint64{10, 11, 12, 13}, o.Values)
+	for i := range codes {
+		assert.Equal(t, msgs[i], o.Message(i))
+	}
+	none := PackResults(2, func(int) (int32, string) { return 0, "" }, nil)
+	o, err = none.Unpack(2, false)
+	require.NoError(t, err)
+	assert.Empty(t, o.Values)
+	assert.Empty(t, o.Message(1))
+}
+
+// Packed results that do not match their items are refused.
+func TestUnpackResultsRefusesMalformed(t *testing.T) {
+	ok := func() *PackedResults {
+		return &PackedResults{Codes: []int32{0, 3}, Messages: []string{"three"}, Values: []uint64{1, 2}}
+	}
+	_, err := ok().Unpack(2, true)
+	require.NoError(t, err)
+	for name, tc := range map[string]struct {
+		mutate func(*PackedResults)
+		n      int
+		values bool
+	}{
+		"fewer items":           {func(*PackedResults) {}, 3, true},
+		"values missing":        {func(p *PackedResults) { p.Values = nil }, 2, true},
+		"values not expected":   {func(*PackedResults) {}, 2, false},
+		"a message too many":    {func(p *PackedResults) { p.Messages = append(p.Messages, "x") }, 2, true},
+		"a failure unexplained": {func(p *PackedResults) { p.Codes[0] = 1 }, 2, true},
+	} {
+		p := ok()
+		tc.mutate(p)
+		_, err := p.Unpack(tc.n, tc.values)
+		assert.Error(t, err, name)
+	}
+	var none *PackedResults
+	_, err = none.Unpack(1, false)
+	assert.Error(t, err)
+}
+
+// Nil packed results hold zero items.
+func TestUnpackResultsNil(t *testing.T) {
+	var none *PackedResults
+	o, err := none.Unpack(0, false)
+	require.NoError(t, err)
+	assert.Empty(t, o.Codes)
+}

@@ -33,10 +33,16 @@ func TestPackedReplies(t *testing.T) {
 	require.NotNil(t, st.Packed)
 	started, err := st.Packed.Unpack(len(keys))
 	require.NoError(t, err)
-	assert.EqualValues(t, errcode.InvalidKey, st.Results[1].ErrorCode)
+	assert.Empty(t, st.Results, "results go packed too")
+	so, err := st.PackedResults.Unpack(len(keys), true)
+	require.NoError(t, err)
+	assert.Equal(t, []int32{0, int32(errcode.InvalidKey), 0, 0}, so.Codes)
+	assert.NotEmpty(t, so.Message(1))
 	assert.Empty(t, started[1], "a failed item has no replica")
-	for i, r := range st.Results {
-		assert.Empty(t, r.Replicas, "result %d carries no unpacked replica", i)
+	for i, g := range so.Values {
+		if i != 1 {
+			assert.NotZero(t, g, "generation of item %d", i)
+		}
 	}
 
 	rs, err := s.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: id, Specs: []*storepb.ReserveSpec{{Size: 4096, Config: two, Count: 3, Packed: true}}})
@@ -52,13 +58,20 @@ func TestPackedReplies(t *testing.T) {
 	for j, rid := range res.PackedIds {
 		commit.Items = append(commit.Items, &storepb.CommitItem{Key: "r" + string(rune('0'+j)), ReservationId: rid})
 	}
+	commit.Packed = true
 	cr, err := s.CommitPut(ctx, commit)
 	require.NoError(t, err)
-	for _, r := range cr.Results {
-		require.Zero(t, r.ErrorCode, r.Message)
-	}
-	_, err = s.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: []string{"p0", "p2", "p3"}})
+	assert.Empty(t, cr.Results)
+	co, err := cr.PackedResults.Unpack(3, false)
 	require.NoError(t, err)
+	assert.Equal(t, []int32{0, 0, 0}, co.Codes)
+	en, err := s.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: []string{"p0", "p2", "p3", "never"},
+		Generations: []uint64{so.Values[0], so.Values[2], so.Values[3], 0}, Packed: true})
+	require.NoError(t, err)
+	assert.Empty(t, en.Results)
+	eo, err := en.PackedResults.Unpack(4, false)
+	require.NoError(t, err)
+	assert.Equal(t, []int32{0, 0, 0, int32(errcode.ObjectNotFound)}, eo.Codes)
 
 	all := []string{"p0", "p2", "p3", "r0", "r1", "r2", "missing"}
 	placed := append([][]*storepb.ReplicaDescriptor{started[0], started[2], started[3]}, reserved...)
@@ -69,11 +82,14 @@ func TestPackedReplies(t *testing.T) {
 	require.NoError(t, err)
 	got, err := packed.Packed.Unpack(len(all))
 	require.NoError(t, err)
+	assert.Empty(t, packed.Results)
+	gets, err := packed.PackedResults.Unpack(len(all), true)
+	require.NoError(t, err)
 	for i, k := range all {
 		want := plain.Results[i]
-		assert.Equal(t, want.ErrorCode, packed.Results[i].ErrorCode, k)
-		assert.Equal(t, want.LeaseTtlMs, packed.Results[i].LeaseTtlMs, k)
-		assert.Empty(t, packed.Results[i].Replicas, k)
+		assert.Equal(t, want.ErrorCode, gets.Codes[i], k)
+		assert.Equal(t, want.Message, gets.Message(i), k)
+		assert.Equal(t, want.LeaseTtlMs, gets.Values[i], k)
 		require.Len(t, got[i], len(want.Replicas), k)
 		for j := range want.Replicas {
 			assert.True(t, proto.Equal(want.Replicas[j], got[i][j]), "%s replica %d: %v, want %v", k, j, got[i][j], want.Replicas[j])
@@ -86,7 +102,7 @@ func TestPackedReplies(t *testing.T) {
 			}
 		}
 	}
-	assert.EqualValues(t, errcode.ObjectNotFound, packed.Results[len(all)-1].ErrorCode)
+	assert.EqualValues(t, errcode.ObjectNotFound, gets.Codes[len(all)-1])
 }
 
 // A reply with a replica that is not in memory goes unpacked.
@@ -110,4 +126,13 @@ func TestPackNotOne(t *testing.T) {
 	assert.Nil(t, res.Packed)
 	require.Len(t, res.Reservations, 1)
 	assert.NotNil(t, reservationsPB(true, []master.Reservation{{ID: 1, Size: 8, Replicas: one}, {ID: 2, Size: 8, Replicas: one}}).Packed)
+	results, packed := itemsPB(true, []error{nil})
+	assert.Nil(t, packed)
+	assert.Len(t, results, 1)
+	gone := errcode.New(errcode.ObjectNotFound, "gone")
+	results, packed = itemsPB(true, []error{nil, gone})
+	assert.Empty(t, results)
+	require.NotNil(t, packed)
+	assert.Equal(t, []int32{0, int32(errcode.ObjectNotFound)}, packed.Codes)
+	assert.Equal(t, []string{gone.Error()}, packed.Messages)
 }

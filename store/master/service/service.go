@@ -595,6 +595,23 @@ func item(err error) *storepb.ItemResult {
 }
 
 // items answers a batch per item.
+// outcome is an item's code and message.
+func outcome(err error) (int32, string) {
+	if err == nil {
+		return 0, ""
+	}
+	return int32(errcode.CodeOf(err)), err.Error()
+}
+
+// itemsPB answers per item: packed when asked for and there are at least
+// packMin items, else one ItemResult each.
+func itemsPB(packed bool, errs []error) ([]*storepb.ItemResult, *storepb.PackedResults) {
+	if packed && len(errs) >= packMin {
+		return nil, storepb.PackResults(len(errs), func(i int) (int32, string) { return outcome(errs[i]) }, nil)
+	}
+	return items(errs), nil
+}
+
 func items(errs []error) []*storepb.ItemResult {
 	out := make([]*storepb.ItemResult, len(errs))
 	res := make([]storepb.ItemResult, len(errs)) // one allocation for the batch
@@ -663,11 +680,17 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
-	out := &storepb.BatchPutStartResponse{Results: make([]*storepb.PutStartResult, len(res))}
+	out := &storepb.BatchPutStartResponse{}
 	var b *replicaBuf
 	out.Packed, b = batchReplicas(r.Packed, len(res), func(i int) []master.Replica { return res[i].Replicas })
+	if out.Packed != nil {
+		out.PackedResults = storepb.PackResults(len(res), func(i int) (int32, string) { return outcome(res[i].Err) },
+			func(i int) uint64 { return res[i].Gen })
+		return out, nil
+	}
 	// One allocation per message type for the whole batch, not one per
 	// message per item.
+	out.Results = make([]*storepb.PutStartResult, len(res))
 	results := make([]storepb.PutStartResult, len(res))
 	for i, x := range res {
 		r := &results[i]
@@ -701,7 +724,8 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
-	out := &storepb.BatchPutEndResponse{Results: items(errs)}
+	out := &storepb.BatchPutEndResponse{}
+	out.Results, out.PackedResults = itemsPB(r.Packed, errs)
 	return out, nil
 }
 
@@ -802,7 +826,8 @@ func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *
 		commits[i] = master.CommitItem{Key: it.GetKey(), ID: it.GetReservationId(), Block: blockFromPB(it.GetBlock())}
 	}
 	errs := s.m.Commit(c, commits)
-	out := &storepb.CommitPutResponse{Results: items(errs), TtlMs: s.reserveTTL()}
+	out := &storepb.CommitPutResponse{TtlMs: s.reserveTTL()}
+	out.Results, out.PackedResults = itemsPB(r.Packed, errs)
 	// Items are committed whatever happens to the reservations asked for.
 	out.Reserved, _ = s.reserve(c, r.Release, r.Reserve)
 	return out, nil
@@ -822,9 +847,15 @@ func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListReq
 // BatchGetReplicaList implements storepb.MasterServer.
 func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetReplicaListRequest) (_ *storepb.BatchGetReplicaListResponse, err error) {
 	res := s.m.BatchGetReplicaList(r.Keys)
-	out := &storepb.BatchGetReplicaListResponse{Results: make([]*storepb.GetReplicaListResult, len(res))}
+	out := &storepb.BatchGetReplicaListResponse{}
 	var b *replicaBuf
 	out.Packed, b = batchReplicas(r.Packed, len(res), func(i int) []master.Replica { return res[i].Replicas })
+	if out.Packed != nil {
+		out.PackedResults = storepb.PackResults(len(res), func(i int) (int32, string) { return outcome(res[i].Err) },
+			func(i int) uint64 { return leaseMs(res[i].LeaseTTL) })
+		return out, nil
+	}
+	out.Results = make([]*storepb.GetReplicaListResult, len(res))
 	results := make([]storepb.GetReplicaListResult, len(res))
 	for i, x := range res {
 		m := &results[i]
