@@ -699,10 +699,7 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 			r.ErrorCode, r.Message = int32(errcode.CodeOf(x.Err)), x.Err.Error()
 			continue
 		}
-		r.Generation = x.Gen
-		if b != nil {
-			r.Replicas = b.add(x.Replicas)
-		}
+		r.Replicas, r.Generation = b.add(x.Replicas), x.Gen
 	}
 	return out, nil
 }
@@ -864,10 +861,7 @@ func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetRepl
 			m.ErrorCode, m.Message = int32(errcode.CodeOf(x.Err)), x.Err.Error()
 			continue
 		}
-		m.LeaseTtlMs = leaseMs(x.LeaseTTL)
-		if b != nil {
-			m.Replicas = b.add(x.Replicas)
-		}
+		m.Replicas, m.LeaseTtlMs = b.add(x.Replicas), leaseMs(x.LeaseTTL)
 	}
 	return out, nil
 }
