@@ -84,7 +84,7 @@ func TestUnpackRefusesMalformed(t *testing.T) {
 }
 
 // FuzzUnpack: whatever bytes arrive, Unpack errs or returns descriptors
-// within the columns it was given.
+// within the columns it was given (and packed results, their items).
 func FuzzUnpack(f *testing.F) {
 	k := NewPacker(2, 2)
 	k.Add("a:1", "tcp", 1, 2, 3, 4, ReplicaStatus_REPLICA_STATUS_PROCESSING)
@@ -97,6 +97,16 @@ func FuzzUnpack(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, entries int) {
 		if entries < 0 || entries > 1<<16 {
 			return
+		}
+		// The same bytes as packed results.
+		var r PackedResults
+		if proto.Unmarshal(b, &r) == nil {
+			if o, err := r.Unpack(entries, entries%2 == 0); err == nil {
+				require.Len(t, o.Codes, entries)
+				for i := range entries {
+					_ = o.Message(i)
+				}
+			}
 		}
 		var p PackedReplicas
 		if proto.Unmarshal(b, &p) != nil {
