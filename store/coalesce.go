@@ -205,24 +205,18 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 		return rs, errs
 	}
 	resp, err := c.master.BatchPutStart(rctx, &storepb.BatchPutStartRequest{ClientId: c.id.pb(), Session: c.session, Keys: keys, Sizes: sizes, Config: rc, Packed: true})
-	ierrs, gens, err := batchOutcomes("BatchPutStart", err, len(keys), resp.GetPackedResults(), len(resp.GetResults()), true,
-		func(i int) (int32, string, uint64) { r := resp.Results[i]; return r.ErrorCode, r.Message, r.Generation })
-	var packed [][]*storepb.ReplicaDescriptor
-	if err == nil {
-		packed, err = unpackReplicas(resp.Packed, len(resp.GetResults()), len(keys), "BatchPutStart")
-	}
+	ierrs, gens, reps, err := replicaReplies("BatchPutStart", err, len(keys), resp.GetPackedResults(), resp.GetPacked(), len(resp.GetResults()),
+		func(i int) (int32, string, uint64, []*storepb.ReplicaDescriptor) {
+			r := resp.Results[i]
+			return r.ErrorCode, r.Message, r.Generation, r.Replicas
+		})
 	if err != nil {
 		fill(errs, err)
 		return rs, errs
 	}
 	for i := range keys {
 		if errs[i] = ierrs[i]; errs[i] == nil {
-			rs[i].gen = gens[i]
-			if packed != nil {
-				rs[i].replicas = packed[i]
-			} else {
-				rs[i].replicas = resp.Results[i].Replicas
-			}
+			rs[i] = putStarted{reps[i], gens[i]}
 		}
 	}
 	return rs, errs
@@ -270,45 +264,52 @@ func (c *Client) rpcGetReplicaList(ctx context.Context, keys []string) ([]getRes
 		return rs, errs
 	}
 	resp, err := c.master.BatchGetReplicaList(rctx, &storepb.BatchGetReplicaListRequest{Keys: keys, Packed: true})
-	ierrs, ttls, err := batchOutcomes("BatchGetReplicaList", err, len(keys), resp.GetPackedResults(), len(resp.GetResults()), true,
-		func(i int) (int32, string, uint64) { r := resp.Results[i]; return r.ErrorCode, r.Message, r.LeaseTtlMs })
-	var packed [][]*storepb.ReplicaDescriptor
-	if err == nil {
-		packed, err = unpackReplicas(resp.Packed, len(resp.GetResults()), len(keys), "BatchGetReplicaList")
-	}
+	ierrs, ttls, reps, err := replicaReplies("BatchGetReplicaList", err, len(keys), resp.GetPackedResults(), resp.GetPacked(), len(resp.GetResults()),
+		func(i int) (int32, string, uint64, []*storepb.ReplicaDescriptor) {
+			r := resp.Results[i]
+			return r.ErrorCode, r.Message, r.LeaseTtlMs, r.Replicas
+		})
 	if err != nil {
 		fill(errs, err)
 		return rs, errs
 	}
 	for i := range keys {
 		if errs[i] = ierrs[i]; errs[i] == nil {
-			rs[i].leaseTTL = time.Duration(ttls[i]) * time.Millisecond
-			if packed != nil {
-				rs[i].replicas = packed[i]
-			} else {
-				rs[i].replicas = resp.Results[i].Replicas
-			}
+			rs[i] = getResult{reps[i], time.Duration(ttls[i]) * time.Millisecond}
 		}
 	}
 	return rs, errs
 }
 
-// unpackReplicas returns the replicas of a packed reply's n entries, or
-// nil when the reply came unpacked (a master that predates the packed
-// form, or a replica that is not in memory) and has its results, of
-// which it has got.
-func unpackReplicas(p *storepb.PackedReplicas, got, n int, rpc string) ([][]*storepb.ReplicaDescriptor, error) {
-	if p == nil {
-		if got != n {
-			return nil, errcode.New(errcode.InternalError, "%s answered replicas for %d of %d keys", rpc, got, n)
-		}
-		return nil, nil
-	}
-	reps, err := p.Unpack(n)
+// replicaReplies reads a batch reply that locates n keys (err is the
+// RPC's own): per key its error, its number and its replicas, from the
+// packed columns when it has them (a master that predates them, or a
+// replica not in memory, sends got results instead, of which plain gives
+// item i's).
+func replicaReplies(rpc string, err error, n int, results *storepb.PackedResults, packed *storepb.PackedReplicas, got int,
+	plain func(i int) (int32, string, uint64, []*storepb.ReplicaDescriptor)) ([]error, []uint64, [][]*storepb.ReplicaDescriptor, error) {
+	errs, vals, err := batchOutcomes(rpc, err, n, results, got, true, func(i int) (int32, string, uint64) {
+		code, msg, v, _ := plain(i)
+		return code, msg, v
+	})
 	if err != nil {
-		return nil, errcode.New(errcode.InternalError, "%s: %v", rpc, err)
+		return nil, nil, nil, err
 	}
-	return reps, nil
+	if packed == nil {
+		if got != n {
+			return nil, nil, nil, errcode.New(errcode.InternalError, "%s answered replicas for %d of %d keys", rpc, got, n)
+		}
+		reps := make([][]*storepb.ReplicaDescriptor, n)
+		for i := range n {
+			_, _, _, reps[i] = plain(i)
+		}
+		return errs, vals, reps, nil
+	}
+	reps, err := packed.Unpack(n)
+	if err != nil {
+		return nil, nil, nil, errcode.New(errcode.InternalError, "%s: %v", rpc, err)
+	}
+	return errs, vals, reps, nil
 }
 
 // batchOutcomes reads the per-item outcomes of a batch reply for n items
