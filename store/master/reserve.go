@@ -108,7 +108,17 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 	var res ReserveResult
 	now := m.now() // one clock read for the count
 	ops, one := m.batchOps(spec.Count)
+	var buf []Replica // every reservation's replicas, carved one by one
+	var sc *batchScratch
+	if spec.Count > 1 {
+		sc = newBatchScratch(spec.Count, n)
+	}
 	for i := range spec.Count {
+		req.Into = nil
+		if sc != nil && cap(sc.segs)-len(sc.segs) >= n {
+			k := len(sc.segs)
+			req.Into, sc.segs = sc.segs[k:k:k+n], sc.segs[:k+n]
+		}
 		segs, err := m.alloc.Choose(req)
 		if err == nil {
 			op := one
@@ -120,15 +130,27 @@ func (m *Master) Reserve(client UUID, spec ReserveSpec) ReserveResult {
 			var o object
 			rs := m.resvOf(client)
 			rs.mu.Lock()
-			err = m.apply(nil, 0, op, &applyArgs{obj: &o, minReps: rc.MinReplicas, rs: rs})
+			a := &applyArgs{obj: &o, minReps: rc.MinReplicas, rs: rs}
+			if sc != nil {
+				a.scratch = &sc.place
+			}
+			err = m.apply(nil, 0, op, a)
 			var reps []Replica
 			if err == nil {
 				// Under the table's lock: an unmount's DropReserved
 				// rewrites the placements o shares with the table.
-				reps = m.replicas(&o)
+				if buf == nil {
+					buf = make([]Replica, 0, spec.Count*n)
+				}
+				start := len(buf)
+				buf = m.appendReplicas(buf, &o)
+				reps = slices.Clip(buf[start:])
 			}
 			rs.mu.Unlock()
 			if err == nil {
+				if res.Reservations == nil {
+					res.Reservations = make([]Reservation, 0, spec.Count)
+				}
 				res.Reservations = append(res.Reservations, Reservation{ID: op.ID, Size: spec.Size, Replicas: reps})
 				continue
 			}
