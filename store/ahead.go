@@ -409,7 +409,6 @@ type commitQ struct {
 // their classes and gives back what is to be released.
 func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []error) {
 	a := c.ahead
-	errs := make([]error, len(qs))
 	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease(), Packed: true}
 	var classes []resvClass
 	var asked []int
@@ -442,11 +441,10 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 		a.got(k, asked[j], res, ttl)
 	}
 	if err != nil {
-		fill(errs, err)
-		return make([]struct{}, len(qs)), errs
+		ierrs = make([]error, len(qs))
+		fill(ierrs, err)
 	}
-	copy(errs, ierrs)
-	return make([]struct{}, len(qs)), errs
+	return make([]struct{}, len(qs)), ierrs
 }
 
 func containsClass(ks []resvClass, k resvClass) bool {

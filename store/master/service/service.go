@@ -588,13 +588,10 @@ func segmentFromPB(s *storepb.Segment) (alloc.Segment, error) {
 }
 
 func item(err error) *storepb.ItemResult {
-	if err == nil {
-		return &storepb.ItemResult{}
-	}
-	return &storepb.ItemResult{ErrorCode: int32(errcode.CodeOf(err)), Message: err.Error()}
+	code, msg := outcome(err)
+	return &storepb.ItemResult{ErrorCode: code, Message: msg}
 }
 
-// items answers a batch per item.
 // outcome is an item's code and message.
 func outcome(err error) (int32, string) {
 	if err == nil {
@@ -612,14 +609,13 @@ func itemsPB(packed bool, errs []error) ([]*storepb.ItemResult, *storepb.PackedR
 	return items(errs), nil
 }
 
+// items answers a batch per item.
 func items(errs []error) []*storepb.ItemResult {
 	out := make([]*storepb.ItemResult, len(errs))
 	res := make([]storepb.ItemResult, len(errs)) // one allocation for the batch
 	for i, e := range errs {
 		r := &res[i]
-		if e != nil {
-			r.ErrorCode, r.Message = int32(errcode.CodeOf(e)), e.Error()
-		}
+		r.ErrorCode, r.Message = outcome(e)
 		out[i] = r
 	}
 	return out
@@ -696,7 +692,7 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 		r := &results[i]
 		out.Results[i] = r
 		if x.Err != nil {
-			r.ErrorCode, r.Message = int32(errcode.CodeOf(x.Err)), x.Err.Error()
+			r.ErrorCode, r.Message = outcome(x.Err)
 			continue
 		}
 		r.Replicas, r.Generation = b.add(x.Replicas), x.Gen
@@ -858,7 +854,7 @@ func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetRepl
 		m := &results[i]
 		out.Results[i] = m
 		if x.Err != nil {
-			m.ErrorCode, m.Message = int32(errcode.CodeOf(x.Err)), x.Err.Error()
+			m.ErrorCode, m.Message = outcome(x.Err)
 			continue
 		}
 		m.Replicas, m.LeaseTtlMs = b.add(x.Replicas), leaseMs(x.LeaseTTL)
