@@ -166,7 +166,6 @@ type Allocator struct {
 	free []uint32 // released indices, reused last-in first-out
 
 	capacity atomic.Uint64
-	used     atomic.Uint64
 	suspects atomic.Int64 // segments with suspect set
 
 	rmu sync.Mutex
@@ -357,7 +356,6 @@ func (a *Allocator) Release(idx uint32, commit func()) error {
 	if s.suspect.Swap(false) {
 		a.suspects.Add(-1)
 	}
-	used := s.used.Load()
 	s.mu.Unlock()
 	if commit != nil {
 		commit()
@@ -377,7 +375,6 @@ func (a *Allocator) Release(idx uint32, commit func()) error {
 	t.setLargest()
 	a.free = append(a.free, idx)
 	a.capacity.Add(-s.cap)
-	a.used.Add(-used)
 	a.tab.Store(t)
 	return nil
 }
@@ -447,7 +444,11 @@ func (a *Allocator) LargestSegment() uint64 { return a.tab.Load().largest }
 // Totals returns the capacity of all mounted segments and the bytes
 // reserved on them.
 func (a *Allocator) Totals() (capacity, used uint64) {
-	return a.capacity.Load(), a.used.Load()
+	t := a.tab.Load()
+	for _, i := range t.live {
+		used += t.segs[i].used.Load()
+	}
+	return a.capacity.Load(), used
 }
 
 // Choose picks up to r.Replicas distinct segments that can hold r.Size
@@ -646,7 +647,6 @@ func (a *Allocator) allocLocked(s *segState, size uint64) (Placement, error) {
 		return Placement{}, errcode.New(errcode.NoAvailableHandle, "segment %s: %v", s.Name, err)
 	}
 	s.used.Add(al.Size)
-	a.used.Add(al.Size)
 	s.maxAlloc.Store(s.oa.MaxAlloc())
 	return Placement{Addr: s.Base + al.Offset, h: al.Handle, Seg: s.idx}, nil
 }
@@ -757,7 +757,6 @@ func (a *Allocator) freeLocked(s *segState, p Placement, size uint64) error {
 		return errcode.New(errcode.InvalidParams, "free %#x+%d on %s: %v", p.Addr, size, s.Name, err)
 	}
 	s.used.Add(-r)
-	a.used.Add(-r)
 	s.maxAlloc.Store(s.oa.MaxAlloc())
 	return nil
 }

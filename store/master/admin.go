@@ -57,7 +57,8 @@ func (m *Master) WalkKeys(fn func(key string, complete bool) bool) {
 
 // AllKeys returns every complete object's key, in no particular order.
 func (m *Master) AllKeys() []string {
-	out := make([]string, 0, m.keys.Load())
+	keys, _ := m.counts()
+	out := make([]string, 0, keys)
 	m.WalkKeys(func(k string, complete bool) bool {
 		if complete {
 			out = append(out, k)
@@ -77,17 +78,32 @@ func (m *Master) AllSegments() []SegmentInfo {
 	return out
 }
 
+// counts returns the keys and the unfinished puts among them, from the
+// shards: master-wide counters written by every put were cache lines
+// that both cores wrote in turn.
+func (m *Master) counts() (keys, pending int64) {
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		keys += int64(sh.n)
+		pending += int64(sh.pending)
+		sh.mu.Unlock()
+	}
+	return keys, pending
+}
+
 // Stats returns the master's counters.
 func (m *Master) Stats() Stats {
 	capacity, used := m.alloc.Totals()
+	keys, pending := m.counts()
 	m.clientMu.RLock()
 	clients := len(m.clients)
 	m.clientMu.RUnlock()
 	return Stats{
 		Capacity:        capacity,
 		Allocated:       used,
-		Keys:            m.keys.Load(),
-		PendingKeys:     m.pending.Load(),
+		Keys:            keys,
+		PendingKeys:     pending,
 		SoftPinnedKeys:  m.softPinned.Load(),
 		HardPinnedKeys:  m.hardPinned.Load(),
 		Segments:        len(m.alloc.Segments()),
@@ -110,4 +126,10 @@ func (m *Master) Stats() Stats {
 		UnmountedReplicas: m.unmountedReplicas.Load(),
 		UnmountedKeys:     m.unmountedKeys.Load(),
 	}
+}
+
+// hasKeys reports whether any shard holds an object.
+func (m *Master) hasKeys() bool {
+	keys, _ := m.counts()
+	return keys != 0
 }

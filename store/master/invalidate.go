@@ -189,7 +189,7 @@ func (m *Master) invBarrier() {
 // was restored or promoted, and the previous master's subscribers, which
 // know nothing of this one, may still serve cached values until then.
 func (m *Master) holdInvalidations() {
-	if m.keys.Load() == 0 && m.pending.Load() == 0 && len(m.alloc.Segments()) == 0 {
+	if keys, _ := m.counts(); keys == 0 && len(m.alloc.Segments()) == 0 {
 		return
 	}
 	m.inval.hold.Store(time.Now().Add(m.cfg.InvalidationTTL).UnixNano())

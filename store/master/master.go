@@ -67,7 +67,7 @@ type Master struct {
 	evictMu       sync.Mutex
 	lastFruitless atomic.Int64 // last watermark round that freed nothing
 
-	keys, pending, softPinned, hardPinned, quarantinedN atomic.Int64
+	softPinned, hardPinned, quarantinedN atomic.Int64
 
 	evictRuns, evictedKeys, evictedBytes, expiredClients   atomic.Uint64
 	discardedPuts, releasedPuts, droppedReplicas, lostKeys atomic.Uint64

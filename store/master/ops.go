@@ -209,11 +209,9 @@ func (m *Master) applyPutStart(sh *shard, h uint64, op *Op, a *applyArgs) error 
 			}
 		}
 	}
-	return m.place(op, a, func(o object) {
+	return m.place(op, a, nil, func(o object) {
 		sh.insert(op.Key, h, o)
 		sh.pending++
-		m.keys.Add(1)
-		m.pending.Add(1)
 		if o.has(fSoftPin) {
 			m.softPinned.Add(1)
 		}
@@ -224,9 +222,15 @@ func (m *Master) applyPutStart(sh *shard, h uint64, op *Op, a *applyArgs) error 
 }
 
 // place allocates the replicas of a PutStart or Reserve (reproducing the
-// logged ones on replay) and, under the allocator's locks, hands the new
-// unfinished object to insert, then logs op.
-func (m *Master) place(op *Op, a *applyArgs, insert func(object)) error {
+// logged ones on replay) and logs op under the allocator's locks, so the
+// log orders it with every other change on those segments; then hands
+// the new unfinished object to insert. prepare, when not nil, runs just
+// before op is logged. The caller's lock (shard or reservation table)
+// keeps the object out of sight until insert: an unmount that begins
+// after the allocation scans under that lock and finds it. The segment
+// locks are not held across the object's record and index writes (their
+// cache misses): every put of one segment queues on them.
+func (m *Master) place(op *Op, a *applyArgs, prepare func(), insert func(object)) error {
 	if a.replay && len(op.Segments) != len(op.Addrs) {
 		return diverged(op, "%d segments, %d addresses", len(op.Segments), len(op.Addrs))
 	}
@@ -243,10 +247,8 @@ func (m *Master) place(op *Op, a *applyArgs, insert func(object)) error {
 			bad = errcode.New(errcode.NoAvailableHandle, "%d replicas required, only %d placed for %d bytes", least, len(ps), op.Size)
 			return
 		}
-		o := m.pendingObject(op, ps)
-		insert(o)
-		if a.obj != nil {
-			*a.obj = o
+		if prepare != nil {
+			prepare()
 		}
 		m.append(op, a)
 	})
@@ -258,6 +260,11 @@ func (m *Master) place(op *Op, a *applyArgs, insert func(object)) error {
 	}
 	if len(ps) == 0 {
 		return errcode.New(errcode.NoAvailableHandle, "no segment could hold %d bytes", op.Size)
+	}
+	o := m.pendingObject(op, ps)
+	insert(o)
+	if a.obj != nil {
+		*a.obj = o
 	}
 	return nil
 }
@@ -335,7 +342,6 @@ func (m *Master) applyPutEnd(sh *shard, h uint64, op *Op, a *applyArgs) error {
 	}
 	m.complete(o, op)
 	sh.pending--
-	m.pending.Add(-1)
 	m.append(op, a)
 	if m.ev != nil && !a.replay {
 		m.emit(a, &Event{Kind: EventStored, Key: op.Key, Size: o.size(), Replicas: m.replicas(o), Block: op.Block})
@@ -403,10 +409,8 @@ func (m *Master) applyDelete(sh *shard, h uint64, op *Op, a *applyArgs) error {
 // forget deletes the object from its shard and the counters.
 func (m *Master) forget(sh *shard, h uint64, key string, o *object) {
 	sh.remove(key, h)
-	m.keys.Add(-1)
 	if !o.complete() {
 		sh.pending--
-		m.pending.Add(-1)
 	}
 	if o.has(fSoftPin) {
 		m.softPinned.Add(-1)

@@ -103,7 +103,12 @@ func (m *Master) putStart(client UUID, key string, size uint64, rc *ReplicateCon
 		}
 		segs, err := m.alloc.Choose(req)
 		var reps []Replica
-		gen := m.nextGen()
+		var gen uint64
+		if sc != nil {
+			gen = sc.nextGen(m)
+		} else {
+			gen = m.nextGen()
+		}
 		if err == nil {
 			var o object
 			op := slot
@@ -317,10 +322,31 @@ func (m *Master) batchOps(n int) (ops []Op, one *Op) {
 type batchScratch struct {
 	segs  []uint32
 	place placeScratch
+	// gens are the batch's put generations, taken from Master.putGen in
+	// one step: a counter every put wrote was a cache line both cores
+	// wrote in turn. genNext is the next to hand out, genEnd the last.
+	genNext, genEnd uint64
+	items           int
+}
+
+// nextGen is Master.nextGen from the batch's block.
+func (sc *batchScratch) nextGen(m *Master) uint64 {
+	for {
+		if sc.genNext == 0 || sc.genNext > sc.genEnd {
+			n := uint64(max(sc.items, 1))
+			sc.genEnd = m.putGen.Add(n)
+			sc.genNext = sc.genEnd - n + 1
+		}
+		g := sc.genNext
+		sc.genNext++
+		if uint32(g) != 0 {
+			return g
+		}
+	}
 }
 
 func newBatchScratch(items, n int) *batchScratch {
-	return &batchScratch{segs: make([]uint32, 0, items*n),
+	return &batchScratch{items: items, segs: make([]uint32, 0, items*n),
 		place: placeScratch{addrs: make([]uint64, 0, items*n), ps: make([]alloc.Placement, 0, n)}}
 }
 

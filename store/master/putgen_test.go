@@ -105,3 +105,41 @@ func TestPutGenerationsBatch(t *testing.T) {
 func TestRecordSize(t *testing.T) {
 	require.Equal(t, uintptr(56), unsafe.Sizeof(object{}))
 }
+
+// TestBatchGensAcrossWrap: a batch takes its generations in one block;
+// none of them may have the low 32 bits a record keeps equal to 0 (0
+// means "not checked"), also when the block spans the wrap, and the
+// next batch's are all above the block.
+func TestBatchGensAcrossWrap(t *testing.T) {
+	e := newEnv(t, nil)
+	e.mount(cl(1), "host:1", 64<<20)
+	e.m.putGen.Store(1<<32 - 3)
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	sizes := []uint64{1, 1, 1, 1, 1, 1}
+	res, err := e.m.BatchPutStart(cl(1), keys, sizes, ReplicateConfig{})
+	require.NoError(t, err)
+	seen := map[uint64]bool{}
+	var top uint64
+	for i, r := range res {
+		require.NoError(t, r.Err)
+		require.NotZero(t, uint32(r.Gen), "key %s", keys[i])
+		require.False(t, seen[r.Gen])
+		seen[r.Gen] = true
+		top = max(top, r.Gen)
+	}
+	errs, err := e.m.BatchPutEndGen(cl(1), keys, func() []uint64 {
+		g := make([]uint64, len(res))
+		for i, r := range res {
+			g[i] = r.Gen
+		}
+		return g
+	}(), Memory, nil)
+	require.NoError(t, err)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	_, g, err := e.m.PutStartGen(cl(1), "z", 1, ReplicateConfig{})
+	require.NoError(t, err)
+	require.Greater(t, g, top)
+	require.NoError(t, e.m.CheckInvariants())
+}

@@ -349,13 +349,14 @@ func (m *Master) applyReserve(op *Op, a *applyArgs) error {
 			return diverged(op, "reservation %d exists", op.ID)
 		}
 	}
-	return m.place(op, a, func(o object) {
+	return m.place(op, a, func() {
 		if a.replay {
 			for n := m.resvNext.Load(); n < op.ID && !m.resvNext.CompareAndSwap(n, op.ID); n = m.resvNext.Load() {
 			}
 		} else {
 			op.ID = m.resvNext.Add(1)
 		}
+	}, func(o object) {
 		a.rs.m[op.ID] = o
 		m.reservedBytes.Add(int64(op.Size))
 	})
@@ -371,7 +372,6 @@ func (m *Master) applyCommit(sh *shard, h uint64, op *Op, a *applyArgs) error {
 	}
 	delete(a.rs.m, op.ID)
 	m.reservedBytes.Add(-int64(r.size()))
-	m.keys.Add(1)
 	if r.flags&fSoftPin != 0 {
 		m.softPinned.Add(1)
 	}

@@ -315,7 +315,7 @@ func (m *Master) NewImporter() (*Importer, error) {
 	m.clientMu.RLock()
 	nc := len(m.clients)
 	m.clientMu.RUnlock()
-	if started || n != 0 || m.keys.Load() != 0 || nc != 0 || m.reservations() != 0 {
+	if started || n != 0 || m.hasKeys() || nc != 0 || m.reservations() != 0 {
 		return nil, errors.New("master: import into a master that is started or not empty")
 	}
 	return &Importer{m: m, segs: map[uint32]*importSeg{}}, nil
@@ -393,10 +393,8 @@ func (im *Importer) Add(r *Record) error {
 			return badSnap("object %q twice", r.Key)
 		}
 		sh.insert(r.Key, h, o)
-		m.keys.Add(1)
 		if !o.complete() {
 			sh.pending++
-			m.pending.Add(1)
 		}
 		if r.SoftPin {
 			m.softPinned.Add(1)
