@@ -18,6 +18,8 @@ TEST_TIMEOUT ?= 14m
 # Generated gRPC code is committed; these pinned generators make it.
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
+PROTOC_GEN_VTPROTO := github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto@v0.6.0
+PROTO_GENS = $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/protoc-gen-go-vtproto $(TOOLS)/protoc-gen-utf8check
 TOOLS := $(CURDIR)/bin/tools
 PROTOS := store/storepb/master.proto
 MSGP := github.com/tinylib/msgp@v1.6.5
@@ -100,17 +102,26 @@ $(TOOLS)/protoc-gen-go:
 $(TOOLS)/protoc-gen-go-grpc:
 	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_GO_GRPC)
 
+$(TOOLS)/protoc-gen-go-vtproto:
+	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_VTPROTO)
+
+# Ours (internal/protoc-gen-utf8check): rebuilt whenever its source changes.
+$(TOOLS)/protoc-gen-utf8check: internal/protoc-gen-utf8check/main.go
+	$(GO) build -o $@ ./internal/protoc-gen-utf8check
+
 define protoc
 	PATH=$(TOOLS):$$PATH protoc -I store/storepb \
 		--go_out=$(1) --go_opt=paths=source_relative \
-		--go-grpc_out=$(1) --go-grpc_opt=paths=source_relative $(PROTOS)
+		--go-grpc_out=$(1) --go-grpc_opt=paths=source_relative \
+		--go-vtproto_out=$(1) --go-vtproto_opt=paths=source_relative,features=marshal+unmarshal+size \
+		--utf8check_out=$(1) --utf8check_opt=paths=source_relative $(PROTOS)
 endef
 
-proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+proto: $(PROTO_GENS)
 	$(call protoc,store/storepb)
 
 # Fails when the committed generated code is not what the generators make.
-proto-check: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+proto-check: $(PROTO_GENS)
 	@tmp=$$(mktemp -d); $(call protoc,$$tmp); \
 	for f in $$tmp/*.go; do \
 		cmp -s $$f store/storepb/$$(basename $$f) || { echo "stale: store/storepb/$$(basename $$f) (run make proto)"; rm -rf $$tmp; exit 1; }; \

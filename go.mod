@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-zeromq/zmq4 v0.17.0
+	github.com/planetscale/vtprotobuf v0.6.1-0.20240319094008-0393e58bdf10
 	github.com/prometheus/client_golang v1.25.0
 	github.com/tinylib/msgp v1.6.5
 	go.uber.org/goleak v1.3.0

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/crescent-kv/crescent/internal/pbcodec"
 )
 
 // Client defaults.
@@ -184,10 +186,10 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	if err != nil {
 		return notSent(err)
 	}
-	buf := make([]byte, headerLen+requestFixed, headerLen+requestFixed+len(method)+proto.Size(in))
+	buf := make([]byte, headerLen+requestFixed, headerLen+requestFixed+len(method)+pbcodec.Size(in))
 	buf[headerLen+8] = byte(len(method))
 	buf = append(buf, method...)
-	if buf, err = (proto.MarshalOptions{}).MarshalAppend(buf, in); err != nil {
+	if buf, err = pbcodec.Append(buf, in); err != nil {
 		return status.Errorf(codes.Internal, "crpc: encoding %s: %v", method, err)
 	}
 	ch := replyChans.Get().(chan frame)
@@ -316,7 +318,7 @@ func replyOf(ch chan frame, f frame, method string, out proto.Message) error {
 		}
 		return status.ErrorProto(&st)
 	}
-	if err := proto.Unmarshal(f.body, out); err != nil {
+	if err := pbcodec.Unmarshal(f.body, out); err != nil {
 		return status.Errorf(codes.Internal, "crpc: decoding the reply of %s: %v", method, err)
 	}
 	return nil

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/pbcodec"
 )
 
 // ErrServerStopped is returned by Serve after Stop or GracefulStop.
@@ -515,7 +516,7 @@ func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name s
 			if !ok {
 				return status.Errorf(codes.Internal, "crpc: %T is not a protobuf message", v)
 			}
-			if err := proto.Unmarshal(msg, pm); err != nil {
+			if err := pbcodec.Unmarshal(msg, pm); err != nil {
 				return status.Errorf(codes.InvalidArgument, "crpc: decoding %s: %v", name, err)
 			}
 			return nil
@@ -663,14 +664,14 @@ func encodeReply(buf []byte, id uint32, resp any, herr error, max int) ([]byte, 
 	} else {
 		return nil, status.Errorf(codes.Internal, "crpc: reply %T is not a protobuf message", resp)
 	}
-	n := proto.Size(msg)
+	n := pbcodec.Size(msg)
 	if n > max {
 		return nil, status.Errorf(codes.ResourceExhausted, "crpc: %d-byte reply > %d", n, max)
 	}
 	// The size just computed is cached in the messages: the marshal does
 	// not walk them again to size them (a batch reply's items dominate).
 	buf = slices.Grow(buf[:0], headerLen+n)[:headerLen]
-	buf, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, msg)
+	buf, err := pbcodec.AppendSized(buf, msg, n)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "crpc: encoding the reply: %v", err)
 	}

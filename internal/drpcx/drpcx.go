@@ -23,6 +23,7 @@ import (
 	"storj.io/drpc/drpcwire"
 
 	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/pbcodec"
 )
 
 // Bounds.
@@ -46,7 +47,7 @@ func (enc) Marshal(msg drpc.Message) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("drpcx: %T is not a protobuf message", msg)
 	}
-	return proto.Marshal(m)
+	return pbcodec.Marshal(m)
 }
 
 func (enc) Unmarshal(buf []byte, msg drpc.Message) error {
@@ -55,7 +56,7 @@ func (enc) Unmarshal(buf []byte, msg drpc.Message) error {
 		m.b = append(m.b[:0], buf...) // drpc reuses buf
 		return nil
 	case proto.Message:
-		return proto.Unmarshal(buf, m)
+		return pbcodec.Unmarshal(buf, m)
 	}
 	return fmt.Errorf("drpcx: %T is not a protobuf message", msg)
 }
@@ -87,7 +88,7 @@ func (d *desc) Method(i int) (string, drpc.Encoding, drpc.Receiver, any, bool) {
 			if !ok {
 				return status.Errorf(codes.Internal, "drpcx: %T is not a protobuf message", v)
 			}
-			if err := proto.Unmarshal(in.b, m); err != nil {
+			if err := pbcodec.Unmarshal(in.b, m); err != nil {
 				return status.Errorf(codes.InvalidArgument, "drpcx: decoding %s: %v", name, err)
 			}
 			return nil

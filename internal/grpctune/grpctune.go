@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/crescent-kv/crescent/internal/pbcodec"
 )
 
 // Tuned gRPC: fixed flow-control windows (no BDP probing), larger
@@ -74,10 +76,10 @@ func (pooledCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if !ok {
 		return nil, fmt.Errorf("grpctune: marshal %T: not a protobuf message", v)
 	}
-	size := proto.Size(m)
+	size := pbcodec.Size(m)
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(size)
-	if _, err := (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend((*buf)[:0], m); err != nil {
+	if _, err := pbcodec.AppendSized((*buf)[:0], m, size); err != nil {
 		pool.Put(buf)
 		return nil, err
 	}
@@ -91,5 +93,5 @@ func (pooledCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return proto.Unmarshal(buf.ReadOnlyData(), m) // copies what it keeps
+	return pbcodec.Unmarshal(buf.ReadOnlyData(), m) // copies what it keeps
 }

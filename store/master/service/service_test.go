@@ -12,7 +12,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -598,4 +600,26 @@ func TestServiceRemoveByRegexBounds(t *testing.T) {
 	require.Less(t, len(err.Error()), 300)
 	_, err = c.RemoveByRegex(ctx, &storepb.RemoveByRegexRequest{Regex: `(.*){1000}x`})
 	require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams)
+}
+
+// TestInvalidUTF8Refused: a crpc peer's encoder does not check strings,
+// so the master's decoder must: a key that is not UTF-8 is refused with
+// InvalidArgument naming the field, and the connection goes on serving.
+func TestInvalidUTF8Refused(t *testing.T) {
+	e := mastertest.New(t, nil)
+	addr := serveBoth(t, New(e.M, WithCRPC(crpc.ServerConfig{}, netx.Config{})))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cc, err := crpc.Dial(ctx, addr)
+	require.NoError(t, err)
+	defer cc.Close()
+	c := storepb.NewMasterClient(cc)
+	_, err = c.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: []string{"ok", "bad\xff"}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	assert.Contains(t, err.Error(), "BatchExistKeyRequest.keys: invalid UTF-8")
+	_, err = c.PutStart(ctx, &storepb.PutStartRequest{Key: "k\xc3", Size: 1, Config: &storepb.ReplicateConfig{PreferredSegments: []string{"s"}}})
+	require.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	r, err := c.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: []string{"ok", "ségment"}})
+	require.NoError(t, err)
+	require.Len(t, r.Results, 2)
 }
