@@ -124,9 +124,12 @@ type SegmentStats struct {
 }
 
 type segState struct {
-	Segment
-	idx uint32
-	cap uint64
+	Segment // never modified: SegmentOf hands out pointers to it
+	idx     uint32
+	cap     uint64
+	// Every allocation writes what follows; the fields above are read
+	// for every replica a reply describes, by both cores.
+	_ [64]byte
 
 	mu         sync.Mutex
 	oa         *offalloc.Allocator
@@ -402,6 +405,18 @@ func (a *Allocator) Segment(seg uint32) (Segment, bool) {
 	}
 	return Segment{}, false
 }
+
+// SegmentOf is Segment without the copy: the description is never
+// modified (a mount at a reused index gets a new one). A segment that is
+// not mounted has the zero description.
+func (a *Allocator) SegmentOf(seg uint32) *Segment {
+	if s := a.seg(seg); s != nil {
+		return &s.Segment
+	}
+	return &noSegment
+}
+
+var noSegment Segment
 
 // ByClient returns the indices of the segments a client mounted.
 func (a *Allocator) ByClient(c UUID) []uint32 {

@@ -375,7 +375,7 @@ func (m *Master) appendReplicas(out []Replica, o *object) []Replica {
 		st = StatusComplete
 	}
 	add := func(p alloc.Placement) {
-		s, _ := m.alloc.Segment(p.Seg)
+		s := m.alloc.SegmentOf(p.Seg)
 		out = append(out, Replica{Type: Memory, Status: st, SegmentName: s.Name, SegmentID: s.ID,
 			Addr: p.Addr, Size: o.size(), Protocol: s.Protocol})
 	}

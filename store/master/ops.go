@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/crescent-kv/crescent/store/alloc"
@@ -301,10 +302,15 @@ func (m *Master) placed(op *Op, ps []alloc.Placement, a *applyArgs) error {
 	return nil
 }
 
+// extPool recycles the ext of a put that PutEnd completes: one record
+// per unfinished put was half of the master's allocations.
+var extPool = sync.Pool{New: func() any { return new(objExt) }}
+
 // pendingObject is the unfinished object a PutStart or Reserve creates.
 func (m *Master) pendingObject(op *Op, ps []alloc.Placement) object {
 	o := newObject(op.Size, op.Time, ps[0], uint32(op.Gen))
-	o.ext = &objExt{owner: op.Client, pinTTL: int64(op.SoftPinTTL)}
+	o.ext = extPool.Get().(*objExt)
+	*o.ext = objExt{owner: op.Client, pinTTL: int64(op.SoftPinTTL)}
 	if len(ps) > 1 {
 		o.ext.more = slices.Clone(ps[1:])
 	}
@@ -340,7 +346,15 @@ func (m *Master) applyPutEnd(sh *shard, h uint64, op *Op, a *applyArgs) error {
 	if o == nil || o.complete() || o.owner() != op.Client || !o.isGen(op.Gen) {
 		return diverged(op, "no unfinished put of this client and generation")
 	}
+	e := o.ext
 	m.complete(o, op)
+	if o.ext == nil {
+		// Only the record held it (every copy of a record is made and
+		// dropped under the shard's lock, or, in Snapshot, loses its ext
+		// pointer before the lock is released).
+		*e = objExt{}
+		extPool.Put(e)
+	}
 	sh.pending--
 	m.append(op, a)
 	if m.ev != nil && !a.replay {

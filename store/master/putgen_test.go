@@ -1,7 +1,9 @@
 package master
 
 import (
+	"fmt"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -141,5 +143,47 @@ func TestBatchGensAcrossWrap(t *testing.T) {
 	_, g, err := e.m.PutStartGen(cl(1), "z", 1, ReplicateConfig{})
 	require.NoError(t, err)
 	require.Greater(t, g, top)
+	require.NoError(t, e.m.CheckInvariants())
+}
+
+// TestExtRecycled: the record a PutEnd frees goes back to a pool and
+// serves a later put; nothing of the earlier put (owner, pin TTL,
+// replicas, hashes) shows in the later one.
+func TestExtRecycled(t *testing.T) {
+	e := newEnv(t, nil)
+	for c := uint64(1); c <= 3; c++ {
+		e.mount(cl(c), fmt.Sprintf("host:%d", c), 1<<24)
+	}
+	ext := func(key string) objExt {
+		sh, h := e.m.locate(key)
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		o := sh.get(key, h)
+		require.NotNil(t, o, key)
+		if o.ext == nil {
+			return objExt{}
+		}
+		return *o.ext
+	}
+	for i := range 300 {
+		c := cl(uint64(i%3 + 1))
+		rc := ReplicateConfig{Replicas: i%2 + 1}
+		if i%4 == 0 {
+			rc.SoftPin, rc.SoftPinTTL = true, time.Duration(i+1)*time.Second
+		}
+		key := fmt.Sprintf("k%d", i)
+		_, gen, err := e.m.PutStartGen(c, key, 4096, rc)
+		require.NoError(t, err)
+		x := ext(key)
+		require.Equal(t, c, x.owner, key)
+		require.Equal(t, int64(rc.SoftPinTTL), x.pinTTL, key)
+		require.Len(t, x.more, rc.Replicas-1, key)
+		require.Zero(t, x.pin, key)
+		require.Nil(t, x.hashes, key)
+		require.NoError(t, e.m.PutEndGen(c, key, gen, Memory, &BlockMeta{BlockHashes: []uint64{uint64(i)}}))
+		x = ext(key)
+		require.True(t, x.owner.IsZero(), key)
+		require.Equal(t, int64(rc.SoftPinTTL), x.pinTTL, key)
+	}
 	require.NoError(t, e.m.CheckInvariants())
 }
