@@ -19,7 +19,7 @@ TEST_TIMEOUT ?= 14m
 PROTOC_GEN_GO := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 PROTOC_GEN_VTPROTO := github.com/planetscale/vtprotobuf/cmd/protoc-gen-go-vtproto@v0.6.0
-PROTO_GENS = $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/protoc-gen-go-vtproto $(TOOLS)/protoc-gen-utf8check
+PROTO_GENS = $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc $(TOOLS)/protoc-gen-go-vtproto $(TOOLS)/protoc-gen-decodehelp
 TOOLS := $(CURDIR)/bin/tools
 PROTOS := store/storepb/master.proto
 MSGP := github.com/tinylib/msgp@v1.6.5
@@ -105,16 +105,16 @@ $(TOOLS)/protoc-gen-go-grpc:
 $(TOOLS)/protoc-gen-go-vtproto:
 	GOBIN=$(TOOLS) $(GO) install $(PROTOC_GEN_VTPROTO)
 
-# Ours (internal/protoc-gen-utf8check): rebuilt whenever its source changes.
-$(TOOLS)/protoc-gen-utf8check: internal/protoc-gen-utf8check/main.go
-	$(GO) build -o $@ ./internal/protoc-gen-utf8check
+# Ours (internal/protoc-gen-decodehelp): rebuilt whenever its source changes.
+$(TOOLS)/protoc-gen-decodehelp: internal/protoc-gen-decodehelp/main.go
+	$(GO) build -o $@ ./internal/protoc-gen-decodehelp
 
 define protoc
 	PATH=$(TOOLS):$$PATH protoc -I store/storepb \
 		--go_out=$(1) --go_opt=paths=source_relative \
 		--go-grpc_out=$(1) --go-grpc_opt=paths=source_relative \
 		--go-vtproto_out=$(1) --go-vtproto_opt=paths=source_relative,features=marshal+unmarshal+size \
-		--utf8check_out=$(1) --utf8check_opt=paths=source_relative $(PROTOS)
+		--decodehelp_out=$(1) --decodehelp_opt=paths=source_relative $(PROTOS)
 endef
 
 proto: $(PROTO_GENS)

@@ -11,10 +11,11 @@
 //     on the way out: what a process sends it got from a decoder that
 //     checked, or from its own code.
 //   - Unmarshal resets the message, then decodes. A message decodes on the
-//     fast path only if it also has CheckUTF8 (protoc-gen-utf8check), which
-//     runs after the decode, so every string field is valid UTF-8, as
-//     proto3 requires and proto.Unmarshal checks; otherwise proto.Unmarshal
-//     does it all.
+//     fast path only if it also has CheckUTF8 (protoc-gen-decodehelp),
+//     which runs after the decode, so every string field is valid UTF-8,
+//     as proto3 requires and proto.Unmarshal checks; otherwise
+//     proto.Unmarshal does it all. Where the message has PresizeVT, its
+//     repeated fields are given their capacity before the decode.
 //
 // The package owns no wire format of its own.
 package pbcodec

@@ -7,13 +7,17 @@ import (
 )
 
 // fast is what protoc-gen-go-vtproto (features marshal, unmarshal, size)
-// and protoc-gen-utf8check generate for a message.
+// and protoc-gen-decodehelp generate for a message.
 type fast interface {
 	SizeVT() int
 	MarshalToSizedBufferVT([]byte) (int, error)
 	UnmarshalVT([]byte) error
 	CheckUTF8() error
 }
+
+// presizer is what protoc-gen-decodehelp adds to a message with repeated
+// strings, bytes or messages.
+type presizer interface{ PresizeVT([]byte) }
 
 // Size is m's encoded size.
 func Size(m proto.Message) int {
@@ -72,6 +76,9 @@ func Unmarshal(b []byte, m proto.Message) error {
 		return proto.Unmarshal(b, m)
 	}
 	proto.Reset(m)
+	if p, ok := m.(presizer); ok {
+		p.PresizeVT(b)
+	}
 	if err := f.UnmarshalVT(b); err != nil {
 		return err
 	}
