@@ -378,6 +378,9 @@ func TestBatchPutCommitBesideEnd(t *testing.T) {
 	endStarted := make(chan struct{})
 	var endOnce sync.Once
 	var overlapped atomic.Bool
+	// A refill that lands between the batch's takes would let it take a
+	// fifth reservation, so refills wait until the batch is over.
+	disarmed := make(chan struct{})
 	a := newTestClient(t, tm, 32<<20, func(c *Config) {
 		c.PutAhead = 4
 		c.MasterProtocol = "grpc"
@@ -385,6 +388,8 @@ func TestBatchPutCommitBesideEnd(t *testing.T) {
 			conn, _, err := DialMaster(ctx, addr, "grpc", func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 				if armed.Load() {
 					switch {
+					case strings.HasSuffix(method, "/ReservePut"):
+						<-disarmed
 					case strings.HasSuffix(method, "/PutEnd") || strings.HasSuffix(method, "/BatchPutEnd"):
 						endOnce.Do(func() { close(endStarted) })
 					case strings.HasSuffix(method, "/CommitPut"):
@@ -414,6 +419,7 @@ func TestBatchPutCommitBesideEnd(t *testing.T) {
 	armed.Store(true)
 	errs := a.BatchPut(ctx, keys, vals, ReplicateConfig{})
 	armed.Store(false)
+	close(disarmed)
 	for i, err := range errs {
 		require.NoError(t, err, "item %d", i)
 	}
