@@ -282,6 +282,19 @@ func (s *Sink) wakeUpTo(seq uint64) {
 	s.waiters = append(s.waiters[:0], s.waiters[n:]...)
 }
 
+// wakeNext wakes the first waiter if its seq is durable; that waiter
+// wakes the next one when it runs (WaitDurable). Waking them one after
+// the other puts each in its core's next-to-run slot: woken all at once,
+// all but the last would queue behind every goroutine already runnable
+// there (on a loaded master, the clients' copies), each adding the wait
+// to its answer. s.mu is held.
+func (s *Sink) wakeNext() {
+	if len(s.waiters) > 0 && s.waiters[0].seq <= s.durable.Load() {
+		close(s.waiters[0].ch)
+		s.waiters = append(s.waiters[:0], s.waiters[1:]...)
+	}
+}
+
 // pipelinedAppender is a store that writes on the caller's goroutine
 // and lets the next batch be written while this one syncs (Local): the
 // sink then runs syncers() writers, each doing its batch's fdatasync
@@ -352,7 +365,7 @@ func (s *Sink) run() {
 				if last > s.durable.Load() {
 					s.durable.Store(last)
 				}
-				s.wakeUpTo(last)
+				s.wakeNext()
 				s.broadcast()
 			}
 			s.mu.Unlock()
@@ -417,11 +430,17 @@ func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
 		s.mu.Unlock()
 		select {
 		case <-w.ch:
+			s.mu.Lock()
+			s.wakeNext()
+			s.mu.Unlock()
 		case <-ctx.Done():
 			s.mu.Lock()
 			if i := slices.IndexFunc(s.waiters, func(x waiter) bool { return x.ch == w.ch }); i >= 0 {
 				s.waiters = slices.Delete(s.waiters, i, i+1)
 			}
+			// Woken meanwhile or not, the next waiter must not wait
+			// for this one.
+			s.wakeNext()
 			s.mu.Unlock()
 			return ctx.Err()
 		}
