@@ -55,9 +55,20 @@ func (e *Entry) Seal() { e.CRC = e.Sum() }
 
 // Verify reports ErrCorrupt or ErrTooLarge for a bad entry.
 func (e *Entry) Verify() error {
+	if err := e.checkLimits(); err != nil {
+		return err
+	}
+	return e.checkSum()
+}
+
+func (e *Entry) checkLimits() error {
 	if len(e.Key) > MaxKey || len(e.Payload) > MaxPayload {
 		return fmt.Errorf("%w: seq %d: key %d bytes, payload %d bytes", ErrTooLarge, e.Seq, len(e.Key), len(e.Payload))
 	}
+	return nil
+}
+
+func (e *Entry) checkSum() error {
 	if s := e.Sum(); s != e.CRC {
 		return fmt.Errorf("%w: seq %d: crc %#x, computed %#x", ErrCorrupt, e.Seq, e.CRC, s)
 	}

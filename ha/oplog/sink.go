@@ -37,7 +37,8 @@ var ErrQueueFull = errors.New("oplog: sink queue full")
 type SinkConfig struct {
 	Term uint64 // written with every Append
 	// Queue and Bytes bound what is queued or being written (entries, and
-	// the bytes of their keys and payloads); 0 = the defaults.
+	// their bytes: key and payload twice, in the entry and in its
+	// encoded record, plus 72 per entry); 0 = the defaults.
 	Queue int
 	Bytes int
 	// FullDelay is how long Append waits for room in a full queue before
@@ -61,11 +62,22 @@ type Sink struct {
 	store Store
 	cfg   SinkConfig
 
-	mu      sync.Mutex
-	queue   []Entry // numbered, not yet handed to the store
-	held    int     // entries queued or being written
-	bytes   int     // their bytes
-	next    uint64  // the seq the next op gets
+	mu    sync.Mutex
+	queue []Entry // numbered, not yet handed to the store
+	// recs holds the queued entries' records back to back, in the local
+	// log's format, queue[i]'s from recOffs[i]: Append seals and encodes
+	// each in one pass where it only sealed it before, so a local log's
+	// writer takes them as they are (encoding a batch there sat on every
+	// commit's path).
+	recs    []byte
+	recOffs []int
+	// spare is a written batch's queue, records and offsets, for the
+	// queue to start again in: allocating them anew for every batch
+	// cost more than the encoding it saved.
+	spare   *queued
+	held    int    // entries queued or being written
+	bytes   int    // their bytes (key, payload, record)
+	next    uint64 // the seq the next op gets
 	failed  error
 	closed  bool
 	changed chan struct{} // closed and replaced when room changes, on failure and close
@@ -182,7 +194,7 @@ func (s *Sink) kickLocked() {
 // Append implements master.OpSink.
 func (s *Sink) Append(op *master.Op) {
 	e, err := FromOp(op)
-	size := len(e.Key) + len(e.Payload)
+	size := entryBytes(&e)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.failed != nil || s.closed {
@@ -218,7 +230,8 @@ func (s *Sink) Append(op *master.Op) {
 		}
 	}
 	e.Seq, e.Term = s.next, s.cfg.Term
-	e.Seal()
+	s.recOffs = append(s.recOffs, len(s.recs))
+	s.recs = appendSealedRecord(s.recs, &e)
 	s.next++
 	s.queue = append(s.queue, e)
 	s.held++
@@ -253,10 +266,10 @@ func (s *Sink) fail(err error) {
 		s.failed = err
 	}
 	for i := range s.queue { // dropped, never written
-		s.bytes -= len(s.queue[i].Key) + len(s.queue[i].Payload)
+		s.bytes -= entryBytes(&s.queue[i])
 	}
 	s.held -= len(s.queue)
-	s.queue = nil
+	s.queue, s.recs, s.recOffs = nil, nil, nil
 	s.broadcast()
 }
 
@@ -303,7 +316,9 @@ type pipelinedAppender interface {
 	syncers() int
 	// startAppend writes entries after everything handed to it before;
 	// wait returns once they are durable (and every earlier batch is).
-	startAppend(term uint64, entries []Entry) (wait func() error)
+	// recs are the entries' sealed records back to back
+	// (appendSealedRecord), entries[i]'s from offs[i].
+	startAppend(term uint64, entries []Entry, recs []byte, offs []int) (wait func() error)
 }
 
 // run is one writer: it writes what is queued, a batch at a time, until
@@ -330,13 +345,13 @@ func (s *Sink) run() {
 			if s.cfg.MaxBatch > 0 && n > s.cfg.MaxBatch {
 				n = s.cfg.MaxBatch
 			}
-			batch := s.queue[:n:n]
-			s.queue = s.queue[n:]
+			q := s.takeLocked(n)
+			batch := q.entries
 			s.mu.Unlock()
 
 			var err error
 			if pa != nil {
-				wait := pa.startAppend(s.cfg.Term, batch)
+				wait := pa.startAppend(s.cfg.Term, batch, q.recs, q.offs)
 				s.turn.Unlock()
 				err = wait()
 			} else {
@@ -351,7 +366,7 @@ func (s *Sink) run() {
 			}
 			bytes := 0
 			for i := range batch {
-				bytes += len(batch[i].Key) + len(batch[i].Payload)
+				bytes += entryBytes(&batch[i])
 			}
 			last := batch[len(batch)-1].Seq
 			s.mu.Lock()
@@ -367,11 +382,69 @@ func (s *Sink) run() {
 				}
 				s.wakeNext()
 				s.broadcast()
+				if pa != nil { // done with q: a Local copied the records out
+					s.recycleLocked(q)
+				}
 			}
 			s.mu.Unlock()
 		}
 	}
 }
+
+// queued is a batch taken from the queue: its entries, their records
+// back to back and each one's offset in them.
+type queued struct {
+	entries []Entry
+	recs    []byte
+	offs    []int
+}
+
+// takeLocked takes the first n queued entries and their records. A
+// queue taken whole starts again in the spare arrays, or in new ones as
+// large as the batch (not grown from nothing, copying what it holds
+// each time). s.mu is held.
+func (s *Sink) takeLocked(n int) *queued {
+	end := len(s.recs)
+	if n < len(s.queue) {
+		end = s.recOffs[n]
+	}
+	// Capped at the batch: the queue's later appends never reach them.
+	q := &queued{entries: s.queue[:n:n], recs: s.recs[:end:end], offs: s.recOffs[:n:n]}
+	switch {
+	case n < len(s.queue):
+		s.queue, s.recs, s.recOffs = s.queue[n:], s.recs[end:], slices.Clone(s.recOffs[n:])
+		for i := range s.recOffs {
+			s.recOffs[i] -= end
+		}
+	case s.spare != nil:
+		s.queue, s.recs, s.recOffs = s.spare.entries[:0], s.spare.recs[:0], s.spare.offs[:0]
+		s.spare = nil
+	default:
+		s.queue, s.recs, s.recOffs = make([]Entry, 0, n), make([]byte, 0, end), make([]int, 0, n)
+	}
+	return q
+}
+
+// recycleLocked keeps a written batch's arrays as the spare (the larger
+// of two, up to maxSpare bytes of records). s.mu is held.
+func (s *Sink) recycleLocked(q *queued) {
+	if cap(q.recs) > maxSpare || s.spare != nil && cap(s.spare.recs) >= cap(q.recs) {
+		return
+	}
+	clear(q.entries) // drop the keys and payloads
+	s.spare = q
+}
+
+// maxSpare bounds the records array a sink keeps for its next batches:
+// one burst's does not stay allocated for good.
+const maxSpare = 4 << 20
+
+// maxEntryFields bounds the msgp bytes of an entry's fields other than
+// key and payload (names, seq, term, time, kind, crc, headers).
+const maxEntryFields = 64
+
+// entryBytes is what a queued entry counts against SinkConfig.Bytes.
+func entryBytes(e *Entry) int { return 2*(len(e.Key)+len(e.Payload)) + recOverhead + maxEntryFields }
 
 // changeSlots is the size of the table LastChange reads (8 bytes each).
 const changeSlots = 1 << 14
