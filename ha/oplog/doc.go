@@ -333,8 +333,10 @@
 // ignored at open and deleted by the next Compact.
 //
 // Reads: OpenEtcd lists the batch keys (keys only, 10000 a page) at the
-// prefix's revision into an index id -> position; Read fetches the batch
-// holding the seq, checks the record crc, each entry's crc and seq
-// continuity. LastSeq, FirstSeq and a Read past the known end re-read the
+// prefix's revision into an index id -> position; Read fetches the batches
+// holding the seqs asked for by key range, a page per request (8 batches
+// first, doubling up to 1024 or about 2 MiB going by the largest batch
+// seen; a page over the client's receive limit is asked again smaller), checks each record's crc, each entry's crc and seq continuity,
+// and names a batch the index holds that etcd does not. LastSeq, FirstSeq and a Read past the known end re-read the
 // prefix, so a non-writing store follows another writer.
 package oplog

@@ -49,8 +49,10 @@ const (
 	etcdDefaultBatchBytes = 1 << 20
 	etcdDefaultEntries    = 1024
 	etcdMaxEntries        = 1 << 16
-	etcdDeleteChunk       = 256   // batch keys per compaction delete
-	etcdListPage          = 10000 // keys per page when listing batches at open
+	etcdDeleteChunk       = 256     // batch keys per compaction delete
+	etcdListPage          = 10000   // keys per page when listing batches at open
+	etcdReadPageBytes     = 2 << 20 // bytes a Read asks etcd for in one page, going by the largest batch seen
+	etcdReadPageMax       = 1024    // batches per page of a Read
 )
 
 // Etcd is the etcd Store: batch records plus a durable prefix, written
@@ -82,6 +84,8 @@ type Etcd struct {
 	wRev    int64
 
 	deleteChunk int // batch keys per compaction delete (tests lower it)
+
+	readLargest atomic.Int64 // largest batch of the last Read's last page; 0 before any
 
 	txns, batches, entries atomic.Uint64
 	bytes, txnNanos        atomic.Uint64
@@ -804,42 +808,82 @@ func (s *Etcd) Read(ctx context.Context, from uint64, max int) ([]Entry, error) 
 	if i < 0 {
 		return nil, fmt.Errorf("%w: no batch holds seq %d", ErrCorrupt, from)
 	}
-	var out []Entry
-	for ; i < len(index) && len(out) < max; i++ {
-		id := index[i]
-		last := p.last
-		if i+1 < len(index) {
-			last = index[i+1] - 1
+	// The batches holding from..want, fetched by key range a page at a
+	// time: one linearizable read per page instead of one per batch. A
+	// page aims at etcdReadPageBytes; what it holds is part of what the
+	// caller asked for, so max bounds the memory either way.
+	want := p.last
+	if uint64(max) <= p.last-from {
+		want = from + uint64(max) - 1
+	}
+	j := sort.Search(len(index), func(k int) bool { return index[k] > want }) - 1
+	out := make([]Entry, 0, min(max, 1024))
+	// The first page goes by the last Read's batches (recovery reads 1024
+	// entries per call), else by the largest a batch may be.
+	largest := int(s.readLargest.Load())
+	if largest <= 0 {
+		largest = s.opts.MaxBatchBytes
+	}
+	limit := min(etcdReadPageMax, int64(etcdReadPageBytes/largest)) // largest <= 1.25 MiB
+	for i <= j {
+		resp, err := s.cli.Get(ctx, s.batchKey(index[i]), clientv3.WithRange(s.batchKey(index[j])+"\x00"),
+			clientv3.WithLimit(limit))
+		if status.Code(err) == codes.ResourceExhausted && limit > 1 {
+			// Over the client's receive limit (EtcdClientConfig: 4 MiB):
+			// batches grew past what the page went by. One batch always fits.
+			limit = (limit + 7) / 8
+			continue
 		}
-		if id > p.last {
-			break
-		}
-		resp, err := s.cli.Get(ctx, s.batchKey(id))
 		if err != nil {
-			return out, fmt.Errorf("oplog: etcd: read batch %d: %w", id, err)
+			return out, fmt.Errorf("oplog: etcd: read batches %d..%d: %w", index[i], index[j], err)
 		}
-		if len(resp.Kvs) == 0 {
-			if err := s.refresh(ctx); err == nil {
-				if q, _, _ := s.snapshot(); from < q.first {
-					return nil, fmt.Errorf("%w: seq %d, the log starts at %d", ErrCompacted, from, q.first)
+		largest = 1
+		for _, kv := range resp.Kvs {
+			id := index[i]
+			if string(kv.Key) != s.batchKey(id) {
+				return out, s.missing(ctx, from, id)
+			}
+			if len(kv.Value) > largest {
+				largest = len(kv.Value)
+			}
+			last := p.last
+			if i+1 < len(index) {
+				last = index[i+1] - 1
+			}
+			es, err := decodeBatch(id, kv.Value, s.opts.MaxBatchBytes)
+			if err != nil {
+				return out, err
+			}
+			if id+uint64(len(es))-1 != last {
+				return out, fmt.Errorf("%w: batch %d holds seqs to %d, the log says %d", ErrCorrupt, id, id+uint64(len(es))-1, last)
+			}
+			for _, e := range es {
+				if e.Seq >= from && len(out) < max {
+					out = append(out, e)
 				}
 			}
-			return out, fmt.Errorf("%w: batch %d missing", ErrCorrupt, id)
+			i++
 		}
-		es, err := decodeBatch(id, resp.Kvs[0].Value, s.opts.MaxBatchBytes)
-		if err != nil {
-			return out, err
+		if len(resp.Kvs) == 0 || (!resp.More && i <= j) {
+			return out, s.missing(ctx, from, index[i])
 		}
-		if id+uint64(len(es))-1 != last {
-			return out, fmt.Errorf("%w: batch %d holds seqs to %d, the log says %d", ErrCorrupt, id, id+uint64(len(es))-1, last)
-		}
-		for _, e := range es {
-			if e.Seq >= from && len(out) < max {
-				out = append(out, e)
-			}
-		}
+		// Grow by doubling: batches near the end may be larger than
+		// those seen so far.
+		limit = min(2*limit, etcdReadPageMax, int64(etcdReadPageBytes/largest))
+		s.readLargest.Store(int64(largest))
 	}
 	return out, nil
+}
+
+// missing explains a batch the index names that etcd does not hold: the
+// log was compacted past from meanwhile, or it is corrupt.
+func (s *Etcd) missing(ctx context.Context, from, id uint64) error {
+	if err := s.refresh(ctx); err == nil {
+		if q, _, _ := s.snapshot(); from < q.first {
+			return fmt.Errorf("%w: seq %d, the log starts at %d", ErrCompacted, from, q.first)
+		}
+	}
+	return fmt.Errorf("%w: batch %d missing", ErrCorrupt, id)
 }
 
 // Compact implements Store: the prefix records the new first seq, then

@@ -789,3 +789,104 @@ func FuzzEtcdRecords(f *testing.F) {
 		}
 	})
 }
+
+// countKV counts range reads of the batch directory and the bytes each
+// answer carried.
+type countKV struct {
+	clientv3.KV
+	dir   string
+	mu    sync.Mutex
+	gets  int
+	sizes []int
+}
+
+func (k *countKV) Get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
+	resp, err := k.KV.Get(ctx, key, opts...)
+	if err == nil && strings.HasPrefix(key, k.dir) {
+		n := 0
+		for _, kv := range resp.Kvs {
+			n += len(kv.Value)
+		}
+		k.mu.Lock()
+		k.gets++
+		k.sizes = append(k.sizes, n)
+		k.mu.Unlock()
+	}
+	return resp, err
+}
+
+func (k *countKV) take() (int, []int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	g, s := k.gets, k.sizes
+	k.gets, k.sizes = 0, nil
+	return g, s
+}
+
+// Read fetches many batches per etcd request (recovery read one request
+// per batch: seconds for a few thousand small batches), keeps a page near
+// etcdReadPageBytes when batches are large, and still names a batch
+// deleted under it.
+func TestEtcdReadPages(t *testing.T) {
+	e := startEtcd(t)
+	cfg := EtcdClientConfig([]string{e.Endpoint}) // its 4 MiB receive limit
+	cfg.Logger = zap.NewNop()
+	cli, err := clientv3.New(cfg)
+	require.NoError(t, err)
+	defer cli.Close()
+	ctx := ctxT(t)
+	s := openEtcd(t, cli, EtcdOptions{})
+	want := ents(1, 600, 1, 40)
+	for i := range want {
+		require.NoError(t, s.Append(ctx, 1, want[i:i+1]), "one batch per entry")
+	}
+	big := ents(601, 30, 1, 900<<10)
+	for i := range big {
+		require.NoError(t, s.Append(ctx, 1, big[i:i+1]))
+	}
+	want = append(want, big...)
+	ck := &countKV{KV: cli.KV, dir: s.batchDir}
+	cli.KV = ck
+
+	es, err := s.Read(ctx, 1, 600)
+	require.NoError(t, err)
+	require.Equal(t, want[:600], es)
+	gets, _ := ck.take()
+	assert.LessOrEqual(t, gets, 10, "600 one-entry batches in a few pages, not 600 reads")
+
+	es, err = s.Read(ctx, 250, 10)
+	require.NoError(t, err)
+	require.Equal(t, want[249:259], es)
+	gets, sizes := ck.take()
+	assert.LessOrEqual(t, gets, 2)
+	total := 0
+	for _, n := range sizes {
+		total += n
+	}
+	assert.Less(t, total, 10*200, "only the batches asked for")
+
+	// Pages going by small batches meet 27 MB of large ones: a page over
+	// the receive limit is asked again smaller.
+	es, err = s.Read(ctx, 590, 1000)
+	require.NoError(t, err)
+	require.Equal(t, want[589:], es)
+	ck.take()
+	es, err = s.Read(ctx, 601, 1000)
+	require.NoError(t, err)
+	require.Equal(t, want[600:], es)
+	gets, sizes = ck.take()
+	assert.GreaterOrEqual(t, gets, 4, "27 MB of batches in pages")
+	for _, n := range sizes {
+		assert.LessOrEqual(t, n, etcdReadPageBytes+1<<20, "a page stays near its budget")
+	}
+
+	// A batch deleted under the index is named, not skipped.
+	_, err = cli.Delete(ctx, s.batchKey(300))
+	require.NoError(t, err)
+	_, err = s.Read(ctx, 290, 20)
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), "batch 300 missing")
+	es, err = s.Read(ctx, 301, 5)
+	require.NoError(t, err, "the batches after it still read")
+	require.Equal(t, want[300:305], es)
+}
