@@ -147,15 +147,18 @@ func crashRecovery(t *testing.T, logArgs ...string) []string {
 	t.Logf("seed %d (CRASH_SEED)", seed)
 	r := rand.New(rand.NewPCG(seed, 1))
 	port := freePort(t)
+	// A forced remove is an admin operation: without the admin token every
+	// remove failed and no acknowledged remove was ever checked.
+	admin := adminArgs(t)
 	args := append([]string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", "0",
-		"--client_ttl", "60", "--log_level", "info"}, logArgs...)
+		"--client_ttl", "60", "--log_level", "info"}, append(admin, logArgs...)...)
 	proc, recovered := startMaster(t, args...)
 	require.Contains(t, recovered, "entries=0")
 
 	ctx := context.Background()
 	cl, err := store.New(ctx, store.Config{MasterAddr: "127.0.0.1:" + strconv.Itoa(port), GlobalSegmentSize: 64 << 20,
 		LocalBufferSize: 16 << 20, Protocols: []string{"tcp"}, LocalHostname: "127.0.0.1", RPCTimeout: 2 * time.Second,
-		HeartbeatInterval: 200 * time.Millisecond, PutRetries: -1,
+		HeartbeatInterval: 200 * time.Millisecond, PutRetries: -1, AdminTokenFile: admin[1],
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	defer cl.Close()
@@ -247,30 +250,60 @@ func crashRecovery(t *testing.T, logArgs ...string) []string {
 		mu.Unlock()
 		totalAcked += len(keys)
 		require.NotEmpty(t, keys, "round %d acknowledged no put: the test proves nothing", round)
-		for _, k := range keys {
-			got, err := getRetry(ctx, cl, k)
-			require.NoError(t, err, "round %d: acknowledged key %s", round, k)
-			require.True(t, bytes.Equal(crashValue(k), got), "round %d: key %s content differs", round, k)
+		vals, errs := getAllRetry(ctx, cl, keys)
+		for i, k := range keys {
+			require.NoError(t, errs[i], "round %d: acknowledged key %s", round, k)
+			require.True(t, bytes.Equal(crashValue(k), vals[i]), "round %d: key %s content differs", round, k)
 		}
-		for _, k := range gone {
-			_, err := getRetry(ctx, cl, k)
-			require.ErrorIs(t, err, errcode.ErrObjectNotFound, "round %d: removed key %s came back", round, k)
+		_, errs = getAllRetry(ctx, cl, gone)
+		for i, k := range gone {
+			require.ErrorIs(t, errs[i], errcode.ErrObjectNotFound, "round %d: removed key %s came back", round, k)
 		}
 		// A put that was not acknowledged is there whole or not at all.
 		mu.Lock()
+		maybe := make([]string, 0, len(unsure))
 		for k := range unsure {
-			if got, err := getRetry(ctx, cl, k); err == nil {
-				require.True(t, bytes.Equal(crashValue(k), got), "round %d: unacknowledged key %s half-visible", round, k)
-			}
+			maybe = append(maybe, k)
 			delete(unsure, k)
 		}
 		mu.Unlock()
+		vals, errs = getAllRetry(ctx, cl, maybe)
+		for i, k := range maybe {
+			if errs[i] == nil {
+				require.True(t, bytes.Equal(crashValue(k), vals[i]), "round %d: unacknowledged key %s half-visible", round, k)
+			}
+		}
 	}
+	require.NotEmpty(t, removed, "no remove was acknowledged: the test proves nothing about removes")
 	t.Logf("%d rounds, %d acknowledged puts checked (summed over rounds), %d removes; the client remounted %d times",
 		rounds, totalAcked, len(removed), cl.Stats().Remounts)
 	require.NoError(t, cl.Close())
 	proc.cmd.Process.Signal(syscall.SIGTERM)
 	return lines
+}
+
+// getAllRetry reads keys with BatchGet, 128 a call, retrying a call while
+// the restarted master is not reachable yet (as getRetry does).
+func getAllRetry(ctx context.Context, cl *store.Client, keys []string) ([][]byte, []error) {
+	vals, errs := make([][]byte, 0, len(keys)), make([]error, 0, len(keys))
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), 128)]
+		keys = keys[len(chunk):]
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			vs, es := cl.BatchGet(ctx, chunk)
+			retry := false
+			for _, err := range es {
+				retry = retry || errors.Is(err, errcode.ErrRPCFail) || errors.Is(err, errcode.ErrRPCTimeout)
+			}
+			if !retry || time.Now().After(deadline) {
+				vals, errs = append(vals, vs...), append(errs, es...)
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return vals, errs
 }
 
 // getRetry reads key, retrying while the restarted master is not
