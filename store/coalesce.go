@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -44,6 +45,7 @@ type coalescer[Q, R any] struct {
 }
 
 type pending[Q, R any] struct {
+	ctx  context.Context
 	q    Q
 	r    R
 	err  error
@@ -56,10 +58,10 @@ func newCoalescer[Q, R any](max int, same func(a, b Q) bool, send func(context.C
 }
 
 // do runs q, alone or in a batch. A queued call does not give up when ctx
-// ends: its request may already be on the wire, and the batch is bounded
-// by the RPC timeout.
+// ends: its request may already be on the wire. The batch's RPC ends when
+// every call in it has ended (batchCtx), and is bounded by the RPC timeout.
 func (c *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
-	p := &pending[Q, R]{q: q}
+	p := &pending[Q, R]{ctx: ctx, q: q}
 	c.mu.Lock()
 	if c.busy >= c.depth {
 		p.done = make(chan struct{})
@@ -73,13 +75,13 @@ func (c *coalescer[Q, R]) do(ctx context.Context, q Q) (R, error) {
 		c.busy++
 		c.mu.Unlock()
 	}
-	c.run(ctx, p)
+	c.run(p)
 	return p.r, p.err
 }
 
 // run sends the batch headed by p, then hands leadership to the oldest
 // queued call, if any.
-func (c *coalescer[Q, R]) run(ctx context.Context, p *pending[Q, R]) {
+func (c *coalescer[Q, R]) run(p *pending[Q, R]) {
 	batch := []*pending[Q, R]{p}
 	c.mu.Lock()
 	keep := c.q[:0]
@@ -98,9 +100,9 @@ func (c *coalescer[Q, R]) run(ctx context.Context, p *pending[Q, R]) {
 	for i, x := range batch {
 		qs[i] = x.q
 	}
-	// Others' calls ride on this RPC: the leader's cancellation must not
-	// fail them.
-	rs, errs := c.send(context.WithoutCancel(ctx), qs)
+	bctx, done := batchCtx(batch)
+	rs, errs := c.send(bctx, qs)
+	done()
 	for i, x := range batch {
 		x.r, x.err = rs[i], errs[i]
 		if x != p {
@@ -119,6 +121,39 @@ func (c *coalescer[Q, R]) run(ctx context.Context, p *pending[Q, R]) {
 	next.lead = true
 	c.mu.Unlock()
 	close(next.done)
+}
+
+// batchCtx is the context of a batch's RPC. Others' calls ride on it, so
+// one call's end must not fail them, but once every call has ended
+// nobody waits for the answer: a caller whose context ends while no
+// master leads gets its error then, not at the RPC timeout. A lone call
+// uses its own context.
+func batchCtx[Q, R any](batch []*pending[Q, R]) (context.Context, func()) {
+	if len(batch) == 1 {
+		return batch[0].ctx, func() {}
+	}
+	for _, x := range batch {
+		if x.ctx.Done() == nil { // a call that never ends keeps the RPC
+			return context.WithoutCancel(batch[0].ctx), func() {}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	var live atomic.Int32
+	live.Store(int32(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, x := range batch {
+		stops[i] = context.AfterFunc(x.ctx, func() {
+			if live.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
 }
 
 // maxCoalesce bounds one coalesced batch RPC; coalesceDepth is how many

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -151,20 +150,72 @@ func waitQueued(t *testing.T, c *coalescer[int, string], n int) {
 	t.Fatalf("fewer than %d calls queued", n)
 }
 
-// A leader whose context is cancelled does not fail the calls riding on
-// its RPC.
-func TestCoalescerLeaderCancel(t *testing.T) {
-	var seen []error
+// A batch's RPC outlives the end of any one call riding on it (here its
+// leader's) and ends once every call in it has ended; a lone call's RPC
+// has the call's context. Before, every RPC ran detached to the RPC
+// timeout: a put whose context ended while no master led still waited
+// 10 s (TestHAFailover's put with no leader).
+func TestCoalescerBatchContext(t *testing.T) {
+	type seen struct {
+		qs           []int
+		early, later error
+	}
+	got := make(chan seen, 4)
+	gate := make(chan struct{})
+	out := make(chan struct{}, 1)
+	var cancelRider context.CancelFunc
 	c := newCoalescer(8, func(a, b int) bool { return true }, func(ctx context.Context, qs []int) ([]string, []error) {
-		seen = append(seen, ctx.Err())
+		switch {
+		case qs[0] == 0: // holds the coalescer busy
+			out <- struct{}{}
+			<-gate
+		case len(qs) == 1:
+			got <- seen{qs: qs, early: ctx.Err()}
+		default:
+			s := seen{qs: append([]int(nil), qs...)}
+			select {
+			case <-ctx.Done():
+			case <-time.After(200 * time.Millisecond):
+			}
+			s.early = ctx.Err()
+			cancelRider()
+			select {
+			case <-ctx.Done():
+			case <-time.After(10 * time.Second):
+			}
+			s.later = ctx.Err()
+			got <- s
+		}
 		return make([]string, len(qs)), make([]error, len(qs))
 	})
-	ctx, cancel := context.WithCancel(context.Background())
+	c.depth = 1
+	bg := context.Background()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); c.do(bg, 0) }()
+	<-out
+
+	leaderCtx, cancelLeader := context.WithCancel(bg)
+	riderCtx, cr := context.WithCancel(bg)
+	cancelRider = cr
+	wg.Add(2)
+	go func() { defer wg.Done(); c.do(leaderCtx, 1) }()
+	waitQueued(t, c, 1)
+	go func() { defer wg.Done(); c.do(riderCtx, 2) }()
+	waitQueued(t, c, 2)
+	cancelLeader()
+	close(gate)
+	s := <-got
+	wg.Wait()
+	assert.Equal(t, []int{1, 2}, s.qs)
+	assert.NoError(t, s.early, "the leader's end failed the rider's call")
+	assert.ErrorIs(t, s.later, context.Canceled, "the RPC outlived every call in it")
+
+	ctx, cancel := context.WithCancel(bg)
 	cancel()
-	if _, err := c.do(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	if len(seen) != 1 || errors.Is(seen[0], context.Canceled) {
-		t.Fatalf("batch RPC saw %v", seen)
-	}
+	_, err := c.do(ctx, 5)
+	require.NoError(t, err) // the fake RPC answers regardless
+	s = <-got
+	assert.Equal(t, []int{5}, s.qs)
+	assert.ErrorIs(t, s.early, context.Canceled, "a lone call's RPC has its context")
 }

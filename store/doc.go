@@ -155,7 +155,11 @@
 //     applied it, and only its log knows. So under crpc a failover makes
 //     puts wait for the new leader instead of failing, unless the old
 //     leader took them and died; gRPC gives no such mark, and a put there
-//     fails UNAVAILABLE. No call is sent to a leader the client has
+//     fails UNAVAILABLE. Calls that ride one coalesced RPC (concurrent
+//     Put, Get) share it until the last of their contexts ends; a lone
+//     call's RPC has the caller's context, so a put waiting for a leader
+//     fails when its context does, not at the RPC timeout.
+//     No call is sent to a leader the client has
 //     left, and a call cut off by a switch fails UNAVAILABLE (or, when
 //     idempotent, runs again on the new leader).
 //

@@ -156,7 +156,11 @@ func testHAFailover(t *testing.T, backend, proto string) {
 	// A put with no leader waits for one (its request is never sent)
 	// within its context, then fails: it neither hangs nor succeeds.
 	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	t0 := time.Now()
 	require.Error(t, c.Put(pctx, "lost", v1, rc), "a put with no leader must fail, not hang or succeed")
+	// Not a speed figure: the RPC timeout is 10 s, and the put used to
+	// wait for it past its own context (crpc, a coalesced PutStart).
+	require.Less(t, time.Since(t0), 5*time.Second, "the put outlived its context")
 	cancel()
 
 	// An idempotent call in flight waits for the next leader.
