@@ -130,11 +130,11 @@ func (c *coalescer[Q, R]) run(p *pending[Q, R]) {
 // uses its own context.
 func batchCtx[Q, R any](batch []*pending[Q, R]) (context.Context, func()) {
 	if len(batch) == 1 {
-		return batch[0].ctx, func() {}
+		return batch[0].ctx, noop
 	}
 	for _, x := range batch {
 		if x.ctx.Done() == nil { // a call that never ends keeps the RPC
-			return context.WithoutCancel(batch[0].ctx), func() {}
+			return context.WithoutCancel(batch[0].ctx), noop
 		}
 	}
 	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
@@ -155,6 +155,10 @@ func batchCtx[Q, R any](batch []*pending[Q, R]) (context.Context, func()) {
 		cancel()
 	}
 }
+
+// noop is a package-level func: a literal in a generic function is
+// allocated on each call.
+var noop = func() {}
 
 // maxCoalesce bounds one coalesced batch RPC; coalesceDepth is how many
 // of a coalescer's batches may be in flight at once.
