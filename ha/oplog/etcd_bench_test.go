@@ -2,13 +2,18 @@ package oplog
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"runtime"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/crescent-kv/crescent/internal/testsvc"
+	"github.com/crescent-kv/crescent/store/alloc"
+	"github.com/crescent-kv/crescent/store/master"
 )
 
 // BenchmarkEtcdRead reads a whole etcd log the way recovery does (Read,
@@ -69,4 +74,97 @@ func BenchmarkEtcdRead(b *testing.B) {
 			b.ReportMetric(eps/base, "ratio")
 		})
 	}
+}
+
+var etcdRecoverKeys = flag.Int("etcdbench.keys", 1_000_000, "objects in BenchmarkEtcdRecovery's master")
+
+// BenchmarkEtcdRecovery builds a master of -etcdbench.keys complete
+// objects (a PutStart and a PutEnd entry each) logged in etcd and, for
+// the baseline, the same ops logged in local files, then measures, in the
+// same run, recovery by replaying each whole log (no snapshot): the time
+// from Open to a serving master. Run it with -benchtime=1x.
+func BenchmarkEtcdRecovery(b *testing.B) {
+	ctx := context.Background()
+	keys := *etcdRecoverKeys
+	cfg := master.Config{Shards: 1024}
+	e := testsvc.StartEtcd(b)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, Logger: zap.NewNop(), DialTimeout: 5 * time.Second,
+		MaxCallRecvMsgSize: 4 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cli.Close()
+	dir := b.TempDir()
+	openEtcdLog := func() Store {
+		s, err := OpenEtcd(ctx, cli, EtcdOptions{Prefix: "bench", ClusterID: "recover"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	openLocal := func() Store {
+		s, err := OpenLocal(dir, LocalOptions{SegmentBytes: 8 << 20})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	c := master.UUID{Hi: 1, Lo: 1}
+	for _, open := range []func() Store{openEtcdLog, openLocal} {
+		d, err := Open(ctx, open(), cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range 8 {
+			if err := d.Master.MountSegment(c, alloc.Segment{ID: master.UUID{Hi: 2, Lo: uint64(i)}, Name: fmt.Sprint("h", i),
+				Base: uint64(i+1) << 44, Size: 1 << 40, Protocol: "tcp"}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for i := range keys {
+			k := fmt.Sprintf("bench/%09d", i)
+			if _, err := d.Master.PutStart(c, k, 4096+uint64(len(k))*64, master.ReplicateConfig{}); err != nil {
+				b.Fatal(err)
+			}
+			if err := d.Master.PutEnd(c, k, master.Memory, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := d.Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := d.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var etcdT, localT time.Duration
+	var replayed uint64
+	b.ResetTimer()
+	for range b.N {
+		for _, x := range []struct {
+			open func() Store
+			took *time.Duration
+		}{{openEtcdLog, &etcdT}, {openLocal, &localT}} {
+			runtime.GC()
+			t0 := time.Now()
+			d, err := Open(ctx, x.open(), cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			*x.took += time.Since(t0)
+			replayed = d.Replayed
+			if got := d.Master.Stats().Keys; got != int64(keys) {
+				b.Fatalf("recovered %d objects, want %d", got, keys)
+			}
+			if err := d.Close(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	ms := func(x time.Duration) float64 { return float64(x) / float64(time.Millisecond) / float64(b.N) }
+	b.ReportMetric(ms(etcdT), "recover-etcd-ms")
+	b.ReportMetric(ms(localT), "baseline-recover-local-ms")
+	b.ReportMetric(float64(localT)/float64(etcdT), "ratio")
+	b.ReportMetric(float64(replayed)*float64(b.N)/etcdT.Seconds(), "etcd-entries/s")
 }
