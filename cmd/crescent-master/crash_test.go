@@ -294,7 +294,7 @@ func getAllRetry(ctx context.Context, cl *store.Client, keys []string) ([][]byte
 			vs, es := cl.BatchGet(ctx, chunk)
 			retry := false
 			for _, err := range es {
-				retry = retry || errors.Is(err, errcode.ErrRPCFail) || errors.Is(err, errcode.ErrRPCTimeout)
+				retry = retry || unreachable(err)
 			}
 			if !retry || time.Now().After(deadline) {
 				vals, errs = append(vals, vs...), append(errs, es...)
@@ -316,9 +316,14 @@ func getRetry(ctx context.Context, cl *store.Client, key string) ([]byte, error)
 		if err == nil || errors.Is(err, errcode.ErrObjectNotFound) || time.Now().After(deadline) {
 			return v, err
 		}
-		if !errors.Is(err, errcode.ErrRPCFail) && !errors.Is(err, errcode.ErrRPCTimeout) {
+		if !unreachable(err) {
 			return v, err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// unreachable reports whether err means the master did not answer (yet).
+func unreachable(err error) bool {
+	return errors.Is(err, errcode.ErrRPCFail) || errors.Is(err, errcode.ErrRPCTimeout)
 }

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crescent-kv/crescent/internal/testsvc"
-	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
@@ -109,26 +108,14 @@ func BenchmarkEtcdRecovery(b *testing.B) {
 		}
 		return s
 	}
-	c := master.UUID{Hi: 1, Lo: 1}
 	for _, open := range []func() Store{openEtcdLog, openLocal} {
 		d, err := Open(ctx, open(), cfg)
 		if err != nil {
 			b.Fatal(err)
 		}
-		for i := range 8 {
-			if err := d.Master.MountSegment(c, alloc.Segment{ID: master.UUID{Hi: 2, Lo: uint64(i)}, Name: fmt.Sprint("h", i),
-				Base: uint64(i+1) << 44, Size: 1 << 40, Protocol: "tcp"}); err != nil {
-				b.Fatal(err)
-			}
-		}
+		benchMount(b, d.Master)
 		for i := range keys {
-			k := fmt.Sprintf("bench/%09d", i)
-			if _, err := d.Master.PutStart(c, k, 4096+uint64(len(k))*64, master.ReplicateConfig{}); err != nil {
-				b.Fatal(err)
-			}
-			if err := d.Master.PutEnd(c, k, master.Memory, nil); err != nil {
-				b.Fatal(err)
-			}
+			benchPut(b, d.Master, fmt.Sprintf("bench/%09d", i))
 		}
 		if err := d.Wait(ctx); err != nil {
 			b.Fatal(err)

@@ -35,21 +35,8 @@ func BenchmarkSnapshot(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := master.UUID{Hi: 1, Lo: 1}
-	for i := range 8 {
-		if err := d.Master.MountSegment(c, alloc.Segment{ID: master.UUID{Hi: 2, Lo: uint64(i)}, Name: fmt.Sprint("h", i),
-			Base: uint64(i+1) << 44, Size: 1 << 40, Protocol: "tcp"}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	put := func(k string) {
-		if _, err := d.Master.PutStart(c, k, 4096+uint64(len(k))*64, master.ReplicateConfig{}); err != nil {
-			b.Fatal(err)
-		}
-		if err := d.Master.PutEnd(c, k, master.Memory, nil); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchMount(b, d.Master)
+	put := func(k string) { benchPut(b, d.Master, k) }
 	for i := range keys {
 		k := fmt.Sprintf("bench/%09d", i)
 		for range *snapBenchChurn {
@@ -124,4 +111,28 @@ func BenchmarkSnapshot(b *testing.B) {
 	}
 	b.StopTimer()
 	d.Close()
+}
+
+// benchClient owns the segments benchMount mounts and the objects
+// benchPut puts.
+var benchClient = master.UUID{Hi: 1, Lo: 1}
+
+// benchMount mounts 8 segments of 1 TiB on m, room for any key count.
+func benchMount(b *testing.B, m *master.Master) {
+	for i := range 8 {
+		if err := m.MountSegment(benchClient, alloc.Segment{ID: master.UUID{Hi: 2, Lo: uint64(i)}, Name: fmt.Sprint("h", i),
+			Base: uint64(i+1) << 44, Size: 1 << 40, Protocol: "tcp"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchPut puts a complete object k (a PutStart and a PutEnd entry).
+func benchPut(b *testing.B, m *master.Master, k string) {
+	if _, err := m.PutStart(benchClient, k, 4096+uint64(len(k))*64, master.ReplicateConfig{}); err != nil {
+		b.Fatal(err)
+	}
+	if err := m.PutEnd(benchClient, k, master.Memory, nil); err != nil {
+		b.Fatal(err)
+	}
 }
