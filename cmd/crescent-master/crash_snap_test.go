@@ -17,6 +17,9 @@ func TestCrashRecoverySnapshots(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
 	}
+	// Two at a time (-parallel defaults to GOMAXPROCS): each waits on its
+	// child master and client round trips much of the time.
+	t.Parallel()
 	lines := runCrashRecovery(t, "--snapshot_interval", "50ms", "--oplog_retain", "20", "--snapshot_retain", "2")
 	fromSnap := 0
 	for _, l := range lines {
@@ -34,6 +37,9 @@ func TestCrashRecoveryEtcdSnapshots(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
 	}
+	// Two at a time (-parallel defaults to GOMAXPROCS): each waits on its
+	// child master and client round trips much of the time.
+	t.Parallel()
 	e := testsvc.StartEtcd(t)
 	lines := crashRecovery(t, "--oplog", e.URL(), "--cluster_id", "crashsnap", "--snapshot_dir", t.TempDir(),
 		"--snapshot_interval", "50ms", "--oplog_retain", "20", "--snapshot_retain", "2")

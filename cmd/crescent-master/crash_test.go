@@ -126,6 +126,9 @@ func TestCrashRecovery(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
 	}
+	// Two at a time (-parallel defaults to GOMAXPROCS): each waits on its
+	// child master and client round trips much of the time.
+	t.Parallel()
 	runCrashRecovery(t)
 }
 

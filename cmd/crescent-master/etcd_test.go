@@ -30,6 +30,9 @@ func TestCrashRecoveryEtcd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("process test")
 	}
+	// Two at a time (-parallel defaults to GOMAXPROCS): each waits on its
+	// child master and client round trips much of the time.
+	t.Parallel()
 	e := testsvc.StartEtcd(t)
 	crashRecovery(t, "--oplog", e.URL(), "--cluster_id", "crash")
 }
