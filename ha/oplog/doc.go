@@ -80,7 +80,12 @@
 // LocalOptions.Syncers writers, which write and fdatasync on their own
 // goroutines: one takes the queue and writes it while another's batch
 // is in its fdatasync (the batches reach the store in seq order; see
-// Writing below). Appended and Durable are the last seq
+// Writing below). Over Local, too, a handler in WaitDurable whose op is
+// still queued writes the queue itself when a writer's slot is free,
+// instead of waking a writer and then being woken by it: the two
+// hand-offs each waited for a core on a busy master. Writers and such
+// handlers together never have more batches in the store than it has
+// syncers. Appended and Durable are the last seq
 // numbered and made durable; WaitDurable(ctx, seq) is how an RPC answers
 // only once its op is durable (wait for Appended() read after the master
 // call returned).

@@ -92,6 +92,14 @@ type Sink struct {
 	// handed to the store under it, so batches reach the store in seq
 	// order while the one before may still be syncing.
 	turn sync.Mutex
+	// slots holds a token per batch being written (cap: the store's
+	// syncers).
+	slots chan struct{}
+	// pa is the store when it writes on the caller's goroutine: then a
+	// handler in WaitDurable writes the queue itself when a slot is free,
+	// instead of waking a writer and being woken by it (two hand-offs that
+	// each wait for a core behind the clients' copies on a busy master).
+	pa pipelinedAppender
 
 	appended atomic.Uint64
 	durable  atomic.Uint64
@@ -163,8 +171,9 @@ func NewSink(ctx context.Context, st Store, cfg SinkConfig) (*Sink, error) {
 	s.linger.Stop()
 	n := 1
 	if pa, ok := st.(pipelinedAppender); ok {
-		n = pa.syncers()
+		n, s.pa = pa.syncers(), pa
 	}
+	s.slots = make(chan struct{}, n)
 	var wg sync.WaitGroup
 	for range n {
 		wg.Add(1)
@@ -326,69 +335,107 @@ type pipelinedAppender interface {
 // store under turn, and its wait (its fdatasync) runs after turn is
 // released, so another writer takes the next batch meanwhile.
 func (s *Sink) run() {
-	pa, _ := s.store.(pipelinedAppender)
 	for open := true; open; {
 		_, open = <-s.kick // closed by Close: write what is left, stop
 		for {
-			s.turn.Lock()
-			s.mu.Lock()
-			if s.failed != nil || len(s.queue) == 0 {
-				stop := s.closed
-				s.mu.Unlock()
-				s.turn.Unlock()
-				if stop {
-					return
-				}
-				break
+			switch s.writeBatch(true) {
+			case batchStop:
+				return
+			case batchWritten:
+				continue
 			}
-			n := len(s.queue)
-			if s.cfg.MaxBatch > 0 && n > s.cfg.MaxBatch {
-				n = s.cfg.MaxBatch
-			}
-			q := s.takeLocked(n)
-			batch := q.entries
-			s.mu.Unlock()
-
-			var err error
-			if pa != nil {
-				wait := pa.startAppend(s.cfg.Term, batch, q.recs, q.offs)
-				s.turn.Unlock()
-				err = wait()
-			} else {
-				s.turn.Unlock()
-				err = s.store.Append(context.Background(), s.cfg.Term, batch)
-			}
-			s.batches.Add(1)
-			s.batchSum.Add(uint64(len(batch)))
-			s.batchBuckets[sort.Search(len(BatchBounds), func(i int) bool { return uint64(len(batch)) <= BatchBounds[i] })].Add(1)
-			if err != nil {
-				s.failures.Add(1)
-			}
-			bytes := 0
-			for i := range batch {
-				bytes += entryBytes(&batch[i])
-			}
-			last := batch[len(batch)-1].Seq
-			s.mu.Lock()
-			s.held -= len(batch)
-			s.bytes -= bytes
-			if err != nil {
-				s.fail(fmt.Errorf("oplog: sink: append seqs %d-%d: %w", batch[0].Seq, last, err))
-			} else {
-				// A later batch's writer may have got here first: the
-				// store publishes in order, so its nil covered this one.
-				if last > s.durable.Load() {
-					s.durable.Store(last)
-				}
-				s.wakeNext()
-				s.broadcast()
-				if pa != nil { // done with q: a Local copied the records out
-					s.recycleLocked(q)
-				}
-			}
-			s.mu.Unlock()
+			break
 		}
 	}
+}
+
+// What writeBatch did.
+const (
+	batchWritten = iota
+	batchEmpty   // nothing queued, or the sink failed
+	batchStop    // closed and nothing queued
+	batchBusy    // not waiting: every writer's slot or the turn was taken
+)
+
+// writeBatch writes one batch of what is queued and publishes it. A
+// writer holds one of s.slots for the whole batch, so no more batches
+// are in the store at once than it has syncers, whether run or an
+// inline caller (WaitDurable) writes them; with wait false it gives up
+// rather than wait for a slot or the turn.
+func (s *Sink) writeBatch(wait bool) int {
+	if wait {
+		s.slots <- struct{}{}
+	} else {
+		select {
+		case s.slots <- struct{}{}:
+		default:
+			return batchBusy
+		}
+	}
+	defer func() { <-s.slots }()
+	if wait {
+		s.turn.Lock()
+	} else if !s.turn.TryLock() {
+		return batchBusy
+	}
+	s.mu.Lock()
+	if s.failed != nil || len(s.queue) == 0 {
+		stop := s.closed
+		s.mu.Unlock()
+		s.turn.Unlock()
+		if stop {
+			return batchStop
+		}
+		return batchEmpty
+	}
+	n := len(s.queue)
+	if s.cfg.MaxBatch > 0 && n > s.cfg.MaxBatch {
+		n = s.cfg.MaxBatch
+	}
+	q := s.takeLocked(n)
+	batch := q.entries
+	s.mu.Unlock()
+
+	pa := s.pa
+	var err error
+	if pa != nil {
+		wait := pa.startAppend(s.cfg.Term, batch, q.recs, q.offs)
+		s.turn.Unlock()
+		err = wait()
+	} else {
+		s.turn.Unlock()
+		err = s.store.Append(context.Background(), s.cfg.Term, batch)
+	}
+	s.batches.Add(1)
+	s.batchSum.Add(uint64(len(batch)))
+	s.batchBuckets[sort.Search(len(BatchBounds), func(i int) bool { return uint64(len(batch)) <= BatchBounds[i] })].Add(1)
+	if err != nil {
+		s.failures.Add(1)
+	}
+	bytes := 0
+	for i := range batch {
+		bytes += entryBytes(&batch[i])
+	}
+	last := batch[len(batch)-1].Seq
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.held -= len(batch)
+	s.bytes -= bytes
+	if err != nil {
+		s.fail(fmt.Errorf("oplog: sink: append seqs %d-%d: %w", batch[0].Seq, last, err))
+		return batchWritten
+	}
+	// A later batch's writer may have got here first: the store
+	// publishes in order, so its nil covered this one.
+	if last > s.durable.Load() {
+		s.durable.Store(last)
+	}
+	s.wakeNext()
+	s.broadcast()
+	if pa != nil { // done with q: a Local copied the records out
+		s.recycleLocked(q)
+	}
+	return batchWritten
 }
 
 // queued is a batch taken from the queue: its entries, their records
@@ -478,6 +525,7 @@ func (s *Sink) Failed() error {
 // after its master call returned: that covers its ops (and maybe a few
 // more).
 func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
+	inlineTried := false
 	for {
 		if s.durable.Load() >= seq {
 			return nil
@@ -495,6 +543,20 @@ func (s *Sink) WaitDurable(ctx context.Context, seq uint64) error {
 		if s.closed && len(s.queue) == 0 && s.held == 0 {
 			s.mu.Unlock()
 			return fmt.Errorf("%w: seq %d not written", ErrClosed, seq)
+		}
+		if s.pa != nil && !inlineTried && len(s.queue) > 0 && s.queue[0].Seq <= seq {
+			// Write it here (once: the batch taken covers seq, or
+			// follows a batch that does and is published after it).
+			inlineTried = true
+			s.mu.Unlock()
+			if s.writeBatch(false) == batchWritten {
+				continue
+			}
+			s.mu.Lock()
+			if s.durable.Load() >= seq || s.failed != nil {
+				s.mu.Unlock()
+				continue
+			}
 		}
 		s.kickLocked()
 		w := waiter{seq, make(chan struct{})}

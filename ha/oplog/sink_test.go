@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -614,6 +617,91 @@ func TestSinkLocalRecordsIntact(t *testing.T) {
 				delete(ops, es[i].Key)
 			}
 			require.Empty(t, ops)
+		})
+	}
+}
+
+// watchedLocal is a Local that records, for each batch the sink hands
+// it, whether a WaitDurable caller wrote it, and how many batches were
+// between startAppend and the end of their wait at once.
+type watchedLocal struct {
+	*Local
+	inline, batches atomic.Int64
+	in, most        atomic.Int64
+}
+
+func (w *watchedLocal) startAppend(term uint64, entries []Entry, recs []byte, offs []int) func() error {
+	w.batches.Add(1)
+	pcs := make([]uintptr, 64)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs)])
+	for {
+		f, more := frames.Next()
+		if strings.HasSuffix(f.Function, ".(*Sink).WaitDurable") {
+			w.inline.Add(1)
+			break
+		}
+		if !more {
+			break
+		}
+	}
+	n := w.in.Add(1)
+	for m := w.most.Load(); n > m && !w.most.CompareAndSwap(m, n); m = w.most.Load() {
+	}
+	wait := w.Local.startAppend(term, entries, recs, offs)
+	return func() error {
+		defer w.in.Add(-1)
+		return wait()
+	}
+}
+
+// TestSinkWaiterWritesItself: on a log that writes on its caller's
+// goroutine, a handler waiting for its op writes the queue itself when
+// no writer is busy, instead of waking the sink's writer and being woken
+// by it; and however many handlers do, no more batches are in the log at
+// once than it has syncers.
+func TestSinkWaiterWritesItself(t *testing.T) {
+	for _, syncers := range []int{1, 3} {
+		t.Run(fmt.Sprintf("syncers=%d", syncers), func(t *testing.T) {
+			defer goleak.VerifyNone(t)
+			ctx := sinkTestCtx(t)
+			l, err := OpenLocal(t.TempDir(), LocalOptions{Syncers: syncers})
+			require.NoError(t, err)
+			defer l.Close()
+			w := &watchedLocal{Local: l}
+			s := newSinkForTest(t, w, SinkConfig{Term: 1})
+
+			// One op at a time: each is written by its waiter.
+			for i := range 20 {
+				s.Append(sinkOp(i))
+				require.NoError(t, s.WaitDurable(ctx, s.Appended()))
+			}
+			require.Equal(t, int64(20), w.batches.Load())
+			require.Equal(t, int64(20), w.inline.Load(), "batches written by their waiters")
+
+			// Many at once: all durable, in order, within the bound.
+			var wg sync.WaitGroup
+			for p := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for r := range 30 {
+						s.Append(sinkOp(1000 + p*100 + r))
+						if err := s.WaitDurable(ctx, s.Appended()); err != nil {
+							t.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			require.NoError(t, s.Close())
+			require.LessOrEqual(t, w.most.Load(), int64(syncers), "batches in the log at once")
+			es, err := l.Read(ctx, 1, 20+8*30+1)
+			require.NoError(t, err)
+			require.Len(t, es, 20+8*30)
+			for i := range es {
+				require.Equal(t, uint64(i+1), es[i].Seq)
+			}
 		})
 	}
 }
