@@ -82,7 +82,10 @@ type Sink struct {
 	closed  bool
 	changed chan struct{} // closed and replaced when room changes, on failure and close
 	kick    chan struct{} // cap 1: start writing
-	linger  *time.Timer   // kicks sinkLinger after the queue stopped being empty
+	linger  *time.Timer   // kicks lingerFor after the queue stopped being empty
+	// lingerFor is sinkLinger; a test that must see who writes a batch
+	// sets it longer than any scheduling delay.
+	lingerFor time.Duration
 	// waiters are WaitDurable's, by seq: a commit wakes only those it
 	// made durable (waking every handler for every commit costs CPU the
 	// puts need); a failure or the end of Close wakes all.
@@ -160,7 +163,7 @@ func NewSink(ctx context.Context, st Store, cfg SinkConfig) (*Sink, error) {
 	}
 	s := &Sink{store: st, cfg: cfg, next: last + 1, changed: make(chan struct{}),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
-		lastOn: new([changeSlots]atomic.Uint64), seed: maphash.MakeSeed()}
+		lastOn: new([changeSlots]atomic.Uint64), seed: maphash.MakeSeed(), lingerFor: sinkLinger}
 	s.appended.Store(last)
 	s.durable.Store(last)
 	s.linger = time.AfterFunc(time.Hour, func() {
@@ -255,7 +258,7 @@ func (s *Sink) Append(op *master.Op) {
 	// for is written after sinkLinger.
 	switch len(s.queue) {
 	case 1:
-		s.linger.Reset(sinkLinger)
+		s.linger.Reset(s.lingerFor)
 	case sinkKickAt:
 		s.kickLocked()
 	}

@@ -669,6 +669,9 @@ func TestSinkWaiterWritesItself(t *testing.T) {
 			defer l.Close()
 			w := &watchedLocal{Local: l}
 			s := newSinkForTest(t, w, SinkConfig{Term: 1})
+			// No batch started by the linger timer while this goroutine
+			// is descheduled between Append and WaitDurable.
+			s.lingerFor = time.Hour
 
 			// One op at a time: each is written by its waiter.
 			for i := range 20 {
