@@ -182,10 +182,14 @@ func BenchmarkBatchPut(b *testing.B) {
 }
 
 // BenchmarkGetReplicaList is one GetReplicaList (lease grant included) of
-// a random key among 100,000 with 2 replicas each: mostly the latency of
-// the cache misses on the map, the record and the key.
+// a random key among 100,000 (or CRESCENT_BENCH_KEYS) with 2 replicas
+// each: mostly the latency of the cache misses on the map, the record
+// and the key.
 func BenchmarkGetReplicaList(b *testing.B) {
-	const n = 100_000
+	n := 100_000
+	if v, err := strconv.Atoi(os.Getenv("CRESCENT_BENCH_KEYS")); err == nil && v > 0 {
+		n = v
+	}
 	m := benchMaster(b, 4)
 	keys := make([]string, n)
 	for i := range keys {
