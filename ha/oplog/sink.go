@@ -402,9 +402,9 @@ func (s *Sink) writeBatch(wait bool) int {
 	pa := s.pa
 	var err error
 	if pa != nil {
-		wait := pa.startAppend(s.cfg.Term, batch, q.recs, q.offs)
+		synced := pa.startAppend(s.cfg.Term, batch, q.recs, q.offs)
 		s.turn.Unlock()
-		err = wait()
+		err = synced()
 	} else {
 		s.turn.Unlock()
 		err = s.store.Append(context.Background(), s.cfg.Term, batch)
