@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/portpick"
 )
 
 // HAClusterConfig says how to run a cluster of crescent-master processes
@@ -156,7 +158,7 @@ func StartHACluster(ctx context.Context, cfg HAClusterConfig) (*HACluster, error
 // Add starts one more process, on new ports, and returns its index; it
 // does not wait for a role.
 func (c *HACluster) Add() (int, error) {
-	ports, err := freePorts(2)
+	ports, err := portpick.Ports(2)
 	if err != nil {
 		return -1, err
 	}
@@ -166,26 +168,6 @@ func (c *HACluster) Add() (int, error) {
 		AdminAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1])),
 		log:       filepath.Join(c.cfg.Dir, fmt.Sprintf("master-%d.log", i))})
 	return i, c.Start(i)
-}
-
-// freePorts returns n distinct free loopback ports.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // ClientAddr is the master address clients use: etcd://... or redis://...

@@ -21,6 +21,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 )
@@ -149,7 +150,7 @@ func crashRecovery(t *testing.T, logArgs ...string) []string {
 	}
 	t.Logf("seed %d (CRASH_SEED)", seed)
 	r := rand.New(rand.NewPCG(seed, 1))
-	port := freePort(t)
+	port := testsvc.FreePort(t)
 	// A forced remove is an admin operation: without the admin token every
 	// remove failed and no acknowledged remove was ever checked.
 	admin := adminArgs(t)

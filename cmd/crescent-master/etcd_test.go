@@ -72,7 +72,7 @@ func TestLoadOplog(t *testing.T) {
 func TestRunEtcdFailStop(t *testing.T) {
 	e := testsvc.StartEtcd(t)
 	c := defaults()
-	c.RPCAddress, c.RPCPort, c.MetricsPort = "127.0.0.1", freePort(t), freePort(t)
+	c.RPCAddress, c.RPCPort, c.MetricsPort = "127.0.0.1", testsvc.FreePort(t), testsvc.FreePort(t)
 	c.Oplog, c.ClusterID, c.OplogWriteTimeoutSec, c.LogLevel = e.URL(), "failstop", 1, "error"
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/crescent-kv/crescent/internal/grpctune"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -19,7 +20,7 @@ import (
 func TestRunGRPCTuned(t *testing.T) {
 	c := defaults()
 	c.RPCAddress = "127.0.0.1"
-	c.RPCPort, c.MetricsPort = freePort(t), freePort(t)
+	c.RPCPort, c.MetricsPort = testsvc.FreePort(t), testsvc.FreePort(t)
 	c.GRPCTuned, c.LogLevel = true, "error"
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

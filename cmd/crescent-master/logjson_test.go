@@ -27,7 +27,7 @@ func TestLogFormatJSON(t *testing.T) {
 		t.Skip("process test")
 	}
 	e := testsvc.StartEtcd(t)
-	p, _ := startMaster(t, "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(freePort(t)), "--metrics_port", "0",
+	p, _ := startMaster(t, "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(testsvc.FreePort(t)), "--metrics_port", "0",
 		"--oplog", e.URL(), "--cluster_id", "logjson", "--log_level", "debug", "--log_format", "json")
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	go func() {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/crescent-kv/crescent/event"
 	"github.com/crescent-kv/crescent/ha/oplog"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -84,24 +84,14 @@ func TestLoadErrors(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // TestRun starts the master as main does, uses its gRPC, admin and
 // metadata ports and its KV events, then stops it through its context.
 func TestRun(t *testing.T) {
 	c := defaults()
 	c.RPCAddress, c.HTTPMetadataServerHost = "127.0.0.1", "127.0.0.1"
-	c.RPCPort, c.MetricsPort, c.HTTPMetadataServerPort = freePort(t), freePort(t), freePort(t)
+	c.RPCPort, c.MetricsPort, c.HTTPMetadataServerPort = testsvc.FreePort(t), testsvc.FreePort(t), testsvc.FreePort(t)
 	c.EnableHTTPMetadataServer, c.EnableKVEvents = true, true
-	evPort, replayPort := freePort(t), freePort(t)
+	evPort, replayPort := testsvc.FreePort(t), testsvc.FreePort(t)
 	c.KVEventsEndpoint = "tcp://*:" + strconv.Itoa(evPort)
 	c.KVEventsReplayEndpoint = "tcp://*:" + strconv.Itoa(replayPort)
 	c.LogLevel = "error"
@@ -212,7 +202,7 @@ func TestRunDataDirInUse(t *testing.T) {
 	}
 	defer st.Close()
 	c := defaults()
-	c.RPCAddress, c.RPCPort, c.MetricsPort, c.DataDir, c.LogLevel = "127.0.0.1", freePort(t), 0, dir, "error"
+	c.RPCAddress, c.RPCPort, c.MetricsPort, c.DataDir, c.LogLevel = "127.0.0.1", testsvc.FreePort(t), 0, dir, "error"
 	if err := run(context.Background(), c); !errors.Is(err, oplog.ErrLocked) {
 		t.Fatalf("run on a held data_dir: %v", err)
 	}

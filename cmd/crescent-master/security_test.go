@@ -135,7 +135,7 @@ func TestProtectedDefaultProcess(t *testing.T) {
 	p := vethtest.New(t)
 	host := net.ParseIP(p.HostIP)
 	for _, insecure := range []bool{false, true} {
-		port, admin, ev, replay := freePort(t), freePort(t), freePort(t), freePort(t)
+		port, admin, ev, replay := testsvc.FreePort(t), testsvc.FreePort(t), testsvc.FreePort(t), testsvc.FreePort(t)
 		args := []string{"--rpc_address", "0.0.0.0", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
 			"--enable_kv_events", "--kv_events_endpoint", "tcp://*:" + strconv.Itoa(ev), // "*": bind (vLLM's rule)
 			"--kv_events_replay_endpoint", "tcp://*:" + strconv.Itoa(replay)}
@@ -176,7 +176,7 @@ func TestTokensProcess(t *testing.T) {
 	}
 	tok := tokenFile(t, "cluster-token-0123456789abcdef\n", 0o600)
 	adm := tokenFile(t, "admin-token-0123456789abcdef\n", 0o600)
-	port := freePort(t)
+	port := testsvc.FreePort(t)
 	startMaster(t, "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", "0",
 		"--token_file", tok, "--admin_token_file", adm)
 	addr := "127.0.0.1:" + strconv.Itoa(port)
@@ -216,7 +216,7 @@ func TestTLSProcess(t *testing.T) {
 	ca := pki.WriteCA(t, dir)
 	scert, skey := testpki.WritePair(t, dir, "server", pki.Server)
 	ccert, ckey := testpki.WritePair(t, dir, "client", pki.Client)
-	port, admin := freePort(t), freePort(t)
+	port, admin := testsvc.FreePort(t), testsvc.FreePort(t)
 	startMaster(t, "--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
 		"--tls_cert", scert, "--tls_key", skey, "--tls_ca", ca)
 	addr := "127.0.0.1:" + strconv.Itoa(port)

@@ -59,7 +59,7 @@ func TestSnapshotEndpoint(t *testing.T) {
 		t.Skip("process test")
 	}
 	dir := t.TempDir()
-	port, admin := freePort(t), freePort(t)
+	port, admin := testsvc.FreePort(t), testsvc.FreePort(t)
 	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
 		"--data_dir", dir, "--snapshot_interval", "0", "--log_level", "info"}
 	args = append(args, adminArgs(t)...)
@@ -122,7 +122,7 @@ func TestSnapshotRedisCatalog(t *testing.T) {
 	}
 	r := testsvc.StartRedis(t)
 	dir := t.TempDir()
-	port, admin := freePort(t), freePort(t)
+	port, admin := testsvc.FreePort(t), testsvc.FreePort(t)
 	args := []string{"--rpc_address", "127.0.0.1", "--rpc_port", strconv.Itoa(port), "--metrics_port", strconv.Itoa(admin),
 		"--data_dir", dir, "--snapshot_interval", "0", "--snapshot_catalog", "redis://" + r.Addr, "--cluster_id", "rc",
 		"--log_level", "info"}

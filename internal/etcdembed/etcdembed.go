@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/crescent-kv/crescent/internal/logx"
+	"github.com/crescent-kv/crescent/internal/portpick"
 )
 
 // Config says how to start the member.
@@ -52,12 +53,11 @@ func StartCluster(cs []Config) ([]*embed.Etcd, []string, error) {
 			if *p != 0 {
 				continue
 			}
-			l, err := net.Listen("tcp", "127.0.0.1:0")
+			v, err := portpick.Port()
 			if err != nil {
 				return nil, nil, err
 			}
-			*p = l.Addr().(*net.TCPAddr).Port
-			l.Close()
+			*p = v
 		}
 		cfg := embed.NewConfig()
 		cfg.Name = cmp.Or(c.Name, "crescent")

@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/crescent-kv/crescent/internal/portpick"
 	"github.com/crescent-kv/crescent/internal/syncbuf"
 )
 
@@ -61,7 +62,7 @@ func Start(bin string, args ...string) (*Server, error) {
 	}
 	var lastErr error
 	for range 5 {
-		port, err := freePort()
+		port, err := portpick.Port()
 		if err != nil {
 			lastErr = err
 			continue
@@ -74,15 +75,6 @@ func Start(bin string, args ...string) (*Server, error) {
 	}
 	os.RemoveAll(dir)
 	return nil, fmt.Errorf("redisproc: redis-server did not start: %w", lastErr)
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 func start(path, dir string, port int, args []string) (*Server, error) {

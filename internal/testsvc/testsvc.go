@@ -3,18 +3,19 @@ package testsvc
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"sync"
 	"testing"
 
-	"github.com/crescent-kv/crescent/internal/etcdembed"
-	"github.com/crescent-kv/crescent/internal/redisproc"
-	"github.com/crescent-kv/crescent/internal/syncbuf"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/crescent-kv/crescent/internal/etcdembed"
+	"github.com/crescent-kv/crescent/internal/portpick"
+	"github.com/crescent-kv/crescent/internal/redisproc"
+	"github.com/crescent-kv/crescent/internal/syncbuf"
 )
 
 // RequireDepsEnv, when "1", turns a missing external program into a test
@@ -32,16 +33,15 @@ func MissingDep(t testing.TB, what string, err error) {
 	t.Skip(msg)
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-// Callers that bind it later retry on a collision.
+// FreePort returns a TCP port for a server the test starts on it (see
+// portpick: outside the kernel's ephemeral range, never returned twice).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := portpick.Port()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // Redis is a redis-server process on a free 127.0.0.1 port with
