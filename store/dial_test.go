@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/portpick"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/service"
@@ -25,10 +27,9 @@ import (
 // down does not settle on gRPC: once a real master comes up on the
 // address, calls go over crpc.
 func TestDialMasterAutoAfterMasterStarts(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := portpick.Port() // the master is down
 	require.NoError(t, err)
-	addr := lis.Addr().String()
-	require.NoError(t, lis.Close()) // the master is down
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 
 	var clientSeen atomic.Int64
 	conn, proto, err := DialMaster(tctx(t), addr, "auto", func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -44,10 +45,8 @@ func TestDialMasterAutoAfterMasterStarts(t *testing.T) {
 	cancel()
 	require.Error(t, err, "no master yet")
 
-	lis, err = net.Listen("tcp", addr)
-	if err != nil {
-		t.Skipf("port %s taken meanwhile: %v", addr, err)
-	}
+	lis, err := net.Listen("tcp", addr)
+	require.NoError(t, err)
 	m, err := master.New(master.Config{})
 	require.NoError(t, err)
 	require.NoError(t, m.Start())

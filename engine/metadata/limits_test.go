@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/portpick"
 )
 
 // TestServerSurvivesFDExhaustion: accept fails with EMFILE while the
@@ -162,17 +164,16 @@ func TestServerIdleFlood(t *testing.T) {
 // listens, or the server took the connection and never answered —
 // instead of a bare "context deadline exceeded".
 func TestExchangeErrors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := portpick.Port() // nothing listens there, nor takes it as a local port
 	require.NoError(t, err)
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
 	err = SendProbe(ctx, dead)
 	require.ErrorIs(t, err, ErrUnreachable)
 	assert.Contains(t, err.Error(), dead)
 
-	ln, err = net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	silent := netx.Serve(ln, netx.Config{}, func(c *netx.Conn) { io.Copy(io.Discard, c) })
 	defer silent.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/portpick"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -174,10 +176,9 @@ func TestDeadline(t *testing.T) {
 
 // TestDialRefused: no server is UNAVAILABLE; Close fails later calls.
 func TestDialRefused(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := portpick.Port()
 	require.NoError(t, err)
-	addr := lis.Addr().String()
-	lis.Close()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	_, err = Dial(tctx(t), addr, nil)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 
