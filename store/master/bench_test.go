@@ -276,3 +276,52 @@ func BenchmarkReserveCommit16(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBatchRemove is BatchRemove of 128 keys among 100,000 (or
+// CRESCENT_BENCH_KEYS) stored ones; the keys are put back with the timer
+// stopped. ns/key is the master's work per removed key.
+func BenchmarkBatchRemove(b *testing.B) {
+	const batch = 128
+	n := 100_000
+	if v, err := strconv.Atoi(os.Getenv("CRESCENT_BENCH_KEYS")); err == nil && v >= batch {
+		n = v
+	}
+	n -= n % batch
+	m := benchMaster(b, 4)
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = blockKey(nil, i)
+	}
+	sizes := make([]uint64, batch)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	put := func(ks []string) {
+		if _, err := m.BatchPutStart(cl(1), ks, sizes, ReplicateConfig{}); err != nil {
+			b.Fatal(err)
+		}
+		if errs, err := m.BatchPutEnd(cl(1), ks, Memory, nil); err != nil || errs[0] != nil {
+			b.Fatal(err, errs[0])
+		}
+	}
+	for i := 0; i < n; i += batch {
+		put(keys[i : i+batch])
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	removed := 0
+	for b.Loop() {
+		at := r.IntN(n/batch) * batch
+		ks := keys[at : at+batch]
+		for i, err := range m.BatchRemove(ks, false) {
+			if err != nil {
+				b.Fatal(ks[i], err)
+			}
+		}
+		removed += batch
+		b.StopTimer()
+		put(ks)
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(removed), "ns/key")
+}
