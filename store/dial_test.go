@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"net"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
-	"github.com/crescent-kv/crescent/internal/portpick"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/service"
@@ -27,9 +26,7 @@ import (
 // down does not settle on gRPC: once a real master comes up on the
 // address, calls go over crpc.
 func TestDialMasterAutoAfterMasterStarts(t *testing.T) {
-	port, err := portpick.Port() // the master is down
-	require.NoError(t, err)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	addr := testsvc.FreeAddr(t) // the master is down
 
 	var clientSeen atomic.Int64
 	conn, proto, err := DialMaster(tctx(t), addr, "auto", func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/internal/netx"
-	"github.com/crescent-kv/crescent/internal/portpick"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 )
 
 // TestServerSurvivesFDExhaustion: accept fails with EMFILE while the
@@ -164,12 +163,10 @@ func TestServerIdleFlood(t *testing.T) {
 // listens, or the server took the connection and never answered —
 // instead of a bare "context deadline exceeded".
 func TestExchangeErrors(t *testing.T) {
-	port, err := portpick.Port() // nothing listens there, nor takes it as a local port
-	require.NoError(t, err)
-	dead := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	dead := testsvc.FreeAddr(t) // nothing listens there, nor takes it as a local port
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	err = SendProbe(ctx, dead)
+	err := SendProbe(ctx, dead)
 	require.ErrorIs(t, err, ErrUnreachable)
 	assert.Contains(t, err.Error(), dead)
 

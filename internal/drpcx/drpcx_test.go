@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,7 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/crescent-kv/crescent/internal/netx"
-	"github.com/crescent-kv/crescent/internal/portpick"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -176,10 +175,8 @@ func TestDeadline(t *testing.T) {
 
 // TestDialRefused: no server is UNAVAILABLE; Close fails later calls.
 func TestDialRefused(t *testing.T) {
-	port, err := portpick.Port()
-	require.NoError(t, err)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	_, err = Dial(tctx(t), addr, nil)
+	addr := testsvc.FreeAddr(t)
+	_, err := Dial(tctx(t), addr, nil)
 	require.Equal(t, codes.Unavailable, status.Code(err))
 
 	a, _ := start(t)

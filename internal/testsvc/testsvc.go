@@ -3,7 +3,9 @@ package testsvc
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 
@@ -42,6 +44,13 @@ func FreePort(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// FreeAddr is "127.0.0.1:port" for a FreePort port: an address nothing
+// listens on until the test binds it.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(FreePort(t)))
 }
 
 // Redis is a redis-server process on a free 127.0.0.1 port with
