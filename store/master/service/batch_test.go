@@ -81,3 +81,31 @@ func TestBatchPutReplyAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestSingleReplicaReplyAllocs: a single-key reply (GetReplicaList, a
+// CommitPut's replacement reservation) describes its replica with one
+// allocation, and the descriptor carries every field.
+func TestSingleReplicaReplyAllocs(t *testing.T) {
+	rs := []master.Replica{{Type: master.Memory, Status: master.StatusComplete, SegmentName: "127.0.0.1:12345",
+		SegmentID: master.UUID{Hi: 7, Lo: 9}, Addr: 4096, Size: 1 << 20, Protocol: "shm"}}
+	var out []*storepb.ReplicaDescriptor
+	allocs := testing.AllocsPerRun(100, func() { out = replicasPB(rs) })
+	require.Equal(t, 1.0, allocs)
+	require.Len(t, out, 1)
+	require.Equal(t, 1, cap(out))
+	m := out[0].Memory
+	require.Equal(t, storepb.ReplicaStatus(master.StatusComplete), out[0].Status)
+	require.Equal(t, "127.0.0.1:12345", m.SegmentName)
+	require.Equal(t, uint64(4096), m.BufferAddress)
+	require.Equal(t, uint64(1<<20), m.Size)
+	require.Equal(t, "shm", m.Protocol)
+	require.Equal(t, uint64(7), m.SegmentId.High)
+	require.Equal(t, uint64(9), m.SegmentId.Low)
+
+	// A batch's descriptors are distinct messages.
+	two := newReplicaBuf(2)
+	a, b := two.add(rs), two.add(rs)
+	require.NotSame(t, a[0], b[0])
+	require.NotSame(t, a[0].Memory, b[0].Memory)
+	require.NotSame(t, a[0].Memory.SegmentId, b[0].Memory.SegmentId)
+}

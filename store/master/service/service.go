@@ -533,30 +533,43 @@ func replicasPB(rs []master.Replica) []*storepb.ReplicaDescriptor {
 	return b.add(rs)
 }
 
-// replicaBuf holds the messages of n replica descriptors in one slice per
-// message type, so a batch reply allocates them at once.
+// replicaBuf holds the messages of n replica descriptors, allocated
+// together, so a reply allocates them at once: a single-key reply (the
+// commonest) in one allocation, a batch reply in three.
 type replicaBuf struct {
-	ptrs []*storepb.ReplicaDescriptor
-	reps []storepb.ReplicaDescriptor
-	mems []storepb.MemoryDescriptor
-	ids  []storepb.UUID
+	ptrs  []*storepb.ReplicaDescriptor
+	slots []replicaSlot
+}
+
+// replicaSlot is the three messages of one replica descriptor.
+type replicaSlot struct {
+	rep storepb.ReplicaDescriptor
+	mem storepb.MemoryDescriptor
+	id  storepb.UUID
+}
+
+// oneReplica is a replicaBuf for one descriptor with its storage.
+type oneReplica struct {
+	b    replicaBuf
+	ptr  [1]*storepb.ReplicaDescriptor
+	slot [1]replicaSlot
 }
 
 func newReplicaBuf(n int) *replicaBuf {
-	return &replicaBuf{
-		ptrs: make([]*storepb.ReplicaDescriptor, 0, n),
-		reps: make([]storepb.ReplicaDescriptor, n),
-		mems: make([]storepb.MemoryDescriptor, n),
-		ids:  make([]storepb.UUID, n),
+	if n == 1 {
+		o := new(oneReplica)
+		o.b.ptrs, o.b.slots = o.ptr[:0], o.slot[:]
+		return &o.b
 	}
+	return &replicaBuf{ptrs: make([]*storepb.ReplicaDescriptor, 0, n), slots: make([]replicaSlot, n)}
 }
 
 // add describes rs with the next len(rs) slots (at most n in all).
 func (b *replicaBuf) add(rs []master.Replica) []*storepb.ReplicaDescriptor {
 	start := len(b.ptrs)
 	for _, r := range rs {
-		i := len(b.ptrs)
-		id, mem, rep := &b.ids[i], &b.mems[i], &b.reps[i]
+		sl := &b.slots[len(b.ptrs)]
+		id, mem, rep := &sl.id, &sl.mem, &sl.rep
 		id.High, id.Low = r.SegmentID.Hi, r.SegmentID.Lo
 		mem.SegmentName, mem.BufferAddress, mem.Size, mem.Protocol, mem.SegmentId = r.SegmentName, r.Addr, r.Size, r.Protocol, id
 		rep.Type, rep.Status, rep.Memory = storepb.ReplicaType(r.Type), storepb.ReplicaStatus(r.Status), mem
