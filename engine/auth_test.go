@@ -27,6 +27,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
 	"github.com/crescent-kv/crescent/engine/transport/tcp"
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 var (
@@ -90,7 +91,7 @@ func TestAuthDataPortRefusesUnauthenticatedReadWrite(t *testing.T) {
 			cfg := engine.Config{Protocols: []string{"tcp"}, Token: tc.token}
 			cfg.TCP.DialTimeout = time.Second // bounds the server's wait for a hello
 			victim := newNode(t, 1<<20, cfg)
-			fill(victim.buf, 7)
+			testutil.Fill(victim.buf, 7)
 			before := bytes.Clone(victim.buf)
 			port := victim.e.LocalDesc().TCPDataPort
 			require.NotZero(t, port)
@@ -206,7 +207,7 @@ func TestAuthSameTokenTransfers(t *testing.T) {
 			seg, err := a.e.OpenSegment(ctx, b.e.Name())
 			require.NoError(t, err)
 			defer a.e.CloseSegment(seg)
-			fill(a.buf[:2<<20], 3)
+			testutil.Fill(a.buf[:2<<20], 3)
 			run := func(op engine.OpCode, local []byte, off int) {
 				batch, err := a.e.AllocateBatch(1)
 				require.NoError(t, err)
@@ -298,7 +299,7 @@ func TestAuthSameTokenRDMAEndpointExchange(t *testing.T) {
 	seg, err := a.e.OpenSegment(ctx, b.e.Name())
 	require.NoError(t, err)
 	defer a.e.CloseSegment(seg)
-	fill(a.buf[:1<<20], 9)
+	testutil.Fill(a.buf[:1<<20], 9)
 	id, err := a.e.AllocateBatch(1)
 	require.NoError(t, err)
 	require.NoError(t, a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:1<<20], Target: seg, TargetAddr: b.addr(4096)}}))

@@ -10,6 +10,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // Two engines configured with the same CXL device reach each other's
@@ -60,7 +61,7 @@ func TestCXLThroughEngine(t *testing.T) {
 	if d.CXLName != "dax0.0" {
 		t.Fatalf("descriptor %+v", d)
 	}
-	fill(local, 9)
+	testutil.Fill(local, 9)
 	id, _ := a.AllocateBatch(2)
 	if err := a.Submit(id, []engine.Request{
 		{Op: engine.Write, Local: local[:65536], Target: seg, TargetAddr: transport.AddrOf(remote) + 100},

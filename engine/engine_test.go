@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -66,13 +66,6 @@ func newNode(t testing.TB, size int, cfg engine.Config) *node {
 
 func (n *node) addr(off int) uint64 { return transport.AddrOf(n.buf) + uint64(off) }
 
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-}
-
 func wait(t testing.TB, e *engine.Engine, b engine.BatchID) engine.BatchStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -103,7 +96,7 @@ func TestWriteReadRoundTrip(t *testing.T) {
 			defer a.e.CloseSegment(seg)
 
 			sizes := []int{1, 7, 4096, 65536, 1<<20 + 13, 3 << 20}
-			fill(a.buf[:8<<20], 1)
+			testutil.Fill(a.buf[:8<<20], 1)
 			var reqs []engine.Request
 			off := 0
 			for _, n := range sizes {
@@ -395,7 +388,7 @@ func TestConcurrentSubmitters(t *testing.T) {
 		t.Run(proto, func(t *testing.T) {
 			a := newNode(t, 8<<20, engine.Config{Protocols: []string{proto}})
 			b := newNode(t, 8<<20, engine.Config{Protocols: []string{proto}})
-			fill(a.buf, 7)
+			testutil.Fill(a.buf, 7)
 			const workers, rounds, block = 8, 20, 16 << 10
 			var wg sync.WaitGroup
 			errs := make(chan error, workers)
@@ -512,7 +505,7 @@ func TestRegisterAfterOpenRefreshes(t *testing.T) {
 			if err := b.e.RegisterMemory(extra, ""); err != nil {
 				t.Fatal(err)
 			}
-			fill(a.buf[:1000], 3)
+			testutil.Fill(a.buf[:1000], 3)
 			id, _ := a.e.AllocateBatch(1)
 			err := a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:1000], Target: seg, TargetAddr: transport.AddrOf(extra) + 5}})
 			if err != nil {

@@ -485,7 +485,7 @@ func TestHostileDescriptorSeeds(t *testing.T) {
 	seg, err := r.opener.e.OpenSegment(context.Background(), name)
 	require.NoError(t, err)
 	defer r.opener.e.CloseSegment(seg)
-	fill(r.opener.buf[:4096], 3)
+	testutil.Fill(r.opener.buf[:4096], 3)
 	id, _ := r.opener.e.AllocateBatch(1)
 	defer r.opener.e.FreeBatch(id)
 	require.NoError(t, r.opener.e.Submit(id, []engine.Request{{Op: engine.Write, Local: r.opener.buf[:4096], Target: seg, TargetAddr: r.target.addr(8192)}}))
@@ -515,7 +515,7 @@ func TestHostileDescriptorP2P(t *testing.T) {
 	}
 	seg, err := a.e.OpenSegment(context.Background(), b.e.Name())
 	require.NoError(t, err)
-	fill(a.buf[:1<<20], 9)
+	testutil.Fill(a.buf[:1<<20], 9)
 	id, _ := a.e.AllocateBatch(1)
 	defer a.e.FreeBatch(id)
 	require.NoError(t, a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:1<<20], Target: seg, TargetAddr: b.addr(4096)}}))
@@ -572,7 +572,7 @@ func TestHostileRefreshAndWatch(t *testing.T) {
 	require.NoError(t, err)
 	require.Same(t, good, d, "a hostile descriptor replaced the good one")
 
-	fill(a.buf[:4096], 11)
+	testutil.Fill(a.buf[:4096], 11)
 	id, _ := a.e.AllocateBatch(1)
 	defer a.e.FreeBatch(id)
 	require.NoError(t, a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:4096], Target: seg, TargetAddr: b.addr(0)}}))

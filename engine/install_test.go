@@ -17,13 +17,14 @@ import (
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // transfer writes n bytes from a to b's buffer and returns Wait's error
 // (or Submit's).
 func transfer(t *testing.T, a, b *node, seg engine.SegmentID, seed uint64, n int) error {
 	t.Helper()
-	fill(a.buf[:n], seed)
+	testutil.Fill(a.buf[:n], seed)
 	batch, err := a.e.AllocateBatch(1)
 	require.NoError(t, err)
 	defer func() {

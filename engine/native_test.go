@@ -9,6 +9,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/transport/efa"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // rdma (on the software device) and efa (on libfabric's tcp provider)
@@ -40,7 +41,7 @@ func TestRDMAAndEFAShareADescriptor(t *testing.T) {
 			if d.Crescent == nil || d.Crescent.RDMA == nil || d.Crescent.EFA == nil || len(d.Devices) != d.Crescent.RDMA.Devices+d.Crescent.EFA.Devices {
 				t.Fatalf("descriptor devices %+v, crescent %+v", d.Devices, d.Crescent)
 			}
-			fill(a.buf[:1<<20], 5)
+			testutil.Fill(a.buf[:1<<20], 5)
 			id, _ := a.e.AllocateBatch(1)
 			if err := a.e.Submit(id, []engine.Request{{Op: engine.Write, Local: a.buf[:1<<20], Target: seg, TargetAddr: b.addr(4096)}}); err != nil {
 				t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 const childEnv = "CRESCENT_ENGINE_TEST_CHILD"
@@ -160,7 +161,7 @@ func TestTwoProcesses(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer a.e.CloseSegment(seg)
-			fill(a.buf[:4<<20], 11)
+			testutil.Fill(a.buf[:4<<20], 11)
 			id, _ := a.e.AllocateBatch(4)
 			var reqs []engine.Request
 			for i := 0; i < 4; i++ {

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -27,7 +28,7 @@ func warmAhead(t *testing.T, c *Client, prefix string, size int, rc ReplicateCon
 	ctx := tctx(t)
 	n := 0
 	eventually(t, "reservations for the class", func() bool {
-		if err := c.Put(ctx, fmt.Sprintf("%s/%d", prefix, n), randBytes(size, uint64(n)), rc); err != nil {
+		if err := c.Put(ctx, fmt.Sprintf("%s/%d", prefix, n), testutil.Bytes(size, uint64(n)), rc); err != nil {
 			t.Fatal(err)
 		}
 		n++
@@ -52,7 +53,7 @@ func TestPutAhead(t *testing.T) {
 	before := a.Stats()
 	const n = 20
 	for i := range n {
-		if err := a.Put(ctx, fmt.Sprintf("k/%d", i), randBytes(64<<10, uint64(100+i)), rc); err != nil {
+		if err := a.Put(ctx, fmt.Sprintf("k/%d", i), testutil.Bytes(64<<10, uint64(100+i)), rc); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -72,7 +73,7 @@ func TestPutAhead(t *testing.T) {
 	}
 	for i := range n {
 		got, err := b.Get(ctx, fmt.Sprintf("k/%d", i))
-		if err != nil || !bytes.Equal(got, randBytes(64<<10, uint64(100+i))) {
+		if err != nil || !bytes.Equal(got, testutil.Bytes(64<<10, uint64(100+i))) {
 			t.Fatalf("get k/%d: %v", i, err)
 		}
 		if segs := segmentsOf(t, tm, fmt.Sprintf("k/%d", i)); len(segs) != 2 {
@@ -81,7 +82,7 @@ func TestPutAhead(t *testing.T) {
 	}
 	// Another size or config is another class: the first put of it takes
 	// two RPCs.
-	if err := a.Put(ctx, "other", randBytes(1000, 1), rc); err != nil {
+	if err := a.Put(ctx, "other", testutil.Bytes(1000, 1), rc); err != nil {
 		t.Fatal(err)
 	}
 	if a.Stats().PutsAhead != after.PutsAhead {
@@ -106,19 +107,19 @@ func TestPutAheadDuplicateAndFailure(t *testing.T) {
 	rc := ReplicateConfig{Preferred: []string{b.SegmentName()}}
 	warmAhead(t, a, "warm", 4096, rc)
 	eventually(t, "a full class", func() bool { return a.ahead.held() == 2 })
-	if err := a.Put(ctx, "warm/0", randBytes(4096, 9), rc); !errors.Is(err, errcode.ErrObjectAlreadyExists) {
+	if err := a.Put(ctx, "warm/0", testutil.Bytes(4096, 9), rc); !errors.Is(err, errcode.ErrObjectAlreadyExists) {
 		t.Fatalf("duplicate put: %v", err)
 	}
 	if a.ahead.held() != 2 || a.Stats().AheadGone != 0 {
 		t.Fatalf("duplicate lost its reservation: held %d", a.ahead.held())
 	}
-	if got, err := b.Get(ctx, "warm/0"); err != nil || !bytes.Equal(got, randBytes(4096, 0)) {
+	if got, err := b.Get(ctx, "warm/0"); err != nil || !bytes.Equal(got, testutil.Bytes(4096, 0)) {
 		t.Fatalf("the first value changed: %v", err)
 	}
 
 	// The write fails: b's segment cannot be reached by a.
 	a.beforeWrite = func() { b.eng.Close() }
-	err := a.Put(ctx, "doomed", randBytes(4096, 1), rc)
+	err := a.Put(ctx, "doomed", testutil.Bytes(4096, 1), rc)
 	a.beforeWrite = nil
 	if !errors.Is(err, errcode.ErrTransferFail) {
 		t.Fatalf("put to a dead engine: %v", err)
@@ -146,14 +147,14 @@ func TestPutAheadGone(t *testing.T) {
 	if n := tm.m.Unreserve(master.UUID{Hi: a.ID().Hi, Lo: a.ID().Lo}, ids); n != 3 {
 		t.Fatalf("freed %d", n)
 	}
-	if err := a.Put(ctx, "k", randBytes(8192, 5), ReplicateConfig{}); err != nil {
+	if err := a.Put(ctx, "k", testutil.Bytes(8192, 5), ReplicateConfig{}); err != nil {
 		t.Fatal(err)
 	}
 	if st := a.Stats(); st.AheadGone != 1 {
 		t.Fatalf("AheadGone %d", st.AheadGone)
 	}
 	got, err := a.Get(ctx, "k")
-	if err != nil || !bytes.Equal(got, randBytes(8192, 5)) {
+	if err != nil || !bytes.Equal(got, testutil.Bytes(8192, 5)) {
 		t.Fatalf("get: %v", err)
 	}
 }
@@ -174,7 +175,7 @@ func TestPutAheadFullPool(t *testing.T) {
 	if st := tm.m.Stats(); st.Keys != 0 || st.Reservations != 8 {
 		t.Fatalf("before: %+v", st)
 	}
-	v := randBytes(6<<20, 1)
+	v := testutil.Bytes(6<<20, 1)
 	if err := a.Put(ctx, "big", v, ReplicateConfig{}); err != nil {
 		t.Fatalf("put of 6 MiB: %v", err)
 	}
@@ -191,7 +192,7 @@ func TestPutAheadDisabled(t *testing.T) {
 	a := newTestClient(t, tm, 16<<20, twoRPCPuts)
 	ctx := tctx(t)
 	for i := range 10 {
-		if err := a.Put(ctx, fmt.Sprint(i), randBytes(4096, uint64(i)), ReplicateConfig{}); err != nil {
+		if err := a.Put(ctx, fmt.Sprint(i), testutil.Bytes(4096, uint64(i)), ReplicateConfig{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -230,7 +231,7 @@ func TestBatchPutAheadAndBlocks(t *testing.T) {
 	eventually(t, "a full class", func() bool { return a.ahead.held() == 4 })
 	before := a.Stats()
 	keys := []string{"b0", "b1", "b2"}
-	vals := [][]byte{randBytes(32<<10, 10), randBytes(32<<10, 11), randBytes(32<<10, 12)}
+	vals := [][]byte{testutil.Bytes(32<<10, 10), testutil.Bytes(32<<10, 11), testutil.Bytes(32<<10, 12)}
 	rc := ReplicateConfig{Blocks: []*BlockMeta{{BlockHashes: []uint64{100}}, nil, {BlockHashes: []uint64{102}}}}
 	for i, err := range a.BatchPut(ctx, keys, vals, rc) {
 		if err != nil {
@@ -252,7 +253,7 @@ func TestBatchPutAheadAndBlocks(t *testing.T) {
 	var vals2 [][]byte
 	var blocks2 []*BlockMeta
 	for i := range keys2 {
-		vals2 = append(vals2, randBytes(32<<10, uint64(20+i)))
+		vals2 = append(vals2, testutil.Bytes(32<<10, uint64(20+i)))
 		blocks2 = append(blocks2, &BlockMeta{BlockHashes: []uint64{uint64(200 + i)}})
 	}
 	for i, err := range a.BatchPut(ctx, keys2, vals2, ReplicateConfig{Blocks: blocks2}) {
@@ -304,7 +305,7 @@ func TestPutAheadConcurrent(t *testing.T) {
 			rc := ReplicateConfig{Replicas: 1 + g%2}
 			for i := range 40 {
 				key := fmt.Sprintf("c-%d-%d", g, i)
-				val := randBytes(64<<10, uint64(g*1000+i))
+				val := testutil.Bytes(64<<10, uint64(g*1000+i))
 				if err := w.Put(ctx, key, val, rc); err != nil {
 					errc <- fmt.Errorf("put %s: %w", key, err)
 					return
@@ -414,7 +415,7 @@ func TestBatchPutCommitBesideEnd(t *testing.T) {
 	keys := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
 	var vals [][]byte
 	for i := range keys {
-		vals = append(vals, randBytes(32<<10, uint64(40+i)))
+		vals = append(vals, testutil.Bytes(32<<10, uint64(40+i)))
 	}
 	armed.Store(true)
 	errs := a.BatchPut(ctx, keys, vals, ReplicateConfig{})
@@ -448,7 +449,7 @@ func TestPutAheadAboveMasterBound(t *testing.T) {
 	ctx := tctx(t)
 	before := a.Stats()
 	for i := range 8 {
-		require.NoError(t, a.Put(ctx, fmt.Sprintf("k%d", i), randBytes(4<<10, uint64(i)), ReplicateConfig{}))
+		require.NoError(t, a.Put(ctx, fmt.Sprintf("k%d", i), testutil.Bytes(4<<10, uint64(i)), ReplicateConfig{}))
 	}
 	eventually(t, "the whole target held", func() bool { return a.ahead.held() == target })
 	assert.EqualValues(t, 8, a.Stats().PutsAhead-before.PutsAhead, "every put went ahead")

@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -25,7 +26,7 @@ func TestBatchGetInto(t *testing.T) {
 	var vals, dsts [][]byte
 	for i := range n {
 		keys = append(keys, fmt.Sprint("bgi-", i))
-		vals = append(vals, randBytes(size-i, uint64(40+i)))
+		vals = append(vals, testutil.Bytes(size-i, uint64(40+i)))
 		dsts = append(dsts, mem[i*size:(i+1)*size])
 	}
 	for i, err := range a.BatchPut(ctx, keys, vals, ReplicateConfig{}) {

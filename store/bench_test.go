@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/master"
 )
 
@@ -52,10 +53,10 @@ func BenchmarkPut(b *testing.B) {
 				b.Run(fmt.Sprintf("%s/%s/%dKiB", proto, name, size>>10), func(b *testing.B) {
 					a, s, _ := benchPair(b, proto)
 					ctx := tctx(b)
-					val := randBytes(size, 1)
+					val := testutil.Bytes(size, 1)
 					if reg {
 						val = benchBuffer(b, a, size)
-						copy(val, randBytes(size, 1))
+						copy(val, testutil.Bytes(size, 1))
 					}
 					perRound := benchSegment / 2 / size
 					rc := ReplicateConfig{Preferred: []string{s.SegmentName()}}
@@ -92,7 +93,7 @@ func BenchmarkGet(b *testing.B) {
 					a, s, _ := benchPair(b, proto)
 					ctx := tctx(b)
 					keys := min(256, benchSegment/2/size)
-					val := randBytes(size, 2)
+					val := testutil.Bytes(size, 2)
 					for i := range keys {
 						if err := a.Put(ctx, fmt.Sprintf("k%d", i), val, ReplicateConfig{Preferred: []string{s.SegmentName()}}); err != nil {
 							b.Fatal(err)
@@ -125,7 +126,7 @@ func BenchmarkGet(b *testing.B) {
 func BenchmarkMemcpy(b *testing.B) {
 	for _, size := range benchSizes {
 		b.Run(fmt.Sprintf("%dKiB", size>>10), func(b *testing.B) {
-			src, dst := randBytes(size, 3), make([]byte, size)
+			src, dst := testutil.Bytes(size, 3), make([]byte, size)
 			b.SetBytes(int64(size))
 			for b.Loop() {
 				copy(dst, src)

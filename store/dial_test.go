@@ -15,6 +15,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/grpctune"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/internal/testsvc"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/service"
@@ -118,7 +119,7 @@ func TestDialMasterTuned(t *testing.T) {
 
 	c := newTestClient(t, &testMaster{m: m, addr: addr}, 16<<20, func(c *Config) { c.MasterProtocol = "grpc_tuned" })
 	assert.Equal(t, "grpc_tuned", c.MasterProtocol())
-	v := randBytes(8<<10, 5)
+	v := testutil.Bytes(8<<10, 5)
 	require.NoError(t, c.Put(tctx(t), "k", v, ReplicateConfig{}))
 	got, err := c.Get(tctx(t), "k")
 	require.NoError(t, err)

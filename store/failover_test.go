@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -64,7 +65,7 @@ func TestPutPlacedAgainAfterFailedWrite(t *testing.T) {
 				warmAhead(t, a, "warm", 4096, rc)
 				eventually(t, "a full class", func() bool { return a.ahead.held() == 2 })
 			}
-			v := randBytes(4096, 7)
+			v := testutil.Bytes(4096, 7)
 			a.beforeWrite = sync.OnceFunc(func() { b.eng.Close() }) // b's memory becomes unreachable
 			err := tc.put(ctx, a, "k", v, rc)
 			a.beforeWrite = nil
@@ -93,14 +94,14 @@ func TestPutRetriesBounded(t *testing.T) {
 	b.hbPaused.Store(true)
 	b.eng.Close()
 	ctx := tctx(t)
-	err := a.Put(ctx, "k", randBytes(4096, 1), ReplicateConfig{})
+	err := a.Put(ctx, "k", testutil.Bytes(4096, 1), ReplicateConfig{})
 	require.ErrorIs(t, err, errcode.ErrTransferFail)
 	assert.Equal(t, uint64(DefaultPutRetries), a.Stats().PutRetries)
 	_, err = tm.m.QueryKey("k")
 	assert.ErrorIs(t, err, errcode.ErrObjectNotFound)
 
 	c := newTestClient(t, tm, 0, protocols("tcp"), twoRPCPuts, noRetries)
-	require.ErrorIs(t, c.Put(ctx, "k", randBytes(4096, 1), ReplicateConfig{}), errcode.ErrTransferFail)
+	require.ErrorIs(t, c.Put(ctx, "k", testutil.Bytes(4096, 1), ReplicateConfig{}), errcode.ErrTransferFail)
 	assert.Zero(t, c.Stats().PutRetries)
 }
 
@@ -176,7 +177,7 @@ func TestPutsSurviveClientKill(t *testing.T) {
 						vals := make([][]byte, tc.batch)
 						for j := range keys {
 							keys[j] = fmt.Sprintf("k%d/%d", i, j)
-							vals[j] = randBytes(size, uint64(i*tc.batch+j))
+							vals[j] = testutil.Bytes(size, uint64(i*tc.batch+j))
 						}
 						if tc.batch == 1 {
 							errs[i] = live.Put(ctx, keys[0], vals[0], tc.rc)
@@ -228,7 +229,7 @@ func TestPutsSurviveClientKill(t *testing.T) {
 					for j := range tc.batch {
 						got, err := live.Get(ctx, fmt.Sprintf("k%d/%d", i, j))
 						require.NoError(t, err)
-						require.True(t, bytes.Equal(randBytes(size, uint64(i*tc.batch+j)), got))
+						require.True(t, bytes.Equal(testutil.Bytes(size, uint64(i*tc.batch+j)), got))
 					}
 				}
 			}

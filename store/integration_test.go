@@ -14,6 +14,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -37,7 +38,7 @@ func TestPutGetAcrossClients(t *testing.T) {
 			for _, n := range valueSizes {
 				for _, on := range []*Client{a, b} {
 					key := fmt.Sprintf("v%d-on-%s", n, on.SegmentName())
-					val := randBytes(n, uint64(n))
+					val := testutil.Bytes(n, uint64(n))
 					if err := a.Put(ctx, key, val, ReplicateConfig{Preferred: []string{on.SegmentName()}}); err != nil {
 						t.Fatalf("put %s: %v", key, err)
 					}
@@ -81,7 +82,7 @@ func TestBatchPutGet(t *testing.T) {
 	var vals [][]byte
 	for i := range 40 {
 		keys = append(keys, fmt.Sprintf("batch-%d", i))
-		vals = append(vals, randBytes(1+i*7919, uint64(i)))
+		vals = append(vals, testutil.Bytes(1+i*7919, uint64(i)))
 	}
 	keys = append(keys, "", "dup", "empty-value")
 	vals = append(vals, []byte("x"), []byte("second"), nil)
@@ -163,7 +164,7 @@ func TestZeroCopy(t *testing.T) {
 	const n = 3<<20 + 17
 	src := registered(t, a, n)
 	dst := registered(t, a, n)
-	copy(src, randBytes(n, 5))
+	copy(src, testutil.Bytes(n, 5))
 
 	staged := a.Stats().StagedBytes
 	if err := a.PutFrom(ctx, "zc", src, ReplicateConfig{}); err != nil {
@@ -187,7 +188,7 @@ func TestZeroCopy(t *testing.T) {
 		t.Fatalf("registered buffers staged %d bytes", d)
 	}
 	// Unregistered memory goes through staging, with the same result.
-	heap := randBytes(n, 6)
+	heap := testutil.Bytes(n, 6)
 	if err := a.PutFrom(ctx, "heap", heap, ReplicateConfig{}); err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +230,7 @@ func TestGetBuffer(t *testing.T) {
 	a := newTestClient(t, tm, 32<<20)
 	b := newTestClient(t, tm, 32<<20)
 	ctx := tctx(t)
-	local, remote := randBytes(100000, 1), randBytes(200000, 2)
+	local, remote := testutil.Bytes(100000, 1), testutil.Bytes(200000, 2)
 	if err := a.Put(ctx, "local", local, ReplicateConfig{Preferred: []string{a.SegmentName()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +366,7 @@ func TestReplicaPlacement(t *testing.T) {
 	b := newTestClient(t, tm, 16<<20)
 	c := newTestClient(t, tm, 16<<20)
 	ctx := tctx(t)
-	val := randBytes(10000, 3)
+	val := testutil.Bytes(10000, 3)
 	cases := []struct {
 		key  string
 		rc   ReplicateConfig
@@ -422,7 +423,7 @@ func TestPutRevokedWhenTransferFails(t *testing.T) {
 	defer eng.Close()
 	b := newTestClient(t, tm, 16<<20, func(c *Config) { c.Engine = eng })
 	ctx := tctx(t)
-	if err := a.Put(ctx, "fine", randBytes(1<<20, 1), ReplicateConfig{Replicas: 2}); err != nil {
+	if err := a.Put(ctx, "fine", testutil.Bytes(1<<20, 1), ReplicateConfig{Replicas: 2}); err != nil {
 		t.Fatal(err)
 	}
 	if segs := segmentsOf(t, tm, "fine"); len(segs) != 2 {
@@ -437,7 +438,7 @@ func TestPutRevokedWhenTransferFails(t *testing.T) {
 	}
 	usedA, usedB := used(a), used(b)
 	a.beforeWrite = func() { eng.Close() } // b's engine dies between PutStart and the writes
-	err = a.Put(ctx, "doomed", randBytes(1<<20, 2), ReplicateConfig{Replicas: 2})
+	err = a.Put(ctx, "doomed", testutil.Bytes(1<<20, 2), ReplicateConfig{Replicas: 2})
 	a.beforeWrite = nil
 	if !errors.Is(err, errcode.ErrTransferFail) {
 		t.Fatalf("put to a dead engine: %v", err)
@@ -458,7 +459,7 @@ func TestPutRevokedWhenTransferFails(t *testing.T) {
 	// failed put reported b's segment, so only a minimum of two replicas
 	// still places there.)
 	a.beforeWrite = func() {}
-	errs := a.BatchPut(ctx, []string{"d1", "d2"}, [][]byte{randBytes(5000, 1), randBytes(5000, 2)}, ReplicateConfig{Replicas: 2, MinReplicas: 2})
+	errs := a.BatchPut(ctx, []string{"d1", "d2"}, [][]byte{testutil.Bytes(5000, 1), testutil.Bytes(5000, 2)}, ReplicateConfig{Replicas: 2, MinReplicas: 2})
 	for i, err := range errs {
 		if !errors.Is(err, errcode.ErrTransferFail) {
 			t.Fatalf("batch item %d: %v", i, err)
@@ -481,7 +482,7 @@ func TestLeaseExpired(t *testing.T) {
 	a := newTestClient(t, tm, 16<<20)
 	b := newTestClient(t, tm, 16<<20)
 	ctx := tctx(t)
-	val := randBytes(50000, 9)
+	val := testutil.Bytes(50000, 9)
 	if err := a.Put(ctx, "k", val, ReplicateConfig{Preferred: []string{a.SegmentName()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -706,7 +707,7 @@ func TestConcurrentClients(t *testing.T) {
 			}
 			for i := range 20 {
 				key := fmt.Sprintf("c-%d-%d", g, i)
-				val := randBytes(1+(g*i*4099)%(2<<20), uint64(g*100+i))
+				val := testutil.Bytes(1+(g*i*4099)%(2<<20), uint64(g*100+i))
 				if err := w.Put(ctx, key, val, ReplicateConfig{Replicas: 1 + i%2}); err != nil {
 					errc <- fmt.Errorf("put %s: %w", key, err)
 					return
@@ -756,7 +757,7 @@ func TestNoLeaks(t *testing.T) {
 		ctx := tctx(t)
 		for _, p := range [][2]*Client{{a, b}, {b, a}} {
 			key := "leak-" + p[0].SegmentName()
-			if err := p[0].Put(ctx, key, randBytes(1<<20, 1), ReplicateConfig{Preferred: []string{p[1].SegmentName()}}); err != nil {
+			if err := p[0].Put(ctx, key, testutil.Bytes(1<<20, 1), ReplicateConfig{Preferred: []string{p[1].SegmentName()}}); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := p[1].Get(ctx, key); err != nil {

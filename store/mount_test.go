@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/engine/mempool"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -44,7 +45,7 @@ func TestMountStartsHeartbeat(t *testing.T) {
 	peer := newTestClient(t, tm, 16<<20, protocols("tcp"))
 	c := newTestClient(t, tm, 0, protocols("tcp"), func(cfg *Config) { cfg.HeartbeatInterval = time.Millisecond })
 	for i := range 20 {
-		k, v := fmt.Sprintf("k%d", i), randBytes(4096, uint64(i))
+		k, v := fmt.Sprintf("k%d", i), testutil.Bytes(4096, uint64(i))
 		require.NoError(t, c.Put(ctx, k, v, ReplicateConfig{}))
 		got, err := c.Get(ctx, k)
 		require.NoError(t, err)
@@ -63,7 +64,7 @@ func TestMountStartsHeartbeat(t *testing.T) {
 	assert.Len(t, c.Segments(), 2)
 
 	// Objects can be placed on the new segments.
-	v := randBytes(4096, 99)
+	v := testutil.Bytes(4096, 99)
 	require.NoError(t, c.Put(ctx, "mine", v, ReplicateConfig{Preferred: []string{c.SegmentName()}}))
 	assert.Equal(t, []string{c.SegmentName()}, segmentsOf(t, tm, "mine"))
 	got, err := peer.Get(ctx, "mine")

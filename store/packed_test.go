@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -119,7 +120,7 @@ func TestPackedReplicas(t *testing.T) {
 				ks, vs := make([]string, 8), make([][]byte, 8)
 				for i := range ks {
 					ks[i] = fmt.Sprintf("packed-%v/%d/%d", old, r, i)
-					vs[i] = randBytes(4<<10, uint64(100*r+i))
+					vs[i] = testutil.Bytes(4<<10, uint64(100*r+i))
 				}
 				for i, err := range c.BatchPut(ctx, ks, vs, ReplicateConfig{}) {
 					require.NoError(t, err, "round %d item %d", r, i)

@@ -20,6 +20,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/service"
@@ -115,12 +116,12 @@ func childClient() error {
 			if f[5] != "-" {
 				rc.Preferred = []string{f[5]}
 			}
-			reply = result(c.Put(ctx, f[1], randBytes(size, seed), rc))
+			reply = result(c.Put(ctx, f[1], testutil.Bytes(size, seed), rc))
 		case f[0] == "get" && len(f) == 4:
 			size, _ := strconv.Atoi(f[2])
 			seed, _ := strconv.ParseUint(f[3], 10, 64)
 			got, err := c.Get(ctx, f[1])
-			if err == nil && !bytes.Equal(got, randBytes(size, seed)) {
+			if err == nil && !bytes.Equal(got, testutil.Bytes(size, seed)) {
 				reply = "err MISMATCH"
 			} else {
 				reply = result(err)
@@ -257,7 +258,7 @@ func TestProcesses(t *testing.T) {
 	// A third reader in this process, through the same master.
 	tm := &testMaster{addr: addr}
 	reader := newTestClient(t, tm, 0)
-	if got, err := reader.Get(tctx(t), both[3].key); err != nil || !bytes.Equal(got, randBytes(both[3].size, uint64(both[3].seed))) {
+	if got, err := reader.Get(tctx(t), both[3].key); err != nil || !bytes.Equal(got, testutil.Bytes(both[3].size, uint64(both[3].seed))) {
 		t.Fatalf("in-process reader: %v", err)
 	}
 

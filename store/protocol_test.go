@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 )
@@ -26,7 +27,7 @@ func TestMasterProtocol(t *testing.T) {
 	if a.MasterProtocol() != "crpc" || g.MasterProtocol() != "grpc" {
 		t.Fatalf("protocols %s, %s", a.MasterProtocol(), g.MasterProtocol())
 	}
-	v := randBytes(100<<10, 3)
+	v := testutil.Bytes(100<<10, 3)
 	if err := a.Put(ctx, "k", v, ReplicateConfig{}); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestMasterPollWait(t *testing.T) {
 	require.Equal(t, "crpc", c.MasterProtocol())
 	require.Equal(t, 150*time.Microsecond, c.cfg.Security.pollWait)
 	require.Len(t, c.cfg.Security.crpcOptions(), 1, "the poll wait option")
-	v := randBytes(64<<10, 5)
+	v := testutil.Bytes(64<<10, 5)
 	require.NoError(t, c.Put(ctx, "pw", v, ReplicateConfig{}))
 	got, err := c.Get(ctx, "pw")
 	require.NoError(t, err)

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -55,15 +55,6 @@ func (c *Client) addSegment(size int64) error {
 	c.regs.add(seg.mem)
 	c.setSegs(append(c.segList(), seg))
 	return nil
-}
-
-func randBytes(n int, seed uint64) []byte {
-	b := make([]byte, n)
-	r := rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15+1))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
-	return b
 }
 
 func TestRegions(t *testing.T) {
@@ -408,7 +399,7 @@ func TestTransferPaths(t *testing.T) {
 			off := uint64(0)
 			for _, n := range sizes {
 				for _, direct := range []bool{false, true} {
-					val := randBytes(n, uint64(n)*7+uint64(btoi(direct)))
+					val := testutil.Bytes(n, uint64(n)*7+uint64(btoi(direct)))
 					src := val
 					if direct {
 						src = reg[:n]
@@ -444,7 +435,7 @@ func TestTransferPaths(t *testing.T) {
 			}
 			// Local copies: A's own segment, no engine involved.
 			aseg := a.segList()[0]
-			val := randBytes(5000, 99)
+			val := testutil.Bytes(5000, 99)
 			transfers := a.eng.Stats().Completed
 			w := &xfer{op: engine.Write, buf: val, seg: a.name, addr: aseg.info.Base + 100}
 			a.transfer(ctx, []*xfer{w})
@@ -473,7 +464,7 @@ func TestTransferBatchMixed(t *testing.T) {
 	var xs []*xfer
 	vals := make([][]byte, 20)
 	for i := range vals {
-		vals[i] = randBytes(100<<10, uint64(i))
+		vals[i] = testutil.Bytes(100<<10, uint64(i))
 		xs = append(xs, &xfer{op: engine.Write, buf: vals[i], seg: b.name, addr: base + uint64(i)*(128<<10), item: i})
 	}
 	outOfBounds := &xfer{op: engine.Write, buf: vals[0], seg: b.name, addr: base + (8 << 20) - 10, item: 20}
@@ -510,7 +501,7 @@ func TestTransferDeadPeer(t *testing.T) {
 		t.Fatal(ok.err)
 	}
 	peer.eng.Close()
-	x := &xfer{op: engine.Write, buf: randBytes(300<<10, 1), seg: peer.name, addr: addr}
+	x := &xfer{op: engine.Write, buf: testutil.Bytes(300<<10, 1), seg: peer.name, addr: addr}
 	a.transfer(ctx, []*xfer{x})
 	if !errors.Is(x.err, errcode.ErrTransferFail) {
 		t.Fatalf("write to a closed engine: %v", x.err)
@@ -531,7 +522,7 @@ func TestTransferConcurrentStaging(t *testing.T) {
 	errs := make(chan error, 16)
 	for g := range 16 {
 		wg.Go(func() {
-			val := randBytes(1<<20, uint64(g))
+			val := testutil.Bytes(1<<20, uint64(g))
 			x := &xfer{op: engine.Write, buf: val, seg: b.name, addr: base + uint64(g)<<20}
 			a.transfer(context.Background(), []*xfer{x})
 			if x.err != nil {
@@ -560,7 +551,7 @@ func TestTransferCancelled(t *testing.T) {
 	b := bareClient(t, []string{"tcp"}, 8<<20, 1<<20)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	x := &xfer{op: engine.Write, buf: randBytes(4<<20, 3), seg: b.name, addr: b.segList()[0].info.Base}
+	x := &xfer{op: engine.Write, buf: testutil.Bytes(4<<20, 3), seg: b.name, addr: b.segList()[0].info.Base}
 	a.transfer(ctx, []*xfer{x})
 	if x.err == nil {
 		t.Fatal("cancelled transfer succeeded")

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/internal/testsvc"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 )
@@ -98,13 +99,10 @@ func (p *masterProc) kill9(t *testing.T) {
 	require.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal())
 }
 
+// crashValue is key's value: 512 B to 16.5 KiB determined by the key.
 func crashValue(key string) []byte {
-	r := rand.New(rand.NewPCG(uint64(len(key)), uint64(crc(key))))
-	v := make([]byte, 512+r.IntN(16<<10))
-	for i := range v {
-		v[i] = byte(r.Uint32())
-	}
-	return v
+	seed := uint64(len(key))<<32 | uint64(crc(key))
+	return testutil.Bytes(512+int(seed%(16<<10)), seed)
 }
 
 func crc(s string) uint32 {

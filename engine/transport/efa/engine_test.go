@@ -17,6 +17,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/efa"
 	"github.com/crescent-kv/crescent/internal/fabric"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // enode is an engine with one registered buffer.
@@ -114,8 +115,8 @@ func TestEngineBothWays(t *testing.T) {
 			var writes, reads []engine.Request
 			off := 0
 			for i, n := range sizes {
-				fill(a.buf[off:off+n], uint64(i+10))
-				fill(b.buf[16<<20+off:16<<20+off+n], uint64(i+20))
+				testutil.Fill(a.buf[off:off+n], uint64(i+10))
+				testutil.Fill(b.buf[16<<20+off:16<<20+off+n], uint64(i+20))
 				writes = append(writes, engine.Request{Op: engine.Write, Local: a.buf[off : off+n], Target: segB, TargetAddr: b.addr(off)})
 				reads = append(reads, engine.Request{Op: engine.Read, Local: a.buf[16<<20+off : 16<<20+off+n], Target: segB, TargetAddr: b.addr(16<<20 + off)})
 				off += n
@@ -154,7 +155,7 @@ func TestEngineBatch128(t *testing.T) {
 	seg := open(t, a, b)
 	reqs := make([]engine.Request, 128)
 	for i := range reqs {
-		fill(a.buf[i<<16:(i+1)<<16], uint64(i))
+		testutil.Fill(a.buf[i<<16:(i+1)<<16], uint64(i))
 		reqs[i] = engine.Request{Op: engine.Write, Local: a.buf[i<<16 : (i+1)<<16], Target: seg, TargetAddr: b.addr(i << 16)}
 	}
 	st := run(t, a.e, reqs)
@@ -210,7 +211,7 @@ func TestEngineTCPFallback(t *testing.T) {
 	a := newEngine(t, 1<<20, efaConfig(prov))
 	b := newEngine(t, 1<<20, engine.Config{Protocols: []string{"tcp"}})
 	seg := open(t, a, b)
-	fill(a.buf[:4096], 3)
+	testutil.Fill(a.buf[:4096], 3)
 	before := fabric.ReadStats()
 	run(t, a.e, []engine.Request{{Op: engine.Write, Local: a.buf[:4096], Target: seg, TargetAddr: b.addr(0)}})
 	if !bytes.Equal(b.buf[:4096], a.buf[:4096]) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sync"
 	"testing"
@@ -200,13 +199,6 @@ func task(results chan result, op transport.Op, local []byte, remote uint64, dea
 		}
 		results <- result{n, err}
 	})
-}
-
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for i := range b {
-		b[i] = byte(r.Uint32())
-	}
 }
 
 // openFDs counts this process's open file descriptors.

@@ -13,6 +13,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport/efa"
 	"github.com/crescent-kv/crescent/internal/fabric"
 	"github.com/crescent-kv/crescent/internal/fabric/fabrictest"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // TestRoundTrip writes sizes from 1 byte to 8 MiB (sliced above 2 MiB)
@@ -35,7 +36,7 @@ func TestRoundTrip(t *testing.T) {
 				var tasks []*transport.Task
 				off := 0
 				for i, n := range sizes {
-					fill(a.buf[off:off+n], uint64(i))
+					testutil.Fill(a.buf[off:off+n], uint64(i))
 					tasks = append(tasks, task(results, transport.Write, a.buf[off:off+n], b.addr(off+1), dl))
 					off += n + 1
 				}
@@ -72,7 +73,7 @@ func TestRoundTrip(t *testing.T) {
 					off += n + 1
 				}
 				// The other way: b writes to a.
-				fill(b.buf[:1<<20], 99)
+				testutil.Fill(b.buf[:1<<20], 99)
 				r := submit(t, b, a.peer(), []*transport.Task{task(results, transport.Write, b.buf[:1<<20], a.addr(24<<20), dl)}, results, 30*time.Second)
 				if r[0].err != nil || !bytes.Equal(a.buf[24<<20:25<<20], b.buf[:1<<20]) {
 					t.Fatalf("b -> a: %v", r[0].err)
@@ -308,7 +309,7 @@ func TestStuckOperation(t *testing.T) {
 	if st.Resets != 1 || st.Cancels != 1 {
 		t.Fatalf("stats %+v, want 1 cancel and 1 reset", st)
 	}
-	fill(a.buf[:4096], 5)
+	testutil.Fill(a.buf[:4096], 5)
 	r = submit(t, a, b.peer(), []*transport.Task{task(results, transport.Write, a.buf[:4096], b.addr(0), time.Now().Add(10*time.Second))}, results, 20*time.Second)
 	if r[0].err != nil || !bytes.Equal(b.buf[:4096], a.buf[:4096]) {
 		t.Fatalf("write after reset: %v", r[0].err)

@@ -15,6 +15,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/transport/rdma"
 	"github.com/crescent-kv/crescent/engine/transport/rdma/soft"
 	"github.com/crescent-kv/crescent/internal/syncbuf"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // enode is an engine on software NICs with one registered buffer.
@@ -113,9 +114,9 @@ func TestEngineRoundTrips(t *testing.T) {
 		off := 0
 		for i, sz := range sizes {
 			if op == engine.Write {
-				fill(a.buf[off:off+sz], uint64(i))
+				testutil.Fill(a.buf[off:off+sz], uint64(i))
 			} else {
-				fill(b.buf[off:off+sz], uint64(100+i))
+				testutil.Fill(b.buf[off:off+sz], uint64(100+i))
 			}
 			reqs = append(reqs, engine.Request{Op: op, Local: a.buf[off : off+sz], Target: seg, TargetAddr: b.addr(off)})
 			off += sz + 4096

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -176,13 +175,6 @@ func transfer(tb testing.TB, from *node, p transport.Peer, op transport.Op, off,
 	rs := do(tb, from, p, op, [][]byte{from.buf[off : off+size]}, []uint64{remote})
 	if rs[0].err != nil || rs[0].n != size {
 		tb.Fatalf("%v of %d bytes: n=%d err=%v", op, size, rs[0].n, rs[0].err)
-	}
-}
-
-func fill(b []byte, seed uint64) {
-	r := rand.New(rand.NewPCG(seed, seed*31+7))
-	for i := range b {
-		b[i] = byte(r.Uint32())
 	}
 }
 

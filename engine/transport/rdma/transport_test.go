@@ -23,10 +23,10 @@ func TestWriteReadRoundTrip(t *testing.T) {
 	b := newNode(t, f, nodeOpts{})
 	for _, size := range []int{1, 7, 4095, 4096, 65535, 65536, 65537, 1<<20 + 123} {
 		t.Run(fmt.Sprint(size), func(t *testing.T) {
-			fill(a.buf[:size], uint64(size))
+			testutil.Fill(a.buf[:size], uint64(size))
 			transfer(t, a, b.peer(), transport.Write, 0, size, b.addr(4096))
 			mustEqual(t, "write", b.buf[4096:4096+size], a.buf[:size])
-			fill(b.buf[2<<20:2<<20+size], uint64(size)+1)
+			testutil.Fill(b.buf[2<<20:2<<20+size], uint64(size)+1)
 			transfer(t, a, b.peer(), transport.Read, 3<<20, size, b.addr(2<<20))
 			mustEqual(t, "read", a.buf[3<<20:3<<20+size], b.buf[2<<20:2<<20+size])
 		})
@@ -41,7 +41,7 @@ func TestSlicingAcrossNICsAndQPs(t *testing.T) {
 	a := newNode(t, f, nodeOpts{nics: 2})
 	b := newNode(t, f, nodeOpts{nics: 2})
 	const size = 4 << 20
-	fill(a.buf[:size], 3)
+	testutil.Fill(a.buf[:size], 3)
 	before := a.devStats()
 	transfer(t, a, b.peer(), transport.Write, 0, size, b.addr(0))
 	mustEqual(t, "write", b.buf[:size], a.buf[:size])
@@ -90,7 +90,7 @@ func TestEndpointCacheEviction(t *testing.T) {
 		remotes := make([]uint64, 8)
 		for i := range locals {
 			off := i * (64 << 10)
-			fill(a.buf[off:off+64<<10], uint64(round*8+i))
+			testutil.Fill(a.buf[off:off+64<<10], uint64(round*8+i))
 			locals[i] = a.buf[off : off+64<<10]
 			remotes[i] = b.addr(off)
 		}
@@ -122,7 +122,7 @@ func TestRetryOnAnotherPath(t *testing.T) {
 	remove := a.devs[0].Inject(soft.Fault{Kind: soft.FaultError, Count: 1, Status: rdmadev.WCRetryExcErr})
 	defer remove()
 	const size = 1 << 20
-	fill(a.buf[:size], 9)
+	testutil.Fill(a.buf[:size], 9)
 	transfer(t, a, b.peer(), transport.Write, 0, size, b.addr(0))
 	mustEqual(t, "write", b.buf[:size], a.buf[:size])
 	s := a.tr.Stats()
@@ -179,7 +179,7 @@ func TestPauseAndRecovery(t *testing.T) {
 	}
 	remove()
 	eventually(t, "pause to end", func() bool { return a.tr.Stats().PausedPairs == 0 })
-	fill(a.buf[:1<<20], 4)
+	testutil.Fill(a.buf[:1<<20], 4)
 	transfer(t, a, p, transport.Write, 0, 1<<20, b.addr(0))
 	mustEqual(t, "after recovery", b.buf[:1<<20], a.buf[:1<<20])
 	if got := a.devs[0].Stats().PostedWRs; got == posted {
@@ -239,7 +239,7 @@ func TestRemoteAccessErrors(t *testing.T) {
 			if s := a.tr.Stats(); s.SlicesRetried != before.SlicesRetried || s.Pauses != 0 {
 				t.Fatalf("a request error was retried or paused the pair: %+v", s)
 			}
-			fill(a.buf[:64<<10], 5)
+			testutil.Fill(a.buf[:64<<10], 5)
 			transfer(t, a, b.peer(), transport.Write, 0, 64<<10, b.addr(0))
 			mustEqual(t, "after error", b.buf[:64<<10], a.buf[:64<<10])
 		})
@@ -297,7 +297,7 @@ func TestDelayWithinDeadline(t *testing.T) {
 	a := newNode(t, f, nodeOpts{})
 	b := newNode(t, f, nodeOpts{})
 	a.devs[0].Inject(soft.Fault{Kind: soft.FaultDelay, Delay: 50 * time.Millisecond})
-	fill(a.buf[:1<<20], 6)
+	testutil.Fill(a.buf[:1<<20], 6)
 	transfer(t, a, b.peer(), transport.Write, 0, 1<<20, b.addr(0))
 	mustEqual(t, "delayed", b.buf[:1<<20], a.buf[:1<<20])
 }
@@ -310,7 +310,7 @@ func TestQPAsyncError(t *testing.T) {
 	b := newNode(t, f, nodeOpts{})
 	transfer(t, a, b.peer(), transport.Write, 0, 4096, b.addr(0))
 	remove := a.devs[0].Inject(soft.Fault{Kind: soft.FaultDelay, Delay: time.Hour})
-	fill(a.buf[:1<<20], 7)
+	testutil.Fill(a.buf[:1<<20], 7)
 	ch := submit(a, b.peer(), transport.Write, [][]byte{a.buf[:1<<20]}, []uint64{b.addr(0)}, time.Now().Add(30*time.Second))
 	eventually(t, "work queued", func() bool {
 		for _, q := range a.devs[0].QPs() {
@@ -344,7 +344,7 @@ func TestPortDown(t *testing.T) {
 	b := newNode(t, f, nodeOpts{})
 	p := b.peer()
 	a.devs[0].SetPortState(rdmadev.PortDown)
-	fill(a.buf[:1<<20], 8)
+	testutil.Fill(a.buf[:1<<20], 8)
 	transfer(t, a, p, transport.Write, 0, 1<<20, b.addr(0))
 	mustEqual(t, "port down", b.buf[:1<<20], a.buf[:1<<20])
 	if s := a.tr.Stats(); s.NICsDown != 1 {
@@ -446,9 +446,9 @@ func TestBidirectionalSharesPassiveEndpoint(t *testing.T) {
 	f := soft.NewFabric()
 	a := newNode(t, f, nodeOpts{})
 	b := newNode(t, f, nodeOpts{})
-	fill(a.buf[:1<<20], 10)
+	testutil.Fill(a.buf[:1<<20], 10)
 	transfer(t, a, b.peer(), transport.Write, 0, 1<<20, b.addr(0))
-	fill(b.buf[1<<20:2<<20], 11)
+	testutil.Fill(b.buf[1<<20:2<<20], 11)
 	transfer(t, b, a.peer(), transport.Write, 1<<20, 1<<20, a.addr(2<<20))
 	mustEqual(t, "b->a", a.buf[2<<20:3<<20], b.buf[1<<20:2<<20])
 	if s := b.tr.Stats(); s.Handshakes != 0 || s.PassiveEndpoints != 1 {
@@ -611,7 +611,7 @@ func TestDescribe(t *testing.T) {
 	d2.Crescent.Protocols = []string{"rdma"}
 	// A peer reading it uses the keys at index 1 and 2.
 	bnode := newNode(t, f, nodeOpts{})
-	fill(bnode.buf[:4096], 12)
+	testutil.Fill(bnode.buf[:4096], 12)
 	rs := do(t, bnode, &testPeer{name: a.name, desc: d2}, transport.Write, [][]byte{bnode.buf[:4096]}, []uint64{a.addr(0)})
 	if rs[0].err != nil {
 		t.Fatal(rs[0].err)
@@ -652,7 +652,7 @@ func TestPeerDescriptors(t *testing.T) {
 	// object, every device is an rdma NIC.
 	d := b.desc()
 	d.Protocol, d.Crescent = "rdma", nil
-	fill(a.buf[:8192], 13)
+	testutil.Fill(a.buf[:8192], 13)
 	rs := do(t, a, &testPeer{name: b.name, desc: d}, transport.Write, [][]byte{a.buf[:8192]}, []uint64{b.addr(0)})
 	if rs[0].err != nil {
 		t.Fatal(rs[0].err)
@@ -697,7 +697,7 @@ func TestCQFailure(t *testing.T) {
 	b := newNode(t, f, nodeOpts{})
 	transfer(t, a, b.peer(), transport.Write, 0, 1<<20, b.addr(0))
 	remove := a.devs[0].Inject(soft.Fault{Kind: soft.FaultDelay, Delay: time.Hour})
-	fill(a.buf[:1<<20], 14)
+	testutil.Fill(a.buf[:1<<20], 14)
 	ch := submit(a, b.peer(), transport.Write, [][]byte{a.buf[:1<<20]}, []uint64{b.addr(0)}, time.Now().Add(30*time.Second))
 	eventually(t, "work queued on NIC 0", func() bool {
 		for _, q := range a.devs[0].QPs() {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"math/rand/v2"
 	"net"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 type node struct {
@@ -108,10 +108,7 @@ func RunEngines(t *testing.T, cfg Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := rand.New(rand.NewPCG(1, 2))
-	for i := range a.buf[:1<<20] {
-		a.buf[i] = byte(r.Uint32())
-	}
+	testutil.Fill(a.buf[:1<<20], 1)
 	run(t, a.e, []engine.Request{{Op: engine.Write, Local: a.buf[:1<<20], Target: seg, TargetAddr: b.addr(4096)}}, seg, "written")
 	if !bytes.Equal(b.buf[4096:4096+1<<20], a.buf[:1<<20]) {
 		t.Fatal("written bytes differ")
