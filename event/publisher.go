@@ -322,12 +322,14 @@ func (p *Publisher) run() {
 			h.beforeSend(seq)
 		}
 		p.ring.add(ringEntry{seq: seq, wire: wire, off: len(wire) - len(scratch)})
-		if h := p.cfg.hooks; h == nil || h.dropLive == nil || !h.dropLive(seq) {
-			p.pub.Send(p.sendCtx, p.cfg.Topic, wire)
-		}
+		// Counted before the send: a subscriber never holds a batch that
+		// Stats does not count yet.
 		p.nextSeq.Store(seq + 1)
 		p.batches.Add(1)
 		p.events.Add(uint64(len(evs)))
+		if h := p.cfg.hooks; h == nil || h.dropLive == nil || !h.dropLive(seq) {
+			p.pub.Send(p.sendCtx, p.cfg.Topic, wire)
+		}
 		clear(evs)
 	}
 }

@@ -819,3 +819,31 @@ func TestQueueIsolatesBlockUpdate(t *testing.T) {
 		t.Fatalf("batches %v, want %v", got, want)
 	}
 }
+
+// TestStatsCountBatchBeforeSend: by the time a batch can reach a
+// subscriber, Stats counts it (the drop-oldest test read Stats right after
+// its subscriber had the last batch, and saw it uncounted when the sender
+// had not yet updated its counters).
+func TestStatsCountBatchBeforeSend(t *testing.T) {
+	ctx := testCtx(t)
+	var p *Publisher
+	seen := make(chan Stats, 4)
+	p = newPub(t, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", MaxBatchEvents: 1,
+		hooks: &testHooks{dropLive: func(seq uint64) bool {
+			seen <- p.Stats() // right before the send
+			return false
+		}}})
+	for i := range 3 {
+		if err := p.Publish(storedN(i)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case st := <-seen:
+			if st.PublishedBatches != uint64(i+1) || st.PublishedEvents != uint64(i+1) || st.NextSeq != uint64(i+1) {
+				t.Fatalf("batch %d about to be sent, stats %+v", i, st)
+			}
+		case <-ctx.Done():
+			t.Fatal("batch not sent")
+		}
+	}
+}
