@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -101,16 +102,10 @@ func (p *masterProc) kill9(t *testing.T) {
 
 // crashValue is key's value: 512 B to 16.5 KiB determined by the key.
 func crashValue(key string) []byte {
-	seed := uint64(len(key))<<32 | uint64(crc(key))
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	seed := uint64(len(key))<<32 | uint64(h.Sum32())
 	return testutil.Bytes(512+int(seed%(16<<10)), seed)
-}
-
-func crc(s string) uint32 {
-	h := uint32(2166136261)
-	for i := 0; i < len(s); i++ {
-		h = (h ^ uint32(s[i])) * 16777619
-	}
-	return h
 }
 
 // TestCrashRecovery: a durable master (--data_dir) under put/remove load
