@@ -264,14 +264,97 @@ type serverConn struct {
 	calls map[uint32]*serverCall
 }
 
+// serverCall is one call, and its handler's context: a child of the
+// connection's context that ends at the call's deadline, when the client
+// cancels or when the call returns. The context.Context the package
+// would make (a timer, an entry in the connection context's children, a
+// value layer: six allocations per call) is made only when the handler
+// asks for something only it can give (Done, AfterFunc, a cancelCtx
+// lookup); a handler that answers at once uses none of it.
 type serverCall struct {
 	sc       *serverConn
-	cancel   context.CancelFunc
-	canceled bool // by the client: no reply wanted
+	deadline time.Time // zero: none
+	canceled bool      // by the client: no reply wanted (under sc.mu)
 	// Of a call run on the reader (ServerConfig.Inline): onReader while
 	// the reader runs it, detached once it has handed reading on, done
 	// once the reader has taken reading back.
 	state atomic.Int32
+
+	mu   sync.Mutex
+	err  error              // once the call's context has ended (before real exists)
+	real context.Context    // made by the first Done, AfterFunc or cancelCtx lookup
+	stop context.CancelFunc // real's
+}
+
+func (c *serverCall) Deadline() (time.Time, bool) { return c.deadline, !c.deadline.IsZero() }
+
+// Done is real's: the first call makes it.
+func (c *serverCall) Done() <-chan struct{} { return c.ctx().Done() }
+
+// Err answers without making real when it can: the call ended or its
+// connection did, or the deadline passed. The first error seen stays.
+func (c *serverCall) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.real != nil {
+		return c.real.Err()
+	}
+	if c.err == nil {
+		if err := c.sc.ctx.Err(); err != nil {
+			c.err = err
+		} else if !c.deadline.IsZero() && !time.Now().Before(c.deadline) {
+			c.err = context.DeadlineExceeded
+		}
+	}
+	return c.err
+}
+
+// Value finds the call for Detach; the context package looks up its own
+// key (a *int) to find the cancelCtx to hang children and causes on,
+// which must be real's, not the connection's.
+func (c *serverCall) Value(key any) any {
+	switch key.(type) {
+	case callKey:
+		return c
+	case *int:
+		return c.ctx().Value(key)
+	}
+	return c.sc.ctx.Value(key)
+}
+
+// AfterFunc lets context.AfterFunc and WithCancel children hang on real
+// without a goroutine each.
+func (c *serverCall) AfterFunc(f func()) func() bool { return context.AfterFunc(c.ctx(), f) }
+
+// ctx makes real once; when the call's context has already ended, real
+// ends at once with the same error.
+func (c *serverCall) ctx() context.Context {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.real == nil {
+		if c.deadline.IsZero() || c.err == context.Canceled {
+			c.real, c.stop = context.WithCancel(c.sc.ctx)
+		} else {
+			c.real, c.stop = context.WithDeadline(c.sc.ctx, c.deadline)
+		}
+		if c.err != nil {
+			c.stop()
+		}
+	}
+	return c.real
+}
+
+// cancel ends the call's context (the client cancelled, or it returned).
+func (c *serverCall) cancel() {
+	c.mu.Lock()
+	if c.real == nil && c.err == nil {
+		c.err = context.Canceled
+	}
+	stop := c.stop
+	c.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
 }
 
 const (
@@ -479,14 +562,10 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg [
 	}
 	s.callWG.Add(1)
 	s.mu.Unlock()
-	var ctx context.Context
-	var cancel context.CancelFunc
+	c := &serverCall{sc: sc}
 	if timeout > 0 {
-		ctx, cancel = context.WithTimeout(sc.ctx, timeout)
-	} else {
-		ctx, cancel = context.WithCancel(sc.ctx)
+		c.deadline = time.Now().Add(timeout)
 	}
-	c := &serverCall{sc: sc, cancel: cancel}
 	sc.mu.Lock()
 	if len(sc.calls) == 0 {
 		sc.busy(true)
@@ -494,16 +573,16 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg [
 	sc.calls[id] = c
 	sc.mu.Unlock()
 	if m, known := s.methods[name]; !known || m.inline == nil || !m.inline() {
-		go sc.call(ctx, c, id, name, msg, held)
+		go sc.call(c, id, name, msg, held)
 		return true, false
 	}
 	c.state.Store(onReader)
-	sc.call(context.WithValue(ctx, callKey{}, c), c, id, name, msg, held)
+	sc.call(c, id, name, msg, held)
 	return true, !c.state.CompareAndSwap(onReader, finished)
 }
 
 // call runs one handler and answers.
-func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name string, msg []byte, held int) {
+func (sc *serverConn) call(c *serverCall, id uint32, name string, msg []byte, held int) {
 	s := sc.s
 	defer s.callWG.Done()
 	var resp any
@@ -521,7 +600,7 @@ func (sc *serverConn) call(ctx context.Context, c *serverCall, id uint32, name s
 			}
 			return nil
 		}
-		resp, err = m.h(m.srv, ctx, dec, s.cfg.Interceptor)
+		resp, err = m.h(m.srv, c, dec, s.cfg.Interceptor)
 	}
 	sc.mu.Lock()
 	canceled := c.canceled
