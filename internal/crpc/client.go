@@ -431,6 +431,7 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 	// costs two thread switches instead of one goroutine switch.
 	cc.noYield = c.pollWait > 0
 	cc.rd = newFrameReader(r, c.maxFrame)
+	cc.interrupt = cc.interruptRead
 	cc.role <- struct{}{}
 	cc.lastRead.Store(time.Now().UnixNano())
 	cc.lastLead.Store(nanotime())
@@ -465,6 +466,7 @@ type clientConn struct {
 	waiting   atomic.Int32 // callers waiting for a reply without the role
 	bgReading atomic.Bool  // the background reader holds the role
 	dlSet     atomic.Bool  // an interrupt may have set a read deadline
+	interrupt func()       // interruptRead, bound once (a method value allocates)
 	lastLead  atomic.Int64 // nanotime when a caller last gave the role back
 	noYield   bool         // release does not yield (WithPollWait)
 
@@ -623,11 +625,11 @@ const idleRead = time.Millisecond
 // past is a read deadline that has passed: it interrupts a blocked Read.
 var past = time.Unix(1, 0)
 
-// interrupt makes the connection's current Read (if any) return a
+// interruptRead makes the connection's current Read (if any) return a
 // timeout. The reader resumes its frame where it stopped (the assembly
 // state is the clientConn's), so an interrupt that lands on another
 // reader than meant costs that reader one wake-up, nothing more.
-func (cc *clientConn) interrupt() {
+func (cc *clientConn) interruptRead() {
 	cc.dlSet.Store(true)
 	cc.c.SetReadDeadline(past)
 }

@@ -122,6 +122,7 @@ func (c ServerConfig) withDefaults() ServerConfig {
 }
 
 type method struct {
+	name   string // "/service/method"
 	srv    any
 	h      grpc.MethodHandler
 	inline func() bool // ServerConfig.Inline's check; nil: never
@@ -131,7 +132,7 @@ type method struct {
 // before Serve.
 type Server struct {
 	cfg     ServerConfig
-	methods map[string]method
+	methods map[string]*method
 	slots   chan struct{} // calls in flight, server-wide
 	mem     *budget       // request bytes held, server-wide
 
@@ -149,7 +150,7 @@ var _ grpc.ServiceRegistrar = (*Server)(nil)
 // NewServer returns a server with no services.
 func NewServer(cfg ServerConfig) *Server {
 	cfg = cfg.withDefaults()
-	return &Server{cfg: cfg, methods: map[string]method{}, slots: make(chan struct{}, cfg.MaxCalls), mem: newBudget(cfg.MaxBufferedBytes),
+	return &Server{cfg: cfg, methods: map[string]*method{}, slots: make(chan struct{}, cfg.MaxCalls), mem: newBudget(cfg.MaxBufferedBytes),
 		loops: map[*netx.Loop]bool{}, conns: map[*serverConn]bool{}}
 }
 
@@ -161,7 +162,7 @@ func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) {
 		if s.cfg.Inline != nil {
 			inline = s.cfg.Inline(name)
 		}
-		s.methods[name] = method{srv: impl, h: m.Handler, inline: inline}
+		s.methods[name] = &method{name: name, srv: impl, h: m.Handler, inline: inline}
 	}
 }
 
@@ -517,7 +518,11 @@ func (sc *serverConn) readLoop() {
 				s.mem.release(int64(f.held))
 				return
 			}
-			ok, gone := sc.admit(f.id, timeout, name, msg, f.held)
+			m := s.methods[string(name)] // no copy of name for the lookup
+			if m == nil {
+				m = &method{name: string(name)}
+			}
+			ok, gone := sc.admit(f.id, timeout, m, msg, f.held)
 			if !ok {
 				return
 			}
@@ -536,7 +541,7 @@ func (sc *serverConn) readLoop() {
 // own, or here when its method is inline. ok is false when the
 // connection ended while waiting; gone when an inline call Detached (the
 // caller no longer reads).
-func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg []byte, held int) (ok, gone bool) {
+func (sc *serverConn) admit(id uint32, timeout time.Duration, m *method, msg []byte, held int) (ok, gone bool) {
 	s := sc.s
 	select {
 	case sc.slots <- struct{}{}:
@@ -572,23 +577,23 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, name string, msg [
 	}
 	sc.calls[id] = c
 	sc.mu.Unlock()
-	if m, known := s.methods[name]; !known || m.inline == nil || !m.inline() {
-		go sc.call(c, id, name, msg, held)
+	if m.inline == nil || !m.inline() {
+		go sc.call(c, id, m, msg, held)
 		return true, false
 	}
 	c.state.Store(onReader)
-	sc.call(c, id, name, msg, held)
+	sc.call(c, id, m, msg, held)
 	return true, !c.state.CompareAndSwap(onReader, finished)
 }
 
 // call runs one handler and answers.
-func (sc *serverConn) call(c *serverCall, id uint32, name string, msg []byte, held int) {
+func (sc *serverConn) call(c *serverCall, id uint32, m *method, msg []byte, held int) {
 	s := sc.s
 	defer s.callWG.Done()
 	var resp any
 	var err error
-	if m, ok := s.methods[name]; !ok {
-		err = status.Errorf(codes.Unimplemented, "crpc: unknown method %s", name)
+	if m.h == nil {
+		err = status.Errorf(codes.Unimplemented, "crpc: unknown method %s", m.name)
 	} else {
 		dec := func(v any) error {
 			pm, ok := v.(proto.Message)
@@ -596,7 +601,7 @@ func (sc *serverConn) call(c *serverCall, id uint32, name string, msg []byte, he
 				return status.Errorf(codes.Internal, "crpc: %T is not a protobuf message", v)
 			}
 			if err := pbcodec.Unmarshal(msg, pm); err != nil {
-				return status.Errorf(codes.InvalidArgument, "crpc: decoding %s: %v", name, err)
+				return status.Errorf(codes.InvalidArgument, "crpc: decoding %s: %v", m.name, err)
 			}
 			return nil
 		}

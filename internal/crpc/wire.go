@@ -176,21 +176,21 @@ func (rd *reader) next() (frame, error) {
 }
 
 // parseRequest splits a request body into timeout (0: none), method and
-// message.
-func parseRequest(body []byte) (time.Duration, string, []byte, error) {
+// message; method and message alias body.
+func parseRequest(body []byte) (time.Duration, []byte, []byte, error) {
 	if len(body) < requestFixed {
-		return 0, "", nil, fmt.Errorf("%w: short request", errBadFrame)
+		return 0, nil, nil, fmt.Errorf("%w: short request", errBadFrame)
 	}
 	us := binary.LittleEndian.Uint64(body[0:8])
 	n := int(body[8])
 	if n == 0 || len(body) < requestFixed+n {
-		return 0, "", nil, fmt.Errorf("%w: bad method name", errBadFrame)
+		return 0, nil, nil, fmt.Errorf("%w: bad method name", errBadFrame)
 	}
 	var d time.Duration
 	if us > 0 {
 		d = time.Duration(min(us, uint64(maxTimeout/time.Microsecond))) * time.Microsecond
 	}
-	return d, string(body[requestFixed : requestFixed+n]), body[requestFixed+n:], nil
+	return d, body[requestFixed : requestFixed+n], body[requestFixed+n:], nil
 }
 
 // maxTimeout caps a received timeout (so it cannot overflow a deadline).
