@@ -87,9 +87,10 @@ type batch struct {
 func newBatch(e *Engine, capacity int) *batch {
 	b := &batch{e: e, reqs: make([]reqState, capacity), done: make(chan struct{})}
 	close(b.done) // nothing pending yet
+	done := b.taskDone // one method value for all tasks: each would allocate
 	for i := range b.reqs {
 		b.reqs[i].task.Tag = uint64(i)
-		b.reqs[i].task.SetDone(b.taskDone)
+		b.reqs[i].task.SetDone(done)
 	}
 	return b
 }
