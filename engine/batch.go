@@ -86,7 +86,7 @@ type batch struct {
 
 func newBatch(e *Engine, capacity int) *batch {
 	b := &batch{e: e, reqs: make([]reqState, capacity), done: make(chan struct{})}
-	close(b.done) // nothing pending yet
+	close(b.done)      // nothing pending yet
 	done := b.taskDone // one method value for all tasks: each would allocate
 	for i := range b.reqs {
 		b.reqs[i].task.Tag = uint64(i)
