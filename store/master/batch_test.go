@@ -141,3 +141,101 @@ func TestBatchPutOpsOwnTheirBuffers(t *testing.T) {
 	}
 	require.Empty(t, diffState(dumpState(e.m), dumpState(standby)))
 }
+
+// TestBatchBuffers: a caller that keeps its BatchBuffers gets the same
+// results from BatchPutStartInto and BatchGetReplicaListInto as without
+// them, in the same arrays each time, and Reset drops what a batch left
+// behind.
+func TestBatchBuffers(t *testing.T) {
+	const batch = 64
+	m := benchMaster(t, 4)
+	sizes := make([]uint64, batch)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	keys := func(base int) []string {
+		ks := make([]string, batch)
+		for i := range ks {
+			ks[i] = blockKey(nil, base+i)
+		}
+		return ks
+	}
+	var bufs BatchBuffers
+	seen := map[uint64]bool{}
+	for r := range 3 {
+		res, err := m.BatchPutStartInto(cl(1), keys(r*batch), sizes, ReplicateConfig{}, &bufs)
+		require.NoError(t, err)
+		require.Len(t, res, batch)
+		for _, x := range res {
+			require.NoError(t, x.Err)
+			require.Len(t, x.Replicas, 1)
+			require.Equal(t, uint64(4096), x.Replicas[0].Size)
+			require.False(t, seen[x.Replicas[0].Addr], "address handed out twice")
+			seen[x.Replicas[0].Addr] = true
+		}
+		bufs.Reset()
+	}
+	require.LessOrEqual(t, bufs.Cap(), 2*batch)
+
+	// An item that fails leaves its error in the buffers until Reset.
+	sz := append([]uint64{0}, sizes[1:]...)
+	res, err := m.BatchPutStartInto(cl(1), keys(10*batch), sz, ReplicateConfig{}, &bufs)
+	require.NoError(t, err)
+	require.Error(t, res[0].Err)
+	require.NoError(t, res[1].Err)
+	bufs.Reset()
+	require.Empty(t, bufs.puts)
+	require.Empty(t, bufs.replicas)
+	require.Nil(t, bufs.puts[:1][0].Err, "Reset keeps an error reachable")
+	require.Empty(t, bufs.replicas[:1][0].SegmentName, "Reset keeps a segment name reachable")
+
+	// The arrays are reused: the next batch's results and replicas live
+	// where the last one's did.
+	a, err := m.BatchPutStartInto(cl(1), keys(20*batch), sizes, ReplicateConfig{}, &bufs)
+	require.NoError(t, err)
+	ra := &a[0].Replicas[0]
+	bufs.Reset()
+	b, err := m.BatchPutStartInto(cl(1), keys(21*batch), sizes, ReplicateConfig{}, &bufs)
+	require.NoError(t, err)
+	require.Same(t, &a[0], &b[0])
+	require.Same(t, ra, &b[0].Replicas[0])
+
+	// Without buffers every call has its own arrays.
+	c, err := m.BatchPutStart(cl(1), keys(22*batch), sizes, ReplicateConfig{})
+	require.NoError(t, err)
+	d, err := m.BatchPutStart(cl(1), keys(23*batch), sizes, ReplicateConfig{})
+	require.NoError(t, err)
+	require.NotSame(t, &c[0], &d[0])
+	require.NotSame(t, &c[0].Replicas[0], &d[0].Replicas[0])
+
+	// Reads: the same answers as one GetReplicaList per key, a missing
+	// key's error in its own slot, the arrays reused.
+	ks := keys(20 * batch)
+	_, err = m.BatchPutEnd(cl(1), ks, Memory, nil)
+	require.NoError(t, err)
+	ks[3] = "missing"
+	g1 := m.BatchGetReplicaListInto(ks, &bufs)
+	require.Len(t, g1, batch)
+	rg := &g1[0].Replicas[0]
+	for i, k := range ks {
+		want, ttl, err := m.GetReplicaList(k)
+		if i == 3 {
+			require.Error(t, err)
+			require.ErrorIs(t, g1[i].Err, err)
+			continue
+		}
+		require.NoError(t, g1[i].Err)
+		require.Equal(t, want, g1[i].Replicas)
+		require.Equal(t, ttl, g1[i].LeaseTTL)
+		require.Equal(t, StatusComplete, g1[i].Replicas[0].Status)
+	}
+	require.Equal(t, b[0].Replicas[0].Addr, g1[0].Replicas[0].Addr)
+	bufs.Reset()
+	require.Nil(t, bufs.gets[:4][3].Err, "Reset keeps an error reachable")
+	g2 := m.BatchGetReplicaListInto(ks, &bufs)
+	require.Same(t, &g1[0], &g2[0])
+	require.Same(t, rg, &g2[0].Replicas[0])
+	fresh := m.BatchGetReplicaList(ks)
+	require.NotSame(t, &fresh[0], &g2[0])
+	require.Equal(t, g2[5].Replicas, fresh[5].Replicas)
+}

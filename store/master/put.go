@@ -266,10 +266,23 @@ type PutStartResult struct {
 // BatchPutStart is PutStart for many keys with one config; sizes has one
 // entry per key. Items fail independently.
 func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc ReplicateConfig) ([]PutStartResult, error) {
+	return m.BatchPutStartInto(client, keys, sizes, rc, nil)
+}
+
+// BatchPutStartInto is BatchPutStart with its results in bufs (nil:
+// new arrays). They stay valid until bufs is used again or Reset.
+func (m *Master) BatchPutStartInto(client UUID, keys []string, sizes []uint64, rc ReplicateConfig, bufs *BatchBuffers) ([]PutStartResult, error) {
 	if len(keys) != len(sizes) {
 		return nil, errcode.New(errcode.InvalidParams, "%d keys, %d sizes", len(keys), len(sizes))
 	}
-	out := make([]PutStartResult, len(keys))
+	var out []PutStartResult
+	if bufs != nil {
+		out = slices.Grow(bufs.puts[:0], len(keys))[:len(keys)]
+		clear(out)
+		bufs.puts = out
+	} else {
+		out = make([]PutStartResult, len(keys))
+	}
 	n, err := m.checkConfig(&rc)
 	if err != nil {
 		for i := range out {
@@ -282,7 +295,12 @@ func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc Re
 	// one each per item (the sink keeps ops: each item has its own slot;
 	// without a sink nothing keeps an op, and one serves every item).
 	ops, one := m.batchOps(len(keys))
-	buf := make([]Replica, 0, len(keys)*max(n, 1))
+	var buf []Replica
+	if bufs != nil {
+		buf = slices.Grow(bufs.replicas[:0], len(keys)*max(n, 1))
+	} else {
+		buf = make([]Replica, 0, len(keys)*max(n, 1))
+	}
 	sc := newBatchScratch(len(keys), max(n, 1))
 	for i, key := range keys {
 		if err := m.checkKey(key); err != nil {
@@ -303,6 +321,9 @@ func (m *Master) BatchPutStart(client UUID, keys []string, sizes []uint64, rc Re
 			buf = reps
 		}
 		out[i].Gen, out[i].Err = gen, err
+	}
+	if bufs != nil {
+		bufs.replicas = buf // an item may have grown it
 	}
 	return out, nil
 }

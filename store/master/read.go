@@ -1,6 +1,7 @@
 package master
 
 import (
+	"slices"
 	"time"
 
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -11,12 +12,12 @@ import (
 // It also renews a soft pin. A missing key is ErrObjectNotFound, an
 // unfinished put ErrReplicaIsNotReady.
 func (m *Master) GetReplicaList(key string) ([]Replica, time.Duration, error) {
-	return m.getReplicaList(key, 0)
+	return m.getReplicaList(key, 0, nil)
 }
 
 // getReplicaList is GetReplicaList at now (0: the clock, read under the
-// shard lock).
-func (m *Master) getReplicaList(key string, now int64) ([]Replica, time.Duration, error) {
+// shard lock), its replicas appended to buf (nil: a new slice).
+func (m *Master) getReplicaList(key string, now int64, buf []Replica) ([]Replica, time.Duration, error) {
 	if err := m.checkKey(key); err != nil {
 		return nil, 0, err
 	}
@@ -34,7 +35,10 @@ func (m *Master) getReplicaList(key string, now int64) ([]Replica, time.Duration
 		now = m.now()
 	}
 	m.grantLease(o, now)
-	return m.replicas(o), m.cfg.LeaseTTL, nil
+	if buf == nil {
+		return m.replicas(o), m.cfg.LeaseTTL, nil
+	}
+	return m.appendReplicas(buf, o), m.cfg.LeaseTTL, nil
 }
 
 // GetResult is one item of BatchGetReplicaList.
@@ -46,13 +50,62 @@ type GetResult struct {
 
 // BatchGetReplicaList is GetReplicaList for many keys.
 func (m *Master) BatchGetReplicaList(keys []string) []GetResult {
-	out := make([]GetResult, len(keys))
+	return m.BatchGetReplicaListInto(keys, nil)
+}
+
+// BatchGetReplicaListInto is BatchGetReplicaList with its results in
+// bufs (nil: new arrays; one replica array for the batch either way).
+// They stay valid until bufs is used again or Reset.
+func (m *Master) BatchGetReplicaListInto(keys []string, bufs *BatchBuffers) []GetResult {
+	var out []GetResult
+	var buf []Replica
+	if bufs != nil {
+		out = slices.Grow(bufs.gets[:0], len(keys))[:len(keys)]
+		clear(out)
+		bufs.gets = out
+		buf = slices.Grow(bufs.replicas[:0], len(keys))
+	} else {
+		out = make([]GetResult, len(keys))
+		buf = make([]Replica, 0, len(keys))
+	}
 	now := m.now() // one clock read for the batch
 	for i, k := range keys {
-		out[i].Replicas, out[i].LeaseTTL, out[i].Err = m.getReplicaList(k, now)
+		reps, ttl, err := m.getReplicaList(k, now, buf)
+		if err == nil {
+			out[i].Replicas = slices.Clip(reps[len(buf):])
+			buf = reps
+		}
+		out[i].LeaseTTL, out[i].Err = ttl, err
+	}
+	if bufs != nil {
+		bufs.replicas = buf // an item may have grown it
 	}
 	return out
 }
+
+// BatchBuffers are the result and replica arrays of a batch reply
+// (BatchPutStartInto, BatchGetReplicaListInto), kept for the next batch
+// by a caller that is done with the results once it has encoded its
+// reply: a put batch of 128 allocated about 16 KB of them, for the GC
+// to scan, per call. The zero value is ready.
+type BatchBuffers struct {
+	puts     []PutStartResult
+	gets     []GetResult
+	replicas []Replica
+}
+
+// Reset drops what the last batch left in b (its errors and segment
+// names) and keeps the arrays.
+func (b *BatchBuffers) Reset() {
+	clear(b.puts)
+	clear(b.gets)
+	clear(b.replicas)
+	b.puts, b.gets, b.replicas = b.puts[:0], b.gets[:0], b.replicas[:0]
+}
+
+// Cap is how many items b holds room for, so that a pool can drop
+// buffers a rare huge batch grew.
+func (b *BatchBuffers) Cap() int { return max(cap(b.puts), cap(b.gets), cap(b.replicas)) }
 
 // ExistKey reports whether key is a complete object. Unless noLease, a
 // true answer grants a lease as GetReplicaList does (the reference's

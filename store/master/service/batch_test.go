@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -108,4 +109,114 @@ func TestSingleReplicaReplyAllocs(t *testing.T) {
 	require.NotSame(t, a[0], b[0])
 	require.NotSame(t, a[0].Memory, b[0].Memory)
 	require.NotSame(t, a[0].Memory.SegmentId, b[0].Memory.SegmentId)
+}
+
+// TestBatchRepliesOwnTheirData: BatchPutStart and BatchGetReplicaList
+// reuse their result arrays from call to call, so a reply must hold
+// copies: replies made concurrently, in both forms, each keep their own
+// addresses after other calls have reused the arrays.
+func TestBatchRepliesOwnTheirData(t *testing.T) {
+	const batch, workers, calls = 32, 4, 25
+	m := benchMaster(t, 4)
+	s := New(m)
+	ctx := context.Background()
+	id := pbID(mastertest.Client(1))
+	sizes := make([]uint64, batch)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	type reply struct {
+		packed bool
+		r      *storepb.BatchPutStartResponse
+		keys   []string
+	}
+	addrs := func(packed bool, p *storepb.PackedReplicas, items [][]*storepb.ReplicaDescriptor) []uint64 {
+		var out []uint64
+		if packed {
+			require.NotNil(t, p)
+			var err error
+			items, err = p.Unpack(batch)
+			require.NoError(t, err)
+		}
+		for _, e := range items {
+			for _, d := range e {
+				out = append(out, d.Memory.BufferAddress)
+			}
+		}
+		return out
+	}
+	putAddrs := func(p reply) []uint64 {
+		var items [][]*storepb.ReplicaDescriptor
+		for _, x := range p.r.Results {
+			items = append(items, x.Replicas)
+		}
+		return addrs(p.packed, p.r.Packed, items)
+	}
+	replies := make([][]reply, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for c := range calls {
+				ks := make([]string, batch)
+				for i := range ks {
+					ks[i] = blockKey(nil, (w*calls+c)*batch+i)
+				}
+				packed := c%2 == 1
+				r, err := s.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: id, Keys: ks, Sizes: sizes, Packed: packed})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				replies[w] = append(replies[w], reply{packed: packed, r: r, keys: ks})
+			}
+		})
+	}
+	wg.Wait()
+	seen := map[uint64]bool{}
+	for w := range replies {
+		require.Len(t, replies[w], calls)
+		for _, p := range replies[w] {
+			got := putAddrs(p)
+			require.Len(t, got, batch)
+			for _, a := range got {
+				require.False(t, seen[a], "address %#x in two replies", a)
+				seen[a] = true
+			}
+			_, err := s.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: p.keys})
+			require.NoError(t, err)
+		}
+	}
+
+	// Reads of every batch at once; each reply must still name its own
+	// keys' addresses when all are done.
+	type read struct {
+		packed bool
+		r      *storepb.BatchGetReplicaListResponse
+		want   []uint64
+	}
+	reads := make([][]read, workers)
+	for w := range workers {
+		wg.Go(func() {
+			for c, p := range replies[w] {
+				packed := c%2 == 0
+				r, err := s.BatchGetReplicaList(ctx, &storepb.BatchGetReplicaListRequest{Keys: p.keys, Packed: packed})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				reads[w] = append(reads[w], read{packed: packed, r: r, want: putAddrs(p)})
+			}
+		})
+	}
+	wg.Wait()
+	for w := range reads {
+		require.Len(t, reads[w], calls)
+		for _, rd := range reads[w] {
+			var items [][]*storepb.ReplicaDescriptor
+			for _, x := range rd.r.Results {
+				items = append(items, x.Replicas)
+			}
+			require.Equal(t, rd.want, addrs(rd.packed, rd.r.Packed, items))
+		}
+	}
 }

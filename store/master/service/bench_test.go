@@ -147,3 +147,78 @@ func BenchmarkReserveReply(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBatchPutHandlers is the handlers alone, in process, as the
+// store client calls them (packed replies): one op is one BatchPutStart
+// + BatchPutEnd of 128 new 4 KiB objects; -benchmem shows what a batch
+// allocates besides the master's own records.
+func BenchmarkBatchPutHandlers(b *testing.B) {
+	const batch = 128
+	m := benchMaster(b, 4)
+	s := New(m)
+	ctx := context.Background()
+	sizes := make([]uint64, batch)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	id := pbID(mastertest.Client(1))
+	keys := make([]string, batch)
+	next := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range keys {
+			keys[i] = blockKey(nil, next+i)
+		}
+		next += batch
+		r1, err := s.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: id, Keys: keys, Sizes: sizes, Packed: true})
+		if err != nil || r1.Packed == nil {
+			b.Fatal(err, r1)
+		}
+		r2, err := s.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: keys, Packed: true})
+		if err != nil || r2.PackedResults == nil {
+			b.Fatal(err, r2)
+		}
+	}
+}
+
+// BenchmarkBatchGetHandler is BatchGetReplicaList alone, in process, as
+// the store client calls it (packed): one op is one batch of 16 keys
+// among 100,000 stored.
+func BenchmarkBatchGetHandler(b *testing.B) {
+	const batch, stored = 16, 100_000
+	m := benchMaster(b, 4)
+	s := New(m)
+	ctx := context.Background()
+	id := pbID(mastertest.Client(1))
+	sizes := make([]uint64, 128)
+	for i := range sizes {
+		sizes[i] = 4096
+	}
+	all := make([]string, 0, stored)
+	for len(all) < stored {
+		ks := make([]string, 128)
+		for i := range ks {
+			ks[i] = blockKey(nil, len(all)+i)
+		}
+		if _, err := s.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: id, Keys: ks, Sizes: sizes, Packed: true}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: ks, Packed: true}); err != nil {
+			b.Fatal(err)
+		}
+		all = append(all, ks...)
+	}
+	keys := make([]string, batch)
+	next := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range keys {
+			keys[i] = all[(next*7919)%stored] // scattered, as a reader's keys are
+			next++
+		}
+		r, err := s.BatchGetReplicaList(ctx, &storepb.BatchGetReplicaListRequest{Keys: keys, Packed: true})
+		if err != nil || r.Packed == nil {
+			b.Fatal(err, r)
+		}
+	}
+}

@@ -675,6 +675,25 @@ func (s *Service) PutRevoke(_ context.Context, r *storepb.PutRevokeRequest) (_ *
 	return &storepb.PutRevokeResponse{}, nil
 }
 
+// batchBufs are the batch handlers' result arrays, reused across calls.
+var batchBufs = sync.Pool{New: func() any { return new(master.BatchBuffers) }}
+
+// getBatchBufs hands out a batch's arrays; put them back with
+// putBatchBufs once the reply holds copies (packed bytes or its own
+// messages) of what they describe.
+func getBatchBufs() *master.BatchBuffers { return batchBufs.Get().(*master.BatchBuffers) }
+
+func putBatchBufs(b *master.BatchBuffers) {
+	b.Reset()
+	if b.Cap() <= maxPooledBatch {
+		batchBufs.Put(b)
+	}
+}
+
+// maxPooledBatch bounds the items (results or replicas) of the arrays
+// kept in a pool: a rare huge batch does not pin its arrays.
+const maxPooledBatch = 4096
+
 // BatchPutStart implements storepb.MasterServer.
 func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartRequest) (_ *storepb.BatchPutStartResponse, err error) {
 	c, err := clientID(r.ClientId)
@@ -685,7 +704,9 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
-	res, err := s.m.BatchPutStart(c, r.Keys, r.Sizes, rc)
+	bufs := getBatchBufs()
+	defer putBatchBufs(bufs)
+	res, err := s.m.BatchPutStartInto(c, r.Keys, r.Sizes, rc, bufs)
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
@@ -852,7 +873,9 @@ func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListReq
 
 // BatchGetReplicaList implements storepb.MasterServer.
 func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetReplicaListRequest) (_ *storepb.BatchGetReplicaListResponse, err error) {
-	res := s.m.BatchGetReplicaList(r.Keys)
+	bufs := getBatchBufs()
+	defer putBatchBufs(bufs)
+	res := s.m.BatchGetReplicaListInto(r.Keys, bufs)
 	out := &storepb.BatchGetReplicaListResponse{}
 	var b *replicaBuf
 	out.Packed, b = batchReplicas(r.Packed, len(res), func(i int) []master.Replica { return res[i].Replicas })
