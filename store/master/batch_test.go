@@ -3,6 +3,7 @@ package master
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -14,10 +15,7 @@ import (
 func TestBatchPutAllocs(t *testing.T) {
 	const batch = 128
 	m := benchMaster(t, 4)
-	sizes := make([]uint64, batch)
-	for i := range sizes {
-		sizes[i] = 4096
-	}
+	sizes := slices.Repeat([]uint64{4096}, batch)
 	// Past the first growths of the shards and the node tables, which
 	// are amortised over many keys.
 	for i := range 100_000 / batch {
@@ -149,10 +147,7 @@ func TestBatchPutOpsOwnTheirBuffers(t *testing.T) {
 func TestBatchBuffers(t *testing.T) {
 	const batch = 64
 	m := benchMaster(t, 4)
-	sizes := make([]uint64, batch)
-	for i := range sizes {
-		sizes[i] = 4096
-	}
+	sizes := slices.Repeat([]uint64{4096}, batch)
 	keys := func(base int) []string {
 		ks := make([]string, batch)
 		for i := range ks {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -135,10 +136,7 @@ func BenchmarkBatchPut(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			m := benchMaster(b, 4)
 			var next atomic.Int64
-			sizes := make([]uint64, batch)
-			for i := range sizes {
-				sizes[i] = 4096
-			}
+			sizes := slices.Repeat([]uint64{4096}, batch)
 			one := func(keys []string, buf []byte) {
 				base := int(next.Add(batch)) - batch
 				for i := range keys {
@@ -292,10 +290,7 @@ func BenchmarkBatchRemove(b *testing.B) {
 	for i := range keys {
 		keys[i] = blockKey(nil, i)
 	}
-	sizes := make([]uint64, batch)
-	for i := range sizes {
-		sizes[i] = 4096
-	}
+	sizes := slices.Repeat([]uint64{4096}, batch)
 	put := func(ks []string) {
 		if _, err := m.BatchPutStart(cl(1), ks, sizes, ReplicateConfig{}); err != nil {
 			b.Fatal(err)

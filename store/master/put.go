@@ -275,14 +275,10 @@ func (m *Master) BatchPutStartInto(client UUID, keys []string, sizes []uint64, r
 	if len(keys) != len(sizes) {
 		return nil, errcode.New(errcode.InvalidParams, "%d keys, %d sizes", len(keys), len(sizes))
 	}
-	var out []PutStartResult
-	if bufs != nil {
-		out = slices.Grow(bufs.puts[:0], len(keys))[:len(keys)]
-		clear(out)
-		bufs.puts = out
-	} else {
-		out = make([]PutStartResult, len(keys))
+	if bufs == nil {
+		bufs = new(BatchBuffers) // new arrays that no one keeps
 	}
+	out := reuse(&bufs.puts, len(keys))
 	n, err := m.checkConfig(&rc)
 	if err != nil {
 		for i := range out {
@@ -295,12 +291,7 @@ func (m *Master) BatchPutStartInto(client UUID, keys []string, sizes []uint64, r
 	// one each per item (the sink keeps ops: each item has its own slot;
 	// without a sink nothing keeps an op, and one serves every item).
 	ops, one := m.batchOps(len(keys))
-	var buf []Replica
-	if bufs != nil {
-		buf = slices.Grow(bufs.replicas[:0], len(keys)*max(n, 1))
-	} else {
-		buf = make([]Replica, 0, len(keys)*max(n, 1))
-	}
+	buf := slices.Grow(bufs.replicas[:0], len(keys)*max(n, 1))
 	sc := newBatchScratch(len(keys), max(n, 1))
 	for i, key := range keys {
 		if err := m.checkKey(key); err != nil {
@@ -322,9 +313,7 @@ func (m *Master) BatchPutStartInto(client UUID, keys []string, sizes []uint64, r
 		}
 		out[i].Gen, out[i].Err = gen, err
 	}
-	if bufs != nil {
-		bufs.replicas = buf // an item may have grown it
-	}
+	bufs.replicas = buf // an item may have grown it
 	return out, nil
 }
 

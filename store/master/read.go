@@ -57,17 +57,11 @@ func (m *Master) BatchGetReplicaList(keys []string) []GetResult {
 // bufs (nil: new arrays; one replica array for the batch either way).
 // They stay valid until bufs is used again or Reset.
 func (m *Master) BatchGetReplicaListInto(keys []string, bufs *BatchBuffers) []GetResult {
-	var out []GetResult
-	var buf []Replica
-	if bufs != nil {
-		out = slices.Grow(bufs.gets[:0], len(keys))[:len(keys)]
-		clear(out)
-		bufs.gets = out
-		buf = slices.Grow(bufs.replicas[:0], len(keys))
-	} else {
-		out = make([]GetResult, len(keys))
-		buf = make([]Replica, 0, len(keys))
+	if bufs == nil {
+		bufs = new(BatchBuffers) // new arrays that no one keeps
 	}
+	out := reuse(&bufs.gets, len(keys))
+	buf := slices.Grow(bufs.replicas[:0], len(keys))
 	now := m.now() // one clock read for the batch
 	for i, k := range keys {
 		reps, ttl, err := m.getReplicaList(k, now, buf)
@@ -77,9 +71,7 @@ func (m *Master) BatchGetReplicaListInto(keys []string, bufs *BatchBuffers) []Ge
 		}
 		out[i].LeaseTTL, out[i].Err = ttl, err
 	}
-	if bufs != nil {
-		bufs.replicas = buf // an item may have grown it
-	}
+	bufs.replicas = buf // an item may have grown it
 	return out
 }
 
@@ -101,6 +93,15 @@ func (b *BatchBuffers) Reset() {
 	clear(b.gets)
 	clear(b.replicas)
 	b.puts, b.gets, b.replicas = b.puts[:0], b.gets[:0], b.replicas[:0]
+}
+
+// reuse makes *kept an array of n zero items, in its old storage when
+// that has room.
+func reuse[T any](kept *[]T, n int) []T {
+	out := slices.Grow((*kept)[:0], n)[:n]
+	clear(out)
+	*kept = out
+	return out
 }
 
 // Cap is how many items b holds room for, so that a pool can drop

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/store/master"
-	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -18,14 +17,8 @@ import (
 // and the replies still describe every item.
 func TestBatchPutReplyAllocs(t *testing.T) {
 	const batch, runs = 128, 20
-	m := benchMaster(t, 4)
-	s := New(m)
+	s, id, sizes := handlerRig(t, batch)
 	ctx := context.Background()
-	id := pbID(mastertest.Client(1))
-	sizes := make([]uint64, batch)
-	for i := range sizes {
-		sizes[i] = 4096
-	}
 	// Past the first growths of the master's tables.
 	for i := range 100_000 / batch {
 		ks := make([]string, batch)
@@ -117,14 +110,8 @@ func TestSingleReplicaReplyAllocs(t *testing.T) {
 // addresses after other calls have reused the arrays.
 func TestBatchRepliesOwnTheirData(t *testing.T) {
 	const batch, workers, calls = 32, 4, 25
-	m := benchMaster(t, 4)
-	s := New(m)
+	s, id, sizes := handlerRig(t, batch)
 	ctx := context.Background()
-	id := pbID(mastertest.Client(1))
-	sizes := make([]uint64, batch)
-	for i := range sizes {
-		sizes[i] = 4096
-	}
 	type reply struct {
 		packed bool
 		r      *storepb.BatchPutStartResponse

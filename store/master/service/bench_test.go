@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -64,10 +65,7 @@ func BenchmarkGRPCBatchPut(b *testing.B) {
 			c, _ := serve(b, m)
 			ctx := context.Background()
 			var next atomic.Int64
-			sizes := make([]uint64, batch)
-			for i := range sizes {
-				sizes[i] = 4096
-			}
+			sizes := slices.Repeat([]uint64{4096}, batch)
 			id := pbID(mastertest.Client(1))
 			one := func(keys []string, buf []byte) {
 				base := int(next.Add(batch)) - batch
@@ -148,6 +146,12 @@ func BenchmarkReserveReply(b *testing.B) {
 	}
 }
 
+// handlerRig is what the handler tests and benchmarks call: a Service
+// over a master of 4 segments, client 1's id, and n sizes of 4 KiB.
+func handlerRig(tb testing.TB, n int) (*Service, *storepb.UUID, []uint64) {
+	return New(benchMaster(tb, 4)), pbID(mastertest.Client(1)), slices.Repeat([]uint64{4096}, n)
+}
+
 // BenchmarkBatchPutHandlers is the handlers alone, in process, as the
 // store client calls them (packed replies): one op is one BatchPutStart
 // + BatchPutEnd of 128 new 4 KiB objects; -benchmem shows what a batch
@@ -157,10 +161,7 @@ func BenchmarkBatchPutHandlers(b *testing.B) {
 	m := benchMaster(b, 4)
 	s := New(m)
 	ctx := context.Background()
-	sizes := make([]uint64, batch)
-	for i := range sizes {
-		sizes[i] = 4096
-	}
+	sizes := slices.Repeat([]uint64{4096}, batch)
 	id := pbID(mastertest.Client(1))
 	keys := make([]string, batch)
 	next := 0
@@ -186,14 +187,8 @@ func BenchmarkBatchPutHandlers(b *testing.B) {
 // among 100,000 stored.
 func BenchmarkBatchGetHandler(b *testing.B) {
 	const batch, stored = 16, 100_000
-	m := benchMaster(b, 4)
-	s := New(m)
+	s, id, sizes := handlerRig(b, 128)
 	ctx := context.Background()
-	id := pbID(mastertest.Client(1))
-	sizes := make([]uint64, 128)
-	for i := range sizes {
-		sizes[i] = 4096
-	}
 	all := make([]string, 0, stored)
 	for len(all) < stored {
 		ks := make([]string, 128)
