@@ -19,14 +19,14 @@ var benchSizes = []int{4 << 10, 64 << 10, 1 << 20}
 
 const benchSegment = 512 << 20
 
-func benchPair(b *testing.B, proto string) (a *Client, s *Client, tm *testMaster) {
+func benchPair(b testing.TB, proto string) (a *Client, s *Client, tm *testMaster) {
 	tm = startMaster(b, master.Config{})
 	s = newTestClient(b, tm, benchSegment, protocols(proto))
 	a = newTestClient(b, tm, 0, protocols(proto), func(c *Config) { c.LocalBufferSize = 64 << 20 })
 	return a, s, tm
 }
 
-func benchBuffer(b *testing.B, c *Client, n int) []byte {
+func benchBuffer(b testing.TB, c *Client, n int) []byte {
 	p, err := mempool.New(mempool.Options{Size: int64(n), SlabSize: mempool.MinSlabSize})
 	if err != nil {
 		b.Fatal(err)

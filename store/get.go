@@ -29,34 +29,62 @@ type located struct {
 // segment first (a plain copy), then segments on this host (shm), then
 // the rest in the master's order.
 func (c *Client) chooseReplicas(key string, reps []*storepb.ReplicaDescriptor) (uint64, []replicaRef, error) {
-	var local, host, other []replicaRef
+	return c.chooseReplicasInto(key, reps, nil)
+}
+
+// Replica classes, in the order reads try them.
+const (
+	replicaOwn   = iota // this client's segment
+	replicaHost         // another segment on this host
+	replicaOther        // elsewhere
+	replicaSkip         // not a complete memory replica
+)
+
+// chooseReplicasInto is chooseReplicas appending the order to dst, so a
+// batch describes all its items in one array: the order it returns is
+// dst's new tail, with dst's spare capacity after it.
+func (c *Client) chooseReplicasInto(key string, reps []*storepb.ReplicaDescriptor, dst []replicaRef) (uint64, []replicaRef, error) {
 	var size uint64
 	pending := false
+	var small [4]uint8
+	classes := small[:0]
+	if len(reps) > len(small) {
+		classes = make([]uint8, 0, len(reps))
+	}
 	for _, r := range reps {
 		m := r.GetMemory()
-		if r.Type != storepb.ReplicaType_REPLICA_TYPE_MEMORY || m == nil {
-			continue
-		}
-		if r.Status != storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE {
+		class := uint8(replicaSkip)
+		switch {
+		case r.Type != storepb.ReplicaType_REPLICA_TYPE_MEMORY || m == nil:
+		case r.Status != storepb.ReplicaStatus_REPLICA_STATUS_COMPLETE:
 			pending = true
-			continue
-		}
-		if size == 0 {
-			size = m.Size
-		} else if m.Size != size {
-			return 0, nil, errcode.New(errcode.InvalidReplica, "%q: replicas of %d and %d bytes", key, size, m.Size)
-		}
-		ref := replicaRef{seg: m.SegmentName, addr: m.BufferAddress}
-		switch h, _, _ := net.SplitHostPort(m.SegmentName); {
-		case m.SegmentName == c.name && c.isLocal(m.BufferAddress, m.Size):
-			local = append(local, ref)
-		case h != "" && h == c.host:
-			host = append(host, ref)
 		default:
-			other = append(other, ref)
+			if size == 0 {
+				size = m.Size
+			} else if m.Size != size {
+				return 0, nil, errcode.New(errcode.InvalidReplica, "%q: replicas of %d and %d bytes", key, size, m.Size)
+			}
+			switch h, _, _ := net.SplitHostPort(m.SegmentName); {
+			case m.SegmentName == c.name && c.isLocal(m.BufferAddress, m.Size):
+				class = replicaOwn
+			case h != "" && h == c.host:
+				class = replicaHost
+			default:
+				class = replicaOther
+			}
+		}
+		classes = append(classes, class)
+	}
+	start := len(dst)
+	for class := range uint8(replicaSkip) {
+		for i, r := range reps {
+			if classes[i] == class {
+				m := r.GetMemory()
+				dst = append(dst, replicaRef{seg: m.SegmentName, addr: m.BufferAddress})
+			}
 		}
 	}
-	out := append(append(local, host...), other...)
+	out := dst[start:]
 	switch {
 	case len(out) > 0 && size == 0:
 		return 0, nil, errcode.New(errcode.InvalidReplica, "%q: replica of 0 bytes", key)
@@ -341,8 +369,8 @@ func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([]
 		c.stats.batchGetLat.observe(time.Since(start))
 		countOps(&c.stats.gets, &c.stats.getFail, len(errs), countErrs(errs))
 	}()
-	var items []int
-	var okKeys []string
+	items := make([]int, 0, len(keys))
+	okKeys := make([]string, 0, len(keys))
 	for i, k := range keys {
 		if errs[i] = c.checkKey(k); errs[i] == nil {
 			items = append(items, i)
@@ -354,16 +382,22 @@ func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([]
 	}
 	t0 := c.clock.Now()
 	results, getErrs := c.rpcGetReplicaList(ctx, okKeys)
-	locs := make(map[int]located, len(items))
+	// Per item, by index: reps is nil for an item not located. One array
+	// holds every item's replica order.
+	locs := make([]located, len(keys))
+	refs := make([]replicaRef, 0, len(items))
+	pending := make([]int, 0, len(items))
 	for j, i := range items {
 		if errs[i] = getErrs[j]; errs[i] != nil {
 			continue
 		}
-		size, reps, err := c.chooseReplicas(keys[i], results[j].replicas)
+		size, reps, err := c.chooseReplicasInto(keys[i], results[j].replicas, refs)
 		if err != nil {
 			errs[i] = err
 			continue
 		}
+		refs = reps[len(reps):] // the next item appends past this one's
+		reps = reps[:len(reps):len(reps)]
 		if into == nil {
 			vals[i] = make([]byte, size)
 		} else if uint64(len(into[i])) < size {
@@ -373,19 +407,18 @@ func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([]
 			vals[i] = into[i][:size]
 		}
 		locs[i] = located{size: size, reps: reps, deadline: t0.Add(results[j].leaseTTL)}
+		pending = append(pending, i)
 	}
+	found := len(pending)
 	// Attempt k reads every pending item from its k-th replica.
-	pending := make([]int, 0, len(locs))
-	for _, i := range items {
-		if _, ok := locs[i]; ok {
-			pending = append(pending, i)
-		}
-	}
+	xs := make([]*xfer, 0, len(pending))
+	slots := make([]xfer, len(pending))
 	for k := 0; len(pending) > 0 && ctx.Err() == nil; k++ {
-		xs := make([]*xfer, 0, len(pending))
-		for _, i := range pending {
+		xs = xs[:0]
+		for n, i := range pending {
 			r := locs[i].reps[k]
-			xs = append(xs, &xfer{op: engine.Read, buf: vals[i], seg: r.seg, addr: r.addr, item: i})
+			slots[n] = xfer{op: engine.Read, buf: vals[i], seg: r.seg, addr: r.addr, item: i}
+			xs = append(xs, &slots[n])
 		}
 		c.transfer(ctx, xs)
 		pending = pending[:0]
@@ -404,13 +437,16 @@ func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([]
 		errs[i] = errcode.New(errcode.TransferFail, "%q: %v", keys[i], ctx.Err())
 	}
 	var now time.Time
-	if len(locs) > 0 {
+	if found > 0 {
 		if c.afterRead != nil {
 			c.afterRead()
 		}
 		now = c.clock.Now() // every read has ended: one clock read for all
 	}
 	for i, l := range locs {
+		if l.reps == nil {
+			continue // not located: its error is set
+		}
 		if errs[i] == nil {
 			errs[i] = c.checkLeaseAt(keys[i], l.deadline, now)
 		}

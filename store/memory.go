@@ -113,8 +113,11 @@ type stager struct {
 	views    int64
 	viewsMax int64
 
-	mu    sync.Mutex
-	freed chan struct{} // closed (and replaced) on every free
+	mu sync.Mutex
+	// freed is closed at the next free, made only when someone waits:
+	// most frees have no waiter, and a channel per free was one
+	// allocation per staged piece.
+	freed chan struct{}
 }
 
 // stageChunk is the largest piece moved through one staging buffer, as
@@ -128,7 +131,7 @@ func newStager(size int64, overcommit bool) (*stager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("store: staging pool: %w", err)
 	}
-	s := &stager{pool: p, mem: p.Bytes(), freed: make(chan struct{}), viewsMax: size / 2}
+	s := &stager{pool: p, mem: p.Bytes(), viewsMax: size / 2}
 	// A quarter of the pool per piece: pieces always fit beside the half
 	// GetBuffer may hold, despite fragmentation.
 	s.chunk = int(min(int64(stageChunk), max(size/4, 4096)))
@@ -139,6 +142,9 @@ func newStager(size int64, overcommit bool) (*stager, error) {
 func (s *stager) signal() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.freed == nil {
+		s.freed = make(chan struct{})
+	}
 	return s.freed
 }
 
@@ -153,6 +159,11 @@ func (s *stager) tryAlloc(n int) []byte {
 // alloc waits until n bytes are free or ctx ends.
 func (s *stager) alloc(ctx context.Context, n int) ([]byte, error) {
 	for {
+		if b := s.tryAlloc(n); b != nil {
+			return b, nil
+		}
+		// Ask for a signal, then try again: a free between the two tries
+		// is seen by the second, any later one closes ch.
 		ch := s.signal()
 		if b := s.tryAlloc(n); b != nil {
 			return b, nil
@@ -170,8 +181,10 @@ func (s *stager) free(b []byte) {
 		panic("store: staging free: " + err.Error()) // our own bookkeeping is broken
 	}
 	s.mu.Lock()
-	close(s.freed)
-	s.freed = make(chan struct{})
+	if s.freed != nil {
+		close(s.freed)
+		s.freed = nil
+	}
 	s.mu.Unlock()
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/stretchr/testify/require"
 	"strings"
 	"sync"
 	"testing"
@@ -239,6 +240,30 @@ func TestChooseReplicas(t *testing.T) {
 			t.Fatal("out-of-segment range treated as local")
 		}
 	})
+	t.Run("more replicas than the stack holds, into a shared array", func(t *testing.T) {
+		// A batch carves every item's order from one array: the second
+		// item's order must not overwrite the first's.
+		dst := make([]replicaRef, 0, 8)
+		_, first, err := c.chooseReplicasInto("a", []*storepb.ReplicaDescriptor{
+			memReplica(other, 9, 100, complete),
+			memReplica(sameHost, 8, 100, complete),
+		}, dst)
+		require.NoError(t, err)
+		rest := first[len(first):]
+		first = first[:len(first):len(first)]
+		_, second, err := c.chooseReplicasInto("b", []*storepb.ReplicaDescriptor{
+			memReplica(other, 1, 100, complete),
+			memReplica(sameHost, 2, 100, processing),
+			memReplica(other, 3, 100, complete),
+			memReplica(sameHost, 4, 100, complete),
+			memReplica(c.name, base+64, 100, complete),
+			memReplica(sameHost, 6, 100, complete),
+		}, rest)
+		require.NoError(t, err)
+		require.Same(t, &dst[:3][2], &second[0], "the second order is not in the shared array")
+		require.Equal(t, []replicaRef{{sameHost, 8}, {other, 9}}, first)
+		require.Equal(t, []replicaRef{{c.name, base + 64}, {sameHost, 4}, {sameHost, 6}, {other, 1}, {other, 3}}, second)
+	})
 	errCases := []struct {
 		name string
 		reps []*storepb.ReplicaDescriptor
@@ -326,14 +351,7 @@ func TestStagerWaitsForFree(t *testing.T) {
 	if s.chunk != 256<<10 {
 		t.Fatalf("chunk %d", s.chunk)
 	}
-	var held [][]byte
-	for {
-		b := s.tryAlloc(s.chunk)
-		if b == nil {
-			break
-		}
-		held = append(held, b)
-	}
+	held := fillStager(s)
 	if len(held) < 3 {
 		t.Fatalf("only %d chunks in a 1 MiB pool", len(held))
 	}
