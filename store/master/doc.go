@@ -237,7 +237,10 @@
 // per batch (one slice each, clipped per item: a sink keeps its ops;
 // without a sink one op serves every item); a batch put costs about one
 // heap allocation per key, the unfinished object's ext
-// (TestBatchPutAllocs). A live put looks its key up once per step:
+// (TestBatchPutAllocs). BatchPutStartInto and BatchGetReplicaListInto
+// take their result and replica arrays from a caller's BatchBuffers
+// (the RPC handlers pool them): the results stay valid until the
+// buffers are used again or Reset. A live put looks its key up once per step:
 // checks that only a replay needs (the key absent at PutStart) are made
 // on replay only.
 //
