@@ -36,7 +36,7 @@ func (m *Master) getReplicaList(key string, now int64, buf []Replica) ([]Replica
 	}
 	m.grantLease(o, now)
 	if buf == nil {
-		return m.replicas(o), m.cfg.LeaseTTL, nil
+		buf = make([]Replica, 0, o.nrep())
 	}
 	return m.appendReplicas(buf, o), m.cfg.LeaseTTL, nil
 }
@@ -95,18 +95,20 @@ func (b *BatchBuffers) Reset() {
 	b.puts, b.gets, b.replicas = b.puts[:0], b.gets[:0], b.replicas[:0]
 }
 
-// reuse makes *kept an array of n zero items, in its old storage when
-// that has room.
-func reuse[T any](kept *[]T, n int) []T {
-	out := slices.Grow((*kept)[:0], n)[:n]
-	clear(out)
-	*kept = out
-	return out
-}
-
 // Cap is how many items b holds room for, so that a pool can drop
 // buffers a rare huge batch grew.
 func (b *BatchBuffers) Cap() int { return max(cap(b.puts), cap(b.gets), cap(b.replicas)) }
+
+// reuse makes *kept an array of n zero items, in its old storage when
+// that has room. Past its length a kept array is zero (Reset and reuse
+// clear what they shorten), so only the last batch's items need
+// clearing: nothing after a Reset.
+func reuse[T any](kept *[]T, n int) []T {
+	clear(*kept)
+	out := slices.Grow((*kept)[:0], n)[:n]
+	*kept = out
+	return out
+}
 
 // ExistKey reports whether key is a complete object. Unless noLease, a
 // true answer grants a lease as GetReplicaList does (the reference's

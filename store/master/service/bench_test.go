@@ -158,11 +158,8 @@ func handlerRig(tb testing.TB, n int) (*Service, *storepb.UUID, []uint64) {
 // allocates besides the master's own records.
 func BenchmarkBatchPutHandlers(b *testing.B) {
 	const batch = 128
-	m := benchMaster(b, 4)
-	s := New(m)
+	s, id, sizes := handlerRig(b, batch)
 	ctx := context.Background()
-	sizes := slices.Repeat([]uint64{4096}, batch)
-	id := pbID(mastertest.Client(1))
 	keys := make([]string, batch)
 	next := 0
 	b.ReportAllocs()
