@@ -114,6 +114,10 @@ type StoreConfig struct {
 	// memory each client's reservations may hold (0 = the client's
 	// default); put runs leave room for it in the segments.
 	PutAheadBytes int64 `json:"put_ahead_bytes,omitempty"`
+	// LocationCache is the clients' Config.LocationCache: locations of
+	// up to that many objects cached, so a repeated get asks the master
+	// nothing (0 = off).
+	LocationCache int `json:"location_cache,omitempty"`
 	// MasterProtocol is the clients' Config.MasterProtocol: auto
 	// (default: crpc, the master's light framing, when it answers), crpc,
 	// grpc, grpc_tuned (the in-process master then serves gRPC with
@@ -285,6 +289,10 @@ type StoreResult struct {
 	// committed on a reservation held ahead, in one round trip; the rest
 	// took PutStart and PutEnd.
 	PutsAheadShare float64 `json:"puts_ahead_share"`
+	// LocationCache as configured and the share of the clients' gets
+	// (prepare included) read from a cached location.
+	LocationCache    int     `json:"location_cache,omitempty"`
+	LocationHitShare float64 `json:"location_hit_share,omitempty"`
 	// MasterProtocol the clients used: crpc or grpc.
 	MasterProtocol string `json:"master_protocol"`
 	// ZeroCopy: every call moved values with no copy in user space.
@@ -447,6 +455,9 @@ type roundStats struct {
 	// AllPuts and AheadPuts count the clients' puts and those committed
 	// on a reservation held ahead, since the clients started.
 	AllPuts, AheadPuts uint64
+	// LocHits and LocMisses count the clients' gets from a cached
+	// location and those that asked the master, since they started.
+	LocHits, LocMisses uint64
 }
 
 func (r *roundStats) add(o *roundStats) {
@@ -546,7 +557,7 @@ func newLocalClient(ctx context.Context, cfg *StoreConfig, index int, masterAddr
 	sc := store.Config{
 		MasterAddr: masterAddr, LocalHostname: cfg.LocalHostname,
 		GlobalSegmentSize: cfg.SegmentSize, LocalBufferSize: cfg.LocalBufferSize, Logger: cfg.Logger,
-		PutAhead: cfg.PutAhead, PutAheadBytes: cfg.PutAheadBytes, MasterProtocol: cfg.MasterProtocol, MasterDialer: masterDialer(cfg.MasterProtocol),
+		PutAhead: cfg.PutAhead, PutAheadBytes: cfg.PutAheadBytes, LocationCache: cfg.LocationCache, MasterProtocol: cfg.MasterProtocol, MasterDialer: masterDialer(cfg.MasterProtocol),
 	}
 	if cfg.tls != nil {
 		sc.Security.TLS = cfg.tls.client
@@ -684,6 +695,7 @@ func (lc *localClient) run(ctx context.Context, d time.Duration) (*roundStats, e
 		st := lc.c.Stats()
 		s.Stored = st.StoredReplicas[:]
 		s.AllPuts, s.AheadPuts = st.Puts, st.PutsAhead
+		s.LocHits, s.LocMisses = st.LocationHits, st.LocationMisses
 	}
 	return s, err
 }
@@ -1088,6 +1100,10 @@ func RunStore(ctx context.Context, c StoreConfig) (res *StoreResult, err error) 
 	if last.AllPuts > 0 {
 		res.PutsAheadShare = float64(last.AheadPuts) / float64(last.AllPuts)
 	}
+	res.LocationCache = c.LocationCache
+	if n := last.LocHits + last.LocMisses; n > 0 {
+		res.LocationHitShare = float64(last.LocHits) / float64(n)
+	}
 	if im != nil {
 		ev := im.m.Stats().EvictedKeys - evicted0
 		res.EvictedKeys = &ev
@@ -1180,6 +1196,8 @@ func runRound(clients []benchClient, run func(benchClient) (*roundStats, error))
 		}
 		out.AllPuts += p.AllPuts
 		out.AheadPuts += p.AheadPuts
+		out.LocHits += p.LocHits
+		out.LocMisses += p.LocMisses
 	}
 	return out, nil
 }

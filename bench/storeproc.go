@@ -42,6 +42,8 @@ type statsWire struct {
 	Stored                 []uint64 `json:"stored,omitempty"` // roundStats.Stored
 	AllPuts                uint64   `json:"all_puts,omitempty"`
 	AheadPuts              uint64   `json:"ahead_puts,omitempty"`
+	LocHits                uint64   `json:"loc_hits,omitempty"`
+	LocMisses              uint64   `json:"loc_misses,omitempty"`
 }
 
 // histWire is a Histogram's non-empty buckets as [index, count] pairs.
@@ -139,7 +141,7 @@ func ServeStoreClient(ctx context.Context, in io.Reader, out io.Writer) error {
 			}
 			var s *roundStats
 			if s, err = run(ctx, m.Dur); err == nil {
-				reply.Stats = &statsWire{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: s.Hist.wire(), Stored: s.Stored, AllPuts: s.AllPuts, AheadPuts: s.AheadPuts}
+				reply.Stats = &statsWire{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: s.Hist.wire(), Stored: s.Stored, AllPuts: s.AllPuts, AheadPuts: s.AheadPuts, LocHits: s.LocHits, LocMisses: s.LocMisses}
 			}
 		default:
 			err = fmt.Errorf("bench: unexpected client command %q", m.Cmd)
@@ -291,7 +293,7 @@ func (rc *remoteClient) round(ctx context.Context, cmd string, d time.Duration) 
 	if s.AheadPuts > s.AllPuts {
 		return nil, fmt.Errorf("bench: client process %d sent %d puts ahead of %d puts", rc.index, s.AheadPuts, s.AllPuts)
 	}
-	return &roundStats{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: h, Stored: s.Stored, AllPuts: s.AllPuts, AheadPuts: s.AheadPuts}, nil
+	return &roundStats{Ops: s.Ops, Gets: s.Gets, Puts: s.Puts, Bytes: s.Bytes, Elapsed: s.Elapsed, Hist: h, Stored: s.Stored, AllPuts: s.AllPuts, AheadPuts: s.AheadPuts, LocHits: s.LocHits, LocMisses: s.LocMisses}, nil
 }
 
 // close ends the child: stdin closes (it closes its client and exits);

@@ -160,10 +160,11 @@ func TestStoreCodes(t *testing.T) {
 }
 
 func TestParseKV(t *testing.T) {
-	c, err := parseKV([]string{"master_server_addr", "global_segment_size", "protocol", "rdma_devices", "put_ahead_bytes"},
-		[]string{"h:1", "1024", "tcp", "mlx5_0", "268435456"})
+	c, err := parseKV([]string{"master_server_addr", "global_segment_size", "protocol", "rdma_devices", "put_ahead_bytes", "location_cache"},
+		[]string{"h:1", "1024", "tcp", "mlx5_0", "268435456", "65536"})
 	require.NoError(t, err)
-	assert.Equal(t, storeConfig{MasterServerAddress: "h:1", GlobalSegmentSize: 1024, Protocol: "tcp", DeviceName: "mlx5_0", PutAheadBytes: 256 << 20}, c)
+	assert.Equal(t, storeConfig{MasterServerAddress: "h:1", GlobalSegmentSize: 1024, Protocol: "tcp", DeviceName: "mlx5_0", PutAheadBytes: 256 << 20,
+		LocationCache: 65536}, c)
 	_, err = parseKV([]string{"local_buffer_size"}, []string{"-1"})
 	assert.ErrorIs(t, err, errcode.ErrInvalidParams)
 	_, err = parseKV([]string{"nope"}, []string{"1"})

@@ -20,7 +20,7 @@ import (
 type storeConfig struct {
 	MasterServerAddress, LocalHostname, MetadataServer, Protocol, DeviceName, MasterProtocol string
 	GlobalSegmentSize, LocalBufferSize, RPCTimeoutMs                                         uint64
-	PutAheadBytes                                                                            uint64 // key/value form only
+	PutAheadBytes, LocationCache                                                             uint64 // key/value form only
 	TokenFile, AdminTokenFile, TLSCA, TLSCert, TLSKey                                        string
 }
 
@@ -60,6 +60,8 @@ func parseKV(keys, values []string) (storeConfig, error) {
 			err = num(&c.RPCTimeoutMs)
 		case "put_ahead_bytes":
 			err = num(&c.PutAheadBytes)
+		case "location_cache":
+			err = num(&c.LocationCache)
 		case "token_file":
 			c.TokenFile = v
 		case "admin_token_file":
@@ -208,7 +210,7 @@ func pollWait() time.Duration {
 }
 
 func storeCreate(cfg storeConfig) (uint64, error) {
-	if cfg.GlobalSegmentSize > math.MaxInt64 || cfg.LocalBufferSize > math.MaxInt64 || cfg.PutAheadBytes > math.MaxInt64 || cfg.RPCTimeoutMs > math.MaxInt32 {
+	if cfg.GlobalSegmentSize > math.MaxInt64 || cfg.LocalBufferSize > math.MaxInt64 || cfg.PutAheadBytes > math.MaxInt64 || cfg.LocationCache > math.MaxInt32 || cfg.RPCTimeoutMs > math.MaxInt32 {
 		return 0, errcode.New(errcode.InvalidParams, "size or timeout out of range")
 	}
 	meta := cfg.MetadataServer
@@ -221,6 +223,7 @@ func storeCreate(cfg storeConfig) (uint64, error) {
 		GlobalSegmentSize: int64(cfg.GlobalSegmentSize),
 		LocalBufferSize:   int64(cfg.LocalBufferSize),
 		PutAheadBytes:     int64(cfg.PutAheadBytes),
+		LocationCache:     int(cfg.LocationCache),
 		RPCTimeout:        time.Duration(cfg.RPCTimeoutMs) * time.Millisecond,
 		Logger:            logger,
 		TokenFile:         orEnv(cfg.TokenFile, "CRESCENT_TOKEN_FILE"),

@@ -342,10 +342,12 @@ typedef struct crescent_replicate_config {
 int crescent_store_create(const crescent_store_config_t *config, crescent_store_t *out);
 
 /* The same from count key/value strings, keys named as the fields of
- * crescent_store_config_t (sizes in bytes, decimal), and one more:
+ * crescent_store_config_t (sizes in bytes, decimal), and two more:
  * put_ahead_bytes, the pool memory the client's put-ahead reservations
  * may hold (default 64 MiB; at least the bytes of the batch puts in
- * flight at once). An unknown key is CRESCENT_INVALID_PARAMS. */
+ * flight at once), and location_cache, how many objects' locations the
+ * client caches so repeated gets skip the master (default 0: off). An
+ * unknown key is CRESCENT_INVALID_PARAMS. */
 int crescent_store_create_kv(const char *const *keys, const char *const *values, size_t count,
                              crescent_store_t *out);
 

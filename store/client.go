@@ -127,6 +127,13 @@ type Config struct {
 	// that segment's client pings again (default 2; negative: never).
 	// Retries stay within the caller's context.
 	PutRetries int
+	// LocationCache, when positive, caches where up to that many objects
+	// are (loccache.go), so a get of a key read recently asks the master
+	// nothing: it is used within the first three quarters of its read
+	// lease and while the client's invalidation subscription (which it
+	// then runs) is fresh; any remove, eviction or loss of the key drops
+	// it first. Default 0: every get asks the master.
+	LocationCache int
 	// Engine, when set, is used instead of starting one; the client
 	// neither configures nor closes it (LocalHostname, Protocols and
 	// MetadataServer are then ignored).
@@ -215,6 +222,9 @@ type Client struct {
 	ahead     *putAhead // nil when disabled
 	aheadStop context.CancelFunc
 
+	loc      *locCache          // nil unless Config.LocationCache > 0
+	locWatch *InvalidationWatch // the invalidations loc follows
+
 	bufMu  sync.Mutex
 	bufs   [][]byte // RegisterBuffer'd buffers still registered
 	views  int      // Buffers not yet released
@@ -257,6 +267,10 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c.startCoalescers()
+	if cfg.LocationCache > 0 {
+		c.loc = newLocCache(cfg.LocationCache)
+		c.locWatch = c.WatchInvalidations(c.loc)
+	}
 	if c.ahead != nil {
 		var actx context.Context
 		actx, c.aheadStop = context.WithCancel(context.Background())
@@ -584,6 +598,9 @@ func (c *Client) Close() error {
 // teardown releases whatever New set up, in reverse order.
 func (c *Client) teardown() error {
 	var errs []error
+	if c.locWatch != nil {
+		c.locWatch.Close()
+	}
 	// Reservations go back while the master connection is up.
 	c.closeAhead()
 	// Heartbeats stop first: a Ping after the unmount could be told

@@ -121,6 +121,49 @@ func (c *Client) locate(ctx context.Context, key string) (located, error) {
 	return located{size: size, reps: reps, deadline: start.Add(res.leaseTTL)}, nil
 }
 
+// locateCached is locate through the location cache: a cached location
+// (cached true) when one may be used, else the master's answer, which is
+// then cached.
+func (c *Client) locateCached(ctx context.Context, key string) (loc located, cached bool, err error) {
+	if c.loc == nil {
+		loc, err = c.locate(ctx, key)
+		return loc, false, err
+	}
+	if err := c.checkKey(key); err != nil {
+		return located{}, false, err
+	}
+	if c.locWatch.Fresh() {
+		if loc, ok := c.loc.get(key, c.clock.Now()); ok {
+			c.stats.locHits.Add(1)
+			return loc, true, nil
+		}
+	}
+	c.stats.locMisses.Add(1)
+	epoch, start := c.loc.epoch(key), c.clock.Now()
+	if loc, err = c.locate(ctx, key); err == nil {
+		c.loc.put(key, loc, start, epoch)
+	}
+	return loc, false, err
+}
+
+// withLocation runs read on where key is. When the location came from
+// the cache and read fails (the object moved, the lease ran short), the
+// entry is dropped and read runs once more on the master's answer.
+func (c *Client) withLocation(ctx context.Context, key string, read func(located) error) error {
+	loc, cached, err := c.locateCached(ctx, key)
+	if err != nil {
+		return err
+	}
+	if err = read(loc); err == nil || !cached || ctx.Err() != nil {
+		return err
+	}
+	c.loc.drop(key)
+	if loc, _, err = c.locateCached(ctx, key); err != nil {
+		return err
+	}
+	return read(loc)
+}
+
 // checkLease fails with LEASE_EXPIRED when the read ended after the lease:
 // the master may have evicted the object and reused its space meanwhile.
 func (c *Client) checkLease(key string, deadline time.Time) error {
@@ -162,15 +205,14 @@ func (c *Client) Get(ctx context.Context, key string) (v []byte, err error) {
 	}
 	defer c.leave()
 	defer c.observeGet(time.Now(), &err)
-	loc, err := c.locate(ctx, key)
+	err = c.withLocation(ctx, key, func(loc located) error {
+		v = make([]byte, loc.size)
+		if err := c.read(ctx, loc.reps, v); err != nil {
+			return err
+		}
+		return c.checkLease(key, loc.deadline)
+	})
 	if err != nil {
-		return nil, err
-	}
-	v = make([]byte, loc.size)
-	if err := c.read(ctx, loc.reps, v); err != nil {
-		return nil, err
-	}
-	if err := c.checkLease(key, loc.deadline); err != nil {
 		return nil, err
 	}
 	return v, nil
@@ -186,20 +228,20 @@ func (c *Client) GetInto(ctx context.Context, key string, dst []byte) (n int, er
 	}
 	defer c.leave()
 	defer c.observeGet(time.Now(), &err)
-	loc, err := c.locate(ctx, key)
+	err = c.withLocation(ctx, key, func(loc located) error {
+		if uint64(len(dst)) < loc.size {
+			return errcode.New(errcode.BufferOverflow, "%q: value of %d bytes, buffer of %d", key, loc.size, len(dst))
+		}
+		if err := c.read(ctx, loc.reps, dst[:loc.size]); err != nil {
+			return err
+		}
+		n = int(loc.size)
+		return c.checkLease(key, loc.deadline)
+	})
 	if err != nil {
 		return 0, err
 	}
-	if uint64(len(dst)) < loc.size {
-		return 0, errcode.New(errcode.BufferOverflow, "%q: value of %d bytes, buffer of %d", key, loc.size, len(dst))
-	}
-	if err := c.read(ctx, loc.reps, dst[:loc.size]); err != nil {
-		return 0, err
-	}
-	if err := c.checkLease(key, loc.deadline); err != nil {
-		return 0, err
-	}
-	return int(loc.size), nil
+	return n, nil
 }
 
 func (c *Client) observeGet(start time.Time, err *error) {
@@ -299,10 +341,18 @@ func (c *Client) GetBuffer(ctx context.Context, key string) (buf *Buffer, err er
 	}
 	defer c.leave()
 	defer c.observeGet(time.Now(), &err)
-	loc, err := c.locate(ctx, key)
+	err = c.withLocation(ctx, key, func(loc located) error {
+		buf, err = c.readBuffer(ctx, key, loc)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
+	return buf, nil
+}
+
+// readBuffer is GetBuffer's read of the object at loc.
+func (c *Client) readBuffer(ctx context.Context, key string, loc located) (*Buffer, error) {
 	if mem, ok := c.localSlice(loc.reps[0].seg, loc.reps[0].addr, loc.size); ok {
 		if err := c.checkLease(key, loc.deadline); err != nil {
 			return nil, err
@@ -311,7 +361,7 @@ func (c *Client) GetBuffer(ctx context.Context, key string) (buf *Buffer, err er
 		c.stats.read.Add(loc.size)
 		return &Buffer{c: c, b: mem, mapped: true, local: true, deadline: loc.deadline}, nil
 	}
-	buf = &Buffer{c: c, deadline: loc.deadline}
+	buf := &Buffer{c: c, deadline: loc.deadline}
 	if p := c.stage.allocView(int(loc.size)); p != nil {
 		c.holdView()
 		buf.b, buf.pooled, buf.mapped = p, p, true
@@ -369,45 +419,106 @@ func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([]
 		c.stats.batchGetLat.observe(time.Since(start))
 		countOps(&c.stats.gets, &c.stats.getFail, len(errs), countErrs(errs))
 	}()
-	items := make([]int, 0, len(keys))
-	okKeys := make([]string, 0, len(keys))
-	for i, k := range keys {
-		if errs[i] = c.checkKey(k); errs[i] == nil {
-			items = append(items, i)
-			okKeys = append(okKeys, k)
-		}
-	}
-	if len(items) == 0 {
+	retry := c.batchGetOnce(ctx, keys, into, vals, errs, c.loc != nil && c.locWatch.Fresh())
+	if len(retry) == 0 || ctx.Err() != nil {
 		return vals, errs
 	}
-	t0 := c.clock.Now()
-	results, getErrs := c.rpcGetReplicaList(ctx, okKeys)
+	// Items that failed from cached locations: drop those and ask the
+	// master, once.
+	rkeys := make([]string, len(retry))
+	var rinto [][]byte
+	if into != nil {
+		rinto = make([][]byte, len(retry))
+	}
+	for n, i := range retry {
+		rkeys[n] = keys[i]
+		c.loc.drop(keys[i])
+		if into != nil {
+			rinto[n] = into[i]
+		}
+	}
+	rvals, rerrs := make([][]byte, len(retry)), make([]error, len(retry))
+	c.batchGetOnce(ctx, rkeys, rinto, rvals, rerrs, false)
+	for n, i := range retry {
+		vals[i], errs[i] = rvals[n], rerrs[n]
+	}
+	return vals, errs
+}
+
+// batchGetOnce fills vals and errs for keys, taking the locations it may
+// from the cache when cache is set, and returns the indices of items
+// whose cached location failed them.
+func (c *Client) batchGetOnce(ctx context.Context, keys []string, into, vals [][]byte, errs []error, cache bool) (retry []int) {
 	// Per item, by index: reps is nil for an item not located. One array
 	// holds every item's replica order.
 	locs := make([]located, len(keys))
-	refs := make([]replicaRef, 0, len(items))
-	pending := make([]int, 0, len(items))
-	for j, i := range items {
-		if errs[i] = getErrs[j]; errs[i] != nil {
-			continue
-		}
-		size, reps, err := c.chooseReplicasInto(keys[i], results[j].replicas, refs)
-		if err != nil {
-			errs[i] = err
-			continue
-		}
-		refs = reps[len(reps):] // the next item appends past this one's
-		reps = reps[:len(reps):len(reps)]
+	pending := make([]int, 0, len(keys))
+	var cached []bool
+	// setVal sizes item i's value; false when its buffer is short.
+	setVal := func(i int, size uint64) bool {
 		if into == nil {
 			vals[i] = make([]byte, size)
 		} else if uint64(len(into[i])) < size {
 			errs[i] = errcode.New(errcode.BufferOverflow, "%q: value of %d bytes, buffer of %d", keys[i], size, len(into[i]))
-			continue
+			return false
 		} else {
 			vals[i] = into[i][:size]
 		}
-		locs[i] = located{size: size, reps: reps, deadline: t0.Add(results[j].leaseTTL)}
-		pending = append(pending, i)
+		return true
+	}
+	items := make([]int, 0, len(keys))
+	okKeys := make([]string, 0, len(keys))
+	var epochs []uint64
+	var now0 time.Time
+	if cache {
+		cached = make([]bool, len(keys))
+		epochs = make([]uint64, 0, len(keys))
+		now0 = c.clock.Now()
+	}
+	for i, k := range keys {
+		if errs[i] = c.checkKey(k); errs[i] != nil {
+			continue
+		}
+		if cache {
+			if l, ok := c.loc.get(k, now0); ok {
+				c.stats.locHits.Add(1)
+				cached[i] = true
+				if setVal(i, l.size) {
+					locs[i] = l
+					pending = append(pending, i)
+				}
+				continue
+			}
+			c.stats.locMisses.Add(1)
+			epochs = append(epochs, c.loc.epoch(k))
+		}
+		items = append(items, i)
+		okKeys = append(okKeys, k)
+	}
+	if len(items) > 0 {
+		t0 := c.clock.Now()
+		results, getErrs := c.rpcGetReplicaList(ctx, okKeys)
+		refs := make([]replicaRef, 0, len(items))
+		for j, i := range items {
+			if errs[i] = getErrs[j]; errs[i] != nil {
+				continue
+			}
+			size, reps, err := c.chooseReplicasInto(keys[i], results[j].replicas, refs)
+			if err != nil {
+				errs[i] = err
+				continue
+			}
+			refs = reps[len(reps):] // the next item appends past this one's
+			reps = reps[:len(reps):len(reps)]
+			l := located{size: size, reps: reps, deadline: t0.Add(results[j].leaseTTL)}
+			if cache {
+				c.loc.put(keys[i], l, t0, epochs[j])
+			}
+			if setVal(i, size) {
+				locs[i] = l
+				pending = append(pending, i)
+			}
+		}
 	}
 	found := len(pending)
 	// Attempt k reads every pending item from its k-th replica.
@@ -445,6 +556,9 @@ func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([]
 	}
 	for i, l := range locs {
 		if l.reps == nil {
+			if cached != nil && cached[i] && errs[i] != nil {
+				retry = append(retry, i) // a short buffer: the master may know a new size
+			}
 			continue // not located: its error is set
 		}
 		if errs[i] == nil {
@@ -452,7 +566,10 @@ func (c *Client) batchGet(ctx context.Context, keys []string, into [][]byte) ([]
 		}
 		if errs[i] != nil {
 			vals[i] = nil
+			if cached != nil && cached[i] {
+				retry = append(retry, i)
+			}
 		}
 	}
-	return vals, errs
+	return retry
 }

@@ -120,6 +120,10 @@ type Stats struct {
 	// reservation); AheadGone those that found their reservation gone and
 	// took the two-RPC path.
 	PutsAhead, AheadGone uint64
+	// LocationHits counts gets (batch items included) read from a cached
+	// location without asking the master; LocationMisses those that asked
+	// while the cache was on (Config.LocationCache).
+	LocationHits, LocationMisses uint64
 	// StoredReplicas[n] counts the puts stored with n replicas (the last
 	// entry: MaxCountedReplicas or more); UnderReplicatedPuts those
 	// stored with fewer than ReplicateConfig.Replicas asked.
@@ -149,6 +153,7 @@ type stats struct {
 	putLat, getLat, batchPutLat, batchGetLat *histogram
 	heartbeats, heartbeatFail, remounts      atomic.Uint64
 	putsAhead, aheadGone                     atomic.Uint64
+	locHits, locMisses                       atomic.Uint64
 	storedReps                               [MaxCountedReplicas + 1]atomic.Uint64
 	underReplicated, putRetries, segReports  atomic.Uint64
 	rpc                                      map[string]*rpcCounter // fixed at creation: read without locks
@@ -191,6 +196,7 @@ func (s *stats) snapshot() Stats {
 		PutLatency: s.putLat.snapshot(), GetLatency: s.getLat.snapshot(),
 		BatchPutLatency: s.batchPutLat.snapshot(), BatchGetLatency: s.batchGetLat.snapshot(),
 		PutsAhead: s.putsAhead.Load(), AheadGone: s.aheadGone.Load(),
+		LocationHits: s.locHits.Load(), LocationMisses: s.locMisses.Load(),
 		UnderReplicatedPuts: s.underReplicated.Load(), PutRetries: s.putRetries.Load(), FailedSegmentReports: s.segReports.Load(),
 		Heartbeats: s.heartbeats.Load(), HeartbeatFailures: s.heartbeatFail.Load(), Remounts: s.remounts.Load(),
 		RPC: make(map[string]RPCStats, len(s.rpc)),

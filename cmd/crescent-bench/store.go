@@ -41,6 +41,7 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	fs.StringVar(&c.RedisServer, "redis_server", "", "redis-server binary (default: $PATH)")
 	fs.StringVar(&c.LocalHostname, "local_server_name", "127.0.0.1", "clients' engine host")
 	aheadBytes := fs.String("put_ahead_bytes", "", "pool memory each client's put-ahead reservations may hold (default: the client's, 64MiB); put runs leave room for it")
+	fs.IntVar(&c.LocationCache, "location_cache", 0, "objects whose location each client caches, so repeated gets skip the master (0: off)")
 	fs.IntVar(&c.PutAhead, "put_ahead", 0, "reservations each client keeps per value size for one-round-trip puts (0: the client's default, -1: off)")
 	fs.StringVar(&c.MasterProtocol, "master_protocol", "", "clients' protocol to the master: auto (crpc when the master answers it), crpc, grpc, grpc_tuned (the in-process master serves tuned gRPC options too) or drpc (in-process master only)")
 	fs.IntVar(&c.Objects, "objects", bench.DefaultMetaObjects, "meta: objects to store")
@@ -61,6 +62,8 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	switch {
 	case c.Batch < 0:
 		return usagef("--batch %d: must not be negative (0 = the default)", c.Batch)
+	case c.LocationCache < 0:
+		return usagef("--location_cache %d: want 0 (off) or a count", c.LocationCache)
 	case c.PutAhead < -1:
 		return usagef("--put_ahead %d: want -1 (off), 0 (the client's default) or a count", c.PutAhead)
 	case !(c.GetRatio > 0 && c.GetRatio <= 1):
@@ -176,6 +179,9 @@ func printStore(out io.Writer, r *bench.StoreResult) {
 	if r.OplogBytesPerPut > 0 || r.OplogCommitsPerSec > 0 {
 		fmt.Fprintf(out, "oplog: %.0f bytes written per put, %.0f commits/s of %.1f entries, fdatasync %.0f us on average; the master's answers waited %.0f us on average for durability\n",
 			r.OplogBytesPerPut, r.OplogCommitsPerSec, r.OplogEntriesPerCommit, r.OplogFsyncUs, r.OplogDurableWaitUs)
+	}
+	if r.LocationCache > 0 {
+		fmt.Fprintf(out, "location cache: %d entries per client, %.1f%% of gets read from a cached location\n", r.LocationCache, 100*r.LocationHitShare)
 	}
 	if len(r.OplogWaits) > 0 {
 		parts := make([]string, len(r.OplogWaits))

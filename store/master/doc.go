@@ -164,11 +164,13 @@
 //
 // # Hot-cache invalidations
 //
-// A client that caches values (store/local's hot cache) subscribes with
-// WaitInvalidations, a long poll: each poll acknowledges the last
-// sequence number it applied and is answered with the invalidations
-// queued since ((key, put generation) of every complete object removed,
-// evicted or lost, numbered per subscriber without gaps), or, with none,
+// A client that caches values (store/local's hot cache) or locations
+// (store's Config.LocationCache) subscribes with WaitInvalidations, a
+// long poll: each poll acknowledges the last sequence number it applied
+// and is answered with the invalidations queued since ((key, put
+// generation) of every complete object removed, evicted or lost, or that
+// lost one of its replicas with a segment, numbered per subscriber
+// without gaps), or, with none,
 // a heartbeat after at most a third of InvalidationTTL (1 s). A new or
 // unknown subscription, a queue over MaxInvalidationQueue (4096) and an
 // ack of a number never sent are answered with a reset (drop

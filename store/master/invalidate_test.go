@@ -218,3 +218,27 @@ func TestInvalidationHoldAfterRestore(t *testing.T) {
 	require.NoError(t, fresh.m.Start())
 	assert.Zero(t, fresh.m.inval.hold.Load(), "a master with nothing to invalidate holds nothing")
 }
+
+// TestInvalidationOfDroppedReplica: an object that loses one of its two
+// replicas with a segment stays readable but is invalidated, since a
+// location cache may name the replica whose memory left the pool.
+func TestInvalidationOfDroppedReplica(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.InvalidationTTL = 50 * time.Millisecond })
+	a, b := cl(1), cl(2)
+	e.mount(a, "a", 1<<20)
+	segB := e.mount(b, "b", 1<<20)
+	sub := subscribe(t, e.m)
+	require.Len(t, e.put(a, "two", 100, ReplicateConfig{Replicas: 2}), 2)
+	e.put(a, "one", 100, ReplicateConfig{Preferred: []string{"a"}})
+	require.NoError(t, e.m.UnmountSegment(b, segB.ID))
+	reps, _, err := e.m.GetReplicaList("two")
+	require.NoError(t, err)
+	assert.Len(t, reps, 1, "the replica on a survives")
+	batch := poll(t, e.m, sub, 0, 0)
+	require.False(t, batch.Reset)
+	var got []string
+	for _, it := range batch.Items {
+		got = append(got, it.Key)
+	}
+	assert.Equal(t, []string{"two"}, got, "only the object that lost a replica")
+}

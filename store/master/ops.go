@@ -471,6 +471,11 @@ func (m *Master) applyDropReplica(sh *shard, h uint64, op *Op, a *applyArgs) err
 	o.setPlacements(slices.Delete(ps, i, i+1))
 	*p = o
 	m.append(op, a)
+	if o.complete() && !a.replay {
+		// Location caches may name the dropped replica, whose memory
+		// left the pool with its segment.
+		m.invalidated(op.Key, o.gen)
+	}
 	return nil
 }
 

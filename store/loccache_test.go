@@ -1,0 +1,247 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/crescent-kv/crescent/internal/testutil"
+	"github.com/crescent-kv/crescent/store/errcode"
+	"github.com/crescent-kv/crescent/store/master"
+)
+
+// locateCalls counts the client's calls that ask the master where keys are.
+func locateCalls(c *Client) uint64 {
+	st := c.Stats()
+	return st.RPC["GetReplicaList"].Calls + st.RPC["BatchGetReplicaList"].Calls
+}
+
+func withLocationCache(n int) func(*Config) { return func(c *Config) { c.LocationCache = n } }
+
+// freshLocCache waits until c's location cache may be used.
+func freshLocCache(t *testing.T, c *Client) {
+	t.Helper()
+	require.NotNil(t, c.locWatch)
+	require.NoError(t, c.locWatch.WaitFresh(tctx(t)))
+}
+
+// TestLocationCacheSkipsMaster: a repeated get of a key, single or in a
+// batch, reads its replica without asking the master; a client without
+// the cache asks every time.
+func TestLocationCacheSkipsMaster(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 16<<20)
+	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	ctx := tctx(t)
+	freshLocCache(t, b)
+	v1, v2 := testutil.Bytes(50000, 1), testutil.Bytes(4096, 2)
+	require.NoError(t, a.Put(ctx, "k1", v1, ReplicateConfig{Preferred: []string{a.SegmentName()}}))
+	require.NoError(t, a.Put(ctx, "k2", v2, ReplicateConfig{Preferred: []string{a.SegmentName()}}))
+
+	got, err := b.Get(ctx, "k1")
+	require.NoError(t, err)
+	require.Equal(t, v1, got)
+	asked := locateCalls(b)
+	for range 3 {
+		got, err = b.Get(ctx, "k1")
+		require.NoError(t, err)
+		require.Equal(t, v1, got)
+		dst := make([]byte, len(v1))
+		n, err := b.GetInto(ctx, "k1", dst)
+		require.NoError(t, err)
+		require.Equal(t, v1, dst[:n])
+	}
+	assert.Equal(t, asked, locateCalls(b), "cached gets asked the master")
+
+	vals, errs := b.BatchGet(ctx, []string{"k1", "k2"}) // k2 asks, k1 is cached
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	assert.Equal(t, v1, vals[0])
+	assert.Equal(t, v2, vals[1])
+	asked = locateCalls(b)
+	vals, errs = b.BatchGet(ctx, []string{"k2", "k1"})
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	assert.Equal(t, v2, vals[0])
+	assert.Equal(t, v1, vals[1])
+	assert.Equal(t, asked, locateCalls(b), "a batch of cached keys asked the master")
+	st := b.Stats()
+	assert.EqualValues(t, 9, st.LocationHits)
+	assert.EqualValues(t, 2, st.LocationMisses)
+
+	asked = locateCalls(a) // a has no cache
+	for range 2 {
+		_, err := a.Get(ctx, "k1")
+		require.NoError(t, err)
+	}
+	assert.Equal(t, asked+2, locateCalls(a))
+	assert.Zero(t, a.Stats().LocationHits)
+}
+
+// TestLocationCacheInvalidatedByRemove: once another client's remove of a
+// key answers (forced: the reader holds a lease), the reader does not
+// read the old location; a new put under the key is read with its new
+// bytes.
+func TestLocationCacheInvalidatedByRemove(t *testing.T) {
+	tm := startMaster(t, master.Config{LeaseTTL: time.Minute})
+	a := newTestClient(t, tm, 16<<20, twoRPCPuts)
+	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	ctx := tctx(t)
+	freshLocCache(t, b)
+	here := ReplicateConfig{Preferred: []string{a.SegmentName()}}
+	for round := range 3 {
+		v := testutil.Bytes(8192, uint64(round))
+		require.NoError(t, a.Put(ctx, "k", v, here))
+		for range 2 { // the second read is from the cache
+			got, err := b.Get(ctx, "k")
+			require.NoError(t, err)
+			require.Equal(t, v, got, "round %d", round)
+		}
+		require.ErrorIs(t, a.Remove(ctx, "k", false), errcode.ErrObjectHasLease)
+		require.NoError(t, a.Remove(ctx, "k", true))
+		_, err := b.Get(ctx, "k")
+		require.ErrorIs(t, err, errcode.ErrObjectNotFound, "round %d: read after the remove answered", round)
+		// Another key takes the freed space; the reader must not see it.
+		require.NoError(t, a.Put(ctx, "other", testutil.Bytes(8192, 100+uint64(round)), here))
+		_, err = b.Get(ctx, "k")
+		require.ErrorIs(t, err, errcode.ErrObjectNotFound)
+		require.NoError(t, a.Remove(ctx, "other", true))
+	}
+	assert.Positive(t, b.Stats().LocationHits)
+}
+
+// TestLocationCacheInvalidatedByLoss: when the client holding a key's
+// only replica leaves, a reader that cached the key stops reading it
+// well before its lease (a minute) would end (the loss's invalidation
+// or the failed read of the departed segment drops the entry).
+func TestLocationCacheInvalidatedByLoss(t *testing.T) {
+	tm := startMaster(t, master.Config{LeaseTTL: time.Minute})
+	owner := newTestClient(t, tm, 16<<20)
+	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	ctx := tctx(t)
+	freshLocCache(t, b)
+	v := testutil.Bytes(8192, 7)
+	require.NoError(t, owner.Put(ctx, "k", v, ReplicateConfig{Preferred: []string{owner.SegmentName()}}))
+	for range 2 {
+		got, err := b.Get(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, v, got)
+	}
+	require.EqualValues(t, 1, b.Stats().LocationHits)
+	require.NoError(t, owner.Close())
+	eventually(t, "the lost key's location dropped", func() bool {
+		_, err := b.Get(ctx, "k")
+		return errors.Is(err, errcode.ErrObjectNotFound)
+	})
+}
+
+// TestLocationCacheNotFresh: while the invalidation subscription is not
+// fresh (its polls stopped), every get asks the master.
+func TestLocationCacheNotFresh(t *testing.T) {
+	tm := startMaster(t, master.Config{InvalidationTTL: 60 * time.Millisecond})
+	a := newTestClient(t, tm, 16<<20)
+	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	ctx := tctx(t)
+	freshLocCache(t, b)
+	require.NoError(t, a.Put(ctx, "k", []byte("value"), ReplicateConfig{}))
+	_, err := b.Get(ctx, "k")
+	require.NoError(t, err)
+	b.locWatch.PauseForTest(true)
+	eventually(t, "the subscription to go stale", func() bool { return !b.locWatch.Fresh() })
+	asked := locateCalls(b)
+	for range 2 {
+		got, err := b.Get(ctx, "k")
+		require.NoError(t, err)
+		require.Equal(t, []byte("value"), got)
+	}
+	vals, errs := b.BatchGet(ctx, []string{"k"})
+	require.NoError(t, errs[0])
+	require.Equal(t, []byte("value"), vals[0])
+	assert.Equal(t, asked+3, locateCalls(b))
+	b.locWatch.PauseForTest(false)
+	freshLocCache(t, b)
+	_, err = b.Get(ctx, "k")
+	require.NoError(t, err)
+	asked = locateCalls(b)
+	_, err = b.Get(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, asked, locateCalls(b), "fresh again: cached")
+}
+
+// TestLocationCacheBadEntryAsksMaster: a cached location that no longer
+// reads (here: a segment nobody serves) is dropped and the get asks the
+// master once, singly and in a batch.
+func TestLocationCacheBadEntryAsksMaster(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 16<<20)
+	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	ctx := tctx(t)
+	freshLocCache(t, b)
+	v := testutil.Bytes(4096, 3)
+	for _, k := range []string{"k1", "k2"} {
+		require.NoError(t, a.Put(ctx, k, v, ReplicateConfig{}))
+	}
+	bogus := func(key string) {
+		now := b.clock.Now()
+		b.loc.put(key, located{size: 4096, reps: []replicaRef{{seg: "127.0.0.1:1", addr: 4096}}, deadline: now.Add(time.Minute)},
+			now, b.loc.epoch(key))
+		_, hit := b.loc.get(key, now)
+		require.True(t, hit)
+	}
+	bogus("k1")
+	asked := locateCalls(b)
+	got, err := b.Get(ctx, "k1")
+	require.NoError(t, err)
+	assert.Equal(t, v, got)
+	assert.Equal(t, asked+1, locateCalls(b))
+
+	bogus("k1")
+	_, err = b.Get(ctx, "k2") // cache k2's true location
+	require.NoError(t, err)
+	asked = locateCalls(b)
+	dst := [][]byte{make([]byte, 4096), make([]byte, 4096)}
+	ns, errs := b.BatchGetInto(ctx, []string{"k1", "k2"}, dst)
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	assert.Equal(t, []int{4096, 4096}, ns)
+	assert.Equal(t, v, dst[0])
+	assert.Equal(t, v, dst[1])
+	assert.Equal(t, asked+1, locateCalls(b), "one retry for the bad entry")
+}
+
+// TestLocCacheEntries: entries are used for the first three quarters of
+// their lease, an answer an invalidation may have overtaken is not
+// cached, and the size stays bounded.
+func TestLocCacheEntries(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	loc := located{size: 1, reps: []replicaRef{{seg: "s", addr: 1}}, deadline: t0.Add(10 * time.Second)}
+	lc := newLocCache(64)
+	lc.put("k", loc, t0, lc.epoch("k"))
+	_, ok := lc.get("k", t0.Add(7400*time.Millisecond))
+	assert.True(t, ok)
+	_, ok = lc.get("k", t0.Add(7600*time.Millisecond))
+	assert.False(t, ok, "past three quarters of the lease")
+
+	for _, inval := range []func(){func() { lc.Invalidate([]string{"k"}) }, lc.InvalidateAll} {
+		ep := lc.epoch("k")
+		inval()
+		lc.put("k", loc, t0, ep)
+		_, ok = lc.get("k", t0)
+		assert.False(t, ok, "cached across an invalidation")
+	}
+	lc.put("k", loc, t0, lc.epoch("k"))
+	lc.Invalidate([]string{"k"})
+	_, ok = lc.get("k", t0)
+	assert.False(t, ok)
+
+	for i := range 1000 {
+		k := fmt.Sprintf("key%d", i)
+		lc.put(k, loc, t0, lc.epoch(k))
+	}
+	assert.LessOrEqual(t, lc.len(), 64)
+	assert.Positive(t, lc.len())
+}
