@@ -91,6 +91,22 @@
 //     has run out by the end of the read the result is discarded with
 //     LEASE_EXPIRED, because the master may have evicted the object and
 //     handed its space to another writer meanwhile.
+//   - Location cache (Config.LocationCache entries, default 0 = off):
+//     Get, GetInto, GetBuffer and the batch gets read a key's replicas
+//     from a cached GetReplicaList answer, asking the master nothing,
+//     while (a) the read lease it granted has more than a quarter of its
+//     TTL left (the master neither evicts a leased object nor removes it
+//     without force, and a forced remove holds its space until the lease
+//     ends) and (b) the client's own invalidation subscription
+//     (WatchInvalidations, started with the cache) is fresh. Every
+//     remove, forced or not, eviction, loss, and replica dropped with a
+//     segment is an invalidation that drops the entry before the master
+//     answers the remove; an answer that an invalidation may have
+//     overtaken (the shard's invalidation count moved while it was
+//     asked for) is not cached. A get that fails from a cached entry
+//     drops it and asks the master once. Locate always asks. Entries
+//     are bounded per shard of 32; a full shard drops one at random.
+//     Stats.LocationHits / LocationMisses count the gets.
 //   - GetBuffer returns a view and a release: a replica in this client's
 //     own segment is viewed in place (valid until the lease deadline the
 //     Buffer reports), anything else is read into a buffer of the staging

@@ -34,6 +34,7 @@ type InvalidationWatch struct {
 
 	polls, resets atomic.Uint64
 	paused        atomic.Bool // tests: stop polling, as a stopped process would
+	idle          atomic.Bool // the loop saw paused and has no poll in flight
 }
 
 // invalidationWait is how long a poll asks the master to hold an answer
@@ -82,8 +83,18 @@ func (w *InvalidationWatch) Close() {
 	<-w.done
 }
 
-// PauseForTest stops (true) or resumes polling.
-func (w *InvalidationWatch) PauseForTest(p bool) { w.paused.Store(p) }
+// PauseForTest stops (true) or resumes polling. Stopping returns once no
+// poll is in flight (an answer could otherwise still arrive after it).
+func (w *InvalidationWatch) PauseForTest(p bool) {
+	w.paused.Store(p)
+	for p && !w.idle.Load() {
+		select {
+		case <-w.done:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
 
 func (w *InvalidationWatch) loop() {
 	defer close(w.done)
@@ -94,7 +105,11 @@ func (w *InvalidationWatch) loop() {
 		if w.ctx.Err() != nil {
 			return
 		}
+		// idle is cleared before paused is read, so a PauseForTest that
+		// saw idle set knows this loop will see paused.
+		w.idle.Store(false)
 		if w.paused.Load() || w.c.closed.Load() {
+			w.idle.Store(w.paused.Load())
 			if !w.sleep(10 * time.Millisecond) {
 				return
 			}

@@ -10,8 +10,9 @@ import (
 // a repeated get reads its replica without asking the master. An entry
 // is used only while two things hold:
 //   - its read lease has more than a quarter of its TTL left: the master
-//     neither evicts a leased object nor removes it without force, so
-//     its memory is the object's for that time, as for any get;
+//     neither evicts a leased object nor removes it without force, and a
+//     forced remove holds its space until the lease ends, so its memory
+//     is the object's or nobody's for that time, as for any get;
 //   - the client's invalidation subscription is fresh: the master's
 //     invalidations (remove, forced or not, eviction, loss, a dropped
 //     replica) drop the entry, and a remove answers only once they did.

@@ -69,6 +69,7 @@ func TestRefusedFlags(t *testing.T) {
 		{[]string{"store", "--objects", "0"}, "--objects 0"},
 		{[]string{"store", "--batch", "-1"}, "--batch -1"},
 		{[]string{"store", "--put_ahead", "-2"}, "--put_ahead -2"},
+		{[]string{"store", "--location_cache", "-1"}, "--location_cache -1"},
 		{[]string{"store", "--put_ahead_bytes", "0"}, `--put_ahead_bytes: size "0": must be positive`},
 		{[]string{"store", "--put_ahead_bytes", "x"}, "--put_ahead_bytes: "},
 		{[]string{"store", "--get_ratio", "1.5"}, "--get_ratio 1.5"},

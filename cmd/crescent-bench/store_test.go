@@ -39,6 +39,28 @@ func TestStoreMainJSON(t *testing.T) {
 	}
 }
 
+// TestStoreMainLocationCache: with --location_cache the gets' hit share
+// is reported and repeated gets hit; without it the field is absent.
+func TestStoreMainLocationCache(t *testing.T) {
+	for _, lc := range []string{"0", "4096"} {
+		var out bytes.Buffer
+		err := storeMain(context.Background(), []string{
+			"--operation", "get", "--value_size", "4KiB", "--segment_size", "32MiB", "--local_buffer_size", "8MiB",
+			"--duration", "0.5", "--warmup", "0", "--baseline", "none", "--json", "--location_cache", lc,
+		}, &out)
+		require.NoError(t, err)
+		var m map[string]any
+		require.NoError(t, json.Unmarshal(out.Bytes(), &m), out.String())
+		if lc == "0" {
+			assert.NotContains(t, m, "location_hit_share")
+			continue
+		}
+		assert.EqualValues(t, 4096, m["location_cache"])
+		assert.Greater(t, m["location_hit_share"], 0.0, "some gets repeat a key")
+		assert.LessOrEqual(t, m["location_hit_share"], 1.0)
+	}
+}
+
 func TestStoreMainText(t *testing.T) {
 	var out bytes.Buffer
 	err := storeMain(context.Background(), []string{

@@ -57,8 +57,9 @@ func TestParseFlags(t *testing.T) {
 		t.Fatalf("defaults: %+v", o)
 	}
 	o, err = parseFlags([]string{"--master_server_address", "10.0.0.1:1", "--global_segment_size", "64MB", "--local_buffer_size", "8MB",
-		"--protocol", "tcp", "--metrics_port", "0", "--local_hostname", "127.0.0.1", "--put_ahead_bytes", "256MiB"}, io.Discard)
-	if err != nil || o.master != "10.0.0.1:1" || o.segment != 64<<20 || o.buffer != 8<<20 || o.aheadBytes != 256<<20 || o.protocol != "tcp" || o.metricsPort != 0 || o.hostname != "127.0.0.1" {
+		"--protocol", "tcp", "--metrics_port", "0", "--local_hostname", "127.0.0.1", "--put_ahead_bytes", "256MiB",
+		"--location_cache", "65536"}, io.Discard)
+	if err != nil || o.locationCache != 65536 || o.master != "10.0.0.1:1" || o.segment != 64<<20 || o.buffer != 8<<20 || o.aheadBytes != 256<<20 || o.protocol != "tcp" || o.metricsPort != 0 || o.hostname != "127.0.0.1" {
 		t.Fatalf("%+v %v", o, err)
 	}
 	for _, bad := range [][]string{
@@ -102,6 +103,7 @@ func TestRefusedFlags(t *testing.T) {
 		{[]string{"--global_segment_size", "-1"}, `--global_segment_size: size "-1": must not be negative`},
 		{[]string{"--local_buffer_size", "-64 MB"}, `--local_buffer_size: size "-64 MB": must not be negative`},
 		{[]string{"--put_ahead_bytes", "-1"}, `--put_ahead_bytes: size "-1": must not be negative`},
+		{[]string{"--location_cache", "-1"}, "--location_cache -1: want 0 (off) or a count"},
 		{[]string{"--global_segment_size", "lots"}, `--global_segment_size: size "lots": not a number`},
 		{[]string{"--log_level", "loud"}, `--log_level "loud"`},
 		{[]string{"--log_format", "xml"}, `--log_format "xml": want text or json`},

@@ -67,6 +67,7 @@ type options struct {
 	segment, buffer, aheadBytes          int64
 	metricsAddr                          string
 	metricsPort                          int
+	locationCache                        int
 	heartbeat                            time.Duration
 	clusterID                            string
 	log                                  *logx.Options
@@ -87,6 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.hostname, "local_hostname", "", `transfer engine host or host:port (default: this host's first IPv4 address, port chosen in 15000-17000)`)
 	seg := fs.String("global_segment_size", "4 GB", `memory contributed to the pool ("4 GB", "512MiB", bytes; units are powers of 1024; 0 = none)`)
 	buf := fs.String("local_buffer_size", "64 MB", "staging buffer pool for transfers")
+	fs.IntVar(&o.locationCache, "location_cache", 0, "objects whose location the client caches, so repeated gets (its dummy clients' too) skip the master (0 = off)")
 	ahead := fs.String("put_ahead_bytes", "64 MB", "pool memory the client's put-ahead reservations (space held for one-round-trip puts) may hold; at least the bytes of the batch puts in flight at once")
 	fs.StringVar(&o.protocol, "protocol", "", `transports in order of preference, comma-separated, e.g. "shm,tcp" (default: the engine's)`)
 	fs.StringVar(&o.metadata, "metadata_server", "P2PHANDSHAKE", "transfer engine metadata connection string")
@@ -127,6 +129,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.aheadBytes, err = parseSize(*ahead); err != nil {
 		return o, usagef("--put_ahead_bytes: %w", err)
+	}
+	if o.locationCache < 0 {
+		return o, usagef("--location_cache %d: want 0 (off) or a count", o.locationCache)
 	}
 	if o.metricsPort < 0 || o.metricsPort > 65535 {
 		return o, usagef("--metrics_port %d out of range", o.metricsPort)
@@ -219,7 +224,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg := store.Config{
 		MasterAddr: o.master, ClusterID: o.clusterID, MasterProtocol: o.masterProtocol, LocalHostname: o.hostname, GlobalSegmentSize: o.segment,
-		LocalBufferSize: o.buffer, PutAheadBytes: o.aheadBytes, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,
+		LocalBufferSize: o.buffer, PutAheadBytes: o.aheadBytes, LocationCache: o.locationCache, MetadataServer: o.metadata, HeartbeatInterval: o.heartbeat, Logger: log,
 		AllowOvercommit: o.allowOvercommit,
 	}
 	if o.protocol != "" {

@@ -59,6 +59,8 @@
 //	                          "has_lora" bool, "lora_id" int64, "lora_name" string
 //	"id" uint64               ID (reservation)
 //	"gen" uint64              Gen (put generation)
+//	"hold" int64              HoldUntil (unix ns; a forced OpRemove of a
+//	                          leased object: its space is quarantined until then)
 //
 // Decoding refuses (ErrBadOp) an unknown kind, a field name it does not
 // know (a newer writer's: replaying half an op would diverge silently), a

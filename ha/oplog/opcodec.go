@@ -46,6 +46,7 @@ type opRecord struct {
 	Block      *blockRecord   `msg:"block,omitempty"`
 	ID         uint64         `msg:"id,omitempty"`
 	Gen        uint64         `msg:"gen,omitempty"`
+	HoldUntil  int64          `msg:"hold,omitempty"`
 }
 
 // segmentRecord is an alloc.Segment.
@@ -76,7 +77,7 @@ type blockRecord struct {
 // The field names each record may hold; anything else is ErrBadOp (an
 // entry from a newer writer: refusing it beats replaying half an op).
 var (
-	opFields      = msgpfields.Of("c_hi", "c_lo", "size", "soft", "soft_ttl", "hard", "segs", "addrs", "segment", "block", "id", "gen")
+	opFields      = msgpfields.Of("c_hi", "c_lo", "size", "soft", "soft_ttl", "hard", "segs", "addrs", "segment", "block", "id", "gen", "hold")
 	segmentFields = msgpfields.Of("id_hi", "id_lo", "name", "base", "size", "c_hi", "c_lo", "proto", "te")
 	blockFields   = msgpfields.Of("hashes", "has_parent", "parent", "tokens", "block_size", "has_lora", "lora_id", "lora_name")
 )
@@ -103,7 +104,7 @@ func EncodeOp(op *master.Op) (kind uint8, key string, payload []byte, err error)
 	r := opRecord{
 		ClientHi: op.Client.Hi, ClientLo: op.Client.Lo,
 		Size: op.Size, SoftPin: op.SoftPin, SoftPinTTL: int64(op.SoftPinTTL), HardPin: op.HardPin,
-		Segments: op.Segments, Addrs: op.Addrs, ID: op.ID, Gen: op.Gen,
+		Segments: op.Segments, Addrs: op.Addrs, ID: op.ID, Gen: op.Gen, HoldUntil: op.HoldUntil,
 	}
 	if s := op.Segment; s != nil {
 		r.Segment = &segmentRecord{IDHi: s.ID.Hi, IDLo: s.ID.Lo, Name: s.Name, Base: s.Base, Size: s.Size,
@@ -160,7 +161,7 @@ func DecodeOp(e *Entry) (*master.Op, error) {
 		Kind: k, Time: e.Time, Key: e.Key,
 		Client: master.UUID{Hi: r.ClientHi, Lo: r.ClientLo},
 		Size:   r.Size, SoftPin: r.SoftPin, SoftPinTTL: time.Duration(r.SoftPinTTL), HardPin: r.HardPin,
-		Segments: r.Segments, Addrs: r.Addrs, ID: r.ID, Gen: r.Gen,
+		Segments: r.Segments, Addrs: r.Addrs, ID: r.ID, Gen: r.Gen, HoldUntil: r.HoldUntil,
 	}
 	if s := r.Segment; s != nil {
 		op.Segment = &alloc.Segment{ID: alloc.UUID{Hi: s.IDHi, Lo: s.IDLo}, Name: s.Name, Base: s.Base, Size: s.Size,

@@ -222,8 +222,8 @@ func (z *blockRecord) Msgsize() (s int) {
 func (z *opRecord) MarshalMsg(b []byte) (o []byte, err error) {
 	o = msgp.Require(b, z.Msgsize())
 	// check for omitted fields
-	zb0001Len := uint32(12)
-	var zb0001Mask uint16 /* 12 bits */
+	zb0001Len := uint32(13)
+	var zb0001Mask uint16 /* 13 bits */
 	_ = zb0001Mask
 	if z.ClientHi == 0 {
 		zb0001Len--
@@ -272,6 +272,10 @@ func (z *opRecord) MarshalMsg(b []byte) (o []byte, err error) {
 	if z.Gen == 0 {
 		zb0001Len--
 		zb0001Mask |= 0x800
+	}
+	if z.HoldUntil == 0 {
+		zb0001Len--
+		zb0001Mask |= 0x1000
 	}
 	// variable map header, size zb0001Len
 	o = append(o, 0x80|uint8(zb0001Len))
@@ -359,6 +363,11 @@ func (z *opRecord) MarshalMsg(b []byte) (o []byte, err error) {
 			// string "gen"
 			o = append(o, 0xa3, 0x67, 0x65, 0x6e)
 			o = msgp.AppendUint64(o, z.Gen)
+		}
+		if (zb0001Mask & 0x1000) == 0 { // if not omitted
+			// string "hold"
+			o = append(o, 0xa4, 0x68, 0x6f, 0x6c, 0x64)
+			o = msgp.AppendInt64(o, z.HoldUntil)
 		}
 	}
 	return
@@ -510,6 +519,12 @@ func (z *opRecord) UnmarshalMsg(bts []byte) (o []byte, err error) {
 				err = msgp.WrapError(err, "Gen")
 				return
 			}
+		case "hold":
+			z.HoldUntil, bts, err = msgp.ReadInt64Bytes(bts)
+			if err != nil {
+				err = msgp.WrapError(err, "HoldUntil")
+				return
+			}
 		default:
 			bts, err = msgp.Skip(bts)
 			if err != nil {
@@ -536,7 +551,7 @@ func (z *opRecord) Msgsize() (s int) {
 	} else {
 		s += z.Block.Msgsize()
 	}
-	s += 3 + msgp.Uint64Size + 4 + msgp.Uint64Size
+	s += 3 + msgp.Uint64Size + 4 + msgp.Uint64Size + 5 + msgp.Int64Size
 	return
 }
 

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/tinylib/msgp/msgp"
 
@@ -306,4 +307,16 @@ func TestEncodeOpErrors(t *testing.T) {
 	got, err := DecodeOp(&e)
 	require.NoError(t, err)
 	require.Equal(t, op, got)
+}
+
+// TestOpHoldUntil: a forced remove's hold survives the log (the field
+// added after the golden file, which still decodes with a zero hold).
+func TestOpHoldUntil(t *testing.T) {
+	op := &master.Op{Kind: master.OpRemove, Time: 100, Key: "k", HoldUntil: 5_000_000_123}
+	e, err := FromOp(op)
+	require.NoError(t, err)
+	got, err := DecodeOp(&e)
+	require.NoError(t, err)
+	assert.Equal(t, op, got)
+	assert.Contains(t, string(e.Payload), "hold")
 }

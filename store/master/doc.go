@@ -69,7 +69,10 @@
 //   - Remove(key, force): leased OBJECT_HAS_LEASE and unfinished
 //     OBJECT_REPLICA_BUSY unless force; a hard pin does not protect from
 //     Remove. A forced Remove of an unfinished put quarantines its space
-//     like a takeover. RemoveByRegex (RE2, whole key) and RemoveAll(force)
+//     like a takeover; a forced remove (Remove, RemoveByRegex, RemoveAll)
+//     of a leased object quarantines its space until the lease ends
+//     (Op.HoldUntil), so no reader within its lease reads another
+//     object's bytes. RemoveByRegex (RE2, whole key) and RemoveAll(force)
 //     remove complete objects only, skipping leased ones unless force;
 //     RemoveAll removes hard-pinned objects too. RemoveByRegex refuses
 //     (INVALID_PARAMS, quoting at most 64 bytes of it) an expression longer

@@ -113,6 +113,10 @@ type Op struct {
 	// Gen is OpPutStart's put generation; on OpPutEnd and OpPutRevoke the
 	// one the writer gave (0: not checked).
 	Gen uint64
+	// HoldUntil (unix ns), on an OpRemove of a complete object whose
+	// read lease had not ended: its space is quarantined until then, as
+	// readers may still read it within their lease. Set by apply.
+	HoldUntil int64
 }
 
 // OpSink receives every metadata change. Append is called while the
@@ -389,6 +393,9 @@ func (m *Master) applyDelete(sh *shard, h uint64, op *Op, a *applyArgs) error {
 		}
 	}
 	ps := o.placements()
+	if op.Kind == OpRemove && o.complete() && !a.replay && o.leased(op.Time) {
+		op.HoldUntil = o.lease // a forced remove: readers hold leases
+	}
 	commit := func() {
 		m.forget(sh, h, op.Key, &o)
 		m.append(op, a)
@@ -404,11 +411,16 @@ func (m *Master) applyDelete(sh *shard, h uint64, op *Op, a *applyArgs) error {
 		}
 	}
 	// An unfinished put's writer may still be writing: quarantine its
-	// space until the put's release time instead of reusing it now.
-	if op.Kind == OpDiscard || op.Kind == OpRemove && !o.complete() {
+	// space until the put's release time instead of reusing it now; a
+	// leased object's readers may still read: until its lease ends.
+	if op.Kind == OpDiscard || op.Kind == OpRemove && (!o.complete() || op.HoldUntil > 0) {
+		releaseAt := o.lease + int64(m.cfg.PutReleaseTimeout)
+		if o.complete() {
+			releaseAt = op.HoldUntil
+		}
 		m.discardMu.Lock()
 		m.discarded = append(m.discarded, quarantined{key: op.Key, ps: ps, size: o.size(),
-			releaseAt: o.lease + int64(m.cfg.PutReleaseTimeout)})
+			releaseAt: releaseAt})
 		m.quarantinedN.Add(int64(len(ps)))
 		commit()
 		m.discardMu.Unlock()

@@ -37,7 +37,8 @@ func (m *Master) remove(key string, force bool) error {
 // Remove deletes an object. A leased object is ErrObjectHasLease and an
 // unfinished put ErrObjectReplicaBusy unless force; a hard pin does not
 // protect from Remove. A forced removal of an unfinished put quarantines
-// its space until the put's release time (its writer may still write).
+// its space until the put's release time (its writer may still write),
+// of a leased object until the lease ends (its readers may still read).
 // Like every remove it answers once the subscribed hot caches dropped the
 // object (or InvalidationTTL passed: see invBarrier).
 func (m *Master) Remove(key string, force bool) error {
