@@ -119,23 +119,25 @@ func (lc *locCache) Invalidate(keys []string) {
 }
 
 func (lc *locCache) InvalidateAll() {
-	for i := range lc.shards {
-		s := &lc.shards[i]
-		s.mu.Lock()
+	lc.eachShard(func(s *locShard) {
 		s.epoch++
 		clear(s.m)
-		s.mu.Unlock()
-	}
+	})
 }
 
 // len counts the cached entries.
 func (lc *locCache) len() int {
 	n := 0
+	lc.eachShard(func(s *locShard) { n += len(s.m) })
+	return n
+}
+
+// eachShard runs f on every shard, under its lock.
+func (lc *locCache) eachShard(f func(*locShard)) {
 	for i := range lc.shards {
 		s := &lc.shards[i]
 		s.mu.Lock()
-		n += len(s.m)
+		f(s)
 		s.mu.Unlock()
 	}
-	return n
 }

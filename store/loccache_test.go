@@ -22,6 +22,16 @@ func locateCalls(c *Client) uint64 {
 
 func withLocationCache(n int) func(*Config) { return func(c *Config) { c.LocationCache = n } }
 
+// locRig starts a master (cfg), a writer a and a reader b with the
+// location cache, fresh.
+func locRig(t *testing.T, cfg master.Config) (tm *testMaster, a, b *Client) {
+	tm = startMaster(t, cfg)
+	a = newTestClient(t, tm, 16<<20, twoRPCPuts)
+	b = newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	freshLocCache(t, b)
+	return tm, a, b
+}
+
 // freshLocCache waits until c's location cache may be used.
 func freshLocCache(t *testing.T, c *Client) {
 	t.Helper()
@@ -33,11 +43,8 @@ func freshLocCache(t *testing.T, c *Client) {
 // batch, reads its replica without asking the master; a client without
 // the cache asks every time.
 func TestLocationCacheSkipsMaster(t *testing.T) {
-	tm := startMaster(t, master.Config{})
-	a := newTestClient(t, tm, 16<<20)
-	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	_, a, b := locRig(t, master.Config{})
 	ctx := tctx(t)
-	freshLocCache(t, b)
 	v1, v2 := testutil.Bytes(50000, 1), testutil.Bytes(4096, 2)
 	require.NoError(t, a.Put(ctx, "k1", v1, ReplicateConfig{Preferred: []string{a.SegmentName()}}))
 	require.NoError(t, a.Put(ctx, "k2", v2, ReplicateConfig{Preferred: []string{a.SegmentName()}}))
@@ -87,11 +94,8 @@ func TestLocationCacheSkipsMaster(t *testing.T) {
 // read the old location; a new put under the key is read with its new
 // bytes.
 func TestLocationCacheInvalidatedByRemove(t *testing.T) {
-	tm := startMaster(t, master.Config{LeaseTTL: time.Minute})
-	a := newTestClient(t, tm, 16<<20, twoRPCPuts)
-	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	_, a, b := locRig(t, master.Config{LeaseTTL: time.Minute})
 	ctx := tctx(t)
-	freshLocCache(t, b)
 	here := ReplicateConfig{Preferred: []string{a.SegmentName()}}
 	for round := range 3 {
 		v := testutil.Bytes(8192, uint64(round))
@@ -142,11 +146,8 @@ func TestLocationCacheInvalidatedByLoss(t *testing.T) {
 // TestLocationCacheNotFresh: while the invalidation subscription is not
 // fresh (its polls stopped), every get asks the master.
 func TestLocationCacheNotFresh(t *testing.T) {
-	tm := startMaster(t, master.Config{InvalidationTTL: 60 * time.Millisecond})
-	a := newTestClient(t, tm, 16<<20)
-	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	_, a, b := locRig(t, master.Config{InvalidationTTL: 60 * time.Millisecond})
 	ctx := tctx(t)
-	freshLocCache(t, b)
 	require.NoError(t, a.Put(ctx, "k", []byte("value"), ReplicateConfig{}))
 	_, err := b.Get(ctx, "k")
 	require.NoError(t, err)
@@ -176,11 +177,8 @@ func TestLocationCacheNotFresh(t *testing.T) {
 // reads (here: a segment nobody serves) is dropped and the get asks the
 // master once, singly and in a batch.
 func TestLocationCacheBadEntryAsksMaster(t *testing.T) {
-	tm := startMaster(t, master.Config{})
-	a := newTestClient(t, tm, 16<<20)
-	b := newTestClient(t, tm, 16<<20, withLocationCache(1024))
+	_, a, b := locRig(t, master.Config{})
 	ctx := tctx(t)
-	freshLocCache(t, b)
 	v := testutil.Bytes(4096, 3)
 	for _, k := range []string{"k1", "k2"} {
 		require.NoError(t, a.Put(ctx, k, v, ReplicateConfig{}))
