@@ -1,6 +1,8 @@
 package store
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
@@ -242,4 +244,104 @@ func TestLocCacheEntries(t *testing.T) {
 	}
 	assert.LessOrEqual(t, lc.len(), 64)
 	assert.Positive(t, lc.len())
+}
+
+// TestGetsUnderChurn: readers read keys that a writer keeps
+// force-removing and putting again, with another key put into the freed
+// space in between. Every value a read returns must be some version of
+// the key asked for, whole: never another key's bytes, never a torn mix.
+// With the location cache and without: a get in flight when the forced
+// remove lands read the other key's bytes before the master held a
+// leased object's space until its lease ended.
+func TestGetsUnderChurn(t *testing.T) {
+	for _, cache := range []int{0, 64} {
+		t.Run(fmt.Sprintf("cache=%d", cache), func(t *testing.T) { getsUnderChurn(t, cache) })
+	}
+}
+
+func getsUnderChurn(t *testing.T, cache int) {
+	const (
+		keys  = 24
+		size  = 4096
+		steps = 1000
+	)
+	tm := startMaster(t, master.Config{LeaseTTL: 150 * time.Millisecond, EvictInterval: 5 * time.Millisecond})
+	w := newTestClient(t, tm, 16<<20, twoRPCPuts)
+	r1 := newTestClient(t, tm, 16<<20, withLocationCache(cache))
+	r2 := newTestClient(t, tm, 0, withLocationCache(cache)) // no memory of its own
+	if cache > 0 {
+		freshLocCache(t, r1)
+		freshLocCache(t, r2)
+	}
+	ctx := tctx(t)
+	// A value names its key and version in its first 16 bytes and
+	// repeats a byte derived from both after them.
+	value := func(k, ver int) []byte {
+		v := make([]byte, size)
+		binary.LittleEndian.PutUint64(v, uint64(k))
+		binary.LittleEndian.PutUint64(v[8:], uint64(ver))
+		for i := 16; i < size; i++ {
+			v[i] = byte(k*31 + ver*7 + i)
+		}
+		return v
+	}
+	check := func(k int, v []byte) error {
+		if len(v) != size || binary.LittleEndian.Uint64(v) != uint64(k) {
+			return fmt.Errorf("key %d: read %d bytes naming key %d", k, len(v), binary.LittleEndian.Uint64(v))
+		}
+		if want := value(k, int(binary.LittleEndian.Uint64(v[8:]))); !bytes.Equal(v, want) {
+			return fmt.Errorf("key %d: a torn or foreign value", k)
+		}
+		return nil
+	}
+	own := ReplicateConfig{Preferred: []string{w.SegmentName()}}
+	for k := range keys {
+		require.NoError(t, w.Put(ctx, fmt.Sprint("c", k), value(k, 0), own))
+	}
+	done := make(chan struct{})
+	errc := make(chan error, 2)
+	for _, r := range []*Client{r1, r2} {
+		go func() {
+			var err error
+			for n := 0; err == nil; n++ {
+				select {
+				case <-done:
+					errc <- nil
+					return
+				default:
+				}
+				k := n * 7 % keys
+				if n%5 == 0 {
+					ks := []string{fmt.Sprint("c", k), fmt.Sprint("c", (k+1)%keys)}
+					vals, errs := r.BatchGet(ctx, ks)
+					for i := range ks {
+						if errs[i] == nil {
+							err = check((k+i)%keys, vals[i])
+						}
+					}
+					continue
+				}
+				if v, gerr := r.Get(ctx, fmt.Sprint("c", k)); gerr == nil {
+					err = check(k, v)
+				}
+			}
+			errc <- err
+		}()
+	}
+	for n := range steps {
+		k := n * 5 % keys
+		key := fmt.Sprint("c", k)
+		require.NoError(t, w.Remove(ctx, key, true))
+		// Another key's bytes into whatever space is free.
+		require.NoError(t, w.Put(ctx, "filler", value(keys+n%3, n), own))
+		require.NoError(t, w.Remove(ctx, "filler", true))
+		require.NoError(t, w.Put(ctx, key, value(k, n+1), own))
+	}
+	close(done)
+	for range 2 {
+		require.NoError(t, <-errc)
+	}
+	if cache > 0 {
+		assert.Positive(t, r1.Stats().LocationHits+r2.Stats().LocationHits)
+	}
 }
