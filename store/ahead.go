@@ -42,9 +42,10 @@ type resvClass struct {
 }
 
 type heldResv struct {
-	id   uint64
-	reps []*storepb.ReplicaDescriptor
-	at   time.Time
+	id    uint64
+	reps  []*storepb.ReplicaDescriptor
+	at    time.Time
+	epoch uint64 // putAhead.epoch it was made in: ids mean nothing to another leader
 }
 
 type resvQueue struct {
@@ -79,6 +80,9 @@ type putAhead struct {
 	ttl     time.Duration
 	closed  bool
 	wg      sync.WaitGroup
+	// epoch counts forgets (leader switches): an answer to a request
+	// booked in an earlier epoch came from the old leader and is dropped.
+	epoch uint64
 }
 
 func newPutAhead(perClass int, maxBytes int64) *putAhead {
@@ -97,12 +101,13 @@ func (a *putAhead) usable(h heldResv, now time.Time) bool {
 
 // take returns a reservation of class k, or false; refill > 0 is the
 // number of reservations booked for the caller to ask for in the
-// background (Client.refill).
-func (a *putAhead) take(k resvClass, now time.Time) (h heldResv, ok bool, refill int) {
+// background (Client.refill), booked in epoch.
+func (a *putAhead) take(k resvClass, now time.Time) (h heldResv, ok bool, refill int, epoch uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	epoch = a.epoch
 	if a.closed {
-		return heldResv{}, false, 0
+		return heldResv{}, false, 0, epoch
 	}
 	q := a.classes[k]
 	if q == nil {
@@ -114,7 +119,7 @@ func (a *putAhead) take(k resvClass, now time.Time) (h heldResv, ok bool, refill
 		q.free = q.free[1:]
 		if a.usable(h, now) {
 			a.bytes -= k.size
-			return h, true, 0
+			return h, true, 0, epoch
 		}
 		a.dropLocked(k, h)
 	}
@@ -123,9 +128,9 @@ func (a *putAhead) take(k resvClass, now time.Time) (h heldResv, ok bool, refill
 		q.extra++ // the next commit asks for one more
 	}
 	if q.misses < 2 || q.inflight > 0 {
-		return heldResv{}, false, 0
+		return heldResv{}, false, 0, epoch
 	}
-	return heldResv{}, false, a.askLocked(k, now)
+	return heldResv{}, false, a.askLocked(k, now), epoch
 }
 
 // room is how many more reservations of k fit the budgets.
@@ -138,14 +143,15 @@ func (a *putAhead) room(k resvClass) int {
 	return max(0, min(n, int((a.maxBytes-a.bytes)/k.size)))
 }
 
-// ask books the reservations of k to request with the next RPC.
-func (a *putAhead) ask(k resvClass) int {
+// ask books the reservations of k to request with the next RPC, in
+// epoch.
+func (a *putAhead) ask(k resvClass) (n int, epoch uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed || a.classes[k] == nil {
-		return 0
+		return 0, a.epoch
 	}
-	return a.askLocked(k, time.Now())
+	return a.askLocked(k, time.Now()), a.epoch
 }
 
 func (a *putAhead) askLocked(k resvClass, now time.Time) int {
@@ -159,12 +165,15 @@ func (a *putAhead) askLocked(k resvClass, now time.Time) int {
 	return n
 }
 
-// got files the answer to a request for asked reservations of k (res nil
-// when the RPC failed).
-func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl time.Duration) {
+// got files the answer to a request for asked reservations of k booked
+// in epoch (res nil when the RPC failed).
+func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl time.Duration, epoch uint64) {
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if epoch != a.epoch {
+		return // the old leader's: forget dropped the booking too
+	}
 	if ttl > 0 {
 		a.ttl = ttl
 	}
@@ -182,7 +191,7 @@ func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl t
 				a.release = append(a.release, id)
 				continue
 			}
-			q.free = append(q.free, heldResv{id: id, reps: reps[j], at: now})
+			q.free = append(q.free, heldResv{id: id, reps: reps[j], at: now, epoch: epoch})
 			a.bytes += k.size
 		}
 		if err != nil {
@@ -195,7 +204,7 @@ func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl t
 			a.release = append(a.release, r.Id)
 			continue
 		}
-		q.free = append(q.free, heldResv{id: r.Id, reps: r.Replicas, at: now})
+		q.free = append(q.free, heldResv{id: r.Id, reps: r.Replicas, at: now, epoch: epoch})
 		a.bytes += k.size
 	}
 }
@@ -205,6 +214,9 @@ func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl t
 func (a *putAhead) putBack(k resvClass, h heldResv) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if h.epoch != a.epoch {
+		return // the old leader's
+	}
 	if q := a.classes[k]; q != nil && !a.closed && a.usable(h, time.Now()) && len(q.free)+q.inflight < a.perClass+q.extra {
 		q.free = append([]heldResv{h}, q.free...)
 		a.bytes += k.size
@@ -213,10 +225,13 @@ func (a *putAhead) putBack(k resvClass, h heldResv) {
 	a.release = append(a.release, h.id)
 }
 
-// drop gives a taken reservation back with the next RPC.
-func (a *putAhead) drop(id uint64) {
+// drop gives a taken reservation back with the next RPC, unless it was
+// the old leader's: the new one may have given its id to another.
+func (a *putAhead) drop(h heldResv) {
 	a.mu.Lock()
-	a.release = append(a.release, id)
+	if h.epoch == a.epoch {
+		a.release = append(a.release, h.id)
+	}
 	a.mu.Unlock()
 }
 
@@ -259,11 +274,15 @@ func (a *putAhead) age(all bool) bool {
 	return len(a.release) > 0
 }
 
-// forget drops every reservation without giving it back: they were made
-// on a master that no longer leads.
+// forget drops every reservation and every request in flight without
+// giving anything back: they were made on a master that no longer leads.
+// The answers of those requests are dropped when they come (epoch).
 func (a *putAhead) forget() {
-	a.age(true)
-	a.takeRelease()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.epoch++
+	a.classes = map[resvClass]*resvQueue{}
+	a.bytes, a.release = 0, nil
 }
 
 // dropOn gives back the reservations held with a replica on one of the
@@ -318,16 +337,16 @@ func (c *Client) takeAhead(size uint64, rc *storepb.ReplicateConfig) (resvClass,
 
 // takeClass is takeAhead of class k at now (a batch computes both once).
 func (c *Client) takeClass(k resvClass, rc *storepb.ReplicateConfig, now time.Time) (heldResv, bool) {
-	h, ok, refill := c.ahead.take(k, now)
+	h, ok, refill, epoch := c.ahead.take(k, now)
 	if refill > 0 {
-		c.refill(k, rc, refill)
+		c.refill(k, rc, refill, epoch)
 	}
 	return h, ok
 }
 
 // refill asks the master in the background for the n reservations of k
 // that take booked.
-func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int) {
+func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int, epoch uint64) {
 	a := c.ahead
 	a.wg.Add(1)
 	go func() {
@@ -344,7 +363,7 @@ func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int) {
 		} else if len(resp.Results) == 1 {
 			res, ttl = resp.Results[0], time.Duration(resp.TtlMs)*time.Millisecond
 		}
-		a.got(k, n, res, ttl)
+		a.got(k, n, res, ttl, epoch)
 	}()
 }
 
@@ -412,14 +431,15 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease(), Packed: true}
 	var classes []resvClass
 	var asked []int
+	var epochs []uint64
 	items := make([]storepb.CommitItem, len(qs))
 	for i, q := range qs {
 		it := &items[i]
 		it.Key, it.ReservationId, it.Block = q.key, q.id, q.block
 		req.Items[i] = it
 		if !containsClass(classes, q.class) {
-			if n := a.ask(q.class); n > 0 {
-				classes, asked = append(classes, q.class), append(asked, n)
+			if n, ep := a.ask(q.class); n > 0 {
+				classes, asked, epochs = append(classes, q.class), append(asked, n), append(epochs, ep)
 				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: q.rc, Count: uint32(n), Packed: true})
 			}
 		}
@@ -438,7 +458,7 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 		if err == nil {
 			res = resp.Reserved[j]
 		}
-		a.got(k, asked[j], res, ttl)
+		a.got(k, asked[j], res, ttl, epochs[j])
 	}
 	if err != nil {
 		ierrs = make([]error, len(qs))

@@ -348,25 +348,28 @@ func TestPutAheadConcurrent(t *testing.T) {
 func TestPutAheadGrowsWithConcurrency(t *testing.T) {
 	a := newPutAhead(2, 1<<30)
 	k := resvClass{size: 100}
-	_, ok, refill := a.take(k, time.Now())
+	_, ok, refill, _ := a.take(k, time.Now())
 	require.False(t, ok)
 	require.Zero(t, refill, "a first miss asks for nothing")
-	_, ok, refill = a.take(k, time.Now())
+	_, ok, refill, _ = a.take(k, time.Now())
 	require.False(t, ok)
 	require.Equal(t, 2, refill, "the second miss books perClass")
 	for range 3 { // three puts while the two are asked for
-		_, ok, _ = a.take(k, time.Now())
+		_, ok, _, _ = a.take(k, time.Now())
 		require.False(t, ok)
 	}
-	a.got(k, 2, &storepb.ReserveResult{Reservations: []*storepb.Reservation{{Id: 1, Size: 100}, {Id: 2, Size: 100}}}, 10*time.Second)
-	assert.Equal(t, 3, a.ask(k), "the next commit asks for one more per miss")
+	a.got(k, 2, &storepb.ReserveResult{Reservations: []*storepb.Reservation{{Id: 1, Size: 100}, {Id: 2, Size: 100}}}, 10*time.Second, 0)
+	n, _ := a.ask(k)
+	assert.Equal(t, 3, n, "the next commit asks for one more per miss")
 
 	small := newPutAhead(2, 350) // room for 3 of 100 bytes (and what is held)
 	for range 6 {
 		small.take(k, time.Now())
 	}
-	assert.Equal(t, 1, small.ask(k), "two asked for, one more fits the budget")
-	assert.Equal(t, 0, small.ask(k), "the budget is full")
+	n, _ = small.ask(k)
+	assert.Equal(t, 1, n, "two asked for, one more fits the budget")
+	n, _ = small.ask(k)
+	assert.Equal(t, 0, n, "the budget is full")
 }
 
 // TestBatchPutCommitBesideEnd: a batch whose items are partly reserved
@@ -454,4 +457,40 @@ func TestPutAheadAboveMasterBound(t *testing.T) {
 	eventually(t, "the whole target held", func() bool { return a.ahead.held() == target })
 	assert.EqualValues(t, 8, a.Stats().PutsAhead-before.PutsAhead, "every put went ahead")
 	assert.Equal(t, target, tm.m.Stats().Reservations)
+}
+
+// TestPutAheadForgetDropsOldAnswers: an answer to a request booked
+// before a leader switch (forget) comes from the old leader: it is
+// dropped, neither held nor given back to the new one, and does not
+// disturb what the client books after the switch.
+func TestPutAheadForgetDropsOldAnswers(t *testing.T) {
+	a := newPutAhead(2, 1<<30)
+	k := resvClass{size: 100}
+	a.take(k, time.Now())
+	_, _, refill, old := a.take(k, time.Now())
+	require.Equal(t, 2, refill)
+	a.forget()
+	two := func(id uint64) *storepb.ReserveResult {
+		return &storepb.ReserveResult{Reservations: []*storepb.Reservation{{Id: id, Size: 100}, {Id: id + 1, Size: 100}}}
+	}
+	a.got(k, 2, two(1), 10*time.Second, old)
+	assert.Zero(t, a.held(), "the old leader's reservations are held")
+	assert.Empty(t, a.takeRelease(), "the old leader's reservations go to the new one")
+
+	a.take(k, time.Now())
+	_, _, refill, now := a.take(k, time.Now())
+	require.Equal(t, 2, refill, "after the switch the class books afresh")
+	require.NotEqual(t, old, now)
+	a.got(k, 2, two(7), 10*time.Second, now)
+	h, ok, _, _ := a.take(k, time.Now())
+	require.True(t, ok)
+	assert.EqualValues(t, 7, h.id)
+
+	// A reservation taken before a switch and dropped or put back after
+	// it is not given to the new leader, whose ids are its own.
+	a.forget()
+	a.drop(h)
+	a.putBack(k, h)
+	assert.Empty(t, a.takeRelease(), "an old leader's id released on the new one")
+	assert.Zero(t, a.held())
 }

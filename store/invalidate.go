@@ -77,7 +77,9 @@ func (w *InvalidationWatch) WaitFresh(ctx context.Context) error {
 func (w *InvalidationWatch) Polls() uint64  { return w.polls.Load() }
 func (w *InvalidationWatch) Resets() uint64 { return w.resets.Load() }
 
-// Close ends the subscription (the master forgets it after 10 TTLs).
+// Close ends the subscription: it tells the master, which then forgets
+// it at once (else after 10 TTLs; its barriers stop waiting for a
+// subscriber silent for one TTL).
 func (w *InvalidationWatch) Close() {
 	w.stop()
 	<-w.done
@@ -99,6 +101,7 @@ func (w *InvalidationWatch) PauseForTest(p bool) {
 func (w *InvalidationWatch) loop() {
 	defer close(w.done)
 	var sub, last uint64
+	defer func() { w.unsubscribe(sub) }()
 	warned := false
 	backoff := 10 * time.Millisecond
 	for {
@@ -156,6 +159,19 @@ func (w *InvalidationWatch) loop() {
 			ttl := time.Duration(resp.TtlMs) * time.Millisecond
 			w.fresh.Store(int64(sent + ttl - ttl/10))
 		}
+	}
+}
+
+// unsubscribe tells the master subscription sub ended, waiting at most a
+// second for it (a master that does not answer forgets it on its own).
+func (w *InvalidationWatch) unsubscribe(sub uint64) {
+	if sub == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), min(time.Second, w.c.cfg.RPCTimeout))
+	defer cancel()
+	if _, err := w.c.master.WaitInvalidations(ctx, &storepb.WaitInvalidationsRequest{Subscription: sub, Unsubscribe: true}); err != nil {
+		w.c.log.Debug("store: ending the invalidation subscription", "err", err)
 	}
 }
 

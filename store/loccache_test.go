@@ -345,3 +345,20 @@ func getsUnderChurn(t *testing.T, cache int) {
 		assert.Positive(t, r1.Stats().LocationHits+r2.Stats().LocationHits)
 	}
 }
+
+// TestLocationCacheCloseUnsubscribes: a client with the cache that closes
+// ends its subscription, so the master's removes and puts do not wait
+// for it (they would wait InvalidationTTL each for a silent subscriber
+// that had polled within the TTL).
+func TestLocationCacheCloseUnsubscribes(t *testing.T) {
+	tm, a, b := locRig(t, master.Config{InvalidationTTL: 10 * time.Second})
+	ctx := tctx(t)
+	here := ReplicateConfig{Preferred: []string{a.SegmentName()}} // not on b's segment, which leaves
+	require.NoError(t, a.Put(ctx, "k", []byte("v"), here))
+	_, err := b.Get(ctx, "k")
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	require.NoError(t, a.Remove(ctx, "k", true))
+	require.NoError(t, a.Put(ctx, "k", []byte("w"), here))
+	assert.Zero(t, tm.m.InvalidationTimeouts(), "a remove or put waited for the closed client")
+}

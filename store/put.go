@@ -139,7 +139,7 @@ func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc Repl
 		err = firstErr(xs)
 	}
 	if err != nil {
-		c.ahead.drop(h.id)
+		c.ahead.drop(h)
 		fault = faultOf(xs)
 		return !fault.any, fault, err
 	}
@@ -218,7 +218,7 @@ func (c *Client) settleAhead(k resvClass, h heldResv, err error) (gone bool, _ e
 		return true, nil
 	}
 	// Unknown outcome (the RPC failed): never use this reservation again.
-	c.ahead.drop(h.id)
+	c.ahead.drop(h)
 	return false, err
 }
 
@@ -461,7 +461,7 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 	committing := make([]aheadItem, 0, len(held))
 	for _, a := range held {
 		if errs[a.i] != nil {
-			c.ahead.drop(a.h.id)
+			c.ahead.drop(a.h)
 			continue
 		}
 		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: b.block(a.i), class: a.k, rc: rcpb})

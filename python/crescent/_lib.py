@@ -69,6 +69,7 @@ _SIGS = {
     "crescent_engine_install_transport": (c_int, [H, c_char_p]),
     "crescent_engine_uninstall_transport": (c_int, [H, c_char_p]),
     "crescent_store_create": (c_int, [P(StoreConfigC), P(H)]),
+    "crescent_store_create_kv": (c_int, [P(c_char_p), P(c_char_p), c_size_t, P(H)]),
     "crescent_store_dial_local": (c_int, [c_char_p, P(H)]),
     "crescent_store_close": (c_int, [H]),
     "crescent_store_get_hostname": (c_int, [H, c_char_p, c_size_t]),

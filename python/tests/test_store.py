@@ -209,6 +209,26 @@ class StoreTest(unittest.TestCase):
             cycle()
         self.assertLessEqual(len(os.listdir("/proc/self/fd")), base)
 
+    def test_location_cache(self):
+        # A client with location_cache reads repeated gets from where it
+        # cached them; a forced remove by another client reaches it first.
+        with crescent.Store(cluster.master, local_hostname="127.0.0.1", local_buffer_size=4 << 20,
+                            location_cache=256, put_ahead_bytes=8 << 20) as c:
+            v = payload(8192, 5)
+            self.s.put("lc", v)
+            for _ in range(3):
+                self.assertEqual(c.get("lc"), v)
+            self.s.remove("lc", force=True)
+            with self.assertRaises(StoreError) as e:
+                c.get("lc")
+            self.assertEqual(e.exception.code, codes.OBJECT_NOT_FOUND)
+            w = payload(8192, 6)
+            self.s.put("lc", w)
+            self.assertEqual(c.get("lc"), w)
+        with self.assertRaises(StoreError) as e:
+            crescent.Store(cluster.master, location_cache=-1)
+        self.assertEqual(e.exception.code, codes.INVALID_PARAMS)
+
     def test_closed_store(self):
         s = crescent.Store(cluster.master, local_hostname="127.0.0.1", local_buffer_size=4 << 20)
         s.close()

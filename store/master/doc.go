@@ -185,7 +185,10 @@
 // answers, and every PutEnd and Commit makes its new object visible,
 // only once each subscriber acknowledged what was queued before, or
 // InvalidationTTL later: a subscriber that did not answer by then had no
-// answer composed after the queueing, so its freshness ran out. So no
+// answer composed after the queueing, so its freshness ran out. A
+// subscriber whose last poll is a TTL old is not waited for at all (its
+// freshness ran out before), and one that ends its subscription
+// (Unsubscribe, as a closing client does) is forgotten at once. So no
 // reader of a cache sees a value once its remove or replacement has been
 // answered. Eviction and loss do not wait (no caller), but the next
 // generation of the key does. The registry's mutex is a leaf (items are

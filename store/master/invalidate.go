@@ -38,6 +38,9 @@ type InvalidationPoll struct {
 	Sub, Ack uint64
 	MaxItems int
 	Wait     time.Duration
+	// Unsubscribe ends subscription Sub: it is forgotten at once, and
+	// barriers stop waiting for it.
+	Unsubscribe bool
 }
 
 // InvalidationBatch answers a poll. Reset: drop everything cached (a new
@@ -156,8 +159,11 @@ func (m *Master) invBarrier() {
 		to uint64
 	}
 	var ts []target
+	now := time.Now()
 	for _, s := range r.subs {
-		if s.acked < s.next {
+		// One silent for a TTL sent its last poll longer ago than its
+		// freshness lasts (0.9 TTL from sending): it serves nothing.
+		if s.acked < s.next && now.Sub(s.seen) < m.cfg.InvalidationTTL {
 			ts = append(ts, target{s, s.next})
 		}
 	}
@@ -242,6 +248,14 @@ func (m *Master) WaitInvalidations(ctx context.Context, p InvalidationPoll) (Inv
 	defer r.mu.Unlock()
 	r.chans()
 	s := r.subs[p.Sub]
+	if p.Unsubscribe {
+		if s != nil {
+			delete(r.subs, p.Sub)
+			r.n.Store(int32(len(r.subs)))
+			signal(&r.acks) // waiting barriers look again
+		}
+		return InvalidationBatch{TTL: ttl}, nil
+	}
 	if s == nil {
 		for id, o := range r.subs { // drop the silent
 			if now.Sub(o.seen) > 10*ttl {

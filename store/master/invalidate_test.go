@@ -110,9 +110,44 @@ func TestInvalidationBarrier(t *testing.T) {
 	e.put(c, "k", 100, ReplicateConfig{})
 	require.NoError(t, e.m.Remove("k", true))
 	assert.EqualValues(t, 1, e.m.InvalidationTimeouts())
-	// A put end waits for the same (the unacknowledged item is still queued).
+	// The subscriber has been silent for a TTL since: its freshness is
+	// over, so a put's end does not wait for it.
 	e.put(c, "k", 100, ReplicateConfig{})
+	assert.EqualValues(t, 1, e.m.InvalidationTimeouts())
+	// One that polls but does not acknowledge is waited for.
+	_, err = e.m.WaitInvalidations(ctx, InvalidationPoll{Sub: sub, Ack: b.Last})
+	require.NoError(t, err)
+	require.NoError(t, e.m.Remove("k", true))
 	assert.EqualValues(t, 2, e.m.InvalidationTimeouts())
+}
+
+// TestInvalidationUnsubscribe: a subscriber that unsubscribes is
+// forgotten at once, and a barrier waiting for it returns.
+func TestInvalidationUnsubscribe(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.InvalidationTTL = time.Minute })
+	c := cl(1)
+	e.mount(c, "a", 1<<20)
+	sub := subscribe(t, e.m)
+	e.put(c, "k", 100, ReplicateConfig{})
+	done := make(chan error, 1)
+	go func() { done <- e.m.Remove("k", true) }()
+	require.Eventually(t, func() bool { return poll(t, e.m, sub, 0, 0).Last > 0 }, 10*time.Second, time.Millisecond,
+		"the remove's invalidation queued")
+	select {
+	case err := <-done:
+		t.Fatalf("the remove answered (%v) before the subscriber acknowledged or left", err)
+	default:
+	}
+	b, err := e.m.WaitInvalidations(context.Background(), InvalidationPoll{Sub: sub, Unsubscribe: true})
+	require.NoError(t, err)
+	assert.Empty(t, b.Items)
+	require.NoError(t, <-done)
+	assert.Zero(t, e.m.InvalidationTimeouts())
+	e.put(c, "k", 100, ReplicateConfig{}) // nothing to wait for
+	assert.Zero(t, e.m.InvalidationTimeouts())
+	b = poll(t, e.m, sub, 0, 0) // a poll of the ended subscription starts a new one
+	assert.True(t, b.Reset)
+	assert.NotEqual(t, sub, b.Sub)
 }
 
 // TestInvalidationBounds: an overflowing queue, a bad ack and a bounded

@@ -4112,12 +4112,15 @@ func (x *ReportFailedSegmentsResponse) GetMarked() uint32 {
 // WaitInvalidationsRequest: subscription 0 starts one (the answer is a
 // reset). ack is the last sequence number applied; max_items (0: 1024)
 // and wait_ms (capped at a third of the TTL) bound the answer.
+// unsubscribe ends the subscription at once (the answer is empty), so
+// that removes and puts stop waiting for it.
 type WaitInvalidationsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Subscription  uint64                 `protobuf:"varint,1,opt,name=subscription,proto3" json:"subscription,omitempty"`
 	Ack           uint64                 `protobuf:"varint,2,opt,name=ack,proto3" json:"ack,omitempty"`
 	MaxItems      uint32                 `protobuf:"varint,3,opt,name=max_items,json=maxItems,proto3" json:"max_items,omitempty"`
 	WaitMs        uint32                 `protobuf:"varint,4,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	Unsubscribe   bool                   `protobuf:"varint,5,opt,name=unsubscribe,proto3" json:"unsubscribe,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4178,6 +4181,13 @@ func (x *WaitInvalidationsRequest) GetWaitMs() uint32 {
 		return x.WaitMs
 	}
 	return 0
+}
+
+func (x *WaitInvalidationsRequest) GetUnsubscribe() bool {
+	if x != nil {
+		return x.Unsubscribe
+	}
+	return false
 }
 
 // Invalidation: the complete object key of put generation generation
@@ -4615,12 +4625,13 @@ const file_master_proto_rawDesc = "" +
 	"segmentIds\x12\x18\n" +
 	"\asession\x18\x0f \x01(\fR\asession\"6\n" +
 	"\x1cReportFailedSegmentsResponse\x12\x16\n" +
-	"\x06marked\x18\x01 \x01(\rR\x06marked\"\x86\x01\n" +
+	"\x06marked\x18\x01 \x01(\rR\x06marked\"\xa8\x01\n" +
 	"\x18WaitInvalidationsRequest\x12\"\n" +
 	"\fsubscription\x18\x01 \x01(\x04R\fsubscription\x12\x10\n" +
 	"\x03ack\x18\x02 \x01(\x04R\x03ack\x12\x1b\n" +
 	"\tmax_items\x18\x03 \x01(\rR\bmaxItems\x12\x17\n" +
-	"\await_ms\x18\x04 \x01(\rR\x06waitMs\"@\n" +
+	"\await_ms\x18\x04 \x01(\rR\x06waitMs\x12 \n" +
+	"\vunsubscribe\x18\x05 \x01(\bR\vunsubscribe\"@\n" +
 	"\fInvalidation\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x1e\n" +
 	"\n" +

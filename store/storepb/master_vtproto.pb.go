@@ -3841,6 +3841,16 @@ func (m *WaitInvalidationsRequest) MarshalToSizedBufferVT(dAtA []byte) (int, err
 		i -= len(m.unknownFields)
 		copy(dAtA[i:], m.unknownFields)
 	}
+	if m.Unsubscribe {
+		i--
+		if m.Unsubscribe {
+			dAtA[i] = 1
+		} else {
+			dAtA[i] = 0
+		}
+		i--
+		dAtA[i] = 0x28
+	}
 	if m.WaitMs != 0 {
 		i = protohelpers.EncodeVarint(dAtA, i, uint64(m.WaitMs))
 		i--
@@ -5430,6 +5440,9 @@ func (m *WaitInvalidationsRequest) SizeVT() (n int) {
 	}
 	if m.WaitMs != 0 {
 		n += 1 + protohelpers.SizeOfVarint(uint64(m.WaitMs))
+	}
+	if m.Unsubscribe {
+		n += 2
 	}
 	n += len(m.unknownFields)
 	return n
@@ -14779,6 +14792,26 @@ func (m *WaitInvalidationsRequest) UnmarshalVT(dAtA []byte) error {
 					break
 				}
 			}
+		case 5:
+			if wireType != 0 {
+				return fmt.Errorf("proto: wrong wireType = %d for field Unsubscribe", wireType)
+			}
+			var v int
+			for shift := uint(0); ; shift += 7 {
+				if shift >= 64 {
+					return protohelpers.ErrIntOverflow
+				}
+				if iNdEx >= l {
+					return io.ErrUnexpectedEOF
+				}
+				b := dAtA[iNdEx]
+				iNdEx++
+				v |= int(b&0x7F) << shift
+				if b < 0x80 {
+					break
+				}
+			}
+			m.Unsubscribe = bool(v != 0)
 		default:
 			iNdEx = preIndex
 			skippy, err := protohelpers.Skip(dAtA[iNdEx:])

@@ -13,7 +13,7 @@ import (
 // hot cache's invalidation subscription (master.WaitInvalidations).
 func (s *Service) WaitInvalidations(ctx context.Context, r *storepb.WaitInvalidationsRequest) (*storepb.WaitInvalidationsResponse, error) {
 	b, err := s.m.WaitInvalidations(ctx, master.InvalidationPoll{Sub: r.Subscription, Ack: r.Ack,
-		MaxItems: int(r.MaxItems), Wait: time.Duration(r.WaitMs) * time.Millisecond})
+		MaxItems: int(r.MaxItems), Wait: time.Duration(r.WaitMs) * time.Millisecond, Unsubscribe: r.Unsubscribe})
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
 	}
