@@ -22,6 +22,18 @@ func subscribe(t *testing.T, m *Master) uint64 {
 	return b.Sub
 }
 
+// subscribedKey is a master with InvalidationTTL ttl, a subscription,
+// and a complete object "k" of client c.
+func subscribedKey(t *testing.T, ttl time.Duration) (e *env, c UUID, sub uint64) {
+	t.Helper()
+	e = newEnv(t, func(cfg *Config) { cfg.InvalidationTTL = ttl })
+	c = cl(1)
+	e.mount(c, "a", 1<<20)
+	sub = subscribe(t, e.m)
+	e.put(c, "k", 100, ReplicateConfig{})
+	return e, c, sub
+}
+
 // poll answers at once when something is queued (Wait 0).
 func poll(t *testing.T, m *Master, sub, ack uint64, max int) InvalidationBatch {
 	t.Helper()
@@ -80,11 +92,7 @@ func TestInvalidationsOfEveryRemoval(t *testing.T) {
 // acknowledged it; with a subscriber that does not answer, after
 // InvalidationTTL.
 func TestInvalidationBarrier(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.InvalidationTTL = 200 * time.Millisecond })
-	c := cl(1)
-	e.mount(c, "a", 1<<20)
-	sub := subscribe(t, e.m)
-	e.put(c, "k", 100, ReplicateConfig{})
+	e, c, sub := subscribedKey(t, 200*time.Millisecond)
 	done := make(chan error, 1)
 	go func() { done <- e.m.Remove("k", true) }()
 	var b InvalidationBatch
@@ -124,11 +132,7 @@ func TestInvalidationBarrier(t *testing.T) {
 // TestInvalidationUnsubscribe: a subscriber that unsubscribes is
 // forgotten at once, and a barrier waiting for it returns.
 func TestInvalidationUnsubscribe(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.InvalidationTTL = time.Minute })
-	c := cl(1)
-	e.mount(c, "a", 1<<20)
-	sub := subscribe(t, e.m)
-	e.put(c, "k", 100, ReplicateConfig{})
+	e, c, sub := subscribedKey(t, time.Minute)
 	done := make(chan error, 1)
 	go func() { done <- e.m.Remove("k", true) }()
 	require.Eventually(t, func() bool { return poll(t, e.m, sub, 0, 0).Last > 0 }, 10*time.Second, time.Millisecond,
@@ -209,11 +213,7 @@ func TestInvalidationSubscribers(t *testing.T) {
 // TestInvalidationPollHolds: an empty poll is held until an item is
 // queued, and ends with its context.
 func TestInvalidationPollHolds(t *testing.T) {
-	e := newEnv(t, func(c *Config) { c.InvalidationTTL = time.Hour })
-	c := cl(1)
-	e.mount(c, "a", 1<<20)
-	sub := subscribe(t, e.m)
-	e.put(c, "k", 100, ReplicateConfig{})
+	e, _, sub := subscribedKey(t, time.Hour)
 	got := make(chan InvalidationBatch, 1)
 	go func() {
 		b, _ := e.m.WaitInvalidations(context.Background(), InvalidationPoll{Sub: sub, Wait: time.Hour})
