@@ -155,7 +155,11 @@
 //     leader (crpc, gRPC, or "auto" settled at its first call, lazily:
 //     a new leader warms up for a lease TTL before it serves), replaces
 //     the old one and closes it, drops its put-ahead reservations (made
-//     on the old leader) and heartbeats at once, so the new leader's
+//     on the old leader), the answers of reservation requests booked
+//     before the switch and the old ids it would have given back (a new
+//     leader numbers its own; a request never sent may have been
+//     answered by the new leader, whose reservations then wait for its
+//     release timeout), and heartbeats at once, so the new leader's
 //     NEED_REMOUNT re-mounts the segments. Stats.Leader, LeaderVersion
 //     and LeaderSwitches tell where it is.
 //   - A call answered UNAVAILABLE (or cut off by a switch) is sent again,
