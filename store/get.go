@@ -133,8 +133,7 @@ func (c *Client) locateCached(ctx context.Context, key string) (loc located, cac
 		return located{}, false, err
 	}
 	if c.locWatch.Fresh() {
-		if loc, ok := c.loc.get(key, c.clock.Now()); ok {
-			c.stats.locHits.Add(1)
+		if loc, ok := c.cachedLoc(key, c.clock.Now()); ok {
 			return loc, true, nil
 		}
 	}
@@ -144,6 +143,15 @@ func (c *Client) locateCached(ctx context.Context, key string) (loc located, cac
 		c.loc.put(key, loc, start, epoch)
 	}
 	return loc, false, err
+}
+
+// cachedLoc is key's cached location at now, counting a hit.
+func (c *Client) cachedLoc(key string, now time.Time) (located, bool) {
+	loc, ok := c.loc.get(key, now)
+	if ok {
+		c.stats.locHits.Add(1)
+	}
+	return loc, ok
 }
 
 // withLocation runs read on where key is. When the location came from
@@ -480,8 +488,7 @@ func (c *Client) batchGetOnce(ctx context.Context, keys []string, into, vals [][
 			continue
 		}
 		if cache {
-			if l, ok := c.loc.get(k, now0); ok {
-				c.stats.locHits.Add(1)
+			if l, ok := c.cachedLoc(k, now0); ok {
 				cached[i] = true
 				if setVal(i, l.size) {
 					locs[i] = l

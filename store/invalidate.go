@@ -13,8 +13,9 @@ import (
 
 // InvalidationHandler receives a subscription's invalidations: Invalidate
 // with keys whose stored value is gone (removed, evicted, lost; a re-put
-// comes after) or lost a replica with its segment, InvalidateAll when the subscriber may have missed some
-// (a new subscription, a gap, an overflow on the master). Both run on the
+// comes after) or lost a replica with its segment, InvalidateAll when the
+// subscriber may have missed some (a new subscription, a gap, an overflow
+// on the master). Both run on the
 // watch's goroutine and must return only once the keys are dropped: the
 // next poll acknowledges them, and a remove on the master waits for that.
 type InvalidationHandler interface {
