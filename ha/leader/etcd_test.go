@@ -106,17 +106,25 @@ func TestEtcdWaitChangeNoBuildUp(t *testing.T) {
 		cancel()
 		require.ErrorIs(t, <-done, context.Canceled)
 	}
-	require.Eventually(t, func() bool { return clientGoroutines() <= base+2 },
-		10*time.Second, 20*time.Millisecond, "client goroutines %d, base %d", clientGoroutines(), base)
+	// A leak is one watch stream per call, 200 or more; the client's
+	// connection may redial under load and change its count by a few.
+	last := clientGoroutines()
+	for end := time.Now().Add(10 * time.Second); last > base+10 && time.Now().Before(end); last = clientGoroutines() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.LessOrEqual(t, last, base+10, "client goroutines after 200 cancelled waits, base %d", base)
 }
 
 // clientGoroutines counts the goroutines running etcd's client or this
-// package's code.
+// package's code, leaving out those the in-process server started.
 func clientGoroutines() int {
 	buf := make([]byte, 16<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "go.etcd.io/etcd/server/") {
+			continue
+		}
 		if strings.Contains(g, "go.etcd.io/etcd/client/v3") || strings.Contains(g, "crescent/ha/leader.") {
 			n++
 		}
