@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -361,4 +362,72 @@ func TestLocationCacheCloseUnsubscribes(t *testing.T) {
 	require.NoError(t, a.Remove(ctx, "k", true))
 	require.NoError(t, a.Put(ctx, "k", []byte("w"), here))
 	assert.Zero(t, tm.m.InvalidationTimeouts(), "a remove or put waited for the closed client")
+}
+
+// TestLocationCachePartitionedReader: a reader cut off from the master
+// but not from the segment holding a key (its engine path is direct)
+// does not serve the key from its location cache once another client's
+// forced remove of it has answered: the master answers only after the
+// reader's subscription has been silent for a TTL, and the reader's
+// entries stop being served a tenth of a TTL before that. Once the
+// partition heals, the reader reads what the master says.
+func TestLocationCachePartitionedReader(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	tm := startMaster(t, master.Config{InvalidationTTL: ttl, LeaseTTL: time.Minute})
+	a := newTestClient(t, tm, 16<<20, twoRPCPuts)
+	px := testutil.NewProxy(t, tm.addr)
+	cut := &testMaster{m: tm.m, addr: px.Addr()}
+	b := newTestClient(t, cut, 16<<20, withLocationCache(1024), func(c *Config) { c.RPCTimeout = 2 * time.Second })
+	freshLocCache(t, b)
+	ctx := tctx(t)
+	here := ReplicateConfig{Preferred: []string{a.SegmentName()}}
+
+	for round := range 3 {
+		v := testutil.Bytes(8192, uint64(round))
+		require.NoError(t, a.Put(ctx, "k", v, here))
+		for range 2 { // the second read is from the cache
+			got, err := b.Get(ctx, "k")
+			require.NoError(t, err)
+			require.Equal(t, v, got, "round %d", round)
+		}
+		hits := b.Stats().LocationHits
+		require.Positive(t, hits)
+
+		px.Partition(true)
+		// Reads go on from the cache while the subscription is fresh;
+		// none may return the value once the remove has answered.
+		removed := make(chan error, 1)
+		go func() { removed <- a.Remove(ctx, "k", true) }()
+		for done := false; !done; {
+			select {
+			case err := <-removed:
+				require.NoError(t, err, "round %d: the remove waits a TTL for the cut reader, no longer", round)
+				done = true
+			default:
+			}
+			rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			got, err := b.Get(rctx, "k")
+			cancel()
+			if done {
+				require.Error(t, err, "round %d: a cut reader served %d bytes after the remove answered", round, len(got))
+			} else if err == nil {
+				require.Equal(t, v, got)
+			}
+		}
+		for range 3 {
+			rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			got, err := b.Get(rctx, "k")
+			cancel()
+			require.Error(t, err, "round %d: a cut reader served %d bytes after the remove answered", round, len(got))
+			require.False(t, errors.Is(err, errcode.ErrObjectNotFound), "the master was not reachable: %v", err)
+		}
+		assert.False(t, b.locWatch.Fresh(), "round %d: fresh with no poll answered for a TTL", round)
+
+		px.Partition(false)
+		eventually(t, "the healed reader to see the remove", func() bool {
+			_, err := b.Get(ctx, "k")
+			return errors.Is(err, errcode.ErrObjectNotFound)
+		})
+		freshLocCache(t, b)
+	}
 }

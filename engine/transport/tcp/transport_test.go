@@ -13,7 +13,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -394,122 +393,11 @@ func TestRejectedV1(t *testing.T) {
 	c.none(t)
 }
 
-// proxy forwards TCP connections to a target and can cut them.
-type proxy struct {
-	ln     net.Listener
-	target string
-	wg     sync.WaitGroup
-
-	mu     sync.Mutex
-	conns  map[net.Conn]struct{}
-	closed bool
-
-	moved  atomic.Int64
-	trip   atomic.Int64 // when > 0: once moved passes it, onTrip runs once
-	onTrip func()
-	trips  atomic.Int32
-}
-
-func newProxy(tb testing.TB, target string) *proxy {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	p := &proxy{ln: ln, target: target, conns: make(map[net.Conn]struct{})}
-	p.wg.Add(1)
-	go p.accept()
-	tb.Cleanup(func() {
-		p.stop()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *proxy) port() int { return p.ln.Addr().(*net.TCPAddr).Port }
-
-func (p *proxy) track(c net.Conn) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		c.Close()
-		return false
-	}
-	p.conns[c] = struct{}{}
-	return true
-}
-
-func (p *proxy) accept() {
-	defer p.wg.Done()
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		d, err := net.Dial("tcp", p.target)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		if !p.track(c) || !p.track(d) {
-			c.Close()
-			d.Close()
-			continue
-		}
-		p.wg.Add(2)
-		go p.pipe(c, d)
-		go p.pipe(d, c)
-	}
-}
-
-// pipe copies src to dst and closes both at the end.
-func (p *proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				err = werr
-			}
-			total := p.moved.Add(int64(n))
-			if t := p.trip.Load(); t > 0 && total >= t && p.trip.CompareAndSwap(t, 0) {
-				p.trips.Add(1)
-				p.onTrip()
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	dst.Close()
-	src.Close()
-}
-
-// cut closes the connections open now; new ones are still forwarded.
-func (p *proxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-// stop closes the listener and every connection.
-func (p *proxy) stop() {
-	p.mu.Lock()
-	p.closed = true
-	p.mu.Unlock()
-	p.ln.Close()
-	p.cut()
-}
-
 // viaProxy is b's descriptor with the data port of px.
-func viaProxy(b *node, px *proxy) transport.Peer {
+func viaProxy(b *node, px *testutil.Proxy) transport.Peer {
 	return &testPeer{name: b.name, desc: func() *metadata.SegmentDesc {
 		d := b.desc()
-		d.TCPDataPort = px.port()
+		d.TCPDataPort = px.Port()
 		return d
 	}}
 }
@@ -536,13 +424,12 @@ func TestBrokenConnection(t *testing.T) {
 			cfg := tcp.Config{Lanes: tc.lanes, SliceSize: 128 << 10}
 			a := newNode(t, "a", total, cfg)
 			b := newNode(t, "b", total, cfg)
-			px := newProxy(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(b.tr.Port())))
+			px := testutil.NewProxy(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(b.tr.Port())))
 			if tc.back {
-				px.onTrip = px.cut
+				px.TripAfter(4<<20, px.Reset)
 			} else {
-				px.onTrip = px.stop
+				px.TripAfter(4<<20, px.Stop)
 			}
-			px.trip.Store(4 << 20)
 			src, dst := a.buf, b.buf
 			if tc.op == transport.Read {
 				src, dst = b.buf, a.buf
@@ -556,7 +443,7 @@ func TestBrokenConnection(t *testing.T) {
 			}
 			a.tr.Submit(viaProxy(b, px), tasks)
 			rs := c.wait(t, len(tasks))
-			if px.trips.Load() != 1 {
+			if px.Trips() != 1 {
 				t.Fatal("the connection was never cut")
 			}
 			failed := 0
