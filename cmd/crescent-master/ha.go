@@ -152,7 +152,7 @@ func runHA(ctx context.Context, cfg config, mc master.Config, pub *event.Publish
 		}
 	case "redis":
 		rc := redis.NewClient(&redis.Options{Addr: haEps[0], DialTimeout: 2 * time.Second,
-			ReadTimeout: ttl / 3, WriteTimeout: ttl / 3})
+			ReadTimeout: ttl / 3, WriteTimeout: ttl / 3, ContextTimeoutEnabled: true})
 		defer rc.Close()
 		newCoord = func(_ context.Context, logTerm uint64) (leader.Coordinator, error) {
 			return leader.NewRedis(rc, cfg.ClusterID, append(lopts, leader.WithMinTerm(logTerm))...)

@@ -57,7 +57,9 @@
 // leases across its own leader changes, so a live lease with an
 // unreachable etcd still ends here: the process cannot know). The session also
 // watches the key: a delete or a new create revision is
-// ErrLeadershipLost. Release deletes the key only if its CreateRevision
+// ErrLeadershipLost. The watch is opened off the session's loop (opening
+// one waits for its stream, which a partition holds indefinitely), so
+// nothing the network does keeps the session past its deadline. Release deletes the key only if its CreateRevision
 // is still the term, then revokes the lease. WaitChange and the session
 // watch with clientv3.WithRequireLeader, so a member cut off from its
 // cluster breaks the watch instead of holding it silently; after a
@@ -86,8 +88,11 @@
 // 200 ms), so the TTL must be at least 600 ms. A renewal that finds
 // another token (or no hash) ends the session with ErrLeadershipLost;
 // each success extends Deadline to its send time plus the TTL, and a
-// timer ends the session with ErrRenew at Deadline (a renewal call never
-// runs past it). Terms are below 2^53 (Lua numbers are doubles).
+// timer ends the session with ErrRenew at Deadline. Renewals run beside
+// that timer, one at a time, so a call that hangs (a partition: go-redis
+// bounds a blocked read by its ReadTimeout, not by the context, unless
+// ContextTimeoutEnabled is set) cannot hold the session past Deadline;
+// an answer that comes after the end extends nothing. Terms are below 2^53 (Lua numbers are doubles).
 // WaitChange polls the hash every poll interval: keyspace notifications
 // are off by default on redis-server.
 //

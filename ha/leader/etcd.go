@@ -213,7 +213,13 @@ func (s *etcdSession) Term() uint64 { return uint64(s.rev) }
 func (s *etcdSession) run(ctx context.Context) {
 	defer close(s.done)
 	defer s.c.reg.remove(s)
-	wch := s.watchKey(ctx)
+	// The watch is opened beside this loop: opening one waits for the
+	// stream, which a partition holds until ctx ends, and the loop must
+	// keep reaching the deadline.
+	armed := make(chan clientv3.WatchChan, 1)
+	arm := func() { armed <- s.watchKey(ctx) }
+	go arm()
+	var wch clientv3.WatchChan
 	var rearm <-chan time.Time
 	ttl := time.Duration(s.ttl) * time.Second
 	renew := time.NewTimer(ttl / 3)
@@ -223,7 +229,9 @@ func (s *etcdSession) run(ctx context.Context) {
 	for {
 		select {
 		case <-rearm:
-			rearm, wch = nil, s.watchKey(ctx)
+			rearm = nil
+			go arm()
+		case wch = <-armed:
 		case <-renew.C:
 			err := s.keepAlive(ctx)
 			switch {

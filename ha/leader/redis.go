@@ -202,6 +202,20 @@ func (s *redisSession) run() {
 	defer t.Stop()
 	expire := time.NewTimer(time.Until(s.Deadline()))
 	defer expire.Stop()
+	// A renewal runs beside this loop, so the deadline ends the session
+	// on time even when a call hangs past its context (go-redis bounds a
+	// blocked read by ReadTimeout, not by the context, unless the client
+	// sets ContextTimeoutEnabled). One at a time; the loop waits for the
+	// last before it returns, its context cancelled.
+	ctx, cancel := context.WithCancel(context.Background())
+	renewed := make(chan struct{}, 1)
+	renewing := false
+	defer func() {
+		cancel()
+		if renewing {
+			<-renewed
+		}
+	}()
 	for {
 		select {
 		case <-s.stop:
@@ -215,11 +229,19 @@ func (s *redisSession) run() {
 			}
 			s.end(fmt.Errorf("%w: no renewal confirmed within the lease TTL (%v)", ErrRenew, s.c.ttl))
 			return
+		case <-renewed:
+			renewing = false
 		case <-t.C:
-			// Never blocked past the deadline: the timer must get to run.
-			ctx, cancel := context.WithDeadline(context.Background(), minTime(time.Now().Add(s.c.renew), s.Deadline()))
-			s.renew(ctx)
-			cancel()
+			if renewing {
+				continue
+			}
+			renewing = true
+			go func() {
+				rctx, rcancel := context.WithDeadline(ctx, minTime(time.Now().Add(s.c.renew), s.Deadline()))
+				s.renew(rctx)
+				rcancel()
+				renewed <- struct{}{}
+			}()
 		}
 	}
 }
@@ -237,7 +259,9 @@ func (s *redisSession) renew(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrRenew, err)
 	}
-	s.extend(start.Add(s.c.ttl))
+	if s.Err() == nil { // an answer that came after the end moves nothing
+		s.extend(start.Add(s.c.ttl))
+	}
 	return nil
 }
 
