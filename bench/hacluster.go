@@ -49,6 +49,10 @@ type HAClusterConfig struct {
 	// Standby, when set, starts only the first process and waits for it
 	// to lead; Add starts the others later.
 	Standby bool
+	// Via, when set, gives process i its own etcd endpoints and Redis
+	// address in place of Etcd and Redis (a proxy per process, so a test
+	// can cut one off); clients still use Etcd and Redis.
+	Via func(i int) (etcd []string, redis string)
 }
 
 // HARole is a master's GET /role answer.
@@ -187,14 +191,18 @@ func (c *HACluster) LeaseTTL() time.Duration { return c.cfg.LeaseTTL }
 func (c *HACluster) args(m *HAMaster) []string {
 	host, rpcPort, _ := net.SplitHostPort(m.RPCAddr)
 	_, adminPort, _ := net.SplitHostPort(m.AdminAddr)
-	haEndpoints := strings.Join(c.cfg.Etcd, ",")
+	etcd, rds := c.cfg.Etcd, c.cfg.Redis
+	if c.cfg.Via != nil {
+		etcd, rds = c.cfg.Via(m.Index)
+	}
+	haEndpoints := strings.Join(etcd, ",")
 	if c.cfg.Backend == "redis" {
-		haEndpoints = c.cfg.Redis
+		haEndpoints = rds
 	}
 	return append([]string{
 		"--rpc_address", host, "--rpc_port", rpcPort, "--metrics_port", adminPort,
 		"--advertise_address", m.RPCAddr,
-		"--oplog", "etcd://" + strings.Join(c.cfg.Etcd, ","), "--cluster_id", c.cfg.ClusterID,
+		"--oplog", "etcd://" + strings.Join(etcd, ","), "--cluster_id", c.cfg.ClusterID,
 		"--ha_backend", c.cfg.Backend, "--ha_endpoints", haEndpoints,
 		"--ha_lease_ttl_sec", strconv.Itoa(int(c.cfg.LeaseTTL / time.Second)),
 	}, c.cfg.Args...)
