@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/engine"
@@ -809,4 +810,58 @@ func TestPureClient(t *testing.T) {
 	if err := p.Put(ctx, "k2", []byte("pure"), ReplicateConfig{SameNode: true}); err != nil {
 		t.Fatalf("same-node put from a pure client: %v", err)
 	}
+}
+
+// TestPartitionedClientRemounts: a client cut off from the master (its
+// bytes held by a proxy, as in a partition: calls hang, and what it sent
+// arrives late) past the client TTL loses its segment; once the network
+// heals it mounts again by itself and serves puts and gets as before.
+func TestPartitionedClientRemounts(t *testing.T) {
+	tm := startMaster(t, master.Config{ClientTTL: time.Second, LivenessInterval: 50 * time.Millisecond})
+	px := testutil.NewProxy(t, tm.addr)
+	hb := func(c *Config) { c.HeartbeatInterval = 50 * time.Millisecond; c.RPCTimeout = 2 * time.Second }
+	a := newTestClient(t, &testMaster{m: tm.m, addr: px.Addr()}, 16<<20, hb)
+	b := newTestClient(t, tm, 16<<20, hb)
+	ctx := tctx(t)
+	onA := ReplicateConfig{Preferred: []string{a.SegmentName()}}
+	require.NoError(t, b.Put(ctx, "on-a", []byte("1"), onA))
+	require.NoError(t, b.Put(ctx, "on-b", []byte("2"), ReplicateConfig{Preferred: []string{b.SegmentName()}}))
+	segA := a.Segments()[0].ID
+
+	px.Partition(true)
+	eventually(t, "the cut client's segment to go", func() bool {
+		_, err := b.SegmentStatus(ctx, segA)
+		return errors.Is(err, errcode.ErrSegmentNotFound)
+	})
+	_, err := b.Get(ctx, "on-a")
+	require.ErrorIs(t, err, errcode.ErrObjectNotFound, "an object only on the expired segment")
+	// A put through the cut connection fails for its caller, but its
+	// request may still reach the master once healed: its outcome is
+	// unknown, and its value whole either way.
+	pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	require.Error(t, a.Put(pctx, "late", []byte("x"), ReplicateConfig{}), "a put through the cut connection")
+	cancel()
+
+	px.Partition(false)
+	eventually(t, "the healed client to mount again", func() bool {
+		st, err := b.SegmentStatus(ctx, segA)
+		return err == nil && st.Status == storepb.SegmentStatus_SEGMENT_STATUS_OK
+	})
+	eventually(t, "the re-mount counted", func() bool { return a.Stats().Remounts >= 1 })
+	require.NoError(t, b.Put(ctx, "on-a-again", []byte("3"), onA))
+	assert.Equal(t, []string{a.SegmentName()}, segmentsOf(t, tm, "on-a-again"))
+	got, err := a.Get(ctx, "on-b")
+	require.NoError(t, err)
+	assert.Equal(t, []byte("2"), got)
+	// Stored whole, never stored, or begun and left unfinished (a late
+	// PutStart: the master discards it at its put discard timeout).
+	if got, err := b.Get(ctx, "late"); err == nil {
+		assert.Equal(t, []byte("x"), got, "the late put's value")
+	} else if !errors.Is(err, errcode.ErrReplicaIsNotReady) {
+		require.ErrorIs(t, err, errcode.ErrObjectNotFound)
+	}
+	require.NoError(t, a.Put(ctx, "from-a", []byte("4"), ReplicateConfig{}))
+	got, err = b.Get(ctx, "from-a")
+	require.NoError(t, err)
+	assert.Equal(t, []byte("4"), got)
 }
