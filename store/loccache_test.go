@@ -92,6 +92,21 @@ func TestLocationCacheSkipsMaster(t *testing.T) {
 	assert.Zero(t, a.Stats().LocationHits)
 }
 
+// putCached puts round's value of key through a and reads it twice
+// through b, the second time from b's location cache.
+func putCached(t *testing.T, a, b *Client, key string, round int, rc ReplicateConfig) []byte {
+	t.Helper()
+	ctx := tctx(t)
+	v := testutil.Bytes(8192, uint64(round))
+	require.NoError(t, a.Put(ctx, key, v, rc))
+	for range 2 {
+		got, err := b.Get(ctx, key)
+		require.NoError(t, err)
+		require.Equal(t, v, got, "round %d", round)
+	}
+	return v
+}
+
 // TestLocationCacheInvalidatedByRemove: once another client's remove of a
 // key answers (forced: the reader holds a lease), the reader does not
 // read the old location; a new put under the key is read with its new
@@ -101,13 +116,7 @@ func TestLocationCacheInvalidatedByRemove(t *testing.T) {
 	ctx := tctx(t)
 	here := ReplicateConfig{Preferred: []string{a.SegmentName()}}
 	for round := range 3 {
-		v := testutil.Bytes(8192, uint64(round))
-		require.NoError(t, a.Put(ctx, "k", v, here))
-		for range 2 { // the second read is from the cache
-			got, err := b.Get(ctx, "k")
-			require.NoError(t, err)
-			require.Equal(t, v, got, "round %d", round)
-		}
+		putCached(t, a, b, "k", round, here)
 		require.ErrorIs(t, a.Remove(ctx, "k", false), errcode.ErrObjectHasLease)
 		require.NoError(t, a.Remove(ctx, "k", true))
 		_, err := b.Get(ctx, "k")
@@ -383,15 +392,8 @@ func TestLocationCachePartitionedReader(t *testing.T) {
 	here := ReplicateConfig{Preferred: []string{a.SegmentName()}}
 
 	for round := range 3 {
-		v := testutil.Bytes(8192, uint64(round))
-		require.NoError(t, a.Put(ctx, "k", v, here))
-		for range 2 { // the second read is from the cache
-			got, err := b.Get(ctx, "k")
-			require.NoError(t, err)
-			require.Equal(t, v, got, "round %d", round)
-		}
-		hits := b.Stats().LocationHits
-		require.Positive(t, hits)
+		v := putCached(t, a, b, "k", round, here)
+		require.Positive(t, b.Stats().LocationHits)
 
 		px.Partition(true)
 		// Reads go on from the cache while the subscription is fresh;

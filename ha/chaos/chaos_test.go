@@ -56,6 +56,13 @@ func ctxT(t *testing.T, d time.Duration) context.Context {
 // leadership with backend "redis").
 func cluster(t *testing.T, backend string) (*bench.HACluster, *testsvc.EtcdCluster, *testsvc.Redis) {
 	t.Helper()
+	cfg, ec, rs := services(t, backend)
+	return startCluster(t, cfg), ec, rs
+}
+
+// services starts the etcd cluster (and the redis-server with backend
+// "redis") and returns the masters' configuration for them.
+func services(t *testing.T, backend string) (bench.HAClusterConfig, *testsvc.EtcdCluster, *testsvc.Redis) {
 	ec := testsvc.StartEtcdCluster(t, 3)
 	cfg := bench.HAClusterConfig{MasterBin: masterBin, Backend: backend, Etcd: ec.Endpoints, LeaseTTL: ttl, Dir: t.TempDir(),
 		Args: []string{"--log_level", "debug"}}
@@ -64,6 +71,12 @@ func cluster(t *testing.T, backend string) (*bench.HACluster, *testsvc.EtcdClust
 		rs = testsvc.StartRedis(t)
 		cfg.Redis = rs.Addr
 	}
+	return cfg, ec, rs
+}
+
+// startCluster starts the masters; a failed test prints their logs.
+func startCluster(t *testing.T, cfg bench.HAClusterConfig) *bench.HACluster {
+	t.Helper()
 	cl, err := bench.StartHACluster(ctxT(t, time.Minute), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -74,7 +87,7 @@ func cluster(t *testing.T, backend string) (*bench.HACluster, *testsvc.EtcdClust
 		}
 		cl.Close()
 	})
-	return cl, ec, rs
+	return cl
 }
 
 // client is a store client with a segment on the cluster's HA address.
@@ -113,16 +126,25 @@ func killLeader(t *testing.T, cl *bench.HACluster, load *bench.HALoad) time.Dura
 	require.NoError(t, err)
 	t0 := time.Now()
 	require.NoError(t, cl.Kill(leader))
-	d, err := load.WaitAckAfter(ctx, t0)
-	require.NoError(t, err)
-	next, nrole, err := cl.WaitLeader(ctx, leader)
-	require.NoError(t, err)
-	require.NotEqual(t, leader, next)
-	require.Greater(t, nrole.Term, role.Term, "a new leader takes a higher term")
+	_, d := takenOver(t, ctx, cl, load, leader, role, t0)
 	require.NoError(t, cl.Start(leader))
 	_, err = cl.WaitRole(ctx, leader, "standby")
 	require.NoError(t, err)
 	return d
+}
+
+// takenOver waits for a put acknowledged after t0 and a leader other
+// than old, with a higher term than old's role; it returns that leader
+// and how long after t0 the put was acknowledged.
+func takenOver(t *testing.T, ctx context.Context, cl *bench.HACluster, load *bench.HALoad, old int, role bench.HARole, t0 time.Time) (int, time.Duration) {
+	t.Helper()
+	d, err := load.WaitAckAfter(ctx, t0)
+	require.NoError(t, err)
+	next, nrole, err := cl.WaitLeader(ctx, old)
+	require.NoError(t, err)
+	require.NotEqual(t, old, next)
+	require.Greater(t, nrole.Term, role.Term, "a new leader takes a higher term")
+	return next, d
 }
 
 func waitServing(t *testing.T, load *bench.HALoad) {
@@ -160,6 +182,36 @@ func TestKillLeaderRedis(t *testing.T) {
 	verify(t, c, load, 4096)
 }
 
+// direct is a store client bound to master i's own address (no HA): it
+// keeps talking to that master whatever the view says.
+func direct(t *testing.T, ctx context.Context, cl *bench.HACluster, i int) *store.Client {
+	t.Helper()
+	c, err := store.New(ctx, store.Config{MasterAddr: cl.Masters[i].RPCAddr, GlobalSegmentSize: 16 << 20,
+		LocalBufferSize: 16 << 20, Protocols: []string{"tcp"}, RPCTimeout: 2 * time.Second, PutRetries: -1,
+		Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// directPuts puts n keys under prefix through c, each within timeout,
+// and returns how many were acknowledged (recorded in load: they must
+// then be durable).
+func directPuts(ctx context.Context, c *store.Client, load *bench.HALoad, prefix string, n int, timeout time.Duration) int {
+	acked := 0
+	for i := range n {
+		key := fmt.Sprintf("%s/%d", prefix, i)
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		err := c.Put(pctx, key, bench.HAValue(key, 4096), store.ReplicateConfig{})
+		cancel()
+		if err == nil {
+			acked++
+			load.Record(bench.HAAck{Key: key})
+		}
+	}
+	return acked
+}
+
 // TestStoppedLeaderAcknowledgesNothing: SIGSTOP the leader past its
 // lease; a standby takes over; after SIGCONT the old leader acknowledges
 // no put from a client still connected to it, and goes back to standby.
@@ -169,41 +221,20 @@ func TestStoppedLeaderAcknowledgesNothing(t *testing.T) {
 	ctx := ctxT(t, 2*time.Minute)
 	leader, role, err := cl.WaitLeader(ctx, -1)
 	require.NoError(t, err)
-	// A client bound to the leader's own address (no HA): it keeps
-	// talking to the old leader after the failover.
-	direct, err := store.New(ctx, store.Config{MasterAddr: cl.Masters[leader].RPCAddr, GlobalSegmentSize: 16 << 20,
-		LocalBufferSize: 16 << 20, Protocols: []string{"tcp"}, RPCTimeout: 2 * time.Second, PutRetries: -1,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	defer direct.Close()
+	dc := direct(t, ctx, cl, leader) // keeps talking to the old leader after the failover
 	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
 	waitServing(t, load)
-	require.NoError(t, direct.Put(ctx, "direct/before", bench.HAValue("direct/before", 4096), store.ReplicateConfig{}))
+	require.NoError(t, dc.Put(ctx, "direct/before", bench.HAValue("direct/before", 4096), store.ReplicateConfig{}))
 	load.Record(bench.HAAck{Key: "direct/before"})
 
 	require.NoError(t, cl.Signal(leader, syscall.SIGSTOP))
 	t0 := time.Now()
-	d, err := load.WaitAckAfter(ctx, t0)
-	require.NoError(t, err)
-	next, nrole, err := cl.WaitLeader(ctx, leader)
-	require.NoError(t, err)
-	require.Greater(t, nrole.Term, role.Term)
-	t.Logf("leader %d stopped, leader %d (term %d) serving after %.2f s", leader, next, nrole.Term, d.Seconds())
+	next, d := takenOver(t, ctx, cl, load, leader, role, t0)
+	t.Logf("leader %d stopped, leader %d serving after %.2f s", leader, next, d.Seconds())
 	time.Sleep(ttl) // well past the old lease, still stopped
 	require.NoError(t, cl.Signal(leader, syscall.SIGCONT))
 
-	acked := 0
-	for i := range 20 {
-		key := fmt.Sprintf("direct/after/%d", i)
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		err := direct.Put(pctx, key, bench.HAValue(key, 4096), store.ReplicateConfig{})
-		cancel()
-		if err == nil {
-			acked++
-			load.Record(bench.HAAck{Key: key}) // must then be durable
-		}
-	}
-	assert.Zero(t, acked, "the deposed leader acknowledged puts after SIGCONT")
+	assert.Zero(t, directPuts(ctx, dc, load, "direct/after", 20, 3*time.Second), "the deposed leader acknowledged puts after SIGCONT")
 	_, err = cl.WaitRole(ctx, leader, "standby")
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -285,12 +316,7 @@ func TestRunHA(t *testing.T) {
 // through proxies of its own: px[i] cuts master i off from both.
 func partitionable(t *testing.T, backend string) (*bench.HACluster, [][]*testutil.Proxy) {
 	t.Helper()
-	ec := testsvc.StartEtcdCluster(t, 3)
-	cfg := bench.HAClusterConfig{MasterBin: masterBin, Backend: backend, Etcd: ec.Endpoints, LeaseTTL: ttl, Dir: t.TempDir(),
-		Args: []string{"--log_level", "debug"}}
-	if backend == "redis" {
-		cfg.Redis = testsvc.StartRedis(t).Addr
-	}
+	cfg, ec, _ := services(t, backend)
 	px := make([][]*testutil.Proxy, 3)
 	etcdVia := make([][]string, 3)
 	redisVia := make([]string, 3)
@@ -307,17 +333,7 @@ func partitionable(t *testing.T, backend string) (*bench.HACluster, [][]*testuti
 		}
 	}
 	cfg.Via = func(i int) ([]string, string) { return etcdVia[i], redisVia[i] }
-	cl, err := bench.StartHACluster(ctxT(t, time.Minute), cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if t.Failed() {
-			for i := range cl.Masters {
-				t.Logf("master %d log:\n%s", i, cl.Log(i))
-			}
-		}
-		cl.Close()
-	})
-	return cl, px
+	return startCluster(t, cfg), px
 }
 
 // partitionedLeader cuts the leader off from etcd and Redis (its bytes
@@ -331,11 +347,7 @@ func partitionedLeader(t *testing.T, backend string) {
 	ctx := ctxT(t, 2*time.Minute)
 	leader, role, err := cl.WaitLeader(ctx, -1)
 	require.NoError(t, err)
-	direct, err := store.New(ctx, store.Config{MasterAddr: cl.Masters[leader].RPCAddr, GlobalSegmentSize: 16 << 20,
-		LocalBufferSize: 16 << 20, Protocols: []string{"tcp"}, RPCTimeout: 2 * time.Second, PutRetries: -1,
-		Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, err)
-	defer direct.Close()
+	dc := direct(t, ctx, cl, leader)
 	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
 	waitServing(t, load)
 
@@ -343,28 +355,13 @@ func partitionedLeader(t *testing.T, backend string) {
 		p.Partition(true)
 	}
 	t0 := time.Now()
-	d, err := load.WaitAckAfter(ctx, t0)
-	require.NoError(t, err)
-	next, nrole, err := cl.WaitLeader(ctx, leader)
-	require.NoError(t, err)
-	require.Greater(t, nrole.Term, role.Term)
-	t.Logf("leader %d cut off, leader %d (term %d) serving after %.2f s", leader, next, nrole.Term, d.Seconds())
+	next, d := takenOver(t, ctx, cl, load, leader, role, t0)
+	t.Logf("leader %d cut off, leader %d serving after %.2f s", leader, next, d.Seconds())
 	require.Eventually(t, func() bool {
 		r, err := cl.Role(ctx, leader)
 		return err == nil && r.Role != "leader"
 	}, time.Minute, 20*time.Millisecond, "the cut leader never stepped down")
-	acked := 0
-	for i := range 3 {
-		key := fmt.Sprintf("direct/cut/%d", i)
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := direct.Put(pctx, key, bench.HAValue(key, 4096), store.ReplicateConfig{})
-		cancel()
-		if err == nil {
-			acked++
-			load.Record(bench.HAAck{Key: key}) // must then be durable
-		}
-	}
-	assert.Zero(t, acked, "the cut leader acknowledged puts")
+	assert.Zero(t, directPuts(ctx, dc, load, "direct/cut", 3, 2*time.Second), "the cut leader acknowledged puts")
 
 	for _, p := range px[leader] {
 		p.Partition(false)
