@@ -374,3 +374,38 @@ func partitionedLeader(t *testing.T, backend string) {
 
 func TestPartitionedLeaderEtcd(t *testing.T)  { partitionedLeader(t, "etcd") }
 func TestPartitionedLeaderRedis(t *testing.T) { partitionedLeader(t, "redis") }
+
+// TestPartitionedStandbyLeads: a standby cut off from etcd while the
+// leader keeps acknowledging puts falls behind the log; once healed, the
+// leader and the other standby are killed, so it must lead: it serves
+// only with the whole log, and every acknowledged put is there.
+func TestPartitionedStandbyLeads(t *testing.T) {
+	cl, px := partitionable(t, "etcd")
+	c := client(t, cl)
+	ctx := ctxT(t, 2*time.Minute)
+	leader, role, err := cl.WaitLeader(ctx, -1)
+	require.NoError(t, err)
+	cut, other := (leader+1)%3, (leader+2)%3
+	_, err = cl.WaitRole(ctx, cut, "standby")
+	require.NoError(t, err)
+	load := bench.StartHALoad(c, bench.HALoadConfig{Rate: 200, ValueSize: 4096})
+	waitServing(t, load)
+
+	for _, p := range px[cut] {
+		p.Partition(true)
+	}
+	before := len(load.Acked())
+	time.Sleep(2 * ttl) // the leader goes on; the cut standby cannot tail
+	require.Greater(t, len(load.Acked()), before, "the leader stopped while a standby was cut off")
+	for _, p := range px[cut] {
+		p.Partition(false)
+	}
+	t0 := time.Now()
+	require.NoError(t, cl.Kill(other))
+	require.NoError(t, cl.Kill(leader))
+	next, d := takenOver(t, ctx, cl, load, leader, role, t0)
+	require.Equal(t, cut, next, "the only master left")
+	t.Logf("standby %d, cut off for %v, leads after %.2f s", cut, 2*ttl, d.Seconds())
+	waitServing(t, load)
+	verify(t, c, load, 4096)
+}
