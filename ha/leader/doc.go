@@ -92,7 +92,9 @@
 // that timer, one at a time, so a call that hangs (a partition: go-redis
 // bounds a blocked read by its ReadTimeout, not by the context, unless
 // ContextTimeoutEnabled is set) cannot hold the session past Deadline;
-// an answer that comes after the end extends nothing. Terms are below 2^53 (Lua numbers are doubles).
+// an answer that comes after the end extends nothing. Release and Close
+// wait for a renewal in flight, which only ContextTimeoutEnabled lets
+// them cut short: set it (crescent-master does). Terms are below 2^53 (Lua numbers are doubles).
 // WaitChange polls the hash every poll interval: keyspace notifications
 // are off by default on redis-server.
 //
