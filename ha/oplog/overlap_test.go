@@ -238,7 +238,19 @@ func TestLocalOverlappedSyncFails(t *testing.T) {
 					calls[i].answer <- nil
 				}
 			}
+			before := l.Stats().Fsyncs
 			answer(tc.first)
+			if tc.first == 2 {
+				// The two syncers run at once: let the log take the later
+				// answer in before the earlier one comes, or the earlier
+				// batch may be durable and answered first (rightly).
+				require.Eventually(t, func() bool {
+					if tc.fail == 2 {
+						return l.Err() != nil
+					}
+					return l.Stats().Fsyncs == before+1
+				}, time.Minute, time.Millisecond)
+			}
 			if tc.first == 1 {
 				if tc.acked1 {
 					require.NoError(t, <-c1)
