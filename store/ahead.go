@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
@@ -429,17 +430,21 @@ type commitQ struct {
 func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []error) {
 	a := c.ahead
 	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease(), Packed: true}
-	var classes []resvClass
-	var asked []int
-	var epochs []uint64
+	// What was booked per class asked for, in req.Reserve's order.
+	type booking struct {
+		k     resvClass
+		n     int
+		epoch uint64
+	}
+	var booked []booking
 	items := make([]storepb.CommitItem, len(qs))
 	for i, q := range qs {
 		it := &items[i]
 		it.Key, it.ReservationId, it.Block = q.key, q.id, q.block
 		req.Items[i] = it
-		if !containsClass(classes, q.class) {
+		if !slices.ContainsFunc(booked, func(b booking) bool { return b.k == q.class }) {
 			if n, ep := a.ask(q.class); n > 0 {
-				classes, asked, epochs = append(classes, q.class), append(asked, n), append(epochs, ep)
+				booked = append(booked, booking{q.class, n, ep})
 				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: q.rc, Count: uint32(n), Packed: true})
 			}
 		}
@@ -453,25 +458,16 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 		err = errcode.New(errcode.InternalError, "CommitPut answered %d reservations for %d specs", len(resp.Reserved), len(req.Reserve))
 	}
 	ttl := time.Duration(resp.GetTtlMs()) * time.Millisecond
-	for j, k := range classes {
+	for j, b := range booked {
 		var res *storepb.ReserveResult
 		if err == nil {
 			res = resp.Reserved[j]
 		}
-		a.got(k, asked[j], res, ttl, epochs[j])
+		a.got(b.k, b.n, res, ttl, b.epoch)
 	}
 	if err != nil {
 		ierrs = make([]error, len(qs))
 		fill(ierrs, err)
 	}
 	return make([]struct{}, len(qs)), ierrs
-}
-
-func containsClass(ks []resvClass, k resvClass) bool {
-	for _, x := range ks {
-		if x == k {
-			return true
-		}
-	}
-	return false
 }
