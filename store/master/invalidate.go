@@ -95,6 +95,12 @@ func signal(ch *chan struct{}) {
 	*ch = make(chan struct{})
 }
 
+// drop forgets subscriber id. Under mu.
+func (r *invRegistry) drop(id uint64) {
+	delete(r.subs, id)
+	r.n.Store(int32(len(r.subs)))
+}
+
 func (r *invRegistry) chans() (wake, acks chan struct{}) {
 	if r.wake == nil {
 		r.wake, r.acks = make(chan struct{}), make(chan struct{})
@@ -117,8 +123,7 @@ func (m *Master) invalidated(key string, gen uint32) {
 	r.chans()
 	for id, s := range r.subs {
 		if now.Sub(s.seen) > 10*m.cfg.InvalidationTTL {
-			delete(r.subs, id) // silent: its queue would only fill
-			r.n.Store(int32(len(r.subs)))
+			r.drop(id) // silent: its queue would only fill
 			continue
 		}
 		s.next++
@@ -250,8 +255,7 @@ func (m *Master) WaitInvalidations(ctx context.Context, p InvalidationPoll) (Inv
 	s := r.subs[p.Sub]
 	if p.Unsubscribe {
 		if s != nil {
-			delete(r.subs, p.Sub)
-			r.n.Store(int32(len(r.subs)))
+			r.drop(p.Sub)
 			signal(&r.acks) // waiting barriers look again
 		}
 		return InvalidationBatch{TTL: ttl}, nil
@@ -259,11 +263,10 @@ func (m *Master) WaitInvalidations(ctx context.Context, p InvalidationPoll) (Inv
 	if s == nil {
 		for id, o := range r.subs { // drop the silent
 			if now.Sub(o.seen) > 10*ttl {
-				delete(r.subs, id)
+				r.drop(id)
 			}
 		}
 		if len(r.subs) >= m.cfg.MaxSubscribers {
-			r.n.Store(int32(len(r.subs)))
 			return InvalidationBatch{}, errcode.New(errcode.NoAvailableHandle, "invalidation subscribers: %d already", len(r.subs))
 		}
 		if r.subs == nil {
