@@ -256,27 +256,18 @@ class Store:
         # location_cache > 0 caches where that many objects are, so
         # repeated gets skip the master; put_ahead_bytes bounds the
         # put-ahead reservations (0: the default, 64 MiB).
-        enc = lambda s: s.encode() if s else None  # noqa: E731
+        kv = {"master_server_address": master_server_address, "local_hostname": local_hostname,
+              "metadata_server": metadata_server, "protocol": protocol, "device_name": device_name,
+              "master_protocol": master_protocol, "global_segment_size": global_segment_size,
+              "local_buffer_size": local_buffer_size, "rpc_timeout_ms": rpc_timeout_ms,
+              "token_file": token_file, "admin_token_file": admin_token_file, "tls_ca": tls_ca,
+              "tls_cert": tls_cert, "tls_key": tls_key, "put_ahead_bytes": put_ahead_bytes,
+              "location_cache": location_cache}
+        kv = {k: str(v) for k, v in kv.items() if v}  # unset: the default
+        keys = (ctypes.c_char_p * len(kv))(*[k.encode() for k in kv])
+        vals = (ctypes.c_char_p * len(kv))(*[v.encode() for v in kv.values()])
         h = ctypes.c_uint64()
-        if put_ahead_bytes or location_cache:
-            # The key/value form carries the settings the struct lacks.
-            kv = {"master_server_address": master_server_address, "local_hostname": local_hostname,
-                  "metadata_server": metadata_server, "protocol": protocol, "device_name": device_name,
-                  "master_protocol": master_protocol, "global_segment_size": global_segment_size,
-                  "local_buffer_size": local_buffer_size, "rpc_timeout_ms": rpc_timeout_ms,
-                  "token_file": token_file, "admin_token_file": admin_token_file, "tls_ca": tls_ca,
-                  "tls_cert": tls_cert, "tls_key": tls_key, "put_ahead_bytes": put_ahead_bytes,
-                  "location_cache": location_cache}
-            kv = {k: str(v) for k, v in kv.items() if v}
-            keys = (ctypes.c_char_p * len(kv))(*[k.encode() for k in kv])
-            vals = (ctypes.c_char_p * len(kv))(*[v.encode() for v in kv.values()])
-            _check(StoreError, lib.crescent_store_create_kv(keys, vals, len(kv), ctypes.byref(h)))
-        else:
-            cfg = _lib.StoreConfigC(enc(master_server_address), enc(local_hostname), enc(metadata_server),
-                                    enc(protocol), enc(device_name), enc(master_protocol), int(global_segment_size),
-                                    int(local_buffer_size), int(rpc_timeout_ms), enc(token_file),
-                                    enc(admin_token_file), enc(tls_ca), enc(tls_cert), enc(tls_key))
-            _check(StoreError, lib.crescent_store_create(ctypes.byref(cfg), ctypes.byref(h)))
+        _check(StoreError, lib.crescent_store_create_kv(keys, vals, len(kv), ctypes.byref(h)))
         self._h = h.value
         self._regs = {}  # address -> keepalive of registered buffers
         self._allocs = {}  # address -> size of alloc_buffer memory

@@ -27,15 +27,6 @@ class NotifyMsg(ctypes.Structure):
     _fields_ = [("name", c_void_p), ("msg", c_void_p)]
 
 
-class StoreConfigC(ctypes.Structure):
-    _fields_ = [("master_server_address", c_char_p), ("local_hostname", c_char_p),
-                ("metadata_server", c_char_p), ("protocol", c_char_p), ("device_name", c_char_p),
-                ("master_protocol", c_char_p), ("global_segment_size", c_uint64),
-                ("local_buffer_size", c_uint64), ("rpc_timeout_ms", c_uint64),
-                ("token_file", c_char_p), ("admin_token_file", c_char_p), ("tls_ca", c_char_p),
-                ("tls_cert", c_char_p), ("tls_key", c_char_p)]
-
-
 class ReplicateConfigC(ctypes.Structure):
     _fields_ = [("replica_num", c_int), ("with_soft_pin", c_int), ("with_hard_pin", c_int),
                 ("preferred_segment", c_char_p), ("prefer_alloc_in_same_node", c_int)]
@@ -68,7 +59,6 @@ _SIGS = {
     "crescent_engine_sync_segment_cache": (c_int, [H]),
     "crescent_engine_install_transport": (c_int, [H, c_char_p]),
     "crescent_engine_uninstall_transport": (c_int, [H, c_char_p]),
-    "crescent_store_create": (c_int, [P(StoreConfigC), P(H)]),
     "crescent_store_create_kv": (c_int, [P(c_char_p), P(c_char_p), c_size_t, P(H)]),
     "crescent_store_dial_local": (c_int, [c_char_p, P(H)]),
     "crescent_store_close": (c_int, [H]),
