@@ -456,9 +456,10 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 			retry = append(retry, x.item)
 		}
 	}
-	// Written reservations are committed; the others go back.
+	// Written reservations are committed; the others go back. committing
+	// filters held in place (held is not read after).
 	qs := make([]commitQ, 0, len(held))
-	committing := make([]aheadItem, 0, len(held))
+	committing := held[:0]
 	for _, a := range held {
 		if errs[a.i] != nil {
 			c.ahead.drop(a.h)

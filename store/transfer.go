@@ -112,7 +112,7 @@ func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
 	// A round waits for staging room only while it holds none, so
 	// concurrent calls cannot deadlock on the pool.
 	i, off := 0, 0
-	var round []piece
+	round := make([]piece, 0, len(xs)) // mostly one piece per xfer
 	for {
 		round = round[:0]
 	fill:
