@@ -19,6 +19,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/clock"
+	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -196,19 +197,22 @@ type Client struct {
 	conn     MasterConn
 	ha       *haConn // nil unless MasterAddr is etcd:// or redis://
 	rpcProto string
-	master   storepb.MasterClient
-	eng      *engine.Engine
-	ownEng   bool
-	name     string // engine segment name
-	host     string // host part of name, to rank same-host replicas
-	clock    clock.Clock
-	stats    *stats
-	regs     regions
-	stage    *stager
-	segs     atomic.Pointer[[]*segment] // copy on write (mount.go)
-	retired  []*segment                 // unmounted, maybe still in use by calls (mountMu)
-	drained  []*segment                 // unmounted, used by no call; unmapped at views == 0 (mountMu)
-	mountMu  sync.Mutex                 // serializes Mount, Unmount, remount
+	// selfTimed: the master connection bounds each call by RPCTimeout
+	// (crpc.WithCallTimeout), so rpcCtx adds no deadline of its own.
+	selfTimed bool
+	master    storepb.MasterClient
+	eng       *engine.Engine
+	ownEng    bool
+	name      string // engine segment name
+	host      string // host part of name, to rank same-host replicas
+	clock     clock.Clock
+	stats     *stats
+	regs      regions
+	stage     *stager
+	segs      atomic.Pointer[[]*segment] // copy on write (mount.go)
+	retired   []*segment                 // unmounted, maybe still in use by calls (mountMu)
+	drained   []*segment                 // unmounted, used by no call; unmapped at views == 0 (mountMu)
+	mountMu   sync.Mutex                 // serializes Mount, Unmount, remount
 
 	segMu  sync.Mutex
 	segIDs map[string]engine.SegmentID
@@ -313,11 +317,15 @@ func (c *Client) connect(ctx context.Context) error {
 	if c.cfg.MasterDialer != nil {
 		conn, err = c.cfg.MasterDialer(ctx, c.cfg.MasterAddr, c.stats.interceptor)
 	} else {
-		conn, proto, err = DialMasterSecure(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor, c.cfg.Security)
+		conn, proto, err = dialMaster(ctx, c.cfg.MasterAddr, c.cfg.MasterProtocol, c.stats.interceptor, c.cfg.Security, c.cfg.RPCTimeout)
 	}
 	if err != nil {
 		return err
 	}
+	// A crpc connection that bounds each call by RPCTimeout itself spares
+	// every call a timer and a context (rpcCtx).
+	cc, ok := conn.(*crpc.Conn)
+	c.selfTimed = ok && cc.CallTimeout() == c.cfg.RPCTimeout
 	c.log.Debug("master connection", "addr", c.cfg.MasterAddr, "protocol", proto)
 	c.conn, c.master, c.rpcProto = conn, storepb.NewMasterClient(conn), proto
 	return nil
@@ -382,10 +390,17 @@ func (s *segment) pb() *storepb.Segment {
 	return &storepb.Segment{Id: s.info.ID.pb(), Name: s.info.Name, Base: s.info.Base, Size: s.info.Size, Protocol: s.info.Protocol}
 }
 
-// rpcCtx bounds one RPC by RPCTimeout (or ctx's earlier deadline).
+// rpcCtx bounds one RPC by RPCTimeout (or ctx's earlier deadline); on a
+// connection that bounds its calls by RPCTimeout (selfTimed) ctx already
+// is.
 func (c *Client) rpcCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.selfTimed {
+		return ctx, noCancel
+	}
 	return context.WithTimeout(ctx, c.cfg.RPCTimeout)
 }
+
+func noCancel() {}
 
 // enter admits a call unless the client is closed; leave must follow.
 func (c *Client) enter() error {

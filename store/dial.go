@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -39,6 +40,12 @@ func DialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 // DialMasterSecure is DialMaster with sec's cluster token and TLS on
 // every connection, crpc and gRPC alike.
 func DialMasterSecure(ctx context.Context, addr, proto string, intercept grpc.UnaryClientInterceptor, sec Security) (MasterConn, string, error) {
+	return dialMaster(ctx, addr, proto, intercept, sec, 0)
+}
+
+// dialMaster is DialMasterSecure; a crpc connection made at once bounds
+// each call by callTimeout (crpc.WithCallTimeout; 0: only the context).
+func dialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryClientInterceptor, sec Security, callTimeout time.Duration) (MasterConn, string, error) {
 	switch proto {
 	case "", "auto", "crpc", "grpc", "grpc_tuned":
 	default:
@@ -58,6 +65,9 @@ func DialMasterSecure(ctx context.Context, addr, proto string, intercept grpc.Un
 	opts := sec.crpcOptions()
 	if intercept != nil {
 		opts = append(opts, crpc.WithUnaryInterceptor(intercept))
+	}
+	if callTimeout > 0 {
+		opts = append(opts, crpc.WithCallTimeout(callTimeout))
 	}
 	cc, err := crpc.Dial(ctx, addr, opts...)
 	switch {

@@ -72,6 +72,28 @@ func WithPollWait(d time.Duration) Option {
 // maxPollWait bounds WithPollWait: how late a cancel may be seen.
 const maxPollWait = 10 * time.Millisecond
 
+// WithCallTimeout bounds every call to d after it starts (or to its
+// context's deadline when that is earlier) with no timer per call: a
+// sweeper per connection ends calls past their deadline, at most
+// sweepTick(d) late, with DEADLINE_EXCEEDED, tells the server (a cancel
+// frame) and, as for a context's deadline, pings a server that has sent
+// nothing since. The server sees the deadline as a context's. It is for
+// callers that would otherwise wrap each of many short calls in
+// context.WithTimeout, whose timer and context cost more than the rest of
+// the call's bookkeeping. 0 (the default): only the context bounds a call.
+func WithCallTimeout(d time.Duration) Option {
+	return func(c *Conn) { c.callTimeout = max(d, 0) }
+}
+
+// CallTimeout is the WithCallTimeout bound (0: none).
+func (c *Conn) CallTimeout() time.Duration { return c.callTimeout }
+
+// sweepTick is how often the sweeper of a WithCallTimeout(d) connection
+// looks for calls past their deadline: d/20, within [1 ms, 100 ms].
+func sweepTick(d time.Duration) time.Duration {
+	return min(max(d/20, time.Millisecond), 100*time.Millisecond)
+}
+
 // WithDialer makes every (re)connection dial with d (a local address,
 // say) instead of a zero net.Dialer.
 func WithDialer(d *net.Dialer) Option { return func(c *Conn) { c.dialer = d } }
@@ -106,6 +128,7 @@ type Conn struct {
 	dialer       *net.Dialer
 	resolve      func(context.Context) (string, error)
 	pollWait     time.Duration
+	callTimeout  time.Duration
 
 	mu     sync.Mutex
 	cur    *clientConn
@@ -192,8 +215,17 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 	if buf, err = pbcodec.Append(buf, in); err != nil {
 		return status.Errorf(codes.Internal, "crpc: encoding %s: %v", method, err)
 	}
+	now := time.Now()
+	dl, ctxDL := ctx.Deadline()
+	var expire int64 // the sweeper's to enforce (nanotime); 0: ctx's
+	if c.callTimeout > 0 {
+		if own := now.Add(c.callTimeout); !ctxDL || own.Before(dl) {
+			dl, expire = own, int64(own.Sub(clockBase))
+		}
+	}
+	sent := now.UnixNano()
 	ch := replyChans.Get().(chan frame)
-	id, err := cc.add(ch)
+	id, err := cc.add(ch, sent, expire)
 	if err != nil {
 		replyChans.Put(ch)
 		return notSent(err)
@@ -202,16 +234,15 @@ func (c *Conn) invoke(ctx context.Context, method string, args, reply any, _ *gr
 		cc.remove(id)
 		return status.Error(codes.ResourceExhausted, err.Error())
 	}
-	if dl, ok := ctx.Deadline(); ok {
+	if !dl.IsZero() {
 		// The handler's context ends when this call's does.
-		us := max(1, (time.Until(dl)+time.Microsecond-1)/time.Microsecond)
+		us := max(1, (dl.Sub(now)+time.Microsecond-1)/time.Microsecond)
 		binary.LittleEndian.PutUint64(buf[headerLen:], uint64(us))
 	}
-	sent := time.Now().UnixNano()
 	// Claimed before the write, so the background reader (if it reads)
 	// has yielded by the time the reply comes.
 	cc.claim()
-	if err := cc.write(ctx, buf); err != nil {
+	if err := cc.write(ctx, dl, buf); err != nil {
 		cc.waiting.Add(-1)
 		cc.remove(id)
 		return err
@@ -289,6 +320,48 @@ func (cc *clientConn) doneErr(ch chan frame, method string, out proto.Message) e
 	return cc.err
 }
 
+// sweep ends cc's calls past their call timeout every tick until cc
+// breaks: each gets kindExpired on its channel (a reply that comes later
+// finds no call and is dropped), the server a cancel, and a server silent
+// since the call went out a ping, as given does for a context's deadline.
+// The read is interrupted so that a caller blocked reading for its own
+// reply (lead) sees the expiry; another reader loses one wake-up.
+func (c *Conn) sweep(cc *clientConn, tick time.Duration) {
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	var ids []uint32
+	for {
+		select {
+		case <-cc.done:
+			return
+		case <-t.C:
+		}
+		now := nanotime()
+		ids = ids[:0]
+		silent := false
+		cc.mu.Lock()
+		for id, cl := range cc.pending {
+			if cl.expire != 0 && cl.expire <= now {
+				delete(cc.pending, id)
+				cl.ch <- frame{id: id, kind: kindExpired} // buffered, and no one else sends now
+				ids = append(ids, id)
+				silent = silent || cc.lastRead.Load() < cl.sent
+			}
+		}
+		cc.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		cc.interrupt()
+		for _, id := range ids {
+			c.sendCancel(cc, id)
+		}
+		if silent {
+			cc.kickPing()
+		}
+	}
+}
+
 // given ends a call whose context ended before its reply came.
 func (cc *clientConn) given(ctx context.Context, c *Conn, id uint32, sent int64) error {
 	if cc.remove(id) {
@@ -303,12 +376,15 @@ func (cc *clientConn) given(ctx context.Context, c *Conn, id uint32, sent int64)
 	return status.FromContextError(ctx.Err()).Err()
 }
 
-// replyOf is a call's outcome from its reply or error frame f; ch, which
-// delivered it, goes back to the pool (the reader sends once per call and
-// has let go of it).
+// replyOf is a call's outcome from its reply or error frame f (or the
+// sweeper's kindExpired); ch, which delivered it, goes back to the pool
+// (the reader or sweeper sends once per call and has let go of it).
 func replyOf(ch chan frame, f frame, method string, out proto.Message) error {
 	replyChans.Put(ch)
-	if f.kind == kindError {
+	switch f.kind {
+	case kindExpired:
+		return status.Errorf(codes.DeadlineExceeded, "crpc: %s: no reply within the call timeout", method)
+	case kindError:
 		var st spb.Status
 		if err := proto.Unmarshal(f.body, &st); err != nil {
 			return status.Errorf(codes.Internal, "crpc: decoding an error of %s: %v", method, err)
@@ -336,7 +412,8 @@ func (c *Conn) sendCancel(cc *clientConn, id uint32) {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), c.pingTimeout)
 		defer cancel()
-		cc.write(ctx, control(id, kindCancel))
+		dl, _ := ctx.Deadline()
+		cc.write(ctx, dl, control(id, kindCancel))
 	}()
 }
 
@@ -422,7 +499,7 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 		return nil, status.Errorf(codes.Unavailable, "crpc: %s: %v", addr, err)
 	}
 	nc.SetDeadline(time.Time{})
-	cc := &clientConn{c: nc, wg: &c.wg, flushTimeout: c.pingTimeout, maxFrame: c.maxFrame, wsem: make(chan struct{}, 1), pending: map[uint32]chan frame{},
+	cc := &clientConn{c: nc, wg: &c.wg, flushTimeout: c.pingTimeout, maxFrame: c.maxFrame, wsem: make(chan struct{}, 1), pending: map[uint32]inflight{},
 		done: make(chan struct{}), kick: make(chan struct{}, 1), pong: make(chan uint32, 1),
 		role: make(chan struct{}, 1)}
 	r := newPollConn(nc, c.pollWait)
@@ -440,6 +517,13 @@ func (c *Conn) dialLocked(ctx context.Context) (*clientConn, error) {
 		defer c.wg.Done()
 		cc.background()
 	}()
+	if c.callTimeout > 0 {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.sweep(cc, sweepTick(c.callTimeout))
+		}()
+	}
 	go func() {
 		defer c.wg.Done()
 		cc.keepalive(c.pingInterval, c.pingTimeout)
@@ -471,7 +555,7 @@ type clientConn struct {
 	noYield   bool         // release does not yield (WithPollWait)
 
 	mu       sync.Mutex
-	pending  map[uint32]chan frame
+	pending  map[uint32]inflight
 	next     uint32
 	err      error
 	lastRead atomic.Int64 // unix ns of the last frame received
@@ -488,17 +572,24 @@ func (cc *clientConn) broken() bool {
 	}
 }
 
-func (cc *clientConn) add(ch chan frame) (uint32, error) {
+// inflight is a call in flight: where its reply goes, when it was sent (unix
+// ns) and when the sweeper ends it (nanotime; 0: its context does).
+type inflight struct {
+	ch           chan frame
+	sent, expire int64
+}
+
+func (cc *clientConn) add(ch chan frame, sent, expire int64) (uint32, error) {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
 	if cc.err != nil {
 		return 0, cc.err
 	}
 	cc.next++
-	for cc.next == 0 || cc.pending[cc.next] != nil {
+	for cc.next == 0 || cc.pending[cc.next].ch != nil {
 		cc.next++ // 0 is the pings'; or wrapped onto a call in flight
 	}
-	cc.pending[cc.next] = ch
+	cc.pending[cc.next] = inflight{ch, sent, expire}
 	return cc.next, nil
 }
 
@@ -516,15 +607,28 @@ func (cc *clientConn) remove(id uint32) bool {
 // was. One cut off mid-frame also returns at once; the rest of its frame
 // goes out in the background (the stream must stay framed) within the
 // ping timeout, else the connection breaks.
-func (cc *clientConn) write(ctx context.Context, b []byte) error {
+func (cc *clientConn) write(ctx context.Context, dl time.Time, b []byte) error {
 	select {
 	case cc.wsem <- struct{}{}:
-	case <-cc.done:
-		return cc.err
-	case <-ctx.Done():
-		return status.FromContextError(ctx.Err()).Err()
+	default:
+		// Behind another write: wait within ctx and dl (which may be a
+		// call timeout's, earlier than ctx's deadline or without one).
+		var expired <-chan time.Time
+		if !dl.IsZero() {
+			t := time.NewTimer(time.Until(dl))
+			defer t.Stop()
+			expired = t.C
+		}
+		select {
+		case cc.wsem <- struct{}{}:
+		case <-cc.done:
+			return cc.err
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-expired:
+			return status.Error(codes.DeadlineExceeded, "crpc: deadline exceeded waiting to send")
+		}
 	}
-	dl, _ := ctx.Deadline()
 	cc.c.SetWriteDeadline(dl)
 	n, err := cc.c.Write(b)
 	if err == nil {
@@ -599,7 +703,8 @@ func (cc *clientConn) keepalive(interval, timeout time.Duration) {
 func (cc *clientConn) ping(id uint32, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if cc.write(ctx, control(id, kindPing)) != nil {
+	dl, _ := ctx.Deadline()
+	if cc.write(ctx, dl, control(id, kindPing)) != nil {
 		return false
 	}
 	for {
@@ -778,7 +883,7 @@ func (cc *clientConn) deliver(f frame, own chan frame) bool {
 		return false
 	}
 	cc.mu.Lock()
-	ch := cc.pending[f.id]
+	ch := cc.pending[f.id].ch
 	delete(cc.pending, f.id)
 	cc.mu.Unlock()
 	if ch == nil {
@@ -886,7 +991,7 @@ func (cc *clientConn) fail(err error) {
 		return
 	}
 	cc.err = err
-	cc.pending = map[uint32]chan frame{}
+	cc.pending = map[uint32]inflight{}
 	close(cc.done)
 	cc.mu.Unlock()
 	cc.c.Close()

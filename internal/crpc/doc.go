@@ -115,6 +115,13 @@
 //     timeout (else the connection breaks), so the calls behind it wait
 //     only within their own deadlines;
 //   - a call whose context ends sends a cancel frame;
+//   - WithCallTimeout(d) bounds every call to d from its start (or its
+//     context's earlier deadline) with no timer or context per call: the
+//     deadline rides in the request's timeout as a context's would, and
+//     a sweeper per connection (every d/20, 1-100 ms) ends calls past it
+//     with DEADLINE_EXCEEDED, interrupts the reader, sends their cancel
+//     frames and pings a server silent since. A reply that comes later
+//     finds no call and is dropped;
 //   - replies: there is no reader goroutine per connection. A caller
 //     waiting for its reply that finds nobody reading takes the
 //     connection's one read role and reads itself, delivering the other

@@ -33,6 +33,9 @@ const (
 	kindCancel  = 4
 	kindPing    = 5
 	kindPong    = 6
+	// kindExpired is never on the wire: the sweeper's frame for a call
+	// past its call timeout (WithCallTimeout).
+	kindExpired = 0x80
 
 	// requestFixed is the request body before the method name: u64
 	// timeout in microseconds, u8 method-name length.
