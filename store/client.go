@@ -19,7 +19,6 @@ import (
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/clock"
-	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/rpcerr"
 	"github.com/crescent-kv/crescent/store/storepb"
@@ -197,22 +196,19 @@ type Client struct {
 	conn     MasterConn
 	ha       *haConn // nil unless MasterAddr is etcd:// or redis://
 	rpcProto string
-	// selfTimed: the master connection bounds each call by RPCTimeout
-	// (crpc.WithCallTimeout), so rpcCtx adds no deadline of its own.
-	selfTimed bool
-	master    storepb.MasterClient
-	eng       *engine.Engine
-	ownEng    bool
-	name      string // engine segment name
-	host      string // host part of name, to rank same-host replicas
-	clock     clock.Clock
-	stats     *stats
-	regs      regions
-	stage     *stager
-	segs      atomic.Pointer[[]*segment] // copy on write (mount.go)
-	retired   []*segment                 // unmounted, maybe still in use by calls (mountMu)
-	drained   []*segment                 // unmounted, used by no call; unmapped at views == 0 (mountMu)
-	mountMu   sync.Mutex                 // serializes Mount, Unmount, remount
+	master   storepb.MasterClient
+	eng      *engine.Engine
+	ownEng   bool
+	name     string // engine segment name
+	host     string // host part of name, to rank same-host replicas
+	clock    clock.Clock
+	stats    *stats
+	regs     regions
+	stage    *stager
+	segs     atomic.Pointer[[]*segment] // copy on write (mount.go)
+	retired  []*segment                 // unmounted, maybe still in use by calls (mountMu)
+	drained  []*segment                 // unmounted, used by no call; unmapped at views == 0 (mountMu)
+	mountMu  sync.Mutex                 // serializes Mount, Unmount, remount
 
 	segMu  sync.Mutex
 	segIDs map[string]engine.SegmentID
@@ -322,10 +318,6 @@ func (c *Client) connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// A crpc connection that bounds each call by RPCTimeout itself spares
-	// every call a timer and a context (rpcCtx).
-	cc, ok := conn.(*crpc.Conn)
-	c.selfTimed = ok && cc.CallTimeout() == c.cfg.RPCTimeout
 	c.log.Debug("master connection", "addr", c.cfg.MasterAddr, "protocol", proto)
 	c.conn, c.master, c.rpcProto = conn, storepb.NewMasterClient(conn), proto
 	return nil
@@ -390,14 +382,22 @@ func (s *segment) pb() *storepb.Segment {
 	return &storepb.Segment{Id: s.info.ID.pb(), Name: s.info.Name, Base: s.info.Base, Size: s.info.Size, Protocol: s.info.Protocol}
 }
 
-// rpcCtx bounds one RPC by RPCTimeout (or ctx's earlier deadline); on a
-// connection that bounds its calls by RPCTimeout (selfTimed) ctx already
-// is.
+// rpcCtx bounds one RPC by RPCTimeout (or ctx's earlier deadline). A
+// master connection that bounds each call by RPCTimeout itself (crpc,
+// and auto or HA connections settled on crpc: crpc.WithCallTimeout)
+// spares every call a timer and a context.
 func (c *Client) rpcCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	if c.selfTimed {
+	if c.selfTimed() {
 		return ctx, noCancel
 	}
 	return context.WithTimeout(ctx, c.cfg.RPCTimeout)
+}
+
+// selfTimed reports whether the master connection bounds each call by
+// RPCTimeout now.
+func (c *Client) selfTimed() bool {
+	b, ok := c.conn.(interface{ CallTimeout() time.Duration })
+	return ok && b.CallTimeout() == c.cfg.RPCTimeout
 }
 
 func noCancel() {}

@@ -90,7 +90,7 @@ func dialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 		return nil, "", err
 	}
 	g.Close()
-	return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1)}, "auto", nil
+	return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1), callTimeout: callTimeout}, "auto", nil
 }
 
 // TunedGRPCDialOptions are the client options of "grpc_tuned" (added to
@@ -124,6 +124,9 @@ type autoConn struct {
 	sec       Security
 	crpcOnly  bool          // MasterProtocol "crpc": never settle on gRPC
 	sem       chan struct{} // one dial at a time; waiters keep their deadline
+	// callTimeout > 0 bounds every call (CallTimeout): crpc by
+	// crpc.WithCallTimeout, gRPC by a context per call.
+	callTimeout time.Duration
 
 	mu     sync.Mutex
 	conn   MasterConn // nil until settled
@@ -141,11 +144,26 @@ func (a *autoConn) Protocol() string {
 	return a.proto
 }
 
+// CallTimeout is the bound the connection puts on each call (0: none).
+func (a *autoConn) CallTimeout() time.Duration { return a.callTimeout }
+
 func (a *autoConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	invoke := func(ctx context.Context, method string, args, reply any, _ *grpc.ClientConn, opts ...grpc.CallOption) error {
-		c, err := a.get(ctx)
+		c, err := a.settled()
 		if err != nil {
 			return err
+		}
+		if _, bounded := c.(*crpc.Conn); a.callTimeout > 0 && !bounded {
+			// gRPC, or not settled yet (the dial this call makes
+			// included): a context bounds the call.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, a.callTimeout)
+			defer cancel()
+		}
+		if c == nil {
+			if c, err = a.get(ctx); err != nil {
+				return err
+			}
 		}
 		return c.Invoke(ctx, method, args, reply, opts...)
 	}
@@ -179,7 +197,11 @@ func (a *autoConn) get(ctx context.Context) (MasterConn, error) {
 	}
 	var conn MasterConn
 	proto := "crpc"
-	cc, err := crpc.Dial(ctx, a.addr, a.sec.crpcOptions()...)
+	opts := a.sec.crpcOptions()
+	if a.callTimeout > 0 {
+		opts = append(opts, crpc.WithCallTimeout(a.callTimeout))
+	}
+	cc, err := crpc.Dial(ctx, a.addr, opts...)
 	switch {
 	case err == nil:
 		conn = cc
@@ -227,7 +249,8 @@ func (a *autoConn) Close() error {
 // client's new leader (which may still be warming up): gRPC connects in
 // the background; crpc and "auto" dial at the first call, and again at
 // each call until the master answers.
-func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor, sec Security) (MasterConn, string, error) {
+// A crpc or "auto" connection bounds each call by callTimeout (0: none).
+func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor, sec Security, callTimeout time.Duration) (MasterConn, string, error) {
 	switch proto {
 	case "grpc", "grpc_tuned":
 		return DialMasterSecure(context.Background(), addr, proto, intercept, sec)
@@ -237,7 +260,7 @@ func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor, sec Sec
 			return nil, "", err
 		}
 		g.Close()
-		return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1), crpcOnly: proto == "crpc"}, cmp.Or(proto, "auto"), nil
+		return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1), crpcOnly: proto == "crpc", callTimeout: callTimeout}, cmp.Or(proto, "auto"), nil
 	}
 	return DialMasterSecure(context.Background(), addr, proto, intercept, sec) // the error
 }

@@ -30,3 +30,7 @@ func (c *Client) SwitchLeader(ctx context.Context, v LeaderView) (bool, error) {
 
 // QuietLogger discards logs.
 var QuietLogger = quiet
+
+// SelfTimed reports whether the master connection bounds each call by
+// RPCTimeout itself (rpcCtx adds no context).
+func (c *Client) SelfTimed() bool { return c.selfTimed() }

@@ -136,6 +136,10 @@ type haConn struct {
 	dial     func(ctx context.Context, addr string) (MasterConn, string, error)
 	log      *slog.Logger
 	onSwitch func(LeaderView) // after a switch, outside mu
+	// timeout bounds a call with its retries when the caller's context
+	// has no earlier deadline and the leader's connection bounds each
+	// attempt by it (CallTimeout); 0: only the context does.
+	timeout time.Duration
 
 	switchMu sync.Mutex // serializes switchLeader (dials included) and Close
 
@@ -228,9 +232,27 @@ func leaderGone(ctx context.Context, err error) bool {
 	return false
 }
 
+// CallTimeout is the bound on each call, retries included, when the
+// current leader's connection bounds each attempt by it (0: none, the
+// caller's context must).
+func (h *haConn) CallTimeout() time.Duration {
+	st := h.state.Load()
+	if h.timeout <= 0 || st == nil {
+		return 0
+	}
+	if b, ok := st.conn.(interface{ CallTimeout() time.Duration }); ok && b.CallTimeout() == h.timeout {
+		return h.timeout
+	}
+	return 0
+}
+
 func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	idem := idempotentMethods[method[strings.LastIndexByte(method, '/')+1:]]
 	pause := haRetryMin
+	var start time.Time // for h.timeout over the retries, taken once needed
+	if h.timeout > 0 {
+		start = time.Now()
+	}
 	for {
 		st, err := h.current()
 		if err != nil {
@@ -252,6 +274,15 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 		}
 		if !idem && !unsent {
 			return err
+		}
+		if !start.IsZero() {
+			// The retries stay within h.timeout of the call's start (or
+			// the context's earlier deadline): the attempts bound only
+			// themselves.
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithDeadline(ctx, start.Add(h.timeout))
+			defer cancel()
+			start = time.Time{}
 		}
 		// Again on the next leader, or on this one (still warming up, or
 		// restarting) after a pause, within the caller's context.
@@ -413,7 +444,7 @@ func (c *Client) connectHA(ctx context.Context, open LeaderOpener) error {
 	if err != nil {
 		return fmt.Errorf("store: master view at %s: %w", metadata.Redact(c.cfg.MasterAddr), err)
 	}
-	h := &haConn{log: c.log, onSwitch: c.leaderSwitched}
+	h := &haConn{log: c.log, onSwitch: c.leaderSwitched, timeout: c.cfg.RPCTimeout}
 	dial := func(ctx context.Context, addr string) (MasterConn, string, error) {
 		if c.cfg.MasterDialer != nil {
 			ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
@@ -421,7 +452,7 @@ func (c *Client) connectHA(ctx context.Context, open LeaderOpener) error {
 			conn, err := c.cfg.MasterDialer(ctx, addr, c.stats.interceptor)
 			return conn, c.cfg.MasterProtocol, err
 		}
-		return dialLazy(addr, c.cfg.MasterProtocol, c.stats.interceptor, c.cfg.Security)
+		return dialLazy(addr, c.cfg.MasterProtocol, c.stats.interceptor, c.cfg.Security, c.cfg.RPCTimeout)
 	}
 	if err := dialHA(ctx, src, dial, h); err != nil {
 		src.Close()

@@ -3,6 +3,7 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -528,4 +529,42 @@ func TestHAPutWaitsForNextLeader(t *testing.T) {
 	got, err := c.Get(ctx, "during")
 	require.NoError(t, err)
 	assert.Equal(t, value(4096, 2), got)
+}
+
+// TestHACallsBoundedByRPCTimeout: an HA client on crpc bounds its calls
+// by RPCTimeout without a context per call, retries included: with the
+// leader gone and nobody taking over, a put and an idempotent call made
+// with no deadline of their own end (RPC_FAIL or RPC_TIMEOUT) instead of
+// waiting for a leader forever.
+func TestHACallsBoundedByRPCTimeout(t *testing.T) {
+	ctx := testCtx(t)
+	el := startElection(t, "etcd")
+	ma := store.StartTestMaster(t, master.Config{})
+	sa, _ := el.acquire(t, ctx, ma.Addr())
+	c, err := store.New(ctx, store.Config{
+		MasterAddr: el.addr, MasterProtocol: "crpc", LocalHostname: "127.0.0.1", GlobalSegmentSize: 16 << 20,
+		LocalBufferSize: 16 << 20, HeartbeatInterval: 50 * time.Millisecond, RPCTimeout: 500 * time.Millisecond,
+		Logger: store.QuietLogger,
+	})
+	require.NoError(t, err)
+	defer c.Close()
+	require.NoError(t, c.Put(ctx, "before", value(4096, 1), store.ReplicateConfig{}))
+	assert.True(t, c.SelfTimed(), "settled on crpc, the HA connection bounds its calls")
+
+	ma.Stop()
+	require.NoError(t, sa.Release(ctx))
+	for name, call := range map[string]func() error{
+		"put":   func() error { return c.Put(context.Background(), "during", value(4096, 2), store.ReplicateConfig{}) },
+		"exist": func() error { _, err := c.IsExist(context.Background(), "before"); return err },
+	} {
+		done := make(chan error, 1)
+		go func() { done <- call() }()
+		select {
+		case err := <-done:
+			assert.Error(t, err, name)
+			assert.True(t, errors.Is(err, errcode.ErrRPCFail) || errors.Is(err, errcode.ErrRPCTimeout), "%s: %v", name, err)
+		case <-time.After(30 * time.Second): // a hang detector, not a measure
+			t.Fatalf("%s with nobody leading did not end", name)
+		}
+	}
 }

@@ -63,7 +63,7 @@ func TestRPCTimeoutStalledMaster(t *testing.T) {
 			c := newTestClient(t, &testMaster{m: m, addr: lis.Addr().String()}, 16<<20, func(c *Config) {
 				c.MasterProtocol, c.RPCTimeout = proto, timeout
 			})
-			assert.Equal(t, proto == "crpc", c.selfTimed, "a crpc connection bounds its calls itself")
+			assert.Equal(t, proto == "crpc", c.selfTimed(), "a crpc connection bounds its calls itself")
 			require.NoError(t, c.Put(context.Background(), "before", []byte("v"), ReplicateConfig{}))
 
 			stall.Store(true)
