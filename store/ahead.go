@@ -161,6 +161,12 @@ func (a *putAhead) askLocked(k resvClass, now time.Time) int {
 		return 0
 	}
 	n := min(a.room(k), maxReserveAsk)
+	// Top up in chunks: each spec costs the master a Reserve call and
+	// both sides its encoding, so a class that still holds some asks
+	// only once half its target (or of one request's most) is missing.
+	if chunk := min(a.perClass+q.extra, maxReserveAsk) / 2; len(q.free) > 0 && n < max(1, chunk) {
+		return 0
+	}
 	q.inflight += n
 	a.bytes += uint64(n) * k.size
 	return n

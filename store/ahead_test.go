@@ -37,6 +37,24 @@ func warmAhead(t *testing.T, c *Client, prefix string, size int, rc ReplicateCon
 	return n
 }
 
+// fillAhead puts values of size until c holds want reservations of
+// their class (topped up in chunks, a class is full only just after a
+// top-up) and returns how many it put.
+func fillAhead(t *testing.T, c *Client, prefix string, size, want int) int {
+	t.Helper()
+	ctx := tctx(t)
+	n := 0
+	eventually(t, "a full class", func() bool {
+		if c.ahead.held() == want {
+			return true
+		}
+		require.NoError(t, c.Put(ctx, fmt.Sprintf("%s/%d", prefix, n), testutil.Bytes(size, uint64(n)), ReplicateConfig{}))
+		n++
+		return false
+	})
+	return n
+}
+
 // TestPutAhead: once a size is put repeatedly, each put is one CommitPut
 // (no PutStart/PutEnd), values land where another client reads them, and
 // Close gives every reservation back.
@@ -228,7 +246,7 @@ func TestBatchPutAheadAndBlocks(t *testing.T) {
 	a := newTestClient(t, tm, 32<<20, func(c *Config) { c.PutAhead = 4 })
 	ctx := tctx(t)
 	warmAhead(t, a, "warm", 32<<10, ReplicateConfig{})
-	eventually(t, "a full class", func() bool { return a.ahead.held() == 4 })
+	fillAhead(t, a, "fill", 32<<10, 4)
 	before := a.Stats()
 	keys := []string{"b0", "b1", "b2"}
 	vals := [][]byte{testutil.Bytes(32<<10, 10), testutil.Bytes(32<<10, 11), testutil.Bytes(32<<10, 12)}
@@ -413,7 +431,7 @@ func TestBatchPutCommitBesideEnd(t *testing.T) {
 	})
 	ctx := tctx(t)
 	warmAhead(t, a, "warm", 32<<10, ReplicateConfig{})
-	eventually(t, "a full class", func() bool { return a.ahead.held() == 4 })
+	fillAhead(t, a, "fill", 32<<10, 4)
 	before := a.Stats()
 	keys := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
 	var vals [][]byte
@@ -449,13 +467,9 @@ func TestPutAheadAboveMasterBound(t *testing.T) {
 	a := newTestClient(t, tm, 64<<20, func(c *Config) { c.PutAhead = target })
 	warmAhead(t, a, "warm", 4<<10, ReplicateConfig{})
 	assert.LessOrEqual(t, a.ahead.held(), target)
-	ctx := tctx(t)
 	before := a.Stats()
-	for i := range 8 {
-		require.NoError(t, a.Put(ctx, fmt.Sprintf("k%d", i), testutil.Bytes(4<<10, uint64(i)), ReplicateConfig{}))
-	}
-	eventually(t, "the whole target held", func() bool { return a.ahead.held() == target })
-	assert.EqualValues(t, 8, a.Stats().PutsAhead-before.PutsAhead, "every put went ahead")
+	puts := fillAhead(t, a, "k", 4<<10, target)
+	assert.EqualValues(t, puts, a.Stats().PutsAhead-before.PutsAhead, "every put went ahead")
 	assert.Equal(t, target, tm.m.Stats().Reservations)
 }
 
@@ -493,4 +507,39 @@ func TestPutAheadForgetDropsOldAnswers(t *testing.T) {
 	a.putBack(k, h)
 	assert.Empty(t, a.takeRelease(), "an old leader's id released on the new one")
 	assert.Zero(t, a.held())
+}
+
+// TestPutAheadAsksInChunks: a class tops its reservations up once half
+// its target is missing, in one spec, not one spec per put: each spec
+// costs the master a Reserve call. A class with none left asks at once.
+func TestPutAheadAsksInChunks(t *testing.T) {
+	a := newPutAhead(8, 1<<30)
+	k := resvClass{size: 100}
+	a.take(k, time.Now())
+	_, _, refill, ep := a.take(k, time.Now())
+	require.Equal(t, 8, refill)
+	res := &storepb.ReserveResult{}
+	for i := range 8 {
+		res.Reservations = append(res.Reservations, &storepb.Reservation{Id: uint64(i + 1), Size: 100})
+	}
+	a.got(k, 8, res, 10*time.Second, ep)
+	for i := range 3 {
+		_, ok, _, _ := a.take(k, time.Now())
+		require.True(t, ok)
+		n, _ := a.ask(k)
+		assert.Zero(t, n, "%d of 8 missing: not yet", i+1)
+	}
+	_, ok, _, _ := a.take(k, time.Now())
+	require.True(t, ok)
+	n, _ := a.ask(k)
+	assert.Equal(t, 4, n, "half missing: asked for together")
+	for range 4 {
+		_, ok, _, _ := a.take(k, time.Now())
+		require.True(t, ok)
+	}
+	_, ok, _, _ = a.take(k, time.Now())
+	require.False(t, ok, "all taken, the four still coming")
+	a.got(k, 4, &storepb.ReserveResult{}, 10*time.Second, ep) // granted none
+	n, _ = a.ask(k)
+	assert.Equal(t, 9, n, "none held: the whole target (raised by the miss) at once")
 }
