@@ -17,7 +17,8 @@ import (
 // the client already holds space for it. The client keeps a few
 // reservations (ReservePut) for each value size it puts repeatedly with
 // one ReplicateConfig, a class; a put of that class writes into one and
-// commits it with CommitPut, which also asks for its replacement. A
+// commits it with CommitPut, which also asks for replacements (in
+// chunks: see askLocked). A
 // steady stream of puts of one size, as KV-cache blocks are, then costs
 // one round trip each.
 //

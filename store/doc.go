@@ -74,8 +74,11 @@
 //     at most 64 (its bound per spec). A BatchPut takes reservations for
 //     as many items as are held and PutStart/PutEnd for the rest, whose
 //     BatchPutEnd runs beside the CommitPut. A put of a class with one at
-//     hand writes into it and commits it with CommitPut, which asks for
-//     its replacement in the same RPC: one round trip instead of two.
+//     hand writes into it and commits it with CommitPut, which asks in
+//     the same RPC for what its class is missing once that is half the
+//     class's count (or 32, half of one request's most), or at once when
+//     the class holds none: one round trip instead of two, and a Reserve
+//     call on the master every few puts rather than every put.
 //     Concurrent single-key calls of one kind (PutStart, PutEnd, commits,
 //     GetReplicaList) are merged into batch RPCs, at most two in flight.
 //     A reservation is used only while younger than half the TTL the
