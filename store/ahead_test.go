@@ -473,16 +473,25 @@ func TestPutAheadAboveMasterBound(t *testing.T) {
 	assert.Equal(t, target, tm.m.Stats().Reservations)
 }
 
+// bookedClass is a client's reservation queue whose class of 100-byte
+// values has just booked its first perClass reservations (two puts found
+// none), in the epoch returned.
+func bookedClass(t *testing.T, perClass int) (*putAhead, resvClass, uint64) {
+	t.Helper()
+	a := newPutAhead(perClass, 1<<30)
+	k := resvClass{size: 100}
+	a.take(k, time.Now())
+	_, _, refill, epoch := a.take(k, time.Now())
+	require.Equal(t, perClass, refill)
+	return a, k, epoch
+}
+
 // TestPutAheadForgetDropsOldAnswers: an answer to a request booked
 // before a leader switch (forget) comes from the old leader: it is
 // dropped, neither held nor given back to the new one, and does not
 // disturb what the client books after the switch.
 func TestPutAheadForgetDropsOldAnswers(t *testing.T) {
-	a := newPutAhead(2, 1<<30)
-	k := resvClass{size: 100}
-	a.take(k, time.Now())
-	_, _, refill, old := a.take(k, time.Now())
-	require.Equal(t, 2, refill)
+	a, k, old := bookedClass(t, 2)
 	a.forget()
 	two := func(id uint64) *storepb.ReserveResult {
 		return &storepb.ReserveResult{Reservations: []*storepb.Reservation{{Id: id, Size: 100}, {Id: id + 1, Size: 100}}}
@@ -513,11 +522,7 @@ func TestPutAheadForgetDropsOldAnswers(t *testing.T) {
 // its target is missing, in one spec, not one spec per put: each spec
 // costs the master a Reserve call. A class with none left asks at once.
 func TestPutAheadAsksInChunks(t *testing.T) {
-	a := newPutAhead(8, 1<<30)
-	k := resvClass{size: 100}
-	a.take(k, time.Now())
-	_, _, refill, ep := a.take(k, time.Now())
-	require.Equal(t, 8, refill)
+	a, k, ep := bookedClass(t, 8)
 	res := &storepb.ReserveResult{}
 	for i := range 8 {
 		res.Reservations = append(res.Reservations, &storepb.Reservation{Id: uint64(i + 1), Size: 100})
