@@ -37,10 +37,11 @@ func warmAhead(t *testing.T, c *Client, prefix string, size int, rc ReplicateCon
 	return n
 }
 
-// fillAhead puts values of size until c holds want reservations of
-// their class (topped up in chunks, a class is full only just after a
-// top-up) and returns how many it put.
-func fillAhead(t *testing.T, c *Client, prefix string, size, want int) int {
+// fillAhead puts (and removes again, so the pool does not fill) values
+// of size until c holds want reservations of their class (topped up in
+// chunks, a class is full only just after a top-up) and returns how many
+// it put.
+func fillAhead(t *testing.T, c *Client, prefix string, size int, rc ReplicateConfig, want int) int {
 	t.Helper()
 	ctx := tctx(t)
 	n := 0
@@ -48,7 +49,9 @@ func fillAhead(t *testing.T, c *Client, prefix string, size, want int) int {
 		if c.ahead.held() == want {
 			return true
 		}
-		require.NoError(t, c.Put(ctx, fmt.Sprintf("%s/%d", prefix, n), testutil.Bytes(size, uint64(n)), ReplicateConfig{}))
+		key := fmt.Sprintf("%s/%d", prefix, n)
+		require.NoError(t, c.Put(ctx, key, testutil.Bytes(size, uint64(n)), rc))
+		require.NoError(t, c.Remove(ctx, key, false))
 		n++
 		return false
 	})
@@ -65,6 +68,7 @@ func TestPutAhead(t *testing.T) {
 	ctx := tctx(t)
 	rc := ReplicateConfig{Replicas: 2}
 	warm := warmAhead(t, a, "warm", 64<<10, rc)
+	fillAhead(t, a, "fill", 64<<10, rc, 4)
 	if st := tm.m.Stats(); st.Reservations != 4 || st.ReservedBytes != 4*64<<10 {
 		t.Fatalf("master holds %d reservations of %d bytes, want 4", st.Reservations, st.ReservedBytes)
 	}
@@ -86,7 +90,8 @@ func TestPutAhead(t *testing.T) {
 	if d := rpc(after, "PutStart") + rpc(after, "PutEnd") - rpc(before, "PutStart") - rpc(before, "PutEnd"); d != 0 {
 		t.Fatalf("%d PutStart/PutEnd calls in steady state", d)
 	}
-	if st := tm.m.Stats(); st.Reservations != 4 {
+	// Topped up once half the class is used: 3 or 4 held.
+	if st := tm.m.Stats(); st.Reservations < 3 || st.Reservations > 4 {
 		t.Fatalf("reservations not replaced: %d", st.Reservations)
 	}
 	for i := range n {
@@ -184,7 +189,7 @@ func TestPutAheadFullPool(t *testing.T) {
 	a := newTestClient(t, tm, 8<<20, func(c *Config) { c.PutAhead = 8 })
 	ctx := tctx(t)
 	warmAhead(t, a, "small", 512<<10, ReplicateConfig{})
-	eventually(t, "a full class", func() bool { return a.ahead.held() == 8 })
+	fillAhead(t, a, "fill", 512<<10, ReplicateConfig{}, 8)
 	if _, err := a.RemoveAll(ctx, true); err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +251,7 @@ func TestBatchPutAheadAndBlocks(t *testing.T) {
 	a := newTestClient(t, tm, 32<<20, func(c *Config) { c.PutAhead = 4 })
 	ctx := tctx(t)
 	warmAhead(t, a, "warm", 32<<10, ReplicateConfig{})
-	fillAhead(t, a, "fill", 32<<10, 4)
+	fillAhead(t, a, "fill", 32<<10, ReplicateConfig{}, 4)
 	before := a.Stats()
 	keys := []string{"b0", "b1", "b2"}
 	vals := [][]byte{testutil.Bytes(32<<10, 10), testutil.Bytes(32<<10, 11), testutil.Bytes(32<<10, 12)}
@@ -431,7 +436,7 @@ func TestBatchPutCommitBesideEnd(t *testing.T) {
 	})
 	ctx := tctx(t)
 	warmAhead(t, a, "warm", 32<<10, ReplicateConfig{})
-	fillAhead(t, a, "fill", 32<<10, 4)
+	fillAhead(t, a, "fill", 32<<10, ReplicateConfig{}, 4)
 	before := a.Stats()
 	keys := []string{"m0", "m1", "m2", "m3", "m4", "m5"}
 	var vals [][]byte
@@ -468,7 +473,7 @@ func TestPutAheadAboveMasterBound(t *testing.T) {
 	warmAhead(t, a, "warm", 4<<10, ReplicateConfig{})
 	assert.LessOrEqual(t, a.ahead.held(), target)
 	before := a.Stats()
-	puts := fillAhead(t, a, "k", 4<<10, target)
+	puts := fillAhead(t, a, "k", 4<<10, ReplicateConfig{}, target)
 	assert.EqualValues(t, puts, a.Stats().PutsAhead-before.PutsAhead, "every put went ahead")
 	assert.Equal(t, target, tm.m.Stats().Reservations)
 }
