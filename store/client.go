@@ -396,7 +396,7 @@ func (c *Client) rpcCtx(ctx context.Context) (context.Context, context.CancelFun
 // selfTimed reports whether the master connection bounds each call by
 // RPCTimeout now.
 func (c *Client) selfTimed() bool {
-	b, ok := c.conn.(interface{ CallTimeout() time.Duration })
+	b, ok := c.conn.(callBounder)
 	return ok && b.CallTimeout() == c.cfg.RPCTimeout
 }
 

@@ -62,12 +62,9 @@ func dialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 		}
 		return conn, proto, nil
 	}
-	opts := sec.crpcOptions()
+	opts := crpcDialOptions(sec, callTimeout)
 	if intercept != nil {
 		opts = append(opts, crpc.WithUnaryInterceptor(intercept))
-	}
-	if callTimeout > 0 {
-		opts = append(opts, crpc.WithCallTimeout(callTimeout))
 	}
 	cc, err := crpc.Dial(ctx, addr, opts...)
 	switch {
@@ -92,6 +89,21 @@ func dialMaster(ctx context.Context, addr, proto string, intercept grpc.UnaryCli
 	g.Close()
 	return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1), callTimeout: callTimeout}, "auto", nil
 }
+
+// crpcDialOptions are a master connection's crpc options: sec's, and
+// each call bounded by callTimeout (0: by its context only).
+func crpcDialOptions(sec Security, callTimeout time.Duration) []crpc.Option {
+	opts := sec.crpcOptions()
+	if callTimeout > 0 {
+		opts = append(opts, crpc.WithCallTimeout(callTimeout))
+	}
+	return opts
+}
+
+// callBounder is a master connection that bounds each call itself
+// (crpc.Conn with WithCallTimeout, autoConn, haConn): CallTimeout is the
+// bound, 0 for none.
+type callBounder interface{ CallTimeout() time.Duration }
 
 // TunedGRPCDialOptions are the client options of "grpc_tuned" (added to
 // the plain gRPC ones: insecure transport, 256 MiB messages); the master
@@ -197,11 +209,7 @@ func (a *autoConn) get(ctx context.Context) (MasterConn, error) {
 	}
 	var conn MasterConn
 	proto := "crpc"
-	opts := a.sec.crpcOptions()
-	if a.callTimeout > 0 {
-		opts = append(opts, crpc.WithCallTimeout(a.callTimeout))
-	}
-	cc, err := crpc.Dial(ctx, a.addr, opts...)
+	cc, err := crpc.Dial(ctx, a.addr, crpcDialOptions(a.sec, a.callTimeout)...)
 	switch {
 	case err == nil:
 		conn = cc

@@ -240,7 +240,7 @@ func (h *haConn) CallTimeout() time.Duration {
 	if h.timeout <= 0 || st == nil {
 		return 0
 	}
-	if b, ok := st.conn.(interface{ CallTimeout() time.Duration }); ok && b.CallTimeout() == h.timeout {
+	if b, ok := st.conn.(callBounder); ok && b.CallTimeout() == h.timeout {
 		return h.timeout
 	}
 	return 0
