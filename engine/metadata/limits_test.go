@@ -31,18 +31,16 @@ func TestServerSurvivesFDExhaustion(t *testing.T) {
 	defer cancel()
 	require.NoError(t, SendProbe(ctx, s.Addr()))
 
-	// One fd for the peer: it waits in the backlog while accept fails.
-	restore := netx.StarveFDs(t, 1)
-	c, err := net.Dial("tcp", s.Addr())
-	require.NoError(t, err)
-	defer c.Close()
-	require.NoError(t, WriteFrame(c, Probe, []byte("{}\n")))
+	// The peer waits in the backlog while accept fails; its request is
+	// sent once fds are back.
+	finish := netx.StarveWithPeer(t, s.Addr())
 	select {
 	case <-failed:
 	case <-time.After(wait):
 		t.Log("no failed accept reported")
 	}
-	restore()
+	c := finish()
+	require.NoError(t, WriteFrame(c, Probe, []byte("{}\n")))
 
 	c.SetDeadline(time.Now().Add(wait))
 	typ, body, err := ReadFrame(c, DefaultReplyMax)

@@ -564,12 +564,9 @@ func TestSplitFDExhaustion(t *testing.T) {
 	defer func() { g.Stop(); <-gdone; stop() }()
 	addr := lis.Addr().String()
 
-	restore := netx.StarveFDs(t, 1) // one for a peer left in the backlog
-	raw, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer raw.Close()
-	time.Sleep(50 * time.Millisecond) // several failed accepts
-	restore()
+	finish := netx.StarveWithPeer(t, addr) // a peer left in the backlog
+	time.Sleep(50 * time.Millisecond)      // several failed accepts
+	finish()
 	select {
 	case err := <-gdone:
 		t.Fatalf("gRPC Serve ended: %v", err)

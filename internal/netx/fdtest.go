@@ -3,6 +3,9 @@ package netx
 import (
 	"context"
 	"log/slog"
+	"net"
+	"net/netip"
+	"os"
 	"sync"
 	"syscall"
 	"testing"
@@ -102,4 +105,41 @@ func (h *tap) Handle(_ context.Context, r slog.Record) error {
 		h.once.Do(func() { close(h.ch) })
 	}
 	return nil
+}
+
+// StarveWithPeer connects a peer to addr while the process is out of fds,
+// so the listener's accept fails with EMFILE while the peer waits in the
+// backlog. The peer's socket is made before the fds run out: anything
+// else in the process that opens an fd meanwhile (a background redial)
+// cannot take the one the peer needed. finish gives the fds back and
+// returns the peer, closed at the test's cleanup; it must be called.
+func StarveWithPeer(t testing.TB, addr string) (finish func() net.Conn) {
+	t.Helper()
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil || !ap.Addr().Is4() {
+		t.Fatalf("StarveWithPeer wants an IPv4 address:port, got %q", addr)
+	}
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restore := StarveFDs(t, 0)
+	// A blocking connect returns once the kernel completes the handshake,
+	// with the connection queued for an accept that cannot happen yet.
+	if err := syscall.Connect(fd, &syscall.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}); err != nil {
+		restore()
+		syscall.Close(fd)
+		t.Fatalf("connect %s: %v", addr, err)
+	}
+	return func() net.Conn {
+		restore()
+		f := os.NewFile(uintptr(fd), "peer")
+		c, err := net.FileConn(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
 }

@@ -78,22 +78,19 @@ func TestSurvivesFDExhaustion(t *testing.T) {
 	defer l.Close()
 	require.NoError(t, roundTrip(t, l.Addr().String()))
 
-	// One fd for the client: its connection waits in the backlog while
-	// accept fails.
-	restore := StarveFDs(t, 1)
-	c, err := net.Dial("tcp", l.Addr().String())
-	require.NoError(t, err)
-	defer c.Close()
+	// The client's connection waits in the backlog while accept fails.
+	finish := StarveWithPeer(t, l.Addr().String())
 	time.Sleep(50 * time.Millisecond) // several failed accepts
 	select {
 	case <-l.Done():
+		finish()
 		t.Fatal("accept loop ended on EMFILE")
 	default:
 	}
-	restore()
+	c := finish()
 
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	_, err = io.WriteString(c, "hello\n")
+	_, err := io.WriteString(c, "hello\n")
 	require.NoError(t, err)
 	line, err := bufio.NewReader(c).ReadString('\n')
 	require.NoError(t, err)

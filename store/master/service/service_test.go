@@ -501,12 +501,9 @@ func TestInterceptorCountsBoth(t *testing.T) {
 func TestServeFDExhaustion(t *testing.T) {
 	e := mastertest.New(t, nil)
 	addr := serveBoth(t, New(e.M))
-	restore := netx.StarveFDs(t, 1) // one for a peer left in the backlog
-	raw, err := net.Dial("tcp", addr)
-	require.NoError(t, err)
-	defer raw.Close()
-	time.Sleep(50 * time.Millisecond) // several failed accepts
-	restore()
+	finish := netx.StarveWithPeer(t, addr) // a peer left in the backlog
+	time.Sleep(50 * time.Millisecond)      // several failed accepts
+	finish()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
