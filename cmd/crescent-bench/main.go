@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/pprof"
 	"runtime/trace"
 	"syscall"
@@ -62,6 +63,30 @@ func startTrace(path string) (stop func(), err error) {
 // an empty path profiles nothing.
 func startCPUProfile(path string) (stop func(), err error) {
 	return record(path, pprof.StartCPUProfile, pprof.StopCPUProfile)
+}
+
+// startMemProfile samples one allocation per 4 KiB (the runtime's default
+// is one per 512 KiB, too coarse for a run of small values) and writes
+// the allocs profile to path when stopped. It is called before the run
+// starts, so the rate applies to all of the run's allocations.
+func startMemProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	old := runtime.MemProfileRate
+	runtime.MemProfileRate = 4096
+	return func() {
+		runtime.GC() // the profile is as of the last GC
+		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+			fmt.Fprintf(os.Stderr, "crescent-bench: memprofile: %v\n", err)
+		}
+		f.Close()
+		runtime.MemProfileRate = old
+	}, nil
 }
 
 // record runs a runtime recorder (start, stop) into the file path.

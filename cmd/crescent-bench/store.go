@@ -51,6 +51,7 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 	hot := fs.Bool("hot", false, "with --dummy: only the hot-cache hit and its memcpy baseline")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to this file (client processes: to FILE.PID each)")
 	traceFile := fs.String("trace", "", "write an execution trace of this process to this file (client processes: to FILE.PID each), for go tool trace: -pprof=sched is where goroutines waited for a CPU, -pprof=syscall where they blocked in the kernel")
+	memProfile := fs.String("memprofile", "", "write this process's allocation profile (every allocation since it started, sampled one per 4 KiB) to this file at the end (client processes: to FILE.PID each), for go tool pprof -sample_index=alloc_space or alloc_objects")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -110,6 +111,9 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 		if *cpuProfile != "" {
 			c.ClientCommand = append(c.ClientCommand, "--cpuprofile", *cpuProfile)
 		}
+		if *memProfile != "" {
+			c.ClientCommand = append(c.ClientCommand, "--memprofile", *memProfile)
+		}
 		if *traceFile != "" {
 			c.ClientCommand = append(c.ClientCommand, "--trace", *traceFile)
 		}
@@ -122,6 +126,11 @@ func storeMain(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer stop()
+	stopMem, err := startMemProfile(*memProfile)
+	if err != nil {
+		return err
+	}
+	defer stopMem()
 	stopTrace, err := startTrace(*traceFile)
 	if err != nil {
 		return err
@@ -207,6 +216,7 @@ func storeClientMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet(storeClientCmd, flag.ContinueOnError)
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process to FILE.PID")
 	traceFile := fs.String("trace", "", "write an execution trace of this process to FILE.PID")
+	memProfile := fs.String("memprofile", "", "write an allocation profile of this process to FILE.PID at the end")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -221,6 +231,11 @@ func storeClientMain(ctx context.Context, args []string) error {
 		return err
 	}
 	defer stop()
+	stopMem, err := startMemProfile(perPID(*memProfile))
+	if err != nil {
+		return err
+	}
+	defer stopMem()
 	stopTrace, err := startTrace(perPID(*traceFile))
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
@@ -143,6 +144,26 @@ func TestStoreMainCPUProfile(t *testing.T) {
 	// A pprof profile is gzip-compressed protobuf.
 	require.GreaterOrEqual(t, len(b), 2)
 	assert.Equal(t, []byte{0x1f, 0x8b}, b[:2])
+}
+
+// TestStoreMainMemProfile: --memprofile writes an allocation profile
+// that holds the run's allocations (the master's among them).
+func TestStoreMainMemProfile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "mem.prof")
+	err := storeMain(context.Background(), []string{
+		"--operation", "meta", "--objects", "1000", "--batch", "100", "--warmup", "0", "--memprofile", path,
+	}, io.Discard)
+	require.NoError(t, err)
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	zr, err := gzip.NewReader(f) // a pprof profile is gzip-compressed protobuf
+	require.NoError(t, err)
+	b, err := io.ReadAll(zr)
+	require.NoError(t, err)
+	// The string table names the sample types and the functions sampled.
+	assert.Contains(t, string(b), "alloc_space")
+	assert.Contains(t, string(b), "crescent/store/master.")
 }
 
 func TestStoreMainTraceUnwritable(t *testing.T) {
