@@ -51,15 +51,66 @@ type heldResv struct {
 }
 
 type resvQueue struct {
-	free     []heldResv // oldest first
-	inflight int        // asked for, not answered yet
-	misses   int        // puts that found none
-	noRoom   time.Time  // the master had no room: ask again after this
+	// free[head:] are the reservations held, oldest first. Taking from
+	// the front advances head instead of reslicing, so the array is kept
+	// and refilled (push) rather than reallocated every few top-ups.
+	free     []heldResv
+	head     int
+	inflight int       // asked for, not answered yet
+	misses   int       // puts that found none
+	noRoom   time.Time // the master had no room: ask again after this
 	// extra raises the class's target above perClass: more puts of it
 	// run at once than perClass covers (each found none while
 	// replacements were on their way and paid two round trips, two
 	// durability waits on a durable master).
 	extra int
+}
+
+// len is the number of reservations held.
+func (q *resvQueue) len() int { return len(q.free) - q.head }
+
+// pop removes and returns the oldest (len > 0).
+func (q *resvQueue) pop() heldResv {
+	h := q.free[q.head]
+	q.free[q.head] = heldResv{}
+	if q.head++; q.head == len(q.free) {
+		q.free, q.head = q.free[:0], 0
+	}
+	return h
+}
+
+// push appends h. A full array whose front half is spent is compacted
+// instead of grown, so each element is moved at most once per push
+// on average.
+func (q *resvQueue) push(h heldResv) {
+	if len(q.free) == cap(q.free) && q.head > 0 && q.head >= len(q.free)/2 {
+		n := copy(q.free, q.free[q.head:])
+		clear(q.free[n:])
+		q.free, q.head = q.free[:n], 0
+	}
+	q.free = append(q.free, h)
+}
+
+// pushFront puts h back in front (it was taken and not used).
+func (q *resvQueue) pushFront(h heldResv) {
+	if q.head > 0 {
+		q.head--
+		q.free[q.head] = h
+		return
+	}
+	q.free = append([]heldResv{h}, q.free...)
+}
+
+// filter keeps the reservations keep returns true for, in order.
+func (q *resvQueue) filter(keep func(heldResv) bool) {
+	kept := q.free[:0]
+	for _, h := range q.free[q.head:] {
+		if keep(h) {
+			kept = append(kept, h) // never past the element read
+		}
+	}
+	clear(q.free[len(kept):])
+	q.free, q.head = kept, 0
 }
 
 // maxAheadPerClass bounds a class's adaptive target (perClass+extra);
@@ -116,9 +167,8 @@ func (a *putAhead) take(k resvClass, now time.Time) (h heldResv, ok bool, refill
 		q = &resvQueue{}
 		a.classes[k] = q
 	}
-	for len(q.free) > 0 {
-		h = q.free[0]
-		q.free = q.free[1:]
+	for q.len() > 0 {
+		h = q.pop()
 		if a.usable(h, now) {
 			a.bytes -= k.size
 			return h, true, 0, epoch
@@ -138,7 +188,7 @@ func (a *putAhead) take(k resvClass, now time.Time) (h heldResv, ok bool, refill
 // room is how many more reservations of k fit the budgets.
 func (a *putAhead) room(k resvClass) int {
 	q := a.classes[k]
-	n := a.perClass + q.extra - len(q.free) - q.inflight
+	n := a.perClass + q.extra - q.len() - q.inflight
 	if a.bytes >= a.maxBytes {
 		return 0
 	}
@@ -165,7 +215,7 @@ func (a *putAhead) askLocked(k resvClass, now time.Time) int {
 	// Top up in chunks: each spec costs the master a Reserve call and
 	// both sides its encoding, so a class that still holds some asks
 	// only once half its target (or of one request's most) is missing.
-	if chunk := min(a.perClass+q.extra, maxReserveAsk) / 2; len(q.free) > 0 && n < max(1, chunk) {
+	if chunk := min(a.perClass+q.extra, maxReserveAsk) / 2; q.len() > 0 && n < max(1, chunk) {
 		return 0
 	}
 	q.inflight += n
@@ -199,7 +249,7 @@ func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl t
 				a.release = append(a.release, id)
 				continue
 			}
-			q.free = append(q.free, heldResv{id: id, reps: reps[j], at: now, epoch: epoch})
+			q.push(heldResv{id: id, reps: reps[j], at: now, epoch: epoch})
 			a.bytes += k.size
 		}
 		if err != nil {
@@ -212,7 +262,7 @@ func (a *putAhead) got(k resvClass, asked int, res *storepb.ReserveResult, ttl t
 			a.release = append(a.release, r.Id)
 			continue
 		}
-		q.free = append(q.free, heldResv{id: r.Id, reps: r.Replicas, at: now, epoch: epoch})
+		q.push(heldResv{id: r.Id, reps: r.Replicas, at: now, epoch: epoch})
 		a.bytes += k.size
 	}
 }
@@ -225,8 +275,8 @@ func (a *putAhead) putBack(k resvClass, h heldResv) {
 	if h.epoch != a.epoch {
 		return // the old leader's
 	}
-	if q := a.classes[k]; q != nil && !a.closed && a.usable(h, time.Now()) && len(q.free)+q.inflight < a.perClass+q.extra {
-		q.free = append([]heldResv{h}, q.free...)
+	if q := a.classes[k]; q != nil && !a.closed && a.usable(h, time.Now()) && q.len()+q.inflight < a.perClass+q.extra {
+		q.pushFront(h)
 		a.bytes += k.size
 		return
 	}
@@ -265,17 +315,14 @@ func (a *putAhead) age(all bool) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, q := range a.classes {
-		kept := q.free[:0]
-		for _, h := range q.free {
+		q.filter(func(h heldResv) bool {
 			if all || !a.usable(h, now) {
 				a.dropLocked(k, h)
-			} else {
-				kept = append(kept, h)
+				return false
 			}
-		}
-		clear(q.free[len(kept):])
-		q.free = kept
-		if len(q.free) == 0 && q.inflight == 0 {
+			return true
+		})
+		if q.len() == 0 && q.inflight == 0 {
 			delete(a.classes, k) // idle: it must earn reservations again
 		}
 	}
@@ -311,16 +358,13 @@ func (a *putAhead) dropOn(ids []*storepb.UUID) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for k, q := range a.classes {
-		kept := q.free[:0]
-		for _, h := range q.free {
+		q.filter(func(h heldResv) bool {
 			if on(h) {
 				a.dropLocked(k, h)
-			} else {
-				kept = append(kept, h)
+				return false
 			}
-		}
-		clear(q.free[len(kept):])
-		q.free = kept
+			return true
+		})
 	}
 }
 
@@ -330,7 +374,7 @@ func (a *putAhead) held() int {
 	defer a.mu.Unlock()
 	n := 0
 	for _, q := range a.classes {
-		n += len(q.free)
+		n += q.len()
 	}
 	return n
 }

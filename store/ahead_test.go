@@ -553,3 +553,67 @@ func TestPutAheadAsksInChunks(t *testing.T) {
 	n, _ = a.ask(k)
 	assert.Equal(t, 9, n, "none held: the whole target (raised by the miss) at once")
 }
+
+// TestResvQueueOrder: the queue hands reservations out oldest first
+// through pops, pushes that compact or grow its array, a put-back and a
+// filter.
+func TestResvQueueOrder(t *testing.T) {
+	var q resvQueue
+	push := func(from, to uint64) {
+		for id := from; id <= to; id++ {
+			q.push(heldResv{id: id})
+		}
+	}
+	pop := func() uint64 { require.Positive(t, q.len()); return q.pop().id }
+	push(1, 5)
+	assert.Equal(t, uint64(1), pop())
+	q.pushFront(heldResv{id: 1})
+	assert.Equal(t, []uint64{1, 2, 3}, []uint64{pop(), pop(), pop()})
+	push(6, 40) // past the array's capacity: compacted or grown, in order
+	q.filter(func(h heldResv) bool { return h.id%2 == 1 })
+	var got []uint64
+	for q.len() > 0 {
+		got = append(got, pop())
+	}
+	var want []uint64
+	for id := uint64(5); id <= 39; id += 2 {
+		want = append(want, id)
+	}
+	assert.Equal(t, want, got)
+	assert.Zero(t, q.head, "an emptied queue starts its array over")
+}
+
+// TestPutAheadSteadyStateAllocs: taking reservations and filing their
+// replacements reuses the class's array: no allocation per cycle once
+// the queue has its size. (Reslicing from the front used to shrink the
+// array's room on every take, so top-ups reallocated it.)
+func TestPutAheadSteadyStateAllocs(t *testing.T) {
+	a, k, ep := bookedClass(t, 8)
+	batch := func(first uint64, n int) *storepb.ReserveResult {
+		res := &storepb.ReserveResult{}
+		for i := range n {
+			res.Reservations = append(res.Reservations, &storepb.Reservation{Id: first + uint64(i), Size: 100})
+		}
+		return res
+	}
+	a.got(k, 8, batch(1, 8), 10*time.Second, ep)
+	// Answers built beforehand, so the cycle allocates only what the
+	// queue does.
+	answers := make([]*storepb.ReserveResult, 200)
+	for i := range answers {
+		answers[i] = batch(uint64(100+4*i), 4)
+	}
+	i := 0
+	allocs := testing.AllocsPerRun(100, func() {
+		for range 4 {
+			_, ok, _, _ := a.take(k, time.Now())
+			require.True(t, ok)
+		}
+		n, e := a.ask(k)
+		require.Equal(t, 4, n)
+		a.got(k, n, answers[i], 10*time.Second, e)
+		i++
+	})
+	assert.Zero(t, allocs)
+	assert.Equal(t, 8, a.held())
+}

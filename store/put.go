@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/crescent-kv/crescent/engine"
@@ -364,20 +365,62 @@ func (b *batchPut) block(i int) *storepb.BlockMetadata {
 	return b.rc.Blocks[i].pb()
 }
 
+// aheadItem is a batch item put on a reservation it holds.
+type aheadItem struct {
+	i int
+	k resvClass
+	h heldResv
+}
+
+// roundScratch is a batchPutRound's working memory, pooled: allocated
+// afresh it was the largest share of a batch put's allocations.
+type roundScratch struct {
+	held  []aheadItem
+	slab  []xfer
+	xs    []*xfer
+	nreps []int
+	gens  []uint64
+	qs    []commitQ
+}
+
+var roundScratchPool = sync.Pool{New: func() any { return new(roundScratch) }}
+
+// maxPooledItems bounds what a pooled scratch keeps: a rare huge batch
+// does not pin its arrays.
+const maxPooledItems = 1024
+
+// release clears what the round wrote (values, keys and replies are not
+// kept alive by the pool) and pools the scratch.
+func (sc *roundScratch) release() {
+	if cap(sc.slab) > maxPooledItems || cap(sc.nreps) > maxPooledItems || cap(sc.held) > maxPooledItems {
+		return
+	}
+	clear(sc.held[:cap(sc.held)])
+	clear(sc.slab[:cap(sc.slab)])
+	clear(sc.xs[:cap(sc.xs)])
+	clear(sc.qs[:cap(sc.qs)])
+	sc.held, sc.slab, sc.xs, sc.qs = sc.held[:0], sc.slab[:0], sc.xs[:0], sc.qs[:0]
+	roundScratchPool.Put(sc)
+}
+
+// zeroed returns s resized to n zero elements, reusing its array.
+func zeroed[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	s = s[:n]
+	clear(s)
+	return s
+}
+
 // batchPutRound puts the items todo once (with put-ahead when ahead),
 // filing each outcome in b.errs. It returns the items whose write failed
 // at a segment, given back and ready to be placed again, and the fault.
 func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahead bool) ([]int, segFault) {
 	keys, values, errs, rcpb := b.keys, b.values, b.errs, b.rcpb
-	type aheadItem struct {
-		i int
-		k resvClass
-		h heldResv
-	}
-	var held []aheadItem
-	if ahead && c.ahead != nil {
-		held = make([]aheadItem, 0, len(todo))
-	}
+	sc := roundScratchPool.Get().(*roundScratch)
+	defer sc.release()
+	held := sc.held[:0]
 	var items []int // request position -> item, for BatchPutStart
 	var okKeys []string
 	var sizes []uint64
@@ -418,11 +461,16 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 	for _, a := range held {
 		nx += len(a.h.reps)
 	}
-	slab := make([]xfer, 0, nx)
-	xs := make([]*xfer, 0, nx)
+	// The slab never grows: xs points into it.
+	if cap(sc.slab) < nx {
+		sc.slab = make([]xfer, 0, nx)
+	}
+	slab := sc.slab[:0]
+	xs := sc.xs[:0]
 	var started []int
-	nreps := make([]int, len(keys))   // by item: replicas written
-	gens := make([]uint64, len(keys)) // by item
+	sc.nreps = zeroed(sc.nreps, len(keys)) // by item: replicas written
+	sc.gens = zeroed(sc.gens, len(keys))   // by item
+	nreps, gens := sc.nreps, sc.gens
 	var err error
 	for j, i := range items {
 		if errs[i] = startErrs[j]; errs[i] != nil {
@@ -441,6 +489,7 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 			errs[a.i] = err
 		}
 	}
+	sc.slab, sc.xs = slab, xs // for release to clear
 	c.transfer(ctx, xs)
 	var retry []int
 	faulty := make(map[int]bool)
@@ -458,7 +507,7 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 	}
 	// Written reservations are committed; the others go back. committing
 	// filters held in place (held is not read after).
-	qs := make([]commitQ, 0, len(held))
+	qs := sc.qs[:0]
 	committing := held[:0]
 	for _, a := range held {
 		if errs[a.i] != nil {
@@ -468,6 +517,7 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: b.block(a.i), class: a.k, rc: rcpb})
 		committing = append(committing, a)
 	}
+	sc.held, sc.qs = held, qs
 	var done, failed []string
 	var doneGens, failedGens []uint64
 	var doneItems []int

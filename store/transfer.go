@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/crescent-kv/crescent/engine"
@@ -112,7 +113,10 @@ func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
 	// A round waits for staging room only while it holds none, so
 	// concurrent calls cannot deadlock on the pool.
 	i, off := 0, 0
-	round := make([]piece, 0, len(xs)) // mostly one piece per xfer
+	sc := xferScratchPool.Get().(*xferScratch)
+	defer sc.release()
+	round := sc.round[:0] // mostly one piece per xfer
+	defer func() { sc.round = round }()
 	for {
 		round = round[:0]
 	fill:
@@ -153,13 +157,34 @@ func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
 		if len(round) == 0 {
 			return
 		}
-		c.runRound(ctx, round, ids)
+		c.runRound(ctx, round, ids, sc)
 		for _, p := range round {
 			if p.stage != nil {
 				c.stage.free(p.stage)
 			}
 		}
 	}
+}
+
+// xferScratch is a transfer's working memory, pooled as roundScratch is.
+type xferScratch struct {
+	round  []piece
+	active []int
+	reqs   []engine.Request
+}
+
+var xferScratchPool = sync.Pool{New: func() any { return new(xferScratch) }}
+
+// release clears what the transfer wrote (the caller's buffers are not
+// kept alive by the pool) and pools the scratch.
+func (sc *xferScratch) release() {
+	if cap(sc.round) > maxPooledItems || cap(sc.reqs) > maxPooledItems {
+		return
+	}
+	clear(sc.round[:cap(sc.round)])
+	clear(sc.reqs[:cap(sc.reqs)])
+	sc.round, sc.active, sc.reqs = sc.round[:0], sc.active[:0], sc.reqs[:0]
+	xferScratchPool.Put(sc)
 }
 
 // segIDs are the segments one transfer opened: a call touches one or a
@@ -187,7 +212,7 @@ func (s segIDs) must(name string) engine.SegmentID {
 }
 
 // runRound submits the pieces as one batch and waits for it.
-func (c *Client) runRound(ctx context.Context, round []piece, ids segIDs) {
+func (c *Client) runRound(ctx context.Context, round []piece, ids segIDs, sc *xferScratch) {
 	bid, err := c.eng.AllocateBatch(len(round))
 	if err != nil {
 		for _, p := range round {
@@ -196,8 +221,9 @@ func (c *Client) runRound(ctx context.Context, round []piece, ids segIDs) {
 		return
 	}
 	defer c.freeBatch(bid)
-	active := make([]int, 0, len(round))
-	reqs := make([]engine.Request, 0, len(round))
+	active := sc.active[:0]
+	reqs := sc.reqs[:0] // Submit copies what it needs of them
+	defer func() { sc.active, sc.reqs = active, reqs }()
 	for k, p := range round {
 		if p.x.err != nil {
 			continue // an earlier piece of the same xfer failed
