@@ -390,15 +390,17 @@ var roundScratchPool = sync.Pool{New: func() any { return new(roundScratch) }}
 const maxPooledItems = 1024
 
 // release clears what the round wrote (values, keys and replies are not
-// kept alive by the pool) and pools the scratch.
+// kept alive by the pool) and pools the scratch. A round fills each
+// array once from its start and leaves it at the length it used, so
+// clearing that length leaves the whole array zero.
 func (sc *roundScratch) release() {
 	if cap(sc.slab) > maxPooledItems || cap(sc.nreps) > maxPooledItems || cap(sc.held) > maxPooledItems {
 		return
 	}
-	clear(sc.held[:cap(sc.held)])
-	clear(sc.slab[:cap(sc.slab)])
-	clear(sc.xs[:cap(sc.xs)])
-	clear(sc.qs[:cap(sc.qs)])
+	clear(sc.held)
+	clear(sc.slab)
+	clear(sc.xs)
+	clear(sc.qs)
 	sc.held, sc.slab, sc.xs, sc.qs = sc.held[:0], sc.slab[:0], sc.xs[:0], sc.qs[:0]
 	roundScratchPool.Put(sc)
 }

@@ -116,8 +116,9 @@ func (c *Client) transferRemote(ctx context.Context, xs []*xfer) {
 	sc := xferScratchPool.Get().(*xferScratch)
 	defer sc.release()
 	round := sc.round[:0] // mostly one piece per xfer
-	defer func() { sc.round = round }()
+	defer func() { clear(round); sc.round = round[:0] }()
 	for {
+		clear(round) // the pool keeps no caller's buffer; shorter rounds follow
 		round = round[:0]
 	fill:
 		for i < len(xs) {
@@ -175,15 +176,12 @@ type xferScratch struct {
 
 var xferScratchPool = sync.Pool{New: func() any { return new(xferScratch) }}
 
-// release clears what the transfer wrote (the caller's buffers are not
-// kept alive by the pool) and pools the scratch.
+// release pools the scratch. Its users clear what they wrote as they
+// finish with it, so the pool keeps no caller's buffer.
 func (sc *xferScratch) release() {
 	if cap(sc.round) > maxPooledItems || cap(sc.reqs) > maxPooledItems {
 		return
 	}
-	clear(sc.round[:cap(sc.round)])
-	clear(sc.reqs[:cap(sc.reqs)])
-	sc.round, sc.active, sc.reqs = sc.round[:0], sc.active[:0], sc.reqs[:0]
 	xferScratchPool.Put(sc)
 }
 
@@ -222,8 +220,9 @@ func (c *Client) runRound(ctx context.Context, round []piece, ids segIDs, sc *xf
 	}
 	defer c.freeBatch(bid)
 	active := sc.active[:0]
-	reqs := sc.reqs[:0] // Submit copies what it needs of them
-	defer func() { sc.active, sc.reqs = active, reqs }()
+	reqs := sc.reqs[:0]        // Submit copies what it needs of them
+	var built []engine.Request // reqs before any refused one is dropped
+	defer func() { clear(built); sc.active, sc.reqs = active[:0], reqs[:0] }()
 	for k, p := range round {
 		if p.x.err != nil {
 			continue // an earlier piece of the same xfer failed
@@ -231,6 +230,7 @@ func (c *Client) runRound(ctx context.Context, round []piece, ids segIDs, sc *xf
 		active = append(active, k)
 		reqs = append(reqs, engine.Request{Op: p.x.op, Local: p.local, Target: ids.must(p.x.seg), TargetAddr: p.addr})
 	}
+	built = reqs
 	// Submit is all or nothing: drop a refused request and try the rest.
 	for len(reqs) > 0 {
 		err := c.eng.Submit(bid, reqs)
