@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -300,11 +301,27 @@ func (a *putAhead) dropLocked(k resvClass, h heldResv) {
 
 // takeRelease returns the ids to give back and forgets them.
 func (a *putAhead) takeRelease() []uint64 {
+	r, _ := a.takeReleaseEpoch()
+	return r
+}
+
+// takeReleaseEpoch is takeRelease with the epoch the ids belong to.
+func (a *putAhead) takeReleaseEpoch() ([]uint64, uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r := a.release
 	a.release = nil
-	return r
+	return r, a.epoch
+}
+
+// requeueRelease puts back ids of epoch that were not sent; ids of an
+// earlier epoch mean nothing to the leader now and are dropped.
+func (a *putAhead) requeueRelease(ids []uint64, epoch uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if epoch == a.epoch && !a.closed {
+		a.release = append(a.release, ids...)
+	}
 }
 
 // age moves reservations past their use-by time, and with all set every
@@ -332,12 +349,13 @@ func (a *putAhead) age(all bool) bool {
 // forget drops every reservation and every request in flight without
 // giving anything back: they were made on a master that no longer leads.
 // The answers of those requests are dropped when they come (epoch).
-func (a *putAhead) forget() {
+func (a *putAhead) forget() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.epoch++
 	a.classes = map[resvClass]*resvQueue{}
 	a.bytes, a.release = 0, nil
+	return a.epoch
 }
 
 // dropOn gives back the reservations held with a replica on one of the
@@ -405,11 +423,19 @@ func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int, epoch u
 		defer a.wg.Done()
 		var res *storepb.ReserveResult
 		var ttl time.Duration
-		ctx, cancel := context.WithTimeout(context.Background(), c.cfg.RPCTimeout)
-		resp, err := c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Session: c.session,
-			Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n), Packed: true}},
-			Release: a.takeRelease()})
-		cancel()
+		release, rep := a.takeReleaseEpoch()
+		var resp *storepb.ReservePutResponse
+		err := errStaleReservations // booked with the leader before the current one
+		if rep == epoch {
+			ctx, cancel := context.WithTimeout(c.guardEpoch(context.Background(), epoch), c.cfg.RPCTimeout)
+			resp, err = c.master.ReservePut(ctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Session: c.session,
+				Specs:   []*storepb.ReserveSpec{{Size: k.size, Config: rc, Count: uint32(n), Packed: true}},
+				Release: release})
+			cancel()
+		}
+		if errors.Is(err, errStaleReservations) {
+			a.requeueRelease(release, rep)
+		}
 		if err != nil {
 			c.log.Debug("reserving space ahead of puts failed", "err", rpcerr.FromStatus(err))
 		} else if len(resp.Results) == 1 {
@@ -421,12 +447,14 @@ func (c *Client) refill(k resvClass, rc *storepb.ReplicateConfig, n int, epoch u
 
 // giveBack sends the release list to the master now.
 func (c *Client) giveBack(ctx context.Context) {
-	ids := c.ahead.takeRelease()
+	ids, ep := c.ahead.takeReleaseEpoch()
 	if len(ids) == 0 {
 		return
 	}
-	rctx, cancel := c.rpcCtx(ctx)
+	rctx, cancel := c.rpcCtx(c.guardEpoch(ctx, ep))
 	defer cancel()
+	// Refused (errStaleReservations) after a switch: the ids were the
+	// old leader's, and the new one must not free its own by them.
 	if _, err := c.master.ReservePut(rctx, &storepb.ReservePutRequest{ClientId: c.id.pb(), Session: c.session, Release: ids}); err != nil {
 		// The master frees them at its release timeout.
 		c.log.Debug("giving reservations back failed", "n", len(ids), "err", rpcerr.FromStatus(err))
@@ -471,6 +499,7 @@ func (c *Client) closeAhead() {
 type commitQ struct {
 	key   string
 	id    uint64
+	epoch uint64 // the putAhead epoch the reservation was made in
 	block *storepb.BlockMetadata
 	class resvClass
 	rc    *storepb.ReplicateConfig // the class's config, to ask for more
@@ -480,7 +509,9 @@ type commitQ struct {
 // their classes and gives back what is to be released.
 func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []error) {
 	a := c.ahead
-	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: a.takeRelease(), Packed: true}
+	release, ep := a.takeReleaseEpoch()
+	stale := false // an item or booking of another epoch than the release list's
+	req := &storepb.CommitPutRequest{ClientId: c.id.pb(), Session: c.session, Items: make([]*storepb.CommitItem, len(qs)), Release: release, Packed: true}
 	// What was booked per class asked for, in req.Reserve's order.
 	type booking struct {
 		k     resvClass
@@ -493,16 +524,30 @@ func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []err
 		it := &items[i]
 		it.Key, it.ReservationId, it.Block = q.key, q.id, q.block
 		req.Items[i] = it
+		stale = stale || q.epoch != ep
 		if !slices.ContainsFunc(booked, func(b booking) bool { return b.k == q.class }) {
-			if n, ep := a.ask(q.class); n > 0 {
-				booked = append(booked, booking{q.class, n, ep})
+			if n, bep := a.ask(q.class); n > 0 {
+				booked = append(booked, booking{q.class, n, bep})
+				stale = stale || bep != ep
 				req.Reserve = append(req.Reserve, &storepb.ReserveSpec{Size: q.class.size, Config: q.rc, Count: uint32(n), Packed: true})
 			}
 		}
 	}
-	rctx, cancel := c.rpcCtx(ctx)
-	defer cancel()
-	resp, err := c.master.CommitPut(rctx, req)
+	var resp *storepb.CommitPutResponse
+	var err error
+	if stale {
+		err = errStaleReservations
+	} else {
+		rctx, cancel := c.rpcCtx(c.guardEpoch(ctx, ep))
+		resp, err = c.master.CommitPut(rctx, req)
+		cancel()
+	}
+	if errors.Is(err, errStaleReservations) {
+		// Made with another leader: never sent to this one, where the
+		// ids could name other reservations. The items are put again.
+		a.requeueRelease(release, ep)
+		err = errcode.New(errcode.ReplicaIsGone, "reservations of a previous master leader")
+	}
 	ierrs, _, err := batchOutcomes("CommitPut", err, len(qs), resp.GetPackedResults(), len(resp.GetResults()), false,
 		func(i int) (int32, string, uint64) { r := resp.Results[i]; return r.ErrorCode, r.Message, 0 })
 	if err == nil && len(resp.Reserved) != len(req.Reserve) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync"
@@ -665,4 +666,54 @@ func TestScratchPoolsKeepNoBuffers(t *testing.T) {
 	}
 	assert.True(t, seenRound, "no used round scratch came back from the pool")
 	assert.True(t, seenXfer, "no used transfer scratch came back from the pool")
+}
+
+// countConn counts the calls sent on it.
+type countConn struct{ n atomic.Int32 }
+
+func (c *countConn) Invoke(context.Context, string, any, any, ...grpc.CallOption) error {
+	c.n.Add(1)
+	return nil
+}
+
+func (c *countConn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.CallOption) (grpc.ClientStream, error) {
+	return nil, errors.New("no streams")
+}
+
+func (c *countConn) Close() error { return nil }
+
+// TestHASwitchRefusesOtherLeadersReservations: a switch forgets the
+// put-ahead reservations before it publishes the new leader's
+// connection, and a request composed with the old leader's reservations
+// is never sent to the new leader, where their ids could name other
+// reservations (a commit would bind a key to space its value was never
+// written to). Unguarded calls and calls of the new epoch go through.
+func TestHASwitchRefusesOtherLeadersReservations(t *testing.T) {
+	a := newPutAhead(4, 1<<30)
+	oldConn, newConn := &countConn{}, &countConn{}
+	h := &haConn{log: slog.New(slog.DiscardHandler), beforeSwitch: func(LeaderView) uint64 { return a.forget() }}
+	h.dial = func(context.Context, string) (MasterConn, string, error) { return newConn, "crpc", nil }
+	h.state.Store(&haState{conn: oldConn, view: LeaderView{Leader: "a", Version: 1}, changed: make(chan struct{})})
+	c := &Client{ha: h}
+	ctx := context.Background()
+	const method = "/crescent.store.Master/CommitPut"
+
+	old := a.epoch
+	require.NoError(t, h.Invoke(c.guardEpoch(ctx, old), method, nil, nil))
+	assert.EqualValues(t, 1, oldConn.n.Load(), "the old leader's reservations go to the old leader")
+
+	switched, err := h.switchLeader(ctx, LeaderView{Leader: "b", Version: 2})
+	require.NoError(t, err)
+	require.True(t, switched)
+	assert.NotEqual(t, old, a.epoch, "reservations forgotten")
+	assert.Equal(t, a.epoch, h.state.Load().epoch, "the new connection carries the new epoch")
+	assert.EqualValues(t, 1, h.switches.Load())
+
+	err = h.Invoke(c.guardEpoch(ctx, old), method, nil, nil)
+	require.ErrorIs(t, err, errStaleReservations)
+	assert.Zero(t, newConn.n.Load(), "a request with the old leader's reservations reached the new leader")
+
+	require.NoError(t, h.Invoke(c.guardEpoch(ctx, a.epoch), method, nil, nil))
+	require.NoError(t, h.Invoke(ctx, method, nil, nil))
+	assert.EqualValues(t, 2, newConn.n.Load())
 }

@@ -165,6 +165,12 @@
 //     release timeout), and heartbeats at once, so the new leader's
 //     NEED_REMOUNT re-mounts the segments. Stats.Leader, LeaderVersion
 //     and LeaderSwitches tell where it is.
+//   - The reservations are dropped (a new put-ahead epoch) before the
+//     new connection is published, and each connection carries its
+//     epoch. A request composed with reservation ids or bookings of one
+//     epoch (CommitPut, ReservePut) is sent only on that epoch's
+//     connection. On another it fails errStaleReservations unsent, and
+//     its items are put again the two-RPC way.
 //   - A call answered UNAVAILABLE (or cut off by a switch) is sent again,
 //     on the new leader or after a pause (20 ms doubling to 250 ms) on
 //     the same one, within the caller's context, if it is idempotent:

@@ -132,10 +132,13 @@ const (
 // idempotent ones wait for the next leader (within their context) and
 // run again there.
 type haConn struct {
-	src      LeaderSource
-	dial     func(ctx context.Context, addr string) (MasterConn, string, error)
-	log      *slog.Logger
-	onSwitch func(LeaderView) // after a switch, outside mu
+	src  LeaderSource
+	dial func(ctx context.Context, addr string) (MasterConn, string, error)
+	log  *slog.Logger
+	// beforeSwitch runs before a new leader's connection is published
+	// and returns the putAhead epoch that connection carries (forget's).
+	beforeSwitch func(LeaderView) uint64
+	onSwitch     func(LeaderView) // after a switch, outside mu
 	// timeout bounds a call with its retries when the caller's context
 	// has no earlier deadline and the leader's connection bounds each
 	// attempt by it (CallTimeout); 0: only the context does.
@@ -157,10 +160,30 @@ type haConn struct {
 
 // haState is one leader's connection.
 type haState struct {
-	conn    MasterConn
-	proto   string
-	view    LeaderView
+	conn  MasterConn
+	proto string
+	view  LeaderView
+	// epoch is the putAhead epoch of this leader: a request composed
+	// with reservations of another is not sent on this connection.
+	epoch   uint64
 	changed chan struct{} // closed when this state is replaced
+}
+
+// errStaleReservations refuses a request whose reservations (ids to
+// commit or release, bookings) were made with another leader than the
+// connection's: on it, the ids could name other reservations.
+var errStaleReservations = errors.New("store: reservations of another master leader")
+
+// epochKey carries the putAhead epoch a request was composed in.
+type epochKey struct{}
+
+// guardEpoch marks ctx so that an HA connection sends the request only
+// to the leader of putAhead epoch ep.
+func (c *Client) guardEpoch(ctx context.Context, ep uint64) context.Context {
+	if c.ha == nil {
+		return ctx // one master: epochs never change
+	}
+	return context.WithValue(ctx, epochKey{}, ep)
 }
 
 // dialHA opens src's current leader (waiting for one within ctx) and
@@ -257,6 +280,9 @@ func (h *haConn) Invoke(ctx context.Context, method string, args, reply any, opt
 		st, err := h.current()
 		if err != nil {
 			return err
+		}
+		if ep, ok := ctx.Value(epochKey{}).(uint64); ok && ep != st.epoch {
+			return errStaleReservations
 		}
 		err = st.conn.Invoke(ctx, method, args, reply, opts...)
 		if !leaderGone(ctx, err) {
@@ -407,10 +433,18 @@ func (h *haConn) switchLeader(ctx context.Context, v LeaderView) (bool, error) {
 		conn.Close()
 		return false, ErrClosed
 	}
-	h.state.Store(&haState{conn: conn, proto: proto, view: v, changed: make(chan struct{})})
+	// Reservations are forgotten before the new connection is published:
+	// from then on a request composed with the old leader's is refused
+	// on the new one (errStaleReservations), and one composed with none
+	// but the new epoch's is refused on the old one.
+	var ep uint64
+	if h.beforeSwitch != nil {
+		ep = h.beforeSwitch(v)
+	}
+	h.switches.Add(1)
+	h.state.Store(&haState{conn: conn, proto: proto, view: v, epoch: ep, changed: make(chan struct{})})
 	close(old.changed)
 	h.fails.Store(0)
-	h.switches.Add(1)
 	h.log.Info("master leader switched", "leader", v.Leader, "view", v.Version, "old_leader", cur.Leader, "old_view", cur.Version)
 	old.conn.Close()
 	if h.onSwitch != nil {
@@ -444,7 +478,7 @@ func (c *Client) connectHA(ctx context.Context, open LeaderOpener) error {
 	if err != nil {
 		return fmt.Errorf("store: master view at %s: %w", metadata.Redact(c.cfg.MasterAddr), err)
 	}
-	h := &haConn{log: c.log, onSwitch: c.leaderSwitched, timeout: c.cfg.RPCTimeout}
+	h := &haConn{log: c.log, beforeSwitch: c.forgetReservations, onSwitch: c.leaderSwitched, timeout: c.cfg.RPCTimeout}
 	dial := func(ctx context.Context, addr string) (MasterConn, string, error) {
 		if c.cfg.MasterDialer != nil {
 			ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
@@ -464,13 +498,18 @@ func (c *Client) connectHA(ctx context.Context, open LeaderOpener) error {
 	return nil
 }
 
-// leaderSwitched runs after each switch: reservations made on the old
-// leader mean nothing to the new one, and a beat now finds out whether
-// it knows this client (NEED_REMOUNT re-mounts the segments).
-func (c *Client) leaderSwitched(LeaderView) {
-	if c.ahead != nil {
-		c.ahead.forget()
+// forgetReservations runs before each switch: reservations made on the
+// old leader mean nothing to the new one. It returns the new epoch.
+func (c *Client) forgetReservations(LeaderView) uint64 {
+	if c.ahead == nil {
+		return 0
 	}
+	return c.ahead.forget()
+}
+
+// leaderSwitched runs after each switch: a beat now finds out whether
+// the new leader knows this client (NEED_REMOUNT re-mounts the segments).
+func (c *Client) leaderSwitched(LeaderView) {
 	c.beatNow()
 }
 

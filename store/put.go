@@ -144,7 +144,7 @@ func (c *Client) putAhead(ctx context.Context, key string, value []byte, rc Repl
 		fault = faultOf(xs)
 		return !fault.any, fault, err
 	}
-	_, err = c.commits.do(ctx, commitQ{key: key, id: h.id, block: rc.Block.pb(), class: k, rc: rcpb})
+	_, err = c.commits.do(ctx, commitQ{key: key, id: h.id, epoch: h.epoch, block: rc.Block.pb(), class: k, rc: rcpb})
 	gone, err := c.settleAhead(k, h, err)
 	if err == nil && !gone {
 		c.stats.stored(len(h.reps), rcpb.ReplicaNum)
@@ -516,7 +516,7 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 			c.ahead.drop(a.h)
 			continue
 		}
-		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, block: b.block(a.i), class: a.k, rc: rcpb})
+		qs = append(qs, commitQ{key: keys[a.i], id: a.h.id, epoch: a.h.epoch, block: b.block(a.i), class: a.k, rc: rcpb})
 		committing = append(committing, a)
 	}
 	sc.held, sc.qs = held, qs
