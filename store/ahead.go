@@ -299,13 +299,8 @@ func (a *putAhead) dropLocked(k resvClass, h heldResv) {
 	a.bytes -= k.size
 }
 
-// takeRelease returns the ids to give back and forgets them.
-func (a *putAhead) takeRelease() []uint64 {
-	r, _ := a.takeReleaseEpoch()
-	return r
-}
-
-// takeReleaseEpoch is takeRelease with the epoch the ids belong to.
+// takeReleaseEpoch returns the ids to give back, and the epoch they
+// belong to, and forgets them.
 func (a *putAhead) takeReleaseEpoch() ([]uint64, uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

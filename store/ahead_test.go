@@ -556,6 +556,12 @@ func TestPutAheadAsksInChunks(t *testing.T) {
 	assert.Equal(t, 9, n, "none held: the whole target (raised by the miss) at once")
 }
 
+// takeRelease is takeReleaseEpoch without the epoch.
+func (a *putAhead) takeRelease() []uint64 {
+	r, _ := a.takeReleaseEpoch()
+	return r
+}
+
 // TestResvQueueOrder: the queue hands reservations out oldest first
 // through pops, pushes that compact or grow its array, a put-back and a
 // filter.

@@ -70,23 +70,18 @@ func startCPUProfile(path string) (stop func(), err error) {
 // the allocs profile to path when stopped. It is called before the run
 // starts, so the rate applies to all of the run's allocations.
 func startMemProfile(path string) (stop func(), err error) {
-	if path == "" {
-		return func() {}, nil
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return nil, err
-	}
+	var w io.Writer
 	old := runtime.MemProfileRate
-	runtime.MemProfileRate = 4096
-	return func() {
+	return record(path, func(f io.Writer) error {
+		w, runtime.MemProfileRate = f, 4096
+		return nil
+	}, func() {
 		runtime.GC() // the profile is as of the last GC
-		if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		if err := pprof.Lookup("allocs").WriteTo(w, 0); err != nil {
 			fmt.Fprintf(os.Stderr, "crescent-bench: memprofile: %v\n", err)
 		}
-		f.Close()
 		runtime.MemProfileRate = old
-	}, nil
+	})
 }
 
 // record runs a runtime recorder (start, stop) into the file path.

@@ -412,8 +412,7 @@ func (c *Conn) sendCancel(cc *clientConn, id uint32) {
 		defer c.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), c.pingTimeout)
 		defer cancel()
-		dl, _ := ctx.Deadline()
-		cc.write(ctx, dl, control(id, kindCancel))
+		cc.writeCtx(ctx, control(id, kindCancel))
 	}()
 }
 
@@ -602,11 +601,18 @@ func (cc *clientConn) remove(id uint32) bool {
 	return ok
 }
 
-// write sends one frame by ctx's deadline: a call that cannot start
-// writing by then fails DEADLINE_EXCEEDED and leaves the connection as it
-// was. One cut off mid-frame also returns at once; the rest of its frame
-// goes out in the background (the stream must stay framed) within the
-// ping timeout, else the connection breaks.
+// writeCtx is write bounded by ctx alone (control frames).
+func (cc *clientConn) writeCtx(ctx context.Context, b []byte) error {
+	dl, _ := ctx.Deadline()
+	return cc.write(ctx, dl, b)
+}
+
+// write sends one frame by dl (the context's deadline, or a call
+// timeout's earlier one): a call that cannot start writing by then fails
+// DEADLINE_EXCEEDED and leaves the connection as it was. One cut off
+// mid-frame also returns at once; the rest of its frame goes out in the
+// background (the stream must stay framed) within the ping timeout, else
+// the connection breaks.
 func (cc *clientConn) write(ctx context.Context, dl time.Time, b []byte) error {
 	select {
 	case cc.wsem <- struct{}{}:
@@ -703,8 +709,7 @@ func (cc *clientConn) keepalive(interval, timeout time.Duration) {
 func (cc *clientConn) ping(id uint32, timeout time.Duration) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	dl, _ := ctx.Deadline()
-	if cc.write(ctx, dl, control(id, kindPing)) != nil {
+	if cc.writeCtx(ctx, control(id, kindPing)) != nil {
 		return false
 	}
 	for {
