@@ -10,6 +10,7 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/auth"
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/internal/vethtest"
 	"github.com/crescent-kv/crescent/store/master"
@@ -43,8 +44,8 @@ func TestProtectedDefaultWiring(t *testing.T) {
 	// The admin HTTP port goes through the same decision.
 	hl, err := net.Listen("tcp", "0.0.0.0:0")
 	require.NoError(t, err)
-	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })}
-	go hs.Serve(auth.Filter(hl, auth.Protected.Allow(), nil))
+	hs := netx.ServeHTTP(hl, netx.Config{Allow: auth.Protected.Allow()},
+		&http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok")) })}, nil)
 	defer hs.Close()
 	_, hport, _ := net.SplitHostPort(hl.Addr().String())
 	resp, err := http.Get("http://127.0.0.1:" + hport + "/")

@@ -241,8 +241,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--metrics_address/--metrics_port: %w", err)
 	}
-	defer lis.Close()
-	plis := protect(lis, mode, log)
+	defer lis.Close() // until the server owns it
 
 	cfg.EngineInsecure, cfg.MooncakeCompat = o.engineSec.insecure, o.engineSec.mooncakeCompat
 	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -261,9 +260,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	stopLocal = sync.OnceFunc(stopLocal)
 	defer stopLocal()
-	srv := &http.Server{Handler: newHandler(c, time.Now()), ReadHeaderTimeout: 5 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(plis) }()
+	srv := serveMetrics(lis, mode, log, newHandler(c, time.Now()))
 
 	for _, s := range c.Segments() {
 		fmt.Fprintf(stdout, "crescent-client: segment %s (%s, %d bytes) mounted on master %s\n", s.Name, s.ID, s.Size, o.master)
@@ -274,7 +271,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	select {
 	case <-ctx.Done():
 		log.Info("stopping: unmounting segments")
-	case serveErr = <-served:
+	case <-srv.Served():
+		serveErr = srv.Err()
 	}
 	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	srv.Shutdown(shutCtx)

@@ -4,9 +4,11 @@ import (
 	"flag"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync/atomic"
 
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store"
 )
 
@@ -45,14 +47,24 @@ func (o securityOptions) apply(cfg *store.Config) error {
 	return nil
 }
 
-// protect filters the metrics listener by the mode, logging the mode once
-// and the first refused peer.
-func protect(l net.Listener, m auth.Mode, log *slog.Logger) net.Listener {
+// serveMetrics serves h on the metrics port through netx's accept loop
+// (capped connections, idle ones evicted first, fd exhaustion survived),
+// admitting peers as mode allows.
+func serveMetrics(lis net.Listener, mode auth.Mode, log *slog.Logger, h http.Handler) *netx.HTTP {
+	allow, onRefuse := protect(mode, log)
+	cfg := netx.Config{MaxConns: netx.DefaultHTTPMaxConns, MaxConnsPerHost: netx.DefaultHTTPMaxConnsPerHost,
+		Name: "metrics port", Logger: log, Allow: allow, OnRefuse: onRefuse}
+	return netx.ServeHTTP(lis, cfg, netx.NewHTTPServer(h), nil)
+}
+
+// protect is the metrics port's netx.Config.Allow for the mode and the
+// refusal hook that logs the first refused peer; it logs the mode once.
+func protect(m auth.Mode, log *slog.Logger) (func(net.Addr) bool, func(net.Addr)) {
 	log.Info(m.LogLine(), "mode", m.String())
 	var refused atomic.Uint64
-	return auth.Filter(l, m.Allow(), func(a net.Addr) {
+	return m.Allow(), func(a net.Addr) {
 		if refused.Add(1) == 1 {
 			log.Warn("metrics port: refused a non-loopback peer (protected default; configure a credential or --insecure)", "peer", a.String())
 		}
-	})
+	}
 }

@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/crescent-kv/crescent/internal/auth"
+	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/internal/vethtest"
 )
 
@@ -22,8 +24,8 @@ func TestMetricsPortProtected(t *testing.T) {
 	for _, m := range []auth.Mode{auth.Protected, auth.Insecure} {
 		lis, err := net.Listen("tcp", "0.0.0.0:0")
 		require.NoError(t, err)
-		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("OK")) })}
-		go srv.Serve(protect(lis, m, slog.New(slog.DiscardHandler)))
+		srv := serveMetrics(lis, m, slog.New(slog.DiscardHandler),
+			http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("OK")) }))
 		_, port, _ := net.SplitHostPort(lis.Addr().String())
 		get := func(host string) error {
 			hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
@@ -43,4 +45,15 @@ func TestMetricsPortProtected(t *testing.T) {
 		}
 		srv.Close()
 	}
+}
+
+// The metrics port caps connections per peer host (the idle longest
+// makes room) and survives fd exhaustion.
+func TestMetricsPortBounded(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := serveMetrics(lis, auth.Protected, slog.New(slog.DiscardHandler),
+		http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("OK")) }))
+	defer srv.Close()
+	testsvc.CheckHTTPPortBounded(t, lis.Addr().String(), "/health", netx.DefaultHTTPMaxConnsPerHost)
 }

@@ -66,18 +66,14 @@ func (s *security) serviceOptions() []service.Option {
 	return opts
 }
 
-// listener secures an HTTP port: the protected default's filter, then
-// TLS (withTLS).
-func (s *security) listener(l net.Listener, withTLS bool) net.Listener {
-	l = auth.Filter(l, s.mode.Allow(), func(a net.Addr) {
+// httpAllow is the protected default's decision for an HTTP port
+// (netx.Config.Allow), and the refusal hook that logs the first one.
+func (s *security) httpAllow() (func(net.Addr) bool, func(net.Addr)) {
+	return s.mode.Allow(), func(a net.Addr) {
 		if s.refused.Add(1) == 1 {
 			s.log.Warn("http: refused a non-loopback peer (protected default; configure a credential or --insecure)", "peer", a.String())
 		}
-	})
-	if s.tls != nil && withTLS {
-		l = tls.NewListener(l, s.tls)
 	}
-	return l
 }
 
 // adminHandler guards the admin port's mutating endpoints.

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -88,6 +89,11 @@ type Loop struct {
 
 	refused    uint64
 	refusedLog time.Time
+
+	// held is set, under mu, while admit looks for room at the global
+	// cap, so that Conn.Idle wakes it: the connection gone idle is now
+	// room.
+	held atomic.Bool
 }
 
 // Conn is an accepted connection tracked by its Loop. It is idle until
@@ -206,8 +212,9 @@ func (l *Loop) admit(raw net.Conn) {
 		return
 	}
 	// At the global cap make room from the idle, else hold this one
-	// (and stop accepting) until a slot frees.
+	// (and stop accepting) until a slot frees or a connection goes idle.
 	for l.cfg.MaxConns > 0 && len(l.conns) >= l.cfg.MaxConns && !l.closed {
+		l.held.Store(true)
 		v, since, unread := l.idlestLocked("")
 		switch {
 		case v == nil && unread:
@@ -224,6 +231,7 @@ func (l *Loop) admit(raw net.Conn) {
 			l.evictLocked(v)
 		}
 	}
+	l.held.Store(false)
 	if l.closed {
 		l.mu.Unlock()
 		raw.Close()
@@ -418,6 +426,13 @@ func (c *Conn) Idle() {
 	c.busy = false
 	c.idleFrom = time.Now()
 	c.mu.Unlock()
+	// After busy is cleared: a loop that set held before this load scans
+	// after the store above; one that sets it later scans later still.
+	if l := c.l; l.held.Load() {
+		l.mu.Lock()
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	}
 }
 
 // Host is the remote IP the per-host cap counts.

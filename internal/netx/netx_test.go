@@ -156,6 +156,45 @@ func TestBusyNotEvicted(t *testing.T) {
 	<-started // the third, once a slot freed
 }
 
+// A loop held at the cap because every connection was busy takes the
+// newcomer as soon as one of them goes idle (evicting it), not only
+// when one ends.
+func TestHeldLoopWokenByIdle(t *testing.T) {
+	idle := make(chan struct{})
+	started := make(chan struct{}, 4)
+	l := Serve(listen(t), Config{MaxConns: 1}, func(c *Conn) {
+		if _, err := c.Read(make([]byte, 1)); err != nil {
+			return
+		}
+		c.Busy()
+		started <- struct{}{}
+		<-idle
+		c.Idle()
+		c.Read(make([]byte, 1)) // until evicted or closed
+	})
+	defer l.Close()
+	var cs []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", l.Addr().String())
+		require.NoError(t, err)
+		defer c.Close()
+		_, err = c.Write([]byte{1})
+		require.NoError(t, err)
+		cs = append(cs, c)
+	}
+	<-started
+	time.Sleep(50 * time.Millisecond) // the loop takes the second and waits
+	close(idle)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a connection gone idle did not make room at the cap")
+	}
+	cs[0].SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := cs[0].Read(make([]byte, 1))
+	assert.ErrorIs(t, err, io.EOF, "the idle connection was not the one closed")
+}
+
 func TestPerHostCapRefusesWhenAllBusy(t *testing.T) {
 	release := make(chan struct{})
 	busy := make(chan struct{}, 1)

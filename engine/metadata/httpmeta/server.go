@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/netx"
 )
 
 // StoreOptions bound what a Store accepts. Zero fields take the
@@ -223,16 +225,23 @@ func (s *Store) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // "OK" at /health.
 type Server struct {
 	store *Store
-	ln    net.Listener
-	srv   *http.Server
-	done  chan struct{}
+	h     *netx.HTTP
 }
+
+// Connection caps of an HTTP metadata server (this one and
+// crescent-master's): every engine of a cluster keeps a few keep-alive
+// connections to it.
+const (
+	DefaultMaxConns        = 4096
+	DefaultMaxConnsPerHost = 256
+)
 
 // Serve listens on addr ("host:port"; port 0 picks one) and serves a new
 // store with default limits.
 func Serve(addr string) (*Server, error) { return NewServer(addr, NewStore(StoreOptions{})) }
 
-// NewServer listens on addr and serves st.
+// NewServer listens on addr and serves st through netx's accept loop
+// (capped connections, idle ones evicted first, fd exhaustion survived).
 func NewServer(addr string, st *Store) (*Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -241,23 +250,14 @@ func NewServer(addr string, st *Store) (*Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metadata", st)
 	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "OK") })
-	s := &Server{store: st, ln: ln, done: make(chan struct{}), srv: &http.Server{
-		Handler:           mux,
-		ReadHeaderTimeout: 10 * time.Second,
-		ReadTimeout:       60 * time.Second,
-		WriteTimeout:      60 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		MaxHeaderBytes:    64 << 10,
-	}}
-	go func() {
-		defer close(s.done)
-		s.srv.Serve(ln)
-	}()
-	return s, nil
+	srv := netx.NewHTTPServer(mux)
+	srv.WriteTimeout = 60 * time.Second
+	h := netx.ServeHTTP(ln, netx.Config{MaxConns: DefaultMaxConns, MaxConnsPerHost: DefaultMaxConnsPerHost, Name: "http metadata server"}, srv, nil)
+	return &Server{store: st, h: h}, nil
 }
 
 // Addr is the listening address.
-func (s *Server) Addr() string { return s.ln.Addr().String() }
+func (s *Server) Addr() string { return s.h.Addr().String() }
 
 // URL is the connection string engines use: "http://<addr>/metadata".
 func (s *Server) URL() string { return "http://" + s.Addr() + "/metadata" }
@@ -266,8 +266,4 @@ func (s *Server) URL() string { return "http://" + s.Addr() + "/metadata" }
 func (s *Server) Store() *Store { return s.store }
 
 // Close stops the server at once, dropping open connections.
-func (s *Server) Close() error {
-	err := s.srv.Close()
-	<-s.done
-	return err
-}
+func (s *Server) Close() error { return s.h.Close() }
