@@ -74,17 +74,8 @@ func TestRunEtcdFailStop(t *testing.T) {
 	c := defaults()
 	c.RPCAddress, c.RPCPort, c.MetricsPort = "127.0.0.1", testsvc.FreePort(t), testsvc.FreePort(t)
 	c.Oplog, c.ClusterID, c.OplogWriteTimeoutSec, c.LogLevel = e.URL(), "failstop", 1, "error"
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, c) }()
-	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("run did not stop")
-		}
-	}()
+	ctx, stop := startRun(t, c)
+	defer stop() // fail-stopped: its error is the log's
 
 	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(c.RPCPort), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)

@@ -22,13 +22,8 @@ func TestRunGRPCTuned(t *testing.T) {
 	c.RPCAddress = "127.0.0.1"
 	c.RPCPort, c.MetricsPort = testsvc.FreePort(t), testsvc.FreePort(t)
 	c.GRPCTuned, c.LogLevel = true, "error"
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, c) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	ctx, stop := startRun(t, c)
+	defer func() { require.NoError(t, stop()) }()
 	conn, err := grpc.NewClient("127.0.0.1:"+strconv.Itoa(c.RPCPort),
 		append(grpctune.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	require.NoError(t, err)

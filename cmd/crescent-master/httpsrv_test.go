@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"strconv"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 
@@ -22,18 +20,8 @@ func TestHTTPPortsBounded(t *testing.T) {
 	c.RPCPort, c.MetricsPort, c.HTTPMetadataServerPort = testsvc.FreePort(t), testsvc.FreePort(t), testsvc.FreePort(t)
 	c.EnableHTTPMetadataServer = true
 	c.LogLevel = "error"
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, c) }()
-	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			assert.NoError(t, err)
-		case <-time.After(20 * time.Second):
-			t.Error("run did not stop")
-		}
-	}()
+	_, stop := startRun(t, c)
+	defer func() { assert.NoError(t, stop()) }()
 	t.Run("admin", func(t *testing.T) {
 		testsvc.CheckHTTPPortBounded(t, "127.0.0.1:"+strconv.Itoa(c.MetricsPort), "/health", netx.DefaultHTTPMaxConnsPerHost)
 	})

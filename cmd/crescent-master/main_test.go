@@ -32,6 +32,25 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// startRun runs the master with c in the background; stop cancels it and
+// returns run's error (a test error if it does not stop within 30 s).
+func startRun(t *testing.T, c config) (ctx context.Context, stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, c) }()
+	return ctx, func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			t.Error("run did not stop")
+			return nil
+		}
+	}
+}
+
 func TestLoadDefaults(t *testing.T) {
 	c, err := load(nil)
 	if err != nil {
@@ -95,9 +114,7 @@ func TestRun(t *testing.T) {
 	c.KVEventsEndpoint = "tcp://*:" + strconv.Itoa(evPort)
 	c.KVEventsReplayEndpoint = "tcp://*:" + strconv.Itoa(replayPort)
 	c.LogLevel = "error"
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, c) }()
+	ctx, stop := startRun(t, c)
 
 	got := make(chan *event.EventBatch, 16)
 	sub, err := event.Subscribe(event.SubscriberConfig{
@@ -181,14 +198,8 @@ func TestRun(t *testing.T) {
 		t.Fatal("no KV event")
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not stop")
+	if err := stop(); err != nil {
+		t.Fatal(err)
 	}
 }
 

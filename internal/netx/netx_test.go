@@ -115,17 +115,37 @@ func TestIdleEvictedAtCap(t *testing.T) {
 	}
 }
 
-func TestBusyNotEvicted(t *testing.T) {
-	release := make(chan struct{})
-	started := make(chan struct{}, 4)
-	l := Serve(listen(t), Config{MaxConns: 2}, func(c *Conn) {
+// busyUntil is a handler that reads a byte, marks its connection busy,
+// signals started and waits for release, then runs then (when set).
+func busyUntil(started chan<- struct{}, release <-chan struct{}, then func(*Conn)) func(*Conn) {
+	return func(c *Conn) {
 		if _, err := c.Read(make([]byte, 1)); err != nil {
 			return
 		}
 		c.Busy()
 		started <- struct{}{}
 		<-release
-	})
+		if then != nil {
+			then(c)
+		}
+	}
+}
+
+// dialSend connects to addr and sends one byte.
+func dialSend(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	_, err = c.Write([]byte{1})
+	require.NoError(t, err)
+	return c
+}
+
+func TestBusyNotEvicted(t *testing.T) {
+	release := make(chan struct{})
+	started := make(chan struct{}, 4)
+	l := Serve(listen(t), Config{MaxConns: 2}, busyUntil(started, release, nil))
 	defer l.Close()
 	var once bool
 	defer func() {
@@ -133,14 +153,8 @@ func TestBusyNotEvicted(t *testing.T) {
 			close(release)
 		}
 	}()
-	var cs []net.Conn
 	for i := range 3 {
-		c, err := net.Dial("tcp", l.Addr().String())
-		require.NoError(t, err)
-		defer c.Close()
-		_, err = c.Write([]byte{1})
-		require.NoError(t, err)
-		cs = append(cs, c)
+		dialSend(t, l.Addr().String())
 		if i < 2 {
 			<-started
 		}
@@ -162,26 +176,13 @@ func TestBusyNotEvicted(t *testing.T) {
 func TestHeldLoopWokenByIdle(t *testing.T) {
 	idle := make(chan struct{})
 	started := make(chan struct{}, 4)
-	l := Serve(listen(t), Config{MaxConns: 1}, func(c *Conn) {
-		if _, err := c.Read(make([]byte, 1)); err != nil {
-			return
-		}
-		c.Busy()
-		started <- struct{}{}
-		<-idle
+	l := Serve(listen(t), Config{MaxConns: 1}, busyUntil(started, idle, func(c *Conn) {
 		c.Idle()
 		c.Read(make([]byte, 1)) // until evicted or closed
-	})
+	}))
 	defer l.Close()
-	var cs []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", l.Addr().String())
-		require.NoError(t, err)
-		defer c.Close()
-		_, err = c.Write([]byte{1})
-		require.NoError(t, err)
-		cs = append(cs, c)
-	}
+	first := dialSend(t, l.Addr().String())
+	dialSend(t, l.Addr().String())
 	<-started
 	time.Sleep(50 * time.Millisecond) // the loop takes the second and waits
 	close(idle)
@@ -190,8 +191,8 @@ func TestHeldLoopWokenByIdle(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a connection gone idle did not make room at the cap")
 	}
-	cs[0].SetReadDeadline(time.Now().Add(10 * time.Second))
-	_, err := cs[0].Read(make([]byte, 1))
+	first.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := first.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF, "the idle connection was not the one closed")
 }
 
