@@ -503,6 +503,9 @@ type commitQ struct {
 // rpcCommit commits items and, in the same RPC, asks for replacements of
 // their classes and gives back what is to be released.
 func (c *Client) rpcCommit(ctx context.Context, qs []commitQ) ([]struct{}, []error) {
+	if len(qs) > storepb.MaxBatchItems {
+		return inPieces(len(qs), func(lo, hi int) ([]struct{}, []error) { return c.rpcCommit(ctx, qs[lo:hi]) })
+	}
 	a := c.ahead
 	release, ep := a.takeReleaseEpoch()
 	stale := false // an item or booking of another epoch than the release list's

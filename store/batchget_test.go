@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -10,6 +11,7 @@ import (
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // TestBatchGetInto: BatchGetInto reads every item into its buffer, with no
@@ -113,4 +115,42 @@ func TestBatchGetAllocs(t *testing.T) {
 	// staging free.
 	require.LessOrEqual(t, into, 115.0)
 	require.LessOrEqual(t, staged, 135.0)
+}
+
+// TestBatchPastMaxItems: batches of more keys than the master takes in
+// one RPC (storepb.MaxBatchItems) go in pieces and answer every item in
+// order: put, get, exist, remove.
+func TestBatchPastMaxItems(t *testing.T) {
+	tm := startMaster(t, master.Config{})
+	a := newTestClient(t, tm, 64<<20, protocols("tcp"))
+	ctx := tctx(t)
+	n := storepb.MaxBatchItems + 3
+	keys := make([]string, n)
+	vals := make([][]byte, n)
+	for i := range n {
+		keys[i] = fmt.Sprint("many-", i)
+		vals[i] = []byte(keys[i])
+	}
+	for i, err := range a.BatchPut(ctx, keys, vals, ReplicateConfig{}) {
+		require.NoError(t, err, "put %d", i)
+	}
+	got, errs := a.BatchGet(ctx, keys)
+	for i := range n {
+		require.NoError(t, errs[i], "get %d", i)
+		require.Equal(t, vals[i], got[i], "get %d", i)
+	}
+	// The last key is missing: answered in its place.
+	probe := append(slices.Clone(keys[:n-1]), "missing")
+	found, errs := a.BatchIsExist(ctx, probe)
+	for i := range n {
+		require.NoError(t, errs[i], "exist %d", i)
+		require.Equal(t, i < n-1, found[i], "exist %d", i)
+	}
+	errs = a.BatchRemove(ctx, probe, true) // the gets hold leases
+	for i := range n - 1 {
+		require.NoError(t, errs[i], "remove %d", i)
+	}
+	require.ErrorIs(t, errs[n-1], errcode.ErrObjectNotFound)
+	found, _ = a.BatchIsExist(ctx, keys)
+	require.Equal(t, n-1, slices.Index(found, true), "only the key not removed remains")
 }

@@ -231,6 +231,9 @@ func (c *Client) startCoalescers() {
 
 // rpcPutStart reserves space for keys (all with config rc).
 func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64, rc *storepb.ReplicateConfig) ([]putStarted, []error) {
+	if len(keys) > storepb.MaxBatchItems {
+		return inPieces(len(keys), func(lo, hi int) ([]putStarted, []error) { return c.rpcPutStart(ctx, keys[lo:hi], sizes[lo:hi], rc) })
+	}
 	rs, errs := make([]putStarted, len(keys)), make([]error, len(keys))
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
@@ -264,6 +267,16 @@ func (c *Client) rpcPutStart(ctx context.Context, keys []string, sizes []uint64,
 // rpcPutEnd commits keys, the puts numbered gens; blocks is empty or one
 // per key.
 func (c *Client) rpcPutEnd(ctx context.Context, keys []string, gens []uint64, blocks []*storepb.BlockMetadata) []error {
+	if len(keys) > storepb.MaxBatchItems {
+		_, errs := inPieces(len(keys), func(lo, hi int) ([]struct{}, []error) {
+			var bs []*storepb.BlockMetadata
+			if len(blocks) > 0 {
+				bs = blocks[lo:hi]
+			}
+			return make([]struct{}, hi-lo), c.rpcPutEnd(ctx, keys[lo:hi], gens[lo:hi], bs)
+		})
+		return errs
+	}
 	mem := storepb.ReplicaType_REPLICA_TYPE_MEMORY
 	errs := make([]error, len(keys))
 	rctx, cancel := c.rpcCtx(ctx)
@@ -290,6 +303,9 @@ func (c *Client) rpcPutEnd(ctx context.Context, keys []string, gens []uint64, bl
 
 // rpcGetReplicaList locates keys, granting read leases.
 func (c *Client) rpcGetReplicaList(ctx context.Context, keys []string) ([]getResult, []error) {
+	if len(keys) > storepb.MaxBatchItems {
+		return inPieces(len(keys), func(lo, hi int) ([]getResult, []error) { return c.rpcGetReplicaList(ctx, keys[lo:hi]) })
+	}
 	rs, errs := make([]getResult, len(keys)), make([]error, len(keys))
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()

@@ -59,23 +59,28 @@ func (c *Client) BatchIsExist(ctx context.Context, keys []string, opts ...ExistO
 	if len(items) == 0 {
 		return found, errs
 	}
+	rfound, rerrs := inPieces(len(req), func(lo, hi int) ([]bool, []error) { return c.rpcExist(ctx, req[lo:hi], o.noLease) })
+	for j, i := range items {
+		found[i], errs[i] = rfound[j], rerrs[j]
+	}
+	return found, errs
+}
+
+// rpcExist is one BatchExistKey, answering per key.
+func (c *Client) rpcExist(ctx context.Context, keys []string, noLease bool) ([]bool, []error) {
+	found, errs := make([]bool, len(keys)), make([]error, len(keys))
 	rctx, cancel := c.rpcCtx(ctx)
 	defer cancel()
-	resp, err := c.master.BatchExistKey(rctx, &storepb.BatchExistKeyRequest{Keys: req, NoLease: o.noLease})
-	if err == nil && len(resp.Results) != len(items) {
-		err = errcode.New(errcode.InternalError, "BatchExistKey answered %d results for %d keys", len(resp.Results), len(items))
+	resp, err := c.master.BatchExistKey(rctx, &storepb.BatchExistKeyRequest{Keys: keys, NoLease: noLease})
+	if err == nil && len(resp.Results) != len(keys) {
+		err = errcode.New(errcode.InternalError, "BatchExistKey answered %d results for %d keys", len(resp.Results), len(keys))
 	}
 	if err != nil {
-		err = rpcerr.FromStatus(err)
-		for _, i := range items {
-			errs[i] = err
-		}
+		fill(errs, rpcerr.FromStatus(err))
 		return found, errs
 	}
-	for j, r := range resp.Results {
-		i := items[j]
-		found[i] = r.Exists
-		errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), "")
+	for i, r := range resp.Results {
+		found[i], errs[i] = r.Exists, errcode.FromCode(errcode.Code(r.ErrorCode), "")
 	}
 	return found, errs
 }
@@ -122,20 +127,30 @@ func (c *Client) BatchRemove(ctx context.Context, keys []string, force bool) []e
 	if len(items) == 0 {
 		return errs
 	}
-	rctx, cancel := c.rpcCtx(ctx)
-	defer cancel()
-	resp, err := c.master.BatchRemove(rctx, &storepb.BatchRemoveRequest{Keys: req, Force: force, AdminToken: c.adminToken(force)})
-	if err == nil && len(resp.Results) != len(items) {
-		err = errcode.New(errcode.InternalError, "BatchRemove answered %d results for %d keys", len(resp.Results), len(items))
-	}
+	_, rerrs := inPieces(len(req), func(lo, hi int) ([]struct{}, []error) { return c.rpcRemove(ctx, req[lo:hi], force) })
 	for j, i := range items {
-		if err != nil {
-			errs[i] = rpcerr.FromStatus(err)
-		} else {
-			errs[i] = errcode.FromCode(errcode.Code(resp.Results[j].ErrorCode), resp.Results[j].Message)
-		}
+		errs[i] = rerrs[j]
 	}
 	return errs
+}
+
+// rpcRemove is one BatchRemove, answering per key.
+func (c *Client) rpcRemove(ctx context.Context, keys []string, force bool) ([]struct{}, []error) {
+	errs := make([]error, len(keys))
+	rctx, cancel := c.rpcCtx(ctx)
+	defer cancel()
+	resp, err := c.master.BatchRemove(rctx, &storepb.BatchRemoveRequest{Keys: keys, Force: force, AdminToken: c.adminToken(force)})
+	if err == nil && len(resp.Results) != len(keys) {
+		err = errcode.New(errcode.InternalError, "BatchRemove answered %d results for %d keys", len(resp.Results), len(keys))
+	}
+	if err != nil {
+		fill(errs, rpcerr.FromStatus(err))
+		return make([]struct{}, len(keys)), errs
+	}
+	for i, r := range resp.Results {
+		errs[i] = errcode.FromCode(errcode.Code(r.ErrorCode), r.Message)
+	}
+	return make([]struct{}, len(keys)), errs
 }
 
 // RemoveByRegex deletes every complete key matching regex (RE2, whole

@@ -585,6 +585,17 @@ func (c *Client) batchPutRound(ctx context.Context, b *batchPut, todo []int, ahe
 	return retry, faultOf(xs)
 }
 
+// inPieces sends n items in pieces of at most storepb.MaxBatchItems
+// (the master refuses larger batches) and joins the answers in order.
+func inPieces[R any](n int, send func(lo, hi int) ([]R, []error)) ([]R, []error) {
+	rs, errs := make([]R, 0, n), make([]error, 0, n)
+	for lo := 0; lo < n; lo += storepb.MaxBatchItems {
+		r, e := send(lo, min(n, lo+storepb.MaxBatchItems))
+		rs, errs = append(rs, r...), append(errs, e...)
+	}
+	return rs, errs
+}
+
 func fill(errs []error, err error) {
 	for i := range errs {
 		errs[i] = err

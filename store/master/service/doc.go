@@ -7,7 +7,9 @@
 // status details; clients recover it with rpcerr.FromStatus). Batch RPCs
 // answer every item in request order with its code (0 = OK); a malformed
 // batch (keys and sizes of different lengths, missing client_id) fails as
-// a whole with INVALID_PARAMS. Write, segment and Ping RPCs need client_id.
+// a whole with INVALID_PARAMS, as does a batch of more than
+// storepb.MaxBatchItems (10,000) keys or CommitPut items, refused before
+// anything is sized by its count. Write, segment and Ping RPCs need client_id.
 // ReservePut and CommitPut answer per spec and per item, give back the
 // release ids first (unknown ones are ignored), carry the reservation TTL
 // (PutDiscardTimeout) and take at most 64 specs of at most 64 each.

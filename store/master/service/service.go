@@ -694,8 +694,20 @@ func putBatchBufs(b *master.BatchBuffers) {
 // kept in a pool: a rare huge batch does not pin its arrays.
 const maxPooledBatch = 4096
 
+// checkBatch refuses a batch of more than storepb.MaxBatchItems items,
+// before anything is sized by its count.
+func checkBatch(n int) error {
+	if n > storepb.MaxBatchItems {
+		return rpcerr.ToStatus(errcode.New(errcode.InvalidParams, "%d items in one batch > %d", n, storepb.MaxBatchItems))
+	}
+	return nil
+}
+
 // BatchPutStart implements storepb.MasterServer.
 func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartRequest) (_ *storepb.BatchPutStartResponse, err error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
@@ -736,6 +748,9 @@ func (s *Service) BatchPutStart(_ context.Context, r *storepb.BatchPutStartReque
 
 // BatchPutEnd implements storepb.MasterServer.
 func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) (_ *storepb.BatchPutEndResponse, err error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
@@ -758,6 +773,9 @@ func (s *Service) BatchPutEnd(_ context.Context, r *storepb.BatchPutEndRequest) 
 
 // BatchPutRevoke implements storepb.MasterServer.
 func (s *Service) BatchPutRevoke(_ context.Context, r *storepb.BatchPutRevokeRequest) (_ *storepb.BatchPutRevokeResponse, err error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
@@ -841,6 +859,9 @@ func (s *Service) ReservePut(_ context.Context, r *storepb.ReservePutRequest) (_
 
 // CommitPut implements storepb.MasterServer.
 func (s *Service) CommitPut(_ context.Context, r *storepb.CommitPutRequest) (_ *storepb.CommitPutResponse, err error) {
+	if err := checkBatch(len(r.Items)); err != nil {
+		return nil, err
+	}
 	c, err := clientID(r.ClientId)
 	if err != nil {
 		return nil, rpcerr.ToStatus(err)
@@ -873,6 +894,9 @@ func (s *Service) GetReplicaList(_ context.Context, r *storepb.GetReplicaListReq
 
 // BatchGetReplicaList implements storepb.MasterServer.
 func (s *Service) BatchGetReplicaList(_ context.Context, r *storepb.BatchGetReplicaListRequest) (_ *storepb.BatchGetReplicaListResponse, err error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
 	bufs := getBatchBufs()
 	defer putBatchBufs(bufs)
 	res := s.m.BatchGetReplicaListInto(r.Keys, bufs)
@@ -909,6 +933,9 @@ func (s *Service) ExistKey(_ context.Context, r *storepb.ExistKeyRequest) (_ *st
 
 // BatchExistKey implements storepb.MasterServer.
 func (s *Service) BatchExistKey(_ context.Context, r *storepb.BatchExistKeyRequest) (_ *storepb.BatchExistKeyResponse, err error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
 	ok, errs := s.m.BatchExistKey(r.Keys, r.NoLease)
 	out := &storepb.BatchExistKeyResponse{Results: make([]*storepb.ExistResult, len(ok))}
 	for i := range ok {
@@ -927,6 +954,9 @@ func (s *Service) Remove(_ context.Context, r *storepb.RemoveRequest) (_ *storep
 
 // BatchRemove implements storepb.MasterServer.
 func (s *Service) BatchRemove(_ context.Context, r *storepb.BatchRemoveRequest) (_ *storepb.BatchRemoveResponse, err error) {
+	if err := checkBatch(len(r.Keys)); err != nil {
+		return nil, err
+	}
 	errs := s.m.BatchRemove(r.Keys, r.Force)
 	out := &storepb.BatchRemoveResponse{Results: items(errs)}
 	return out, nil

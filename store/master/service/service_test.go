@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -619,4 +620,66 @@ func TestInvalidUTF8Refused(t *testing.T) {
 	r, err := c.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: []string{"ok", "ségment"}})
 	require.NoError(t, err)
 	require.Len(t, r.Results, 2)
+}
+
+// TestBatchItemsBounded: a batch of more than storepb.MaxBatchItems items
+// is refused with INVALID_PARAMS by every batch RPC (the master would
+// otherwise size its arrays by a count the peer chose); a batch of
+// exactly the bound is served.
+func TestBatchItemsBounded(t *testing.T) {
+	e := mastertest.New(t, nil)
+	c, _ := serve(t, e.M)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id := pbID(mastertest.Client(1))
+	keys := func(n int) []string {
+		ks := make([]string, n)
+		for i := range ks {
+			ks[i] = "k" + strconv.Itoa(i)
+		}
+		return ks
+	}
+	calls := map[string]func(n int) error{
+		"BatchPutStart": func(n int) error {
+			_, err := c.BatchPutStart(ctx, &storepb.BatchPutStartRequest{ClientId: id, Keys: keys(n), Sizes: make([]uint64, n)})
+			return err
+		},
+		"BatchPutEnd": func(n int) error {
+			_, err := c.BatchPutEnd(ctx, &storepb.BatchPutEndRequest{ClientId: id, Keys: keys(n)})
+			return err
+		},
+		"BatchPutRevoke": func(n int) error {
+			_, err := c.BatchPutRevoke(ctx, &storepb.BatchPutRevokeRequest{ClientId: id, Keys: keys(n)})
+			return err
+		},
+		"CommitPut": func(n int) error {
+			items := make([]*storepb.CommitItem, n)
+			for i, k := range keys(n) {
+				items[i] = &storepb.CommitItem{Key: k, ReservationId: uint64(i + 1)}
+			}
+			_, err := c.CommitPut(ctx, &storepb.CommitPutRequest{ClientId: id, Items: items})
+			return err
+		},
+		"BatchGetReplicaList": func(n int) error {
+			_, err := c.BatchGetReplicaList(ctx, &storepb.BatchGetReplicaListRequest{Keys: keys(n)})
+			return err
+		},
+		"BatchExistKey": func(n int) error {
+			_, err := c.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: keys(n)})
+			return err
+		},
+		"BatchRemove": func(n int) error {
+			_, err := c.BatchRemove(ctx, &storepb.BatchRemoveRequest{Keys: keys(n)})
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			err := call(storepb.MaxBatchItems + 1)
+			require.ErrorIs(t, rpcerr.FromStatus(err), errcode.ErrInvalidParams, "%v", err)
+			assert.Contains(t, err.Error(), "items in one batch")
+			// At the bound: served (items fail one by one, not the call).
+			require.NoError(t, call(storepb.MaxBatchItems))
+		})
+	}
 }
