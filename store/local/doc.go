@@ -19,13 +19,20 @@
 //     be complete within RecvTimeout (5 s). Dropping a dummy (expiry,
 //     disconnect, death, a protocol error) releases every view it held and
 //     unmaps and unregisters every buffer it registered.
-//   - Bounds: frames are at most MaxInline (64 MiB) plus 1 MiB, batches
-//     1024 items, strings 64 KiB, registered buffers 64 per dummy and
-//     1 TiB each, two descriptors per message: all checked before
-//     anything is allocated. Every (region, offset, length) a dummy sends
-//     is checked against the region; a buffer a dummy registers must be a
-//     memfd sealed against shrinking (engine/mempool's are), so it cannot
-//     make the server's accesses fault.
+//   - Bounds: frames are at most MaxInline (64 MiB) plus 1 MiB (a Hello
+//     request's n at most 32, its body being the version: a larger one
+//     gets INVALID_PARAMS and the connection is closed), batches 1024
+//     items, strings 64 KiB, registered buffers 64 per dummy and 1 TiB
+//     each, two descriptors per message: all checked before anything is
+//     allocated, and a frame's body buffer grows as its bytes arrive
+//     (64 KiB, then doubling), so a header alone claims no more. A dummy
+//     holds at most 65536 (maxInflight × maxBatch) unreleased views;
+//     GetBuffer beyond that answers NO_AVAILABLE_HANDLE, the views held
+//     stay valid, and a Release makes room again. Every (region, offset,
+//     length) a dummy sends is checked against the region; a buffer a
+//     dummy registers must be a memfd sealed against shrinking
+//     (engine/mempool's are), so it cannot make the server's accesses
+//     fault.
 //   - Calls: Put/PutFrom, Get, GetInto, BatchPut, BatchGet, BatchGetInto,
 //     IsExist, BatchIsExist, Remove, BatchRemove answer as store.Client's
 //     (errors carry the same store/errcode codes); block metadata is not

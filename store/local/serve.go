@@ -449,6 +449,9 @@ func (ss *session) getBuffer(ctx context.Context, e *enc, key string, total *int
 		}
 		return encInline(e, key, v, total)
 	}
+	if ss.viewsFull() { // refuse before reading into a block for nothing
+		return errViews()
+	}
 	b := s.lookup(ctx, key)
 	if b == nil {
 		// Read straight into a block: published when admitted, else a
@@ -472,10 +475,10 @@ func (ss *session) getBuffer(ctx context.Context, e *enc, key string, total *int
 	} else {
 		s.st.hitBytes.Add(uint64(b.n))
 	}
-	hd, ok := ss.hold(b)
-	if !ok {
+	hd, err := ss.hold(b)
+	if err != nil {
 		s.hot.release(b)
-		return ErrClosed
+		return err
 	}
 	s.hot.mu.Lock()
 	deadline := b.loc.Deadline

@@ -34,6 +34,9 @@ const (
 	// maxInflight bounds the requests of one dummy served at once; the
 	// read loop waits for a slot (backpressure, bounded memory).
 	maxInflight = 64
+	// maxViews bounds the views one dummy holds unreleased (each pins a
+	// cache block and a map entry): a full window of batch GetBuffers.
+	maxViews = maxInflight * maxBatch
 	// leaseMargin: a cached block is served without asking the master
 	// only while its read lease has at least this much left.
 	leaseMargin = 100 * time.Millisecond
@@ -264,13 +267,18 @@ func (s *Server) handle(nc *netx.Conn) {
 		s.opts.Logger.Warn("local: SO_PEERCRED failed", "err", err)
 		return
 	}
-	h, body, err := f.read(s.opts.RecvTimeout, s.opts.RecvTimeout)
-	if err != nil || h.op != opHello {
-		s.st.refused.Add(1)
-		return
-	}
 	ss := &session{s: s, nc: nc, f: f, pid: cred.Pid, uid: cred.Uid, sem: make(chan struct{}, maxInflight),
 		regs: map[uint32]*region{}, views: map[uint64]*block{}}
+	// A peer not yet allowed may claim no more than a Hello's few bytes.
+	h, body, err := f.readMax(s.opts.RecvTimeout, s.opts.RecvTimeout, helloFrame)
+	if err != nil || h.op != opHello {
+		s.st.refused.Add(1)
+		if errors.Is(err, ErrProtocol) && h.op == opHello && h.n > helloFrame {
+			s.opts.Logger.Warn("local: dummy refused: oversized hello", "pid", cred.Pid, "uid", cred.Uid, "bytes", h.n)
+			ss.replyErr(h, errcode.New(errcode.InvalidParams, "hello frame of %d bytes (limit %d)", h.n, helloFrame))
+		}
+		return
+	}
 	d := dec{b: body}
 	ver := d.u32()
 	if err := d.done(); err != nil || ver != protoVersion {
@@ -577,16 +585,31 @@ func (ss *session) release(body []byte) error {
 	return d.done()
 }
 
-// hold records a view handed to the dummy; false when the session ended.
-func (ss *session) hold(b *block) (uint64, bool) {
+// hold records a view handed to the dummy: ErrClosed when the session
+// ended, NO_AVAILABLE_HANDLE when it holds maxViews already.
+func (ss *session) hold(b *block) (uint64, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.closed {
-		return 0, false
+		return 0, ErrClosed
+	}
+	if len(ss.views) >= maxViews {
+		return 0, errViews()
 	}
 	ss.nextV++
 	ss.views[ss.nextV] = b
-	return ss.nextV, true
+	return ss.nextV, nil
+}
+
+// viewsFull reports whether the session holds maxViews views.
+func (ss *session) viewsFull() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return len(ss.views) >= maxViews
+}
+
+func errViews() error {
+	return errcode.New(errcode.NoAvailableHandle, "%d views held: release some first", maxViews)
 }
 
 // Dummies is the number of registered dummies.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -30,6 +31,12 @@ const (
 	maxRegions = 64
 	// maxFDs bounds the descriptors one read may carry.
 	maxFDs = 2
+	// helloFrame is the length field of a Hello request (its body is the
+	// u32 version): a peer not yet allowed may claim no more.
+	helloFrame = hdrLen - 4 + 4
+	// readChunk is the first allocation for a frame's body and the least
+	// it grows by.
+	readChunk = 64 << 10
 )
 
 // Operations.
@@ -300,20 +307,6 @@ func (f *fconn) fill() error {
 	return err
 }
 
-// readFull fills b: buffered bytes first, then straight from the socket.
-func (f *fconn) readFull(b []byte) error {
-	k := copy(b, f.buf[f.r:f.w])
-	f.r += k
-	for b = b[k:]; len(b) > 0; {
-		n, err := f.recv(b)
-		b = b[n:]
-		if err != nil && len(b) > 0 {
-			return err
-		}
-	}
-	return nil
-}
-
 func (f *fconn) takeFDs(oob []byte) error {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
@@ -361,6 +354,11 @@ func (f *fconn) closeFDs() {
 // read returns the next frame: header and body. headerWait bounds the
 // wait for its first byte (0: none), bodyWait the rest.
 func (f *fconn) read(headerWait, bodyWait time.Duration) (header, []byte, error) {
+	return f.readMax(headerWait, bodyWait, maxFrame)
+}
+
+// readMax is read with frames limited to limit bytes after the length.
+func (f *fconn) readMax(headerWait, bodyWait time.Duration, limit uint32) (header, []byte, error) {
 	if f.r == f.w {
 		if headerWait > 0 {
 			f.c.SetReadDeadline(time.Now().Add(headerWait))
@@ -381,12 +379,43 @@ func (f *fconn) read(headerWait, bodyWait time.Duration) (header, []byte, error)
 	if err != nil {
 		return h, nil, err
 	}
+	if h.n > limit {
+		return h, nil, fmt.Errorf("%w: frame of %d bytes where at most %d fit", ErrProtocol, h.n, limit)
+	}
 	f.r += hdrLen
-	body := make([]byte, int(h.n)-(hdrLen-4))
-	if err := f.readFull(body); err != nil {
-		return h, nil, err
+	need := int(h.n) - (hdrLen - 4)
+	// The body grows as its bytes arrive, doubling: a header alone must
+	// not claim the size it declares.
+	body := make([]byte, 0, min(need, readChunk))
+	for len(body) < need {
+		if len(body) == cap(body) {
+			if f.r == f.w { // grow only once more bytes are here
+				if err := f.fill(); err != nil {
+					return h, nil, unexpectedEOF(err)
+				}
+			}
+			body = slices.Grow(body, min(need, max(2*cap(body), readChunk))-len(body))
+		}
+		room := body[len(body):min(cap(body), need)]
+		k := copy(room, f.buf[f.r:f.w])
+		f.r += k
+		if k == 0 { // nothing buffered: straight from the socket
+			n, err := f.recv(room)
+			k = n
+			if err != nil && len(body)+k < need {
+				return h, nil, unexpectedEOF(err)
+			}
+		}
+		body = body[:len(body)+k]
 	}
 	return h, body, nil
+}
+
+func unexpectedEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // write sends frame b, with fd (when >= 0) attached to its first bytes.
