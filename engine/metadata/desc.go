@@ -136,7 +136,75 @@ const (
 	MaxProtocols  = 16
 	MaxGIDLen     = 512 // an rdma GID or a hex libfabric address
 	MaxSocketPath = 107 // a Unix socket path (sun_path less its NUL)
+	// MaxDescBytes bounds a descriptor's JSON (DefaultReplyMax, the
+	// largest handshake reply; a metadata store's value too).
+	MaxDescBytes = DefaultReplyMax
+	// maxDescMembers bounds the top-level members of a descriptor and
+	// maxDescDepth its nesting.
+	maxDescMembers = 1024
+	maxDescDepth   = 16
 )
+
+// checkShape bounds what decoding data would build, before anything is
+// built: a descriptor's JSON may hold at most maxDescMembers top-level
+// members, MaxBuffers objects or arrays in one of their values (buffers,
+// priority_matrix entries) and MaxDevices in anything deeper (a buffer's
+// keys). Each "{}" of three bytes becomes a struct of a hundred or more,
+// so the bounds Validate checks come too late. Malformed JSON passes:
+// the decoder reports it.
+func checkShape(data []byte) error {
+	if len(data) > MaxDescBytes {
+		return fmt.Errorf("%w: %d bytes (max %d)", ErrBadDescriptor, len(data), MaxDescBytes)
+	}
+	var open [maxDescDepth]int // composite elements of each open container
+	depth, members := 0, 0
+	inStr, esc := false, false
+	for _, c := range data {
+		if inStr {
+			switch {
+			case esc:
+				esc = false
+			case c == '\\':
+				esc = true
+			case c == '"':
+				inStr = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inStr = true
+		case '{', '[':
+			if depth > 0 {
+				open[depth-1]++
+				n, lim, what := open[depth-1], MaxDevices, "elements nested"
+				switch depth {
+				case 1:
+					lim, what = maxDescMembers, "top-level members"
+				case 2:
+					lim, what = MaxBuffers, "elements in one member"
+				}
+				if n > lim {
+					return fmt.Errorf("%w: more than %d %s", ErrBadDescriptor, lim, what)
+				}
+			}
+			if depth == maxDescDepth {
+				return fmt.Errorf("%w: nested deeper than %d", ErrBadDescriptor, maxDescDepth)
+			}
+			open[depth] = 0
+			depth++
+		case '}', ']':
+			depth = max(depth-1, 0)
+		case ',':
+			if depth == 1 {
+				if members++; members >= maxDescMembers {
+					return fmt.Errorf("%w: more than %d top-level members", ErrBadDescriptor, maxDescMembers)
+				}
+			}
+		}
+	}
+	return nil
+}
 
 // Validate checks every field that a transport indexes with, dials or
 // trusts, so a hostile or corrupt descriptor is refused here, naming the
@@ -381,6 +449,9 @@ func (d *SegmentDesc) Marshal() ([]byte, error) {
 // UnmarshalDesc decodes and validates a descriptor. "protocol" may be a
 // string or (multi-protocol reference builds) an array of strings.
 func UnmarshalDesc(data []byte) (*SegmentDesc, error) {
+	if err := checkShape(data); err != nil {
+		return nil, err
+	}
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(data, &raw); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadDescriptor, err)

@@ -78,6 +78,12 @@
 // lkeys that do not pair with them; buffers that wrap, overlap, or whose
 // CXL offset+length wraps; an shm_socket longer than a Unix socket path
 // or holding NUL. Transports keep their own overflow-safe checks.
+// Before decoding, UnmarshalDesc bounds what decoding would build (a
+// "{}" of three bytes becomes a struct of a hundred): at most
+// MaxDescBytes (64 MiB) of JSON, 1024 top-level members, MaxBuffers
+// objects or arrays in one member's value, MaxDevices in anything
+// deeper, 16 levels of nesting (ErrBadDescriptor otherwise). The Redis
+// backend reads at most MaxDescBytes+1 bytes of a value.
 //
 // # Backends and store keys
 //

@@ -1,11 +1,14 @@
 package metadata
 
 import (
+	"bytes"
 	"errors"
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -132,4 +135,61 @@ func TestDecodeBoundsTypes(t *testing.T) {
 		require.Nil(t, d, s)
 		require.ErrorIs(t, err, ErrBadDescriptor, s)
 	}
+}
+
+// allocatedBy is the bytes allocated while fn ran.
+func allocatedBy(fn func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	fn()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// TestUnmarshalDescShapeBounded: a descriptor whose JSON holds more
+// elements than a valid one may is refused before it is decoded: more
+// buffers than MaxBuffers written as "{}" (3 bytes each, 100+ bytes each
+// once decoded), too many top-level members, nesting too deep, more than
+// MaxDescBytes. Each refusal allocates little, whatever the input claims.
+func TestUnmarshalDescShapeBounded(t *testing.T) {
+	many := func(prefix, elem, suffix string, n int) []byte {
+		var b bytes.Buffer
+		b.WriteString(prefix)
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(elem)
+		}
+		b.WriteString(suffix)
+		return b.Bytes()
+	}
+	cases := map[string]struct {
+		data []byte
+		want string
+	}{
+		"buffers":   {many(`{"name":"h:1","protocol":"tcp","buffers":[`, `{}`, `]}`, MaxBuffers+1), "more than 1048576 elements in one member"},
+		"members":   {many(`{`, `"x":{}`, `}`, maxDescMembers+1), "top-level members"},
+		"scalars":   {many(`{`, `"x":0`, `}`, maxDescMembers+1), "top-level members"},
+		"keys":      {many(`{"name":"h:1","protocol":"tcp","buffers":[{"name":"b","addr":1,"length":1,"rkey":[`, `[]`, `]}]}`, MaxDevices+1), "elements nested"},
+		"nesting":   {[]byte(`{"x":` + strings.Repeat("[", maxDescDepth) + strings.Repeat("]", maxDescDepth) + `}`), "nested deeper"},
+		"too large": {append(append([]byte(`{"name":"`), bytes.Repeat([]byte("a"), MaxDescBytes)...), `"}`...), "bytes (max"},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			var err error
+			n := allocatedBy(func() { _, err = UnmarshalDesc(c.data) })
+			require.ErrorIs(t, err, ErrBadDescriptor)
+			assert.Contains(t, err.Error(), c.want)
+			assert.Less(t, n, uint64(1<<20), "refusing %d bytes allocated %d", len(c.data), n)
+		})
+	}
+	// Strings may hold the brackets and commas the shape counts.
+	d := testDesc("h:1")
+	d.Buffers[0].Name = strings.Repeat(`[{,\"`, 50)
+	b, err := d.Marshal()
+	require.NoError(t, err)
+	got, err := UnmarshalDesc(b)
+	require.NoError(t, err)
+	require.Equal(t, d.Buffers[0].Name, got.Buffers[0].Name)
 }

@@ -258,15 +258,31 @@ func (b *Backend) Get(ctx context.Context, name string) (*metadata.SegmentDesc, 
 	return b.keys.GetDesc(ctx, b.get, "redis", name)
 }
 
+// get reads key's value, at most metadata.MaxDescBytes of it: anyone
+// with access to the store may have written it, and Redis takes values
+// of up to 512 MB. One byte more is read to tell a value over the bound.
 func (b *Backend) get(ctx context.Context, key string) ([]byte, bool, error) {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
-	v, err := b.cli.Get(ctx, key).Bytes()
-	if errors.Is(err, redis.Nil) {
-		return nil, false, nil
-	}
+	var exists *redis.IntCmd
+	var val *redis.StringCmd
+	_, err := b.cli.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		exists = p.Exists(ctx, key)
+		val = p.GetRange(ctx, key, 0, metadata.MaxDescBytes)
+		return nil
+	})
 	if err != nil {
 		return nil, false, b.wrap("get "+key, err)
+	}
+	if exists.Val() == 0 {
+		return nil, false, nil
+	}
+	v, err := val.Bytes()
+	if err != nil {
+		return nil, false, b.wrap("get "+key, err)
+	}
+	if len(v) > metadata.MaxDescBytes {
+		return nil, false, fmt.Errorf("%w: redis key %s holds more than %d bytes", metadata.ErrBadDescriptor, key, metadata.MaxDescBytes)
 	}
 	return v, true, nil
 }

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/crescent-kv/crescent/engine/metadata"
@@ -321,4 +324,30 @@ func FuzzParseConn(f *testing.F) {
 func BenchmarkBackend(b *testing.B) {
 	s := testsvc.StartRedis(b)
 	metatest.BenchGet(b, metatest.Config{Conn: s.URL(), Raw: newRaw(b, s.Addr, 0)})
+}
+
+// TestOversizedValueBounded: a value larger than metadata.MaxDescBytes
+// written straight into the store is refused without being read whole;
+// a missing key is still not found, and a good one still read.
+func TestOversizedValueBounded(t *testing.T) {
+	cfg, _, r := notifying(t)
+	b := cfg.Open(t, metadata.Options{TTL: metatest.TTL, RPCAddr: "127.0.0.1:15031"})
+	ctx, cancel := context.WithTimeout(context.Background(), metatest.Wait)
+	defer cancel()
+	const size = 160 << 20
+	r.Put(t, "mooncake/ram/127.0.0.1:15032", make([]byte, size))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := b.Get(ctx, "127.0.0.1:15032")
+	runtime.ReadMemStats(&after)
+	require.ErrorIs(t, err, metadata.ErrBadDescriptor)
+	assert.Contains(t, err.Error(), "holds more than")
+	assert.Less(t, after.TotalAlloc-before.TotalAlloc, uint64(size/2), "a refused value was read whole")
+
+	_, err = b.Get(ctx, "127.0.0.1:15033")
+	require.ErrorIs(t, err, metadata.ErrNotFound)
+	require.NoError(t, b.Publish(ctx, metatest.Desc("127.0.0.1:15031", 1)))
+	d, err := b.Get(ctx, "127.0.0.1:15031")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:15031", d.Name)
 }
