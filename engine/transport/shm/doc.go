@@ -18,8 +18,11 @@
 //	target -> peer    {"op":"error","error":text}  (then closes)
 //
 // "fd" indexes the memfds attached to that packet; a reply whose id is
-// not the pending request's is dropped. A packet from a peer carrying fds
-// closes the connection. Only registered
+// not the pending request's is dropped. The peer closes at once attached
+// fds no region refers to and keeps one per memfd; a listing (all its
+// packets) with more than 65536 regions or 256 distinct memfds fails,
+// and the peer drops that target. A packet from a peer
+// carrying fds closes the connection. Only registered
 // buffers backed by a memfd (memory from mempool) are listed. The peer maps
 // the pages of each listed region (not the whole memfd), prefaulted, and
 // copies directly with memcpy, bounds-checked against the listed regions.

@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
 	"sort"
@@ -13,6 +14,20 @@ import (
 
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/internal/auth"
+)
+
+// Bounds of what a target's listing makes us hold before any of it is
+// mapped: its packets come without limit otherwise.
+const (
+	// maxListRegions: each region is one mapping, and a process gets
+	// 65530 by default (vm.max_map_count).
+	maxListRegions = 1 << 16
+	// maxListFDs counts distinct memfds (one a pool); above maxFDs, so
+	// one full packet always fits.
+	maxListFDs = 256
+	// maxRevoked ranges are kept while listing; past it they merge into
+	// one range covering all (stricter, never looser).
+	maxRevoked = 1024
 )
 
 // mapping is a target region mapped into this process.
@@ -47,10 +62,65 @@ type peer struct {
 }
 
 type listReply struct {
-	id   uint64 // the list request answered
-	msgs []*message
-	fds  [][]int
-	err  error
+	id      uint64   // the list request answered
+	regions []region // FD indexes fds
+	fds     []int    // one per memfd
+	files   []fileID // of fds
+	err     error
+}
+
+type fileID struct{ dev, ino uint64 }
+
+// add appends one "regions" packet and takes its fds: one is kept per
+// memfd, the others and those no region refers to are closed at once.
+// Past the bounds it fails; the caller then drops l.
+func (l *listReply) add(m *message, fds []int) error {
+	idx := make([]int, len(fds)) // in l.fds, or -1
+	for i := range idx {
+		idx[i] = -1
+	}
+	used := make([]bool, len(fds))
+	for _, r := range m.Regions {
+		if r.FD >= 0 && r.FD < len(fds) {
+			used[r.FD] = true
+		}
+	}
+	var err error
+	for i, fd := range fds {
+		var st unix.Stat_t
+		if !used[i] || err != nil || unix.Fstat(fd, &st) != nil {
+			unix.Close(fd) // unused, past the cap, or unusable (its regions then fail)
+			continue
+		}
+		id := fileID{dev: st.Dev, ino: st.Ino}
+		if j := slices.Index(l.files, id); j >= 0 {
+			unix.Close(fd)
+			idx[i] = j
+			continue
+		}
+		if len(l.fds) == maxListFDs {
+			unix.Close(fd)
+			err = fmt.Errorf("%w: listing with more than %d memfds", errBadMessage, maxListFDs)
+			continue
+		}
+		l.fds, l.files = append(l.fds, fd), append(l.files, id)
+		idx[i] = len(l.fds) - 1
+	}
+	if err != nil {
+		return err
+	}
+	if len(l.regions)+len(m.Regions) > maxListRegions {
+		return fmt.Errorf("%w: listing with more than %d regions", errBadMessage, maxListRegions)
+	}
+	for _, r := range m.Regions {
+		if r.FD >= 0 && r.FD < len(fds) {
+			r.FD = idx[r.FD]
+		} else {
+			r.FD = -1
+		}
+		l.regions = append(l.regions, r)
+	}
+	return nil
 }
 
 func newPeer(t *Transport, name, path string) *peer {
@@ -147,36 +217,31 @@ func (p *peer) listLocked() error {
 		if rep.err != nil || rep.id == id {
 			break
 		}
-		for _, fds := range rep.fds {
-			closeAll(fds)
-		}
+		closeAll(rep.fds)
 	}
 	if rep.err != nil {
 		return rep.err
 	}
-	defer func() {
-		for _, fds := range rep.fds {
-			closeAll(fds)
-		}
-	}()
+	defer closeAll(rep.fds)
 	var fresh []*mapping
-	for i, m := range rep.msgs {
-		for _, r := range m.Regions {
-			if p.has(r.Addr, r.Len) {
-				continue
-			}
-			if r.FD < 0 || r.FD >= len(rep.fds[i]) || r.Len == 0 || r.Addr+r.Len < r.Addr {
-				return fmt.Errorf("%w: region %+v", errBadMessage, r)
-			}
-			mp, err := p.mapRegion(rep.fds[i][r.FD], r)
-			if err != nil {
-				for _, f := range fresh {
-					unix.Munmap(f.whole)
-				}
-				return err
-			}
-			fresh = append(fresh, mp)
+	for _, r := range rep.regions {
+		if p.has(r.Addr, r.Len) {
+			continue
 		}
+		if r.FD < 0 || r.FD >= len(rep.fds) || r.Len == 0 || r.Addr+r.Len < r.Addr {
+			for _, f := range fresh {
+				unix.Munmap(f.whole)
+			}
+			return fmt.Errorf("%w: region %+v", errBadMessage, r)
+		}
+		mp, err := p.mapRegion(rep.fds[r.FD], r)
+		if err != nil {
+			for _, f := range fresh {
+				unix.Munmap(f.whole)
+			}
+			return err
+		}
+		fresh = append(fresh, mp)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -242,6 +307,7 @@ func (p *peer) readLoop(c *net.UnixConn, replies chan listReply) {
 	for {
 		m, fds, err := recv(c, buf, oob)
 		if err != nil {
+			closeAll(pending.fds) // a listing cut short
 			select {
 			case replies <- listReply{err: fmt.Errorf("%w: %w", transport.ErrPeerGone, err)}:
 			default:
@@ -253,15 +319,21 @@ func (p *peer) readLoop(c *net.UnixConn, replies chan listReply) {
 		switch m.Op {
 		case "regions":
 			pending.id = m.ID
-			pending.msgs = append(pending.msgs, m)
-			pending.fds = append(pending.fds, fds)
+			if err := pending.add(m, fds); err != nil {
+				closeAll(pending.fds)
+				p.t.log.Warn("shm: target broke the listing bounds; dropping it", "peer", p.name, "err", err)
+				select {
+				case replies <- listReply{id: m.ID, err: err}:
+				default:
+				}
+				p.dropAll()
+				return
+			}
 			if !m.More {
 				select {
 				case replies <- pending:
 				default: // nobody asked (a timed-out list): drop it
-					for _, f := range pending.fds {
-						closeAll(f)
-					}
+					closeAll(pending.fds)
 				}
 				pending = listReply{}
 			}
@@ -284,14 +356,25 @@ func (p *peer) readLoop(c *net.UnixConn, replies chan listReply) {
 // revoke unmaps every mapping overlapping [addr, addr+n), after copies in
 // progress finish.
 func (p *peer) revoke(addr, n uint64) {
+	end := addr + n
+	if end < addr {
+		end = math.MaxUint64 // a wrapping range revokes up to the top
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.listing {
-		p.revoked = append(p.revoked, mapping{addr: addr, end: addr + n})
+		r := mapping{addr: addr, end: end}
+		if len(p.revoked) == maxRevoked {
+			for _, o := range p.revoked {
+				r.addr, r.end = min(r.addr, o.addr), max(r.end, o.end)
+			}
+			p.revoked = p.revoked[:0]
+		}
+		p.revoked = append(p.revoked, r)
 	}
 	kept := p.maps[:0]
 	for _, m := range p.maps {
-		if m.addr < addr+n && addr < m.end {
+		if m.addr < end && addr < m.end {
 			unix.Munmap(m.whole)
 			continue
 		}

@@ -15,10 +15,13 @@ import (
 	"github.com/crescent-kv/crescent/internal/netx"
 )
 
-// Limits of one reply writev on the server side.
+// Limits of one reply writev on the server side. maxReplyReads bounds
+// the leases (and iov entries) that tiny pipelined READs pin until sent;
+// 1024 is IOV_MAX, one writev.
 const (
 	maxReplyStatuses = 128
 	maxReplyBytes    = 4 << 20
+	maxReplyReads    = 1024
 )
 
 // serverConn serves requests on one accepted connection, in order, until
@@ -146,12 +149,12 @@ func (s *serverConn) status(v uint64) {
 }
 
 // flushUnless sends the pending reply unless need more bytes can be read
-// without blocking and the reply is still small.
+// without blocking and the reply is still small (statuses, bytes, READs).
 func (s *serverConn) flushUnless(need int) error {
 	if len(s.out) == 0 && len(s.iov) == 0 {
 		return nil
 	}
-	if len(s.out) < cap(s.out) && s.bytes < maxReplyBytes && s.readable() >= need {
+	if len(s.out) < cap(s.out) && s.bytes < maxReplyBytes && len(s.leases) < maxReplyReads && s.readable() >= need {
 		return nil
 	}
 	return s.flush()
