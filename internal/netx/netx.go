@@ -213,9 +213,27 @@ func (l *Loop) admit(raw net.Conn) {
 	}
 	// At the global cap make room from the idle, else hold this one
 	// (and stop accepting) until a slot frees or a connection goes idle.
+	// A newcomer whose host is at its own cap takes the place of one of
+	// that host's connections or none: refused below when only other
+	// hosts' are idle, it must not have cost one of theirs its place.
 	for l.cfg.MaxConns > 0 && len(l.conns) >= l.cfg.MaxConns && !l.closed {
 		l.held.Store(true)
-		v, since, unread := l.idlestLocked("")
+		own := l.cfg.MaxConnsPerHost > 0 && l.perHost[c.host] >= l.cfg.MaxConnsPerHost
+		var v *Conn
+		var since time.Time
+		var unread bool
+		if own {
+			v, since, unread = l.idlestLocked(c.host)
+			if v == nil {
+				other, _, otherUnread := l.idlestLocked("")
+				if other != nil {
+					break // refused by the per-host check
+				}
+				unread = unread || otherUnread
+			}
+		} else {
+			v, since, unread = l.idlestLocked("")
+		}
 		switch {
 		case v == nil && unread:
 			// An idle connection's handler has bytes to read: it is

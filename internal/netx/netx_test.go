@@ -342,3 +342,60 @@ func TestCapRechecksConnWithUnreadBytes(t *testing.T) {
 	_, err = c1.Read(make([]byte, 1))
 	assert.ErrorIs(t, err, io.EOF, "the idle connection made room")
 }
+
+// dialFrom connects to addr from the loopback address ip (another host).
+func dialFrom(t *testing.T, ip byte, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, ip)}}
+	c, err := d.Dial("tcp", addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// A newcomer from a host at its own cap with no idle connection is
+// refused without costing another host's idle connection its place
+// (the global cap used to evict one before the per-host check refused
+// the newcomer: a host could close everyone else's idle connections).
+// A host at its cap with an idle connection replaces it, and no other.
+func TestPerHostRefusalSparesOtherHosts(t *testing.T) {
+	release := make(chan struct{})
+	busy := make(chan struct{}, 1)
+	l := Serve(listen(t), Config{MaxConns: 2, MaxConnsPerHost: 1}, func(c *Conn) {
+		b := make([]byte, 1)
+		if _, err := c.Read(b); err != nil || b[0] != 'b' {
+			return
+		}
+		c.Busy()
+		busy <- struct{}{}
+		<-release
+	})
+	defer l.Close()
+	defer close(release)
+	addr := l.Addr().String()
+	a1 := dialFrom(t, 2, addr)
+	_, err := a1.Write([]byte("b"))
+	require.NoError(t, err)
+	<-busy
+	b1 := dialFrom(t, 3, addr) // idle
+	require.Eventually(t, func() bool { return l.Len() == 2 }, 10*time.Second, time.Millisecond)
+
+	a2 := dialFrom(t, 2, addr)
+	a2.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = a2.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the over-limit connection is closed")
+	b1.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	_, err = b1.Read(make([]byte, 1))
+	require.ErrorIs(t, err, os.ErrDeadlineExceeded, "another host's idle connection was closed for a refused newcomer")
+	assert.Equal(t, 2, l.Len())
+
+	// Host 3 at its cap with b1 idle: b1 makes way for b2, a1 stays.
+	b2 := dialFrom(t, 3, addr)
+	b1.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = b1.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the host's idle connection makes way")
+	_, err = b2.Write([]byte("b"))
+	require.NoError(t, err)
+	<-busy
+	assert.Equal(t, 2, l.Len())
+}
