@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"math"
-	"runtime"
 	"strings"
 	"testing"
 
@@ -137,15 +136,6 @@ func TestDecodeBoundsTypes(t *testing.T) {
 	}
 }
 
-// allocatedBy is the bytes allocated while fn ran.
-func allocatedBy(fn func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	fn()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 // TestUnmarshalDescShapeBounded: a descriptor whose JSON holds more
 // elements than a valid one may is refused before it is decoded: more
 // buffers than MaxBuffers written as "{}" (3 bytes each, 100+ bytes each
@@ -178,7 +168,7 @@ func TestUnmarshalDescShapeBounded(t *testing.T) {
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			var err error
-			n := allocatedBy(func() { _, err = UnmarshalDesc(c.data) })
+			n := allocated(func() { _, err = UnmarshalDesc(c.data) })
 			require.ErrorIs(t, err, ErrBadDescriptor)
 			assert.Contains(t, err.Error(), c.want)
 			assert.Less(t, n, uint64(1<<20), "refusing %d bytes allocated %d", len(c.data), n)

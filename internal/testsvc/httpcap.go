@@ -37,7 +37,7 @@ func (k *keepAlive) get(path string) error {
 
 // CheckHTTPPortBounded asserts what every HTTP port served through
 // netx.ServeHTTP does: perHost keep-alive connections from 127.0.0.1
-// are served, one more is served by closing the one idle longest, and a
+// are served, one more is served by closing one of them that is idle, and a
 // peer that connected while the process had no fd left is served once
 // fds are back. It waits for addr to accept first. Not parallel (it
 // starves the process of fds).
@@ -64,8 +64,16 @@ func CheckHTTPPortBounded(t *testing.T, addr, path string, perHost int) {
 	}
 	extra := dial()
 	require.NoError(t, extra.get(path))
-	require.Error(t, conns[0].get(path), "more keep-alive connections than the per-host cap")
-	require.NoError(t, conns[len(conns)-1].get(path))
+	// Exactly one was closed for it. Usually conns[0], but the server
+	// marks a connection idle after writing its response, so on a
+	// loaded host conns[1] may have gone idle first.
+	var closed []int
+	for i, k := range conns {
+		if k.get(path) != nil {
+			closed = append(closed, i)
+		}
+	}
+	require.Len(t, closed, 1, "connections closed for one over the per-host cap: %v", closed)
 	for _, k := range append(conns, extra) {
 		k.c.Close()
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"testing"
 	"time"
 
@@ -79,4 +80,13 @@ func (h Handshake) Handle(p string, f func(json.RawMessage) (json.RawMessage, er
 // Exchange implements transport.Handshake.
 func (h Handshake) Exchange(ctx context.Context, peer string, req []byte) ([]byte, error) {
 	return metadata.Exchange(ctx, peer, metadata.Connection, req)
+}
+
+// Allocated is the bytes allocated on the heap while f ran.
+func Allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
 }

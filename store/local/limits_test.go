@@ -5,13 +5,13 @@ import (
 	"io"
 	"net"
 	"os"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store"
 	"github.com/crescent-kv/crescent/store/errcode"
 )
@@ -40,15 +40,6 @@ func rawHeader(n uint32, op byte) []byte {
 	return b
 }
 
-// allocated is the bytes allocated while fn ran.
-func allocated(fn func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	fn()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 // TestFrameBodyGrowsAsBytesArrive: a header claiming the largest frame,
 // followed by a few bytes and EOF, costs about one read chunk, not the
 // size it claims; a large frame arriving in pieces is read whole.
@@ -59,7 +50,7 @@ func TestFrameBodyGrowsAsBytesArrive(t *testing.T) {
 	require.NoError(t, w.CloseWrite())
 	f := newFconn(r)
 	var rerr error
-	n := allocated(func() { _, _, rerr = f.read(10*time.Second, 10*time.Second) })
+	n := testutil.Allocated(func() { _, _, rerr = f.read(10*time.Second, 10*time.Second) })
 	require.ErrorIs(t, rerr, io.ErrUnexpectedEOF)
 	require.Less(t, n, uint64(1<<20), "a header of %d bytes and 100 bytes of body allocated %d bytes", maxFrame, n)
 
@@ -94,7 +85,7 @@ func TestOversizedHelloRefused(t *testing.T) {
 	require.NoError(t, w.CloseWrite())
 	f := newFconn(r)
 	var rerr error
-	n := allocated(func() { _, _, rerr = f.readMax(10*time.Second, 10*time.Second, helloFrame) })
+	n := testutil.Allocated(func() { _, _, rerr = f.readMax(10*time.Second, 10*time.Second, helloFrame) })
 	require.ErrorIs(t, rerr, ErrProtocol)
 	require.Less(t, n, uint64(1<<20), "an oversized hello header allocated %d bytes", n)
 

@@ -119,20 +119,8 @@ func TestHostileListing(t *testing.T) {
 		assert.Equal(t, held, testutil.CountFDs(t), "fds held while the listing is open")
 
 		rawSend(t, c, []byte(fmt.Sprintf(`{"op":"regions","id":%d,"version":1}`, id)), nil)
-		served := make(chan struct{})
-		go func() { // Accepts lists again: nothing there either
-			defer close(served)
-			for {
-				m, fds, err := recvPacket(c)
-				closeFDs(fds)
-				if m == nil || err != nil {
-					return
-				}
-				if m.Op == "list" {
-					c.Write([]byte(fmt.Sprintf(`{"op":"regions","id":%d,"version":1}`, m.ID)))
-				}
-			}
-		}()
+		// Accepts lists again: nothing there either.
+		served := answerLists(c, func(id uint64) string { return fmt.Sprintf(`{"op":"regions","id":%d,"version":1}`, id) })
 		require.False(t, <-accepted)
 		a.tr.ClosePeer("unreferenced")
 		<-served

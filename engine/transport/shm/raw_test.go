@@ -154,3 +154,23 @@ func (f *fakeTarget) accept(tb testing.TB) *net.UnixConn {
 	tb.Cleanup(func() { c.Close() })
 	return c
 }
+
+// answerLists answers the peer's listings on c with reply(id) until it
+// hangs up; the channel closes then.
+func answerLists(c *net.UnixConn, reply func(id uint64) string) <-chan struct{} {
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			m, fds, err := recvPacket(c)
+			closeFDs(fds)
+			if m == nil || err != nil {
+				return
+			}
+			if m.Op == "list" {
+				c.Write([]byte(reply(m.ID)))
+			}
+		}
+	}()
+	return served
+}

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/crescent-kv/crescent/internal/testutil"
 	"io"
 	"log/slog"
 	"os"
@@ -23,6 +22,7 @@ import (
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/transport"
 	"github.com/crescent-kv/crescent/engine/transport/shm"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -821,20 +821,7 @@ func TestRevokeCrossesListing(t *testing.T) {
 		}
 	}
 	// Answer further listings until the peer hangs up.
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		for {
-			m, fds, err := recvPacket(c)
-			closeFDs(fds)
-			if m == nil || err != nil {
-				return
-			}
-			if m.Op == "list" {
-				c.Write([]byte(`{"op":"regions","version":2}`))
-			}
-		}
-	}()
+	served := answerLists(c, func(uint64) string { return `{"op":"regions","version":2}` })
 	ok := <-accepted
 	n := mapped()
 	a.tr.ClosePeer("fake")

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"runtime"
 	"testing"
 	"time"
 
@@ -16,6 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -99,15 +100,6 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// allocated is the bytes allocated on the heap while f ran.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 func longHeader(flag byte, n uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte{flag | flagLong}, n)
 }
@@ -131,7 +123,7 @@ func TestHugeHeaderAllocatesWhatArrives(t *testing.T) {
 			c := reader(in)
 			c.SetLimits(big)
 			var err error
-			n := allocated(func() { _, err = c.ReadMsg() })
+			n := testutil.Allocated(func() { _, err = c.ReadMsg() })
 			require.ErrorIs(t, err, io.ErrUnexpectedEOF)
 			assert.Less(t, n, tc.max, "allocated %d bytes for %d sent", n, len(in))
 		})
@@ -139,7 +131,7 @@ func TestHugeHeaderAllocatesWhatArrives(t *testing.T) {
 	// With the default limits the header alone is refused.
 	c := reader(longHeader(0, 256<<20))
 	var err error
-	n := allocated(func() { _, err = c.ReadMsg() })
+	n := testutil.Allocated(func() { _, err = c.ReadMsg() })
 	require.ErrorIs(t, err, ErrLimit)
 	assert.Contains(t, err.Error(), "more than 67108864 bytes")
 	assert.Less(t, n, uint64(64<<10))
@@ -168,7 +160,7 @@ func TestFrameCap(t *testing.T) {
 	cr := &countingReader{r: bytes.NewReader(in)}
 	c := &Conn{br: bufio.NewReader(cr)}
 	var err error
-	n := allocated(func() { _, err = c.ReadMsg() })
+	n := testutil.Allocated(func() { _, err = c.ReadMsg() })
 	require.ErrorIs(t, err, ErrLimit)
 	assert.Contains(t, err.Error(), fmt.Sprintf("more than %d frames", DefaultMaxFrames))
 	assert.Less(t, cr.n, 64<<10, "read on past the cap")
@@ -211,7 +203,7 @@ func TestHandshakeBounded(t *testing.T) {
 		_, err = peer.Write(append(greeting(), longHeader(flagCommand, size)...))
 		require.NoError(t, err)
 		var herr error
-		n := allocated(func() { _, herr = Handshake(raw, zmq4.Pub, true, 5*time.Second) })
+		n := testutil.Allocated(func() { _, herr = Handshake(raw, zmq4.Pub, true, 5*time.Second) })
 		require.ErrorIs(t, herr, ErrLimit, "size %d", size)
 		assert.Less(t, n, uint64(1<<20))
 		raw.Close()
@@ -230,7 +222,7 @@ func FuzzReadMsg(f *testing.F) {
 		cr := &countingReader{r: bytes.NewReader(in)}
 		c := &Conn{br: bufio.NewReader(cr)}
 		total := 0
-		n := allocated(func() {
+		n := testutil.Allocated(func() {
 			for range 64 {
 				msg, err := c.ReadMsg()
 				if err != nil {
