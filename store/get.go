@@ -2,9 +2,12 @@ package store
 
 import (
 	"context"
+	"math"
 	"net"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -88,6 +91,10 @@ func (c *Client) chooseReplicasInto(key string, reps []*storepb.ReplicaDescripto
 	switch {
 	case len(out) > 0 && size == 0:
 		return 0, nil, errcode.New(errcode.InvalidReplica, "%q: replica of 0 bytes", key)
+	case len(out) > 0 && size > hostMemory():
+		// Sized by the master's answer: a corrupt one must not panic
+		// (makeslice) or abort (out of memory) the embedding process.
+		return 0, nil, errcode.New(errcode.InvalidReplica, "%q: replica of %d bytes, more than this host's memory (%d)", key, size, hostMemory())
 	case len(out) > 0:
 		return size, out, nil
 	case pending:
@@ -97,6 +104,15 @@ func (c *Client) chooseReplicasInto(key string, reps []*storepb.ReplicaDescripto
 	}
 	return 0, nil, errcode.New(errcode.InvalidReplica, "%q: no memory replica", key)
 }
+
+// hostMemory is this host's RAM, the most a value read here can be.
+var hostMemory = sync.OnceValue(func() uint64 {
+	var si unix.Sysinfo_t
+	if unix.Sysinfo(&si) != nil || si.Totalram == 0 {
+		return math.MaxUint64 // unknown: no bound
+	}
+	return uint64(si.Totalram) * uint64(si.Unit)
+})
 
 func (c *Client) isLocal(addr, n uint64) bool {
 	_, ok := c.localSlice(c.name, addr, n)
