@@ -24,7 +24,9 @@
 // and the peer drops that target. A packet from a peer
 // carrying fds closes the connection. Only registered
 // buffers backed by a memfd (memory from mempool) are listed. The peer maps
-// the pages of each listed region (not the whole memfd), prefaulted, and
+// the pages of each listed region (not the whole memfd), prefaulted when
+// every page of the memfd exists (a sparse one is mapped lazily, so a
+// listing cannot make the peer allocate what the target never had), and
 // copies directly with memcpy, bounds-checked against the listed regions.
 // Shared memfds are sealed against shrinking and growing, so a peer cannot
 // make the owner's own accesses fault.

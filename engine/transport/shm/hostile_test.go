@@ -172,3 +172,29 @@ func memfd(t *testing.T, size int64) int {
 	require.NoError(t, unix.Ftruncate(fd, size))
 	return fd
 }
+
+// TestSparseRegionNotPrefaulted: a target listing a 2 GiB region of a
+// memfd it never wrote makes the peer map it lazily: the listing
+// allocates none of it (prefaulting it would have, in the peer).
+func TestSparseRegionNotPrefaulted(t *testing.T) {
+	const size = 2 << 30
+	const addr = 0x7e0000000000
+	a := newNode(t, "a", 1<<20, nodeOpts{})
+	f := newFakeTarget(t)
+	fd := memfd(t, size)
+	defer unix.Close(fd)
+	p := f.peer("sparse", addr, size)
+	accepted := make(chan bool, 1)
+	go func() { accepted <- a.tr.Accepts(p, addr, 1) }()
+	c := f.accept(t)
+	m, _ := rawRecv(t, c)
+	require.NotNil(t, m)
+	require.Equal(t, "list", m.Op)
+	rawSend(t, c, []byte(fmt.Sprintf(`{"op":"regions","version":1,"id":%d,"regions":[{"addr":%d,"len":%d,"fd":0,"off":0}]}`, m.ID, addr, size)), []int{fd})
+	require.True(t, <-accepted, "a sparse region was refused")
+	var st unix.Stat_t
+	require.NoError(t, unix.Fstat(fd, &st))
+	assert.Less(t, st.Blocks*512, int64(64<<20), "the listing faulted in %d bytes of the target's memfd", st.Blocks*512)
+	a.tr.ClosePeer("sparse")
+	c.Close()
+}

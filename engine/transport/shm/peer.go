@@ -287,7 +287,10 @@ func (p *peer) mapRegion(fd int, r region) (*mapping, error) {
 		return nil, fmt.Errorf("%w: region [%d,+%d) beyond memfd size %d", errBadMessage, r.Off, r.Len, st.Size)
 	}
 	flags := unix.MAP_SHARED
-	if !p.t.cfg.NoPrefault {
+	// Prefault only a memfd whose pages all exist: faulting in a sparse
+	// one's holes would allocate, in this process, memory the target
+	// named but never had (a listed region may be as large as it likes).
+	if !p.t.cfg.NoPrefault && st.Blocks*512 >= st.Size {
 		flags |= unix.MAP_POPULATE
 	}
 	whole, err := unix.Mmap(fd, start, int(end-start), unix.PROT_READ|unix.PROT_WRITE, flags)
