@@ -42,21 +42,9 @@ func TestHostileRegion(t *testing.T) {
 	a := newNode(t, "a", 1<<20, nodeOpts{})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFakeTarget(t)
-			fd, err := unix.MemfdCreate(fmt.Sprintf("crescent-shm-hostile-%d", os.Getpid()), unix.MFD_CLOEXEC)
-			require.NoError(t, err)
+			fd := memfd(t, size)
 			defer unix.Close(fd)
-			require.NoError(t, unix.Ftruncate(fd, size))
-			p := f.peer("hostile", addr, size)
-			accepted := make(chan bool, 1)
-			go func() { accepted <- a.tr.Accepts(p, addr, 1) }()
-			c := f.accept(t)
-			m, _ := rawRecv(t, c)
-			require.NotNil(t, m)
-			require.Equal(t, "list", m.Op)
-			rawSend(t, c, []byte(fmt.Sprintf(`{"op":"regions","version":1,"id":%d,"regions":[{"addr":%d,"len":%d,"fd":0,"off":%d}]}`, m.ID, tc.addr, tc.len, tc.off)), []int{fd})
-			require.False(t, <-accepted, "a region beyond its memfd was accepted")
-			a.tr.ClosePeer("hostile")
+			require.False(t, listOne(t, a, "hostile", addr, size, tc.addr, tc.len, tc.off, fd), "a region beyond its memfd was accepted")
 		})
 	}
 }
@@ -180,21 +168,30 @@ func TestSparseRegionNotPrefaulted(t *testing.T) {
 	const size = 2 << 30
 	const addr = 0x7e0000000000
 	a := newNode(t, "a", 1<<20, nodeOpts{})
-	f := newFakeTarget(t)
 	fd := memfd(t, size)
 	defer unix.Close(fd)
-	p := f.peer("sparse", addr, size)
-	accepted := make(chan bool, 1)
-	go func() { accepted <- a.tr.Accepts(p, addr, 1) }()
-	c := f.accept(t)
-	m, _ := rawRecv(t, c)
-	require.NotNil(t, m)
-	require.Equal(t, "list", m.Op)
-	rawSend(t, c, []byte(fmt.Sprintf(`{"op":"regions","version":1,"id":%d,"regions":[{"addr":%d,"len":%d,"fd":0,"off":0}]}`, m.ID, addr, size)), []int{fd})
-	require.True(t, <-accepted, "a sparse region was refused")
+	require.True(t, listOne(t, a, "sparse", addr, size, addr, size, 0, fd), "a sparse region was refused")
 	var st unix.Stat_t
 	require.NoError(t, unix.Fstat(fd, &st))
 	assert.Less(t, st.Blocks*512, int64(64<<20), "the listing faulted in %d bytes of the target's memfd", st.Blocks*512)
-	a.tr.ClosePeer("sparse")
-	c.Close()
+}
+
+// listOne has a fake target named name (one buffer [base, +size)) answer
+// a's listing with one region of fd, and reports whether a then accepts
+// a transfer at base; a forgets the target afterwards.
+func listOne(t *testing.T, a *node, name string, base, size, addr, n uint64, off int64, fd int) bool {
+	t.Helper()
+	f := newFakeTarget(t)
+	p := f.peer(name, base, size)
+	accepted := make(chan bool, 1)
+	go func() { accepted <- a.tr.Accepts(p, base, 1) }()
+	c := f.accept(t)
+	defer c.Close()
+	m, _ := rawRecv(t, c)
+	require.NotNil(t, m)
+	require.Equal(t, "list", m.Op)
+	rawSend(t, c, []byte(fmt.Sprintf(`{"op":"regions","version":1,"id":%d,"regions":[{"addr":%d,"len":%d,"fd":0,"off":%d}]}`, m.ID, addr, n, off)), []int{fd})
+	ok := <-accepted
+	a.tr.ClosePeer(name)
+	return ok
 }
