@@ -218,21 +218,17 @@ func (l *Loop) admit(raw net.Conn) {
 	// hosts' are idle, it must not have cost one of theirs its place.
 	for l.cfg.MaxConns > 0 && len(l.conns) >= l.cfg.MaxConns && !l.closed {
 		l.held.Store(true)
-		own := l.cfg.MaxConnsPerHost > 0 && l.perHost[c.host] >= l.cfg.MaxConnsPerHost
-		var v *Conn
-		var since time.Time
-		var unread bool
-		if own {
-			v, since, unread = l.idlestLocked(c.host)
-			if v == nil {
-				other, _, otherUnread := l.idlestLocked("")
-				if other != nil {
-					break // refused by the per-host check
-				}
-				unread = unread || otherUnread
+		from := "" // any host
+		if l.cfg.MaxConnsPerHost > 0 && l.perHost[c.host] >= l.cfg.MaxConnsPerHost {
+			from = c.host
+		}
+		v, since, unread := l.idlestLocked(from)
+		if v == nil && from != "" {
+			other, _, otherUnread := l.idlestLocked("")
+			if other != nil {
+				break // refused by the per-host check
 			}
-		} else {
-			v, since, unread = l.idlestLocked("")
+			unread = unread || otherUnread
 		}
 		switch {
 		case v == nil && unread:

@@ -449,9 +449,6 @@ func (ss *session) getBuffer(ctx context.Context, e *enc, key string, total *int
 		}
 		return encInline(e, key, v, total)
 	}
-	if ss.viewsFull() { // refuse before reading into a block for nothing
-		return errViews()
-	}
 	b := s.lookup(ctx, key)
 	if b == nil {
 		// Read straight into a block: published when admitted, else a

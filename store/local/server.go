@@ -601,13 +601,6 @@ func (ss *session) hold(b *block) (uint64, error) {
 	return ss.nextV, nil
 }
 
-// viewsFull reports whether the session holds maxViews views.
-func (ss *session) viewsFull() bool {
-	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return len(ss.views) >= maxViews
-}
-
 func errViews() error {
 	return errcode.New(errcode.NoAvailableHandle, "%d views held: release some first", maxViews)
 }
