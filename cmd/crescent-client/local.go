@@ -127,6 +127,7 @@ func newLocalCollector() *localCollector {
 		"crescent_hot_cache_bytes":               "Bytes of values in the hot cache.",
 		"crescent_hot_cache_capacity_bytes":      "Hot cache size.",
 		"crescent_hot_cache_references":          "Hot cache block references held now (dummies' views, reads in progress).",
+		"crescent_hot_cache_share_copies_total":  "GetBuffer answers sent as copies: the dummy already held views of its share of the cache blocks.",
 		"crescent_local_request_latency_seconds": "Latency of requests from dummies, served.",
 	} {
 		d[n] = prometheus.NewDesc(n, h, nil, nil)
@@ -164,6 +165,7 @@ func (l *localCollector) Collect(ch chan<- prometheus.Metric) {
 	c("crescent_hot_cache_hit_bytes_total", st.HitBytes)
 	c("crescent_hot_cache_stale_misses_total", st.StaleMisses)
 	c("crescent_hot_cache_resets_total", st.Resets)
+	c("crescent_hot_cache_share_copies_total", st.ShareCopies)
 	fresh := int64(0)
 	if st.Fresh {
 		fresh = 1

@@ -28,7 +28,11 @@
 //     (64 KiB, then doubling), so a header alone claims no more. A dummy
 //     holds at most 65536 (maxInflight × maxBatch) unreleased views;
 //     GetBuffer beyond that answers NO_AVAILABLE_HANDLE, the views held
-//     stay valid, and a Release makes room again. Every (region, offset,
+//     stay valid, and a Release makes room again. A dummy holds views of
+//     at most its share of the cache's blocks (the blocks divided by the
+//     dummies registered, at least one); a GetBuffer that would pin one
+//     more is answered with a copy (Stats.ShareCopies), so no dummy can
+//     pin the whole cache while others are served copies. Every (region, offset,
 //     length) a dummy sends is checked against the region; a buffer a
 //     dummy registers must be a memfd sealed against shrinking
 //     (engine/mempool's are), so it cannot make the server's accesses
@@ -45,8 +49,9 @@
 //     into a block (published when admitted, else freed at Release). The
 //     server holds a reference per view until the dummy releases it, so
 //     a block a dummy holds is never reused. Values larger than a block,
-//     or with every block held, and every value without a shared cache,
-//     come back as private copies.
+//     past the dummy's share of blocks (above) or with every block held,
+//     and every value without a shared cache, come back as private
+//     copies.
 //   - Reconnect: when the connection breaks, calls in progress fail with
 //     ErrDisconnected and the next call dials again, registers anew (a
 //     new token), maps the new cache and passes the registered pools

@@ -2,6 +2,7 @@ package local
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -157,4 +158,53 @@ func TestViewsCap(t *testing.T) {
 	_, err = d.GetBuffer(ctx, "k")
 	require.ErrorIs(t, err, errcode.ErrNoAvailableHandle)
 	require.NoError(t, d.Ping(ctx), "the session survives a refused view")
+}
+
+// TestBlockShare: with two dummies registered, one may hold views of at
+// most half the cache's blocks; past that it gets copies, and the other
+// dummy still gets views. Alone, a dummy may hold every block.
+func TestBlockShare(t *testing.T) {
+	opts := shmCache() // 4 blocks
+	opts.AdmissionThreshold = 1
+	s, _, _ := serve(t, opts)
+	a := dial(t, s)
+	b := dial(t, s)
+	ctx := tctx(t)
+	vals := map[string][]byte{}
+	for i := range 6 {
+		k := fmt.Sprintf("k%d", i)
+		vals[k] = val(1000, byte(i))
+		require.NoError(t, a.Put(ctx, k, vals[k], store.ReplicateConfig{}))
+	}
+	view := func(d *Dummy, k string, shared bool) *Buffer {
+		t.Helper()
+		buf, err := d.GetBuffer(ctx, k)
+		require.NoError(t, err)
+		require.Equal(t, shared, buf.Shared(), "%s shared", k)
+		require.Equal(t, vals[k], buf.Bytes())
+		return buf
+	}
+
+	a0 := view(a, "k0", true)
+	a1 := view(a, "k1", true)
+	view(a, "k2", false).Release()
+	require.EqualValues(t, 1, s.Stats().ShareCopies)
+	a0b := view(a, "k0", true) // a block it already holds costs nothing
+	b3 := view(b, "k3", true)
+	b4 := view(b, "k4", true)
+
+	a0.Release()
+	a0b.Release()
+	a5 := view(a, "k5", true) // room in its share again
+
+	b3.Release()
+	b4.Release()
+	b.Close()
+	require.Eventually(t, func() bool { return s.Stats().Dummies == 1 }, 10*time.Second, 10*time.Millisecond)
+	a0 = view(a, "k0", true)
+	a2 := view(a, "k2", true) // alone: every block
+	require.EqualValues(t, 1, s.Stats().ShareCopies)
+	for _, v := range []*Buffer{a0, a1, a2, a5} {
+		v.Release()
+	}
 }

@@ -422,6 +422,7 @@ var (
 	errTooBig  = errors.New("local: value larger than a cache block")
 	errNoBlock = errors.New("local: every cache block is held")
 	errLocal   = errors.New("local: replica in the real client's own segment")
+	errShare   = errors.New("local: the dummy holds views of its share of the cache blocks")
 )
 
 // encInline answers a GetBuffer item with the bytes themselves, within
@@ -472,7 +473,14 @@ func (ss *session) getBuffer(ctx context.Context, e *enc, key string, total *int
 	} else {
 		s.st.hitBytes.Add(uint64(b.n))
 	}
-	hd, err := ss.hold(b)
+	hd, err := ss.hold(b, s.blockShare())
+	if errors.Is(err, errShare) {
+		// Past its share: a copy, and the block stays free for others.
+		v := append([]byte(nil), b.bytes()...)
+		s.hot.release(b)
+		s.st.shareCopies.Add(1)
+		return encInline(e, key, v, total)
+	}
 	if err != nil {
 		s.hot.release(b)
 		return err

@@ -225,6 +225,7 @@ type session struct {
 	regs   map[uint32]*region
 	nextR  uint32
 	views  map[uint64]*block
+	blocks map[*block]int // views held per block: the dummy's share of the cache
 	nextV  uint64
 	closed bool
 }
@@ -268,7 +269,7 @@ func (s *Server) handle(nc *netx.Conn) {
 		return
 	}
 	ss := &session{s: s, nc: nc, f: f, pid: cred.Pid, uid: cred.Uid, sem: make(chan struct{}, maxInflight),
-		regs: map[uint32]*region{}, views: map[uint64]*block{}}
+		regs: map[uint32]*region{}, views: map[uint64]*block{}, blocks: map[*block]int{}}
 	// A peer not yet allowed may claim no more than a Hello's few bytes.
 	h, body, err := f.readMax(s.opts.RecvTimeout, s.opts.RecvTimeout, helloFrame)
 	if err != nil || h.op != opHello {
@@ -434,6 +435,7 @@ func (ss *session) end() {
 	ss.closed = true
 	views := ss.views
 	ss.views = map[uint64]*block{}
+	clear(ss.blocks)
 	regs := ss.regs
 	ss.regs = map[uint32]*region{}
 	ss.mu.Unlock()
@@ -575,6 +577,7 @@ func (ss *session) release(body []byte) error {
 		}
 		if b := ss.views[hd]; b != nil {
 			delete(ss.views, hd)
+			ss.unholdLocked(b)
 			bs = append(bs, b)
 		}
 	}
@@ -586,8 +589,10 @@ func (ss *session) release(body []byte) error {
 }
 
 // hold records a view handed to the dummy: ErrClosed when the session
-// ended, NO_AVAILABLE_HANDLE when it holds maxViews already.
-func (ss *session) hold(b *block) (uint64, error) {
+// ended, NO_AVAILABLE_HANDLE when it holds maxViews already, errShare
+// when b would be one block more than share (the caller answers with a
+// copy instead).
+func (ss *session) hold(b *block, share int) (uint64, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.closed {
@@ -596,9 +601,26 @@ func (ss *session) hold(b *block) (uint64, error) {
 	if len(ss.views) >= maxViews {
 		return 0, errViews()
 	}
+	if ss.blocks[b] == 0 && len(ss.blocks) >= share {
+		return 0, errShare
+	}
+	ss.blocks[b]++
 	ss.nextV++
 	ss.views[ss.nextV] = b
 	return ss.nextV, nil
+}
+
+func (ss *session) unholdLocked(b *block) {
+	if ss.blocks[b]--; ss.blocks[b] <= 0 {
+		delete(ss.blocks, b)
+	}
+}
+
+// blockShare is how many cache blocks one dummy may hold views of: an
+// equal part of the blocks for each registered dummy (at least one), so
+// no dummy can pin the whole cache while others are served copies.
+func (s *Server) blockShare() int {
+	return max(1, len(s.hot.blocks)/max(1, int(s.st.dummies.Load())))
 }
 
 func errViews() error {

@@ -26,6 +26,9 @@ type Stats struct {
 	CacheBytes          int64  // bytes of values in the cache now
 	CacheCapacity       int64  // the cache's size (0: no cache)
 	References          int64  // block references held now (views out, reads in progress)
+	// ShareCopies are GetBuffer answers sent as copies because the dummy
+	// already held views of its share of the blocks.
+	ShareCopies uint64
 	// Latency of requests served (from frame read to reply written),
 	// in power-of-two microsecond buckets: Latency[i] counts requests
 	// that took less than 2^i µs (the last bucket: the rest).
@@ -70,7 +73,7 @@ func (l *latency) observe(d time.Duration) {
 type serverStats struct {
 	dummies                                 atomic.Int64
 	refused, badToken, expired, fillDropped atomic.Uint64
-	hitBytes, staleMisses                   atomic.Uint64
+	hitBytes, staleMisses, shareCopies      atomic.Uint64
 	lat                                     *latency
 }
 
@@ -79,6 +82,7 @@ func (s *Server) Stats() Stats {
 	st := Stats{
 		Dummies: s.st.dummies.Load(), Refused: s.st.refused.Load(), BadTokens: s.st.badToken.Load(),
 		Expired: s.st.expired.Load(), FillsDropped: s.st.fillDropped.Load(), HitBytes: s.st.hitBytes.Load(),
+		ShareCopies:  s.st.shareCopies.Load(),
 		LatencyCount: s.st.lat.n.Load(), LatencySum: time.Duration(s.st.lat.sumNs.Load()),
 	}
 	for i := range st.Latency {
