@@ -35,7 +35,13 @@
 // bounds it) on one port until its context ends; with WithCRPC's TLS the
 // port is TLS for both (handshake first, then the split by preface;
 // mTLS through the tls.Config's ClientAuth, gRPC handlers see the
-// peer's certificate).
+// peer's certificate). The gRPC server has crpc's bounds on calls open:
+// ServerConfig.MaxCallsPerConn streams per connection (a stream past it
+// is refused, REFUSED_STREAM) and MaxCalls calls across connections
+// (past it a call is answered RESOURCE_EXHAUSTED from its headers, before
+// its request is read), and a call's headers are at most 64 KiB. What
+// gRPC holds of requests is at most those calls times the message bound;
+// unlike crpc it has no byte bound across connections.
 //
 // # Identity and authorisation
 //

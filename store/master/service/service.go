@@ -369,7 +369,8 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serv
 		conns.Allow = s.allow
 	}
 	cl, gl := crpc.SplitAuth(lis, conns, tc, s.token)
-	gopts := append(append([]grpc.ServerOption(nil), opts...), grpc.ChainUnaryInterceptor(ic))
+	// The bounds first: opts given by the caller override them.
+	gopts := append(append(grpcBounds(s.crpc), opts...), grpc.ChainUnaryInterceptor(ic))
 	if tc != nil {
 		// The split did the handshake; these show its state to handlers.
 		gopts = append(gopts, grpc.Creds(crpc.Credentials()))
