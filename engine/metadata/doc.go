@@ -83,7 +83,8 @@
 // MaxDescBytes (64 MiB) of JSON, 1024 top-level members, MaxBuffers
 // objects or arrays in one member's value, MaxDevices in anything
 // deeper, 16 levels of nesting (ErrBadDescriptor otherwise). The Redis
-// backend reads at most MaxDescBytes+1 bytes of a value.
+// backend reads at most MaxDescBytes+1 bytes of a value; the etcd
+// backend refuses a response over MaxDescBytes+1 MiB from its length.
 //
 // # Backends and store keys
 //

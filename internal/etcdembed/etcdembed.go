@@ -27,6 +27,8 @@ type Config struct {
 	ClientPort, PeerPort int
 	Logger               *zap.Logger // nil: slog.Default(), one level quieter (logx.ZapQuiet)
 	NoFsync              bool        // a throwaway data directory
+	// MaxRequestBytes bounds a client request (0: etcd's 1.5 MiB).
+	MaxRequestBytes uint
 }
 
 // readyTimeout bounds the wait for a new member to serve.
@@ -64,6 +66,9 @@ func StartCluster(cs []Config) ([]*embed.Etcd, []string, error) {
 		cfg.Dir = c.Dir
 		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(cmp.Or(c.Logger, logx.ZapQuiet(nil, "etcd")))
 		cfg.UnsafeNoFsync = c.NoFsync
+		if c.MaxRequestBytes > 0 {
+			cfg.MaxRequestBytes = c.MaxRequestBytes
+		}
 		cu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.ClientPort))}
 		pu := url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(c.PeerPort))}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{cu}, []url.URL{cu}

@@ -13,7 +13,10 @@
 // Open fails with metadata.ErrBadConnString for a malformed string and
 // with metadata.ErrUnavailable when no endpoint answers within
 // Options.Timeout (the message says whether the port refused or was
-// silent). Every operation is bounded by Options.Timeout.
+// silent). Every operation is bounded by Options.Timeout. A response
+// is at most metadata.MaxDescBytes + 1 MiB (checked from its length,
+// before it is read): a larger value is refused with
+// metadata.ErrBadDescriptor.
 //
 // # Keys and values (exactly the reference's)
 //

@@ -13,6 +13,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/internal/logx"
@@ -97,7 +99,10 @@ func Open(conn string, opts metadata.Options) (*Backend, error) {
 		// the lease are not silently lost.
 		DialKeepAliveTime:    max(opts.TTL/2, time.Second),
 		DialKeepAliveTimeout: max(opts.TTL/2, time.Second),
-		Logger:               logx.Zap(opts.Logger, "etcd"),
+		// A response past this is refused from its length, before it
+		// is read (etcd's client would take up to 2 GiB).
+		MaxCallRecvMsgSize: maxReply,
+		Logger:             logx.Zap(opts.Logger, "etcd"),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w: etcd %v: %w", metadata.ErrUnavailable, eps, err)
@@ -242,6 +247,9 @@ func (b *Backend) get(ctx context.Context, key string) ([]byte, bool, error) {
 	ctx, cancel := b.opCtx(ctx)
 	defer cancel()
 	resp, err := b.cli.Get(ctx, key)
+	if status.Code(err) == codes.ResourceExhausted {
+		return nil, false, fmt.Errorf("%w: etcd key %s holds more than %d bytes", metadata.ErrBadDescriptor, key, maxReply)
+	}
 	if err != nil {
 		return nil, false, b.wrap("get "+key, err)
 	}
@@ -250,6 +258,10 @@ func (b *Backend) get(ctx context.Context, key string) ([]byte, bool, error) {
 	}
 	return resp.Kvs[0].Value, true, nil
 }
+
+// maxReply bounds one etcd response: a descriptor of MaxDescBytes and
+// what surrounds it (a variable for tests).
+var maxReply = metadata.MaxDescBytes + 1<<20
 
 // RPCAddr returns the handshake address published under
 // rpc_meta/<name>.

@@ -1,23 +1,34 @@
 package etcdmeta_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 
 	"github.com/crescent-kv/crescent/engine/metadata"
 	"github.com/crescent-kv/crescent/engine/metadata/etcdmeta"
+	"github.com/crescent-kv/crescent/internal/etcdembed"
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/internal/testsvc/metatest"
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
 	metatest.ChildMain()
+	bigEtcdChild()
 	goleak.VerifyTestMain(m, testsvc.GoleakIgnores()...)
 }
 
@@ -249,4 +260,76 @@ func FuzzParseEndpoints(f *testing.F) {
 func BenchmarkBackend(b *testing.B) {
 	e := testsvc.StartEtcd(b)
 	metatest.BenchGet(b, metatest.Config{Conn: e.URL(), Raw: newRaw(b, e)})
+}
+
+// bigEtcdEnv makes the test binary an etcd allowing requests of
+// bigRequest bytes, in a directory of its own, until stdin closes: a
+// process apart, so the test counts only the client's allocations.
+const (
+	bigEtcdEnv = "CRESCENT_TEST_BIG_ETCD_DIR"
+	bigRequest = 8 << 20
+)
+
+func bigEtcdChild() {
+	dir := os.Getenv(bigEtcdEnv)
+	if dir == "" {
+		return
+	}
+	e, host, err := etcdembed.Start(etcdembed.Config{Name: "big", Dir: dir, NoFsync: true, MaxRequestBytes: bigRequest, Logger: zap.NewNop()})
+	if err != nil {
+		fmt.Println("error:", err)
+		os.Exit(2)
+	}
+	fmt.Println(host)
+	io.Copy(io.Discard, os.Stdin)
+	e.Close()
+	os.Exit(0)
+}
+
+func startBigEtcd(t *testing.T) string {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), bigEtcdEnv+"="+t.TempDir())
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		stdin.Close()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.NotContains(t, line, "error:")
+	return strings.TrimSpace(line)
+}
+
+// TestOversizedValueBounded: a value past the backend's response bound
+// (in an etcd that allows such requests; the bound lowered from
+// MaxDescBytes + 1 MiB to 4 MiB so the test moves little) is refused from
+// the response's length, not read whole; other descriptors still work.
+func TestOversizedValueBounded(t *testing.T) {
+	const size = 6 << 20
+	defer etcdmeta.SetMaxReply(4 << 20)()
+	host := startBigEtcd(t)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{host}, Logger: zap.NewNop(), MaxCallSendMsgSize: bigRequest})
+	require.NoError(t, err)
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), metatest.Wait)
+	defer cancel()
+	_, err = cli.Put(ctx, "mooncake/ram/127.0.0.1:15042", string(make([]byte, size)))
+	require.NoError(t, err)
+
+	cfg := metatest.Config{Conn: host, Raw: &raw{cli}, PollInterval: time.Hour}
+	b := cfg.Open(t, metadata.Options{TTL: metatest.TTL, RPCAddr: "127.0.0.1:15041"})
+	var gerr error
+	alloc := testutil.Allocated(func() { _, gerr = b.Get(ctx, "127.0.0.1:15042") })
+	require.ErrorIs(t, gerr, metadata.ErrBadDescriptor)
+	assert.Contains(t, gerr.Error(), "holds more than")
+	assert.Less(t, alloc, uint64(size/2), "a refused value was read whole")
+
+	require.NoError(t, b.Publish(ctx, metatest.Desc("127.0.0.1:15041", 1)))
+	d, err := b.Get(ctx, "127.0.0.1:15041")
+	require.NoError(t, err)
+	require.Equal(t, "127.0.0.1:15041", d.Name)
 }
