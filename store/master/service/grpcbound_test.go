@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,14 +49,23 @@ func dialH2(t *testing.T, addr string) *h2peer {
 // open starts n calls of Ping, headers only.
 func (p *h2peer) open(n int) {
 	for range n {
-		p.buf.Reset()
-		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/crescent.store.v1.Master/Ping"},
-			{":authority", "master"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-			require.NoError(p.t, p.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}))
-		}
-		require.NoError(p.t, p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: p.id, BlockFragment: p.buf.Bytes(), EndHeaders: true}))
+		require.NoError(p.t, p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: p.id, BlockFragment: p.headers(), EndHeaders: true}))
 		p.id += 2
 	}
+}
+
+// headers encodes a Ping call's header block, with extra fields after
+// gRPC's.
+func (p *h2peer) headers(extra ...hpack.HeaderField) []byte {
+	p.buf.Reset()
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/crescent.store.v1.Master/Ping"},
+		{":authority", "master"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		require.NoError(p.t, p.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}))
+	}
+	for _, f := range extra {
+		require.NoError(p.t, p.enc.WriteField(f))
+	}
+	return p.buf.Bytes()
 }
 
 // refusals reads frames until want streams were refused, by RST_STREAM
@@ -99,24 +109,14 @@ func hasField(f *http2.MetaHeadersFrame, name, value string) bool {
 // read); a call that ends gives its place back.
 func TestGRPCCallsBounded(t *testing.T) {
 	e := mastertest.New(t, nil)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	svc := New(e.M, WithCRPC(crpc.ServerConfig{MaxCallsPerConn: 4, MaxCalls: 6}, netx.Config{}))
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, lis) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
-
-	a := dialH2(t, lis.Addr().String())
+	addr, _ := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxCallsPerConn: 4, MaxCalls: 6}, netx.Config{}))
+	a := dialH2(t, addr)
 	a.open(6)
 	refused, exhausted := a.refusals(2)
 	require.Equal(t, 2, refused, "streams past the per-connection bound")
 	require.Zero(t, exhausted)
 
-	b := dialH2(t, lis.Addr().String())
+	b := dialH2(t, addr)
 	b.open(4)
 	refused, exhausted = b.refusals(2)
 	require.Zero(t, refused)
@@ -125,7 +125,7 @@ func TestGRPCCallsBounded(t *testing.T) {
 	// a's four calls end with its connection; ten calls one after
 	// another then fit in the two places b leaves.
 	a.c.Close()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
 	require.NoError(t, err)
 	defer conn.Close()
 	mc := storepb.NewMasterClient(conn)
@@ -147,27 +147,13 @@ func TestGRPCCallsBounded(t *testing.T) {
 // serves other connections.
 func TestGRPCHeaderBounded(t *testing.T) {
 	e := mastertest.New(t, nil)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	svc := New(e.M)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, lis) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
-	p := dialH2(t, lis.Addr().String())
-	p.buf.Reset()
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/crescent.store.v1.Master/Ping"},
-		{":authority", "master"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		require.NoError(t, p.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}))
-	}
+	addr, _ := serveAddr(t, e.M)
+	p := dialH2(t, addr)
+	var pads []hpack.HeaderField
 	for i := range 8 {
-		pad := bytes.Repeat([]byte{'a' + byte(i)}, 12<<10)
-		require.NoError(t, p.enc.WriteField(hpack.HeaderField{Name: "x-pad", Value: string(pad), Sensitive: true}))
+		pads = append(pads, hpack.HeaderField{Name: "x-pad", Value: strings.Repeat(string(rune('a'+i)), 12<<10), Sensitive: true})
 	}
-	block := p.buf.Bytes()
+	block := p.headers(pads...)
 	require.Greater(t, len(block), maxGRPCHeaderBytes)
 	const frag = 16 << 10
 	require.NoError(t, p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:frag]}))
@@ -190,7 +176,7 @@ func TestGRPCHeaderBounded(t *testing.T) {
 		}
 	}
 
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
 	require.NoError(t, err)
 	defer conn.Close()
 	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)

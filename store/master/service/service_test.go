@@ -30,6 +30,19 @@ import (
 // a client connected to it; cleanup stops both.
 func serve(t testing.TB, m *master.Master, opts ...Option) (storepb.MasterClient, *Service) {
 	t.Helper()
+	addr, svc := serveAddr(t, m, opts...)
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() }) // before the server stops
+	return storepb.NewMasterClient(conn), svc
+}
+
+// serveAddr runs the service on 127.0.0.1:0 until the test ends and
+// returns its address.
+func serveAddr(t testing.TB, m *master.Master, opts ...Option) (string, *Service) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -38,18 +51,13 @@ func serve(t testing.TB, m *master.Master, opts ...Option) (storepb.MasterClient
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx, lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
-	if err != nil {
-		t.Fatal(err)
-	}
 	t.Cleanup(func() {
-		conn.Close()
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return storepb.NewMasterClient(conn), svc
+	return lis.Addr().String(), svc
 }
 
 func pbID(u master.UUID) *storepb.UUID { return &storepb.UUID{High: u.Hi, Low: u.Lo} }
