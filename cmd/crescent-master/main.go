@@ -57,6 +57,8 @@ type config struct {
 	AllocationStrategy          string  `yaml:"allocation_strategy"`
 	RemoveByRegexBudgetMs       int64   `yaml:"remove_by_regex_budget_ms"`
 	InvalidationTTLMs           int64   `yaml:"invalidation_ttl_ms"`
+	MaxSegments                 int     `yaml:"max_segments"`
+	MaxSegmentsPerClient        int     `yaml:"max_segments_per_client"`
 	EnableHTTPMetadataServer    bool    `yaml:"enable_http_metadata_server"`
 	HTTPMetadataServerPort      int     `yaml:"http_metadata_server_port"`
 	HTTPMetadataServerHost      string  `yaml:"http_metadata_server_host"`
@@ -113,7 +115,8 @@ func defaults() config {
 		DefaultKVLeaseTTL: 10000, DefaultKVSoftPinTTL: 30 * 60 * 1000, MaxKVSoftPinTTL: 24 * 3600 * 1000,
 		AllowEvictSoftPinnedObjects: true, EvictionRatio: 0.05, EvictionHighWatermarkRatio: 0.90,
 		ClientTTL: 10, PutStartDiscardTimeoutSec: 30, PutStartReleaseTimeoutSec: 600, RemoveByRegexBudgetMs: 5000,
-		InvalidationTTLMs:  1000,
+		InvalidationTTLMs: 1000,
+		MaxSegments:       master.DefaultMaxSegments, MaxSegmentsPerClient: master.DefaultMaxSegmentsPerClient,
 		AllocationStrategy: "random", HTTPMetadataServerPort: 8080, HTTPMetadataServerHost: "0.0.0.0",
 		KVEventsEndpoint: "tcp://*:5557", KVEventsReplayEndpoint: "tcp://*:5558", KVEventsEncoding: "map",
 		KVEventsQueueSize: 100000, KVEventsBatchSize: 64, KVEventsBatchIntervalMs: 1, KVEventsOverflow: "drop_oldest",
@@ -139,6 +142,8 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.Float64Var(&c.EvictionHighWatermarkRatio, "eviction_high_watermark_ratio", c.EvictionHighWatermarkRatio, "usage above which eviction runs")
 	fs.Int64Var(&c.ClientTTL, "client_ttl", c.ClientTTL, "seconds without a heartbeat before a client's segments are dropped")
 	fs.Int64Var(&c.InvalidationTTLMs, "invalidation_ttl_ms", c.InvalidationTTLMs, "ms a hot cache may serve after its last invalidation poll: the longest a remove waits for a silent cache")
+	fs.IntVar(&c.MaxSegments, "max_segments", c.MaxSegments, "segments mounted in all; a mount past it is NO_AVAILABLE_HANDLE")
+	fs.IntVar(&c.MaxSegmentsPerClient, "max_segments_per_client", c.MaxSegmentsPerClient, "segments one client may have mounted")
 	fs.Int64Var(&c.PutStartDiscardTimeoutSec, "put_start_discard_timeout_sec", c.PutStartDiscardTimeoutSec, "seconds after which an unfinished put may be taken over")
 	fs.Int64Var(&c.PutStartReleaseTimeoutSec, "put_start_release_timeout_sec", c.PutStartReleaseTimeoutSec, "seconds after which an unfinished put's space is freed")
 	fs.StringVar(&c.AllocationStrategy, "allocation_strategy", c.AllocationStrategy, "random, free_ratio_first or local_first")
@@ -268,6 +273,8 @@ func (c *config) validate() error {
 		return fmt.Errorf("eviction_ratio %v not in (0, 1]", c.EvictionRatio)
 	case c.EvictionHighWatermarkRatio <= 0 || c.EvictionHighWatermarkRatio > 1:
 		return fmt.Errorf("eviction_high_watermark_ratio %v not in (0, 1]", c.EvictionHighWatermarkRatio)
+	case c.MaxSegments < 1 || c.MaxSegmentsPerClient < 1:
+		return errors.New("max_segments and max_segments_per_client must be positive")
 	case c.DefaultKVLeaseTTL <= 0 || c.ClientTTL <= 0 || c.RemoveByRegexBudgetMs <= 0 || c.InvalidationTTLMs <= 0:
 		return errors.New("default_kv_lease_ttl, client_ttl, remove_by_regex_budget_ms and invalidation_ttl_ms must be positive")
 	case c.RPCMaxMessageBytes < 1<<20 || c.RPCMaxMessageBytes > 1<<30:
@@ -413,6 +420,8 @@ func run(ctx context.Context, cfg config) error {
 		PutReleaseTimeout:     time.Duration(cfg.PutStartReleaseTimeoutSec) * time.Second,
 		RegexBudget:           time.Duration(cfg.RemoveByRegexBudgetMs) * time.Millisecond,
 		InvalidationTTL:       time.Duration(cfg.InvalidationTTLMs) * time.Millisecond,
+		MaxSegments:           cfg.MaxSegments,
+		MaxSegmentsPerClient:  cfg.MaxSegmentsPerClient,
 		Strategy:              strategy,
 		Logger:                log,
 	}

@@ -392,6 +392,13 @@ func without(s []uint32, v uint32) []uint32 {
 	return out
 }
 
+// Counts returns how many segments are mounted or unmounting, in all
+// and of client.
+func (a *Allocator) Counts(client UUID) (total, own int) {
+	t := a.tab.Load()
+	return len(t.byID), len(t.byClient[client])
+}
+
 // Lookup returns the index of the segment with this ID.
 func (a *Allocator) Lookup(id UUID) (uint32, bool) {
 	i, ok := a.tab.Load().byID[id]

@@ -30,6 +30,8 @@ const (
 	DefaultEvictInterval         = 10 * time.Millisecond
 	DefaultLivenessInterval      = time.Second
 	DefaultRegexBudget           = 5 * time.Second
+	DefaultMaxSegments           = 16384
+	DefaultMaxSegmentsPerClient  = 1024
 )
 
 // Config configures a Master. Zero fields take the defaults above, except
@@ -72,6 +74,13 @@ type Config struct {
 	// replicas of one object (default 16; at most 255).
 	MaxKeyLen   int
 	MaxReplicas int
+	// MaxSegments bounds the segments mounted in all (default 16384) and
+	// MaxSegmentsPerClient those of one client (default 1024): a mount
+	// past either is NO_AVAILABLE_HANDLE. Every mount copies the segment
+	// table, so the bound keeps a mount's cost bounded too. A log or
+	// snapshot replayed is not held to them.
+	MaxSegments          int
+	MaxSegmentsPerClient int
 	// EvictInterval and LivenessInterval pace the background loops of
 	// Start (defaults 10ms and 1s); decisions inside them use Clock.
 	EvictInterval    time.Duration
@@ -115,6 +124,8 @@ func (c *Config) fill() error {
 	c.EvictionHighWatermark = cmp.Or(c.EvictionHighWatermark, DefaultEvictionHighWatermark)
 	c.EvictionRatio = cmp.Or(c.EvictionRatio, DefaultEvictionRatio)
 	c.MaxKeyLen = cmp.Or(c.MaxKeyLen, DefaultMaxKeyLen)
+	c.MaxSegments = cmp.Or(c.MaxSegments, DefaultMaxSegments)
+	c.MaxSegmentsPerClient = cmp.Or(c.MaxSegmentsPerClient, DefaultMaxSegmentsPerClient)
 	c.MaxReplicas = cmp.Or(c.MaxReplicas, DefaultMaxReplicas)
 	if c.Clock == nil {
 		c.Clock = clock.Real{}
@@ -142,6 +153,8 @@ func (c *Config) fill() error {
 		return bad("EvictionRatio %v outside (0, 1]", c.EvictionRatio)
 	case c.MaxKeyLen < 1:
 		return bad("MaxKeyLen %d", c.MaxKeyLen)
+	case c.MaxSegments < 1 || c.MaxSegmentsPerClient < 1:
+		return bad("MaxSegments %d, MaxSegmentsPerClient %d", c.MaxSegments, c.MaxSegmentsPerClient)
 	case c.MaxReplicas < 1 || c.MaxReplicas > 255:
 		return bad("MaxReplicas %d outside [1, 255]", c.MaxReplicas)
 	case c.Strategy < alloc.Random || c.Strategy > alloc.LocalFirst:

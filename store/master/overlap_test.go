@@ -1,6 +1,7 @@
 package master
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -82,4 +83,35 @@ func TestMountRefusesOverlap(t *testing.T) {
 		require.NoError(t, standby.Replay(op))
 	}
 	require.Empty(t, diffState(dumpState(e.m), dumpState(standby)))
+}
+
+// TestMountBounded: mounts past MaxSegmentsPerClient or MaxSegments are
+// NO_AVAILABLE_HANDLE, through MountSegment and ReMountSegment alike;
+// remounting a segment the master has still works, and an unmount makes
+// room.
+func TestMountBounded(t *testing.T) {
+	e := newEnv(t, func(c *Config) { c.MaxSegments, c.MaxSegmentsPerClient = 5, 3 })
+	a, b, c := cl(1), cl(2), cl(3)
+	seg := func(id uint64) alloc.Segment {
+		return alloc.Segment{ID: UUID{Hi: 0x5e, Lo: id}, Name: fmt.Sprintf("host:%d", id), Base: 1 << 30, Size: 1 << 20, Protocol: "tcp"}
+	}
+	for i := range uint64(3) {
+		require.NoError(t, e.m.MountSegment(a, seg(1+i)))
+	}
+	require.ErrorIs(t, e.m.MountSegment(a, seg(4)), errcode.ErrNoAvailableHandle)
+	require.ErrorIs(t, e.m.ReMountSegment(a, []alloc.Segment{seg(1), seg(4)}), errcode.ErrNoAvailableHandle)
+	require.NoError(t, e.m.ReMountSegment(a, []alloc.Segment{seg(1), seg(2), seg(3)}))
+	require.ErrorIs(t, e.m.MountSegment(a, seg(1)), errcode.ErrSegmentAlreadyExists, "a segment the master has is no new mount")
+
+	require.NoError(t, e.m.MountSegment(b, seg(5)))
+	require.NoError(t, e.m.MountSegment(b, seg(6)))
+	err := e.m.MountSegment(c, seg(7))
+	require.ErrorIs(t, err, errcode.ErrNoAvailableHandle)
+	require.ErrorContains(t, err, "at most 5")
+	require.ErrorIs(t, e.m.ReMountSegment(c, []alloc.Segment{seg(7)}), errcode.ErrNoAvailableHandle)
+	require.Len(t, e.m.AllSegments(), 5)
+
+	require.NoError(t, e.m.UnmountSegment(b, seg(6).ID))
+	require.NoError(t, e.m.MountSegment(c, seg(7)))
+	checkInvariants(t, e.m)
 }

@@ -21,7 +21,26 @@ func (m *Master) MountSegment(client UUID, s alloc.Segment) error {
 	s.Client = client
 	m.segMu.Lock()
 	defer m.segMu.Unlock()
+	if _, ok := m.alloc.Lookup(s.ID); !ok {
+		if err := m.mountRoom(client); err != nil {
+			return err
+		}
+	}
 	return m.mountLocked(s)
+}
+
+// mountRoom reports NO_AVAILABLE_HANDLE when client may not mount one
+// more segment (Config.MaxSegments, MaxSegmentsPerClient); segMu is
+// held.
+func (m *Master) mountRoom(client UUID) error {
+	total, own := m.alloc.Counts(client)
+	switch {
+	case own >= m.cfg.MaxSegmentsPerClient:
+		return errcode.New(errcode.NoAvailableHandle, "client %v has %d segments mounted, at most %d", client, own, m.cfg.MaxSegmentsPerClient)
+	case total >= m.cfg.MaxSegments:
+		return errcode.New(errcode.NoAvailableHandle, "the master has %d segments mounted, at most %d", total, m.cfg.MaxSegments)
+	}
+	return nil
 }
 
 func (m *Master) mountLocked(s alloc.Segment) error {
@@ -53,6 +72,9 @@ func (m *Master) ReMountSegment(client UUID, segs []alloc.Segment) error {
 				return errcode.New(errcode.SegmentAlreadyExists, "segment %v belongs to client %v", s.ID, old.Client)
 			}
 			continue
+		}
+		if err := m.mountRoom(client); err != nil {
+			return err
 		}
 		if err := m.mountLocked(s); err != nil {
 			return err
