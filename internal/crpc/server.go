@@ -600,7 +600,7 @@ func (sc *serverConn) call(c *serverCall, id uint32, m *method, msg []byte, held
 			if !ok {
 				return status.Errorf(codes.Internal, "crpc: %T is not a protobuf message", v)
 			}
-			if err := pbcodec.Unmarshal(msg, pm); err != nil {
+			if err := pbcodec.UnmarshalRequest(msg, pm); err != nil {
 				return status.Errorf(codes.InvalidArgument, "crpc: decoding %s: %v", m.name, err)
 			}
 			return nil

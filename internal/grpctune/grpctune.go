@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/encoding"
+	gproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
@@ -60,14 +62,15 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: tunedPingEvery / 2, PermitWithoutStream: true}),
-		grpc.ForceServerCodecV2(pooledCodec{}),
+		grpc.ForceServerCodecV2(pooledCodec{request: true}),
 	}
 }
 
 // pooledCodec is gRPC's proto codec with every marshal buffer from the
 // pool (the default allocates those under 1 KiB: all the master's
-// metadata messages).
-type pooledCodec struct{}
+// metadata messages). A server's (request) decodes what peers send with
+// pbcodec.UnmarshalRequest, which bounds what a request may expand to.
+type pooledCodec struct{ request bool }
 
 func (pooledCodec) Name() string { return "proto" }
 
@@ -86,12 +89,34 @@ func (pooledCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
 
-func (pooledCodec) Unmarshal(data mem.BufferSlice, v any) error {
+func (c pooledCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(proto.Message)
 	if !ok {
 		return fmt.Errorf("grpctune: unmarshal %T: not a protobuf message", v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return pbcodec.Unmarshal(buf.ReadOnlyData(), m) // copies what it keeps
+	if c.request {
+		return pbcodec.UnmarshalRequest(buf.ReadOnlyData(), m) // copies what it keeps
+	}
+	return pbcodec.Unmarshal(buf.ReadOnlyData(), m)
+}
+
+// RequestCodec is a server codec for servers not tuned: gRPC's own
+// proto codec, except that requests are decoded with
+// pbcodec.UnmarshalRequest (a request's expansion bounded).
+func RequestCodec() encoding.CodecV2 {
+	return requestCodec{encoding.GetCodecV2(gproto.Name)}
+}
+
+type requestCodec struct{ encoding.CodecV2 }
+
+func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.CodecV2.Unmarshal(data, v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return pbcodec.UnmarshalRequest(buf.ReadOnlyData(), m)
 }

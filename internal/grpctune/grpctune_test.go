@@ -6,8 +6,14 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/crescent-kv/crescent/internal/pbcodec"
+	"github.com/crescent-kv/crescent/store/storepb"
 )
 
 // TestCodec: small and large messages round-trip through the pooled
@@ -31,4 +37,34 @@ func TestCodec(t *testing.T) {
 	require.Error(t, c.Unmarshal(nil, struct{}{}))
 	require.NotEmpty(t, DialOptions())
 	require.NotEmpty(t, ServerOptions())
+}
+
+// TestServerCodecsBoundExpansion: the server codecs (tuned and not)
+// refuse a request of empty messages before decoding it; the tuned
+// client codec decodes the same bytes (replies are not checked).
+func TestServerCodecsBoundExpansion(t *testing.T) {
+	// 1.5 M empty segments (2 bytes each), as unknown fields so that
+	// building the request costs nothing.
+	var raw []byte
+	for range 3 << 19 {
+		raw = protowire.AppendTag(raw, 2, protowire.BytesType)
+		raw = protowire.AppendVarint(raw, 0)
+	}
+	req := &storepb.ReMountSegmentRequest{}
+	req.ProtoReflect().SetUnknown(raw)
+	b, err := proto.Marshal(req)
+	require.NoError(t, err)
+	for name, c := range map[string]encoding.CodecV2{"tuned": pooledCodec{request: true}, "plain": RequestCodec()} {
+		require.Equal(t, "proto", c.Name())
+		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, new(storepb.ReMountSegmentRequest))
+		require.ErrorIs(t, err, pbcodec.ErrExpansion, name)
+		small := &storepb.ReMountSegmentRequest{Segments: []*storepb.Segment{{Name: "a"}}}
+		sb, _ := proto.Marshal(small)
+		out := new(storepb.ReMountSegmentRequest)
+		require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(sb)}, out), name)
+		require.True(t, proto.Equal(small, out), name)
+	}
+	out := new(storepb.ReMountSegmentRequest)
+	require.NoError(t, pooledCodec{}.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, out))
+	require.Len(t, out.Segments, 3<<19)
 }

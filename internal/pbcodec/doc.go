@@ -16,6 +16,13 @@
 //     as proto3 requires and proto.Unmarshal checks; otherwise
 //     proto.Unmarshal does it all. Where the message has PresizeVT, its
 //     repeated fields are given their capacity before the decode.
+//   - UnmarshalRequest is Unmarshal for what a peer sent (the crpc server
+//     and the master's gRPC codecs use it): a message of 256 KiB or more
+//     is first scanned against its descriptor, and one whose decode
+//     would allocate more than MaxExpansion (8) times its size, or
+//     MinDecodeBudget (64 MiB) if larger, is refused with ErrExpansion
+//     before anything is decoded. Protobuf lets two bytes stand for an
+//     empty message of a hundred bytes or more.
 //
 // The package owns no wire format of its own.
 package pbcodec

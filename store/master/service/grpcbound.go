@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/tap"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/grpctune"
 )
 
 // maxGRPCHeaderBytes bounds one gRPC call's header block (gRPC's own
@@ -38,6 +39,8 @@ func grpcBounds(cfg crpc.ServerConfig) []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(uint32(perConn)),
 		grpc.MaxHeaderListSize(maxGRPCHeaderBytes),
 		grpc.InTapHandle(b.tap),
+		// A request's expansion bounded while it decodes, as crpc's.
+		grpc.ForceServerCodecV2(grpctune.RequestCodec()),
 	}
 }
 

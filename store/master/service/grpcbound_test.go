@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -183,4 +184,36 @@ func TestGRPCHeaderBounded(t *testing.T) {
 	defer ccancel()
 	_, err = storepb.NewMasterClient(conn).Ping(cctx, &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))})
 	require.NoError(t, err)
+}
+
+// TestRequestExpansionRefused: a request of empty messages (2 bytes
+// each on the wire, a struct each decoded) is refused before it is
+// decoded, over gRPC and crpc: its error is the expansion bound's, not
+// the handler's.
+func TestRequestExpansionRefused(t *testing.T) {
+	e := mastertest.New(t, nil)
+	addr, _ := serveAddr(t, e.M)
+	// 1.5 M empty segments (2 bytes each), as unknown fields so that
+	// building the request costs nothing.
+	var raw []byte
+	for range 3 << 19 {
+		raw = protowire.AppendTag(raw, 2, protowire.BytesType)
+		raw = protowire.AppendVarint(raw, 0)
+	}
+	req := &storepb.ReMountSegmentRequest{ClientId: pbID(mastertest.Client(1))}
+	req.ProtoReflect().SetUnknown(raw)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	gc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
+	require.NoError(t, err)
+	defer gc.Close()
+	cc, err := crpc.Dial(ctx, addr)
+	require.NoError(t, err)
+	defer cc.Close()
+	for name, c := range map[string]storepb.MasterClient{"grpc": storepb.NewMasterClient(gc), "crpc": storepb.NewMasterClient(cc)} {
+		_, err := c.ReMountSegment(ctx, req)
+		require.ErrorContains(t, err, "would decode to too much memory", name)
+		_, err = c.ServiceReady(ctx, &storepb.ServiceReadyRequest{})
+		require.NoError(t, err, name)
+	}
 }
