@@ -2,7 +2,6 @@ package pbcodec
 
 import (
 	"fmt"
-	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -10,16 +9,9 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
-
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
 
 // empties is n empty messages in field num: two bytes each.
 func empties(num protowire.Number, n int) []byte {
@@ -48,11 +40,11 @@ func TestUnmarshalRequestBounded(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			var err error
-			alloc := allocated(func() { err = UnmarshalRequest(tc.b, tc.m) })
+			alloc := testutil.Allocated(func() { err = UnmarshalRequest(tc.b, tc.m) })
 			require.ErrorIs(t, err, ErrExpansion)
 			assert.Less(t, alloc, uint64(len(tc.b)), "refused after decoding")
 
-			alloc = allocated(func() { err = Unmarshal(tc.b, tc.m) })
+			alloc = testutil.Allocated(func() { err = Unmarshal(tc.b, tc.m) })
 			require.NoError(t, err)
 			t.Logf("%d bytes decode to %d allocated", len(tc.b), alloc)
 			assert.Greater(t, alloc, uint64(max(MaxExpansion*len(tc.b), MinDecodeBudget)))
@@ -93,7 +85,7 @@ func TestUnmarshalRequestRealBatches(t *testing.T) {
 			t.Logf("%d bytes, estimated %d (%.1fx)", len(b), est, float64(est)/float64(len(b)))
 			got := m.ProtoReflect().New().Interface()
 			var uerr error
-			alloc := allocated(func() { uerr = UnmarshalRequest(b, got) })
+			alloc := testutil.Allocated(func() { uerr = UnmarshalRequest(b, got) })
 			require.NoError(t, uerr)
 			t.Logf("decoded with %d allocated (%.1fx)", alloc, float64(alloc)/float64(len(b)))
 			require.True(t, proto.Equal(m, got))
