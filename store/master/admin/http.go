@@ -213,8 +213,21 @@ func Handler(m *master.Master, svc *service.Service, reg *prometheus.Registry, e
 		}
 		writeJSON(w, keyJSON(info))
 	})
+	// Key listings run one at a time: each holds a list of every key (16
+	// MB per million keys) and walks every shard, and the port takes
+	// hundreds of connections.
+	listing := make(chan struct{}, 1)
 	mux.HandleFunc("/get_all_keys", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case listing <- struct{}{}:
+		case <-r.Context().Done():
+			return
+		}
+		defer func() { <-listing }()
 		keys := m.AllKeys()
+		if o.listed != nil {
+			o.listed()
+		}
 		if !durable(w, r) {
 			return
 		}
@@ -254,8 +267,9 @@ func Handler(m *master.Master, svc *service.Service, reg *prometheus.Registry, e
 type Option func(*options)
 
 type options struct {
-	mux  *http.ServeMux
-	role func() Role
+	mux    *http.ServeMux
+	role   func() Role
+	listed func() // tests: a key listing holds its keys
 }
 
 // SnapshotInfo is what POST /snapshot answers.

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -253,4 +255,57 @@ func TestMetricsDurableWait(t *testing.T) {
 	assert.GreaterOrEqual(t, got["master_service_ready_durable_wait_seconds_total"], 2*hold.Seconds())
 	_, ok := got["master_ping_durable_waits_total"]
 	assert.False(t, ok, "an RPC that never waited exports no wait counters")
+}
+
+// TestKeyListingsOneAtATime: /get_all_keys requests made together list
+// one after another (each holds every key), and each gets every key.
+func TestKeyListingsOneAtATime(t *testing.T) {
+	e := mastertest.New(t, nil)
+	a := mastertest.Client(1)
+	e.Mount(a, "seg-a:1", 1<<20)
+	for i := range 50 {
+		e.Put(a, fmt.Sprintf("k%02d", i), 1000, master.ReplicateConfig{})
+	}
+	svc := service.New(e.M)
+	var in, most atomic.Int32
+	first, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	listed := func() {
+		n := in.Add(1)
+		defer in.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		once.Do(func() {
+			close(first)
+			<-release
+		})
+	}
+	srv := httptest.NewServer(Handler(e.M, svc, prometheus.NewRegistry(), nil, func(o *options) { o.listed = listed }))
+	defer srv.Close()
+	var wg sync.WaitGroup
+	bodies := make([]string, 4)
+	get := func(i int) {
+		defer wg.Done()
+		resp, err := http.Get(srv.URL + "/get_all_keys")
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		bodies[i] = string(b)
+	}
+	wg.Add(1)
+	go get(0)
+	<-first // the first listing holds its keys
+	for i := 1; i < len(bodies); i++ {
+		wg.Add(1)
+		go get(i)
+	}
+	time.Sleep(200 * time.Millisecond) // time for the others to start listing, if they could
+	close(release)
+	wg.Wait()
+	require.EqualValues(t, 1, most.Load(), "listings at once")
+	for _, b := range bodies {
+		require.Equal(t, 50, strings.Count(b, "\n"))
+	}
 }
