@@ -11,7 +11,8 @@
 // /metrics/summary (human-readable text), /health (OK, or 503 with the
 // cause once the operation log failed), /query_key?key= (JSON),
 // /get_all_keys (text, sorted; one listing at a time, the others wait,
-// since each holds every key), /get_all_segments (JSON, suspect segments
+// since each holds every key; a reader that takes nothing for 10 s loses
+// the response), /get_all_segments (JSON, suspect segments
 // marked), and with WithSnapshotHook POST /snapshot (loopback peers only;
 // 409 when the hook returns ErrBusy). Any other path goes to extra, when
 // given. The pages that show keys or segments answer only once what they

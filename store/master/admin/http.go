@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -171,7 +172,7 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 // change a crash would take back; 503 when the log failed.
 func Handler(m *master.Master, svc *service.Service, reg *prometheus.Registry, extra http.Handler, opts ...Option) http.Handler {
 	mux := http.NewServeMux()
-	o := options{mux: mux, role: func() Role { return Single }}
+	o := options{mux: mux, role: func() Role { return Single }, listingStall: listingStall}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -233,9 +234,21 @@ func Handler(m *master.Master, svc *service.Service, reg *prometheus.Registry, e
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		sort.Strings(keys)
-		for _, k := range keys {
-			fmt.Fprintln(w, k)
+		// A reader that stops reading would hold the listing (and every
+		// listing waiting for it) for ever: each piece must be taken
+		// within listingStall.
+		rc := http.NewResponseController(w)
+		bw := bufio.NewWriterSize(w, 64<<10)
+		for i, k := range keys {
+			if i%1024 == 0 {
+				rc.SetWriteDeadline(time.Now().Add(o.listingStall))
+			}
+			bw.WriteString(k)
+			if err := bw.WriteByte('\n'); err != nil {
+				return
+			}
 		}
+		bw.Flush()
 	})
 	mux.HandleFunc("/get_all_segments", func(w http.ResponseWriter, r *http.Request) {
 		segs := m.AllSegments()
@@ -270,7 +283,12 @@ type options struct {
 	mux    *http.ServeMux
 	role   func() Role
 	listed func() // tests: a key listing holds its keys
+	// listingStall bounds how long a key listing waits for its reader
+	// to take the next piece (listingStall by default).
+	listingStall time.Duration
 }
+
+const listingStall = 10 * time.Second
 
 // SnapshotInfo is what POST /snapshot answers.
 type SnapshotInfo struct {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -308,4 +309,36 @@ func TestKeyListingsOneAtATime(t *testing.T) {
 	for _, b := range bodies {
 		require.Equal(t, 50, strings.Count(b, "\n"))
 	}
+}
+
+// TestKeyListingReaderStalls: a /get_all_keys reader that stops reading
+// loses its response after the stall bound, and the listing waiting
+// behind it is served (without the bound both wait for ever).
+func TestKeyListingReaderStalls(t *testing.T) {
+	e := mastertest.New(t, nil)
+	a := mastertest.Client(1)
+	e.Mount(a, "seg-a:1", 1<<30)
+	const n = 100000 // 6 MB of listing: more than the sockets buffer
+	for i := range n {
+		e.Put(a, fmt.Sprintf("model-7b/layer-%02d/block-%016x/%08d", i%32, i*7919, i), 4096, master.ReplicateConfig{})
+	}
+	srv := httptest.NewServer(Handler(e.M, service.New(e.M), prometheus.NewRegistry(), nil, func(o *options) { o.listingStall = 300 * time.Millisecond }))
+	defer srv.Close()
+
+	stalled, err := net.Dial("tcp", srv.Listener.Addr().String())
+	require.NoError(t, err)
+	defer stalled.Close()
+	_, err = io.WriteString(stalled, "GET /get_all_keys HTTP/1.1\r\nHost: master\r\n\r\n")
+	require.NoError(t, err)
+	buf := make([]byte, 1024)
+	_, err = stalled.Read(buf) // its listing has started; now it reads no more
+	require.NoError(t, err)
+
+	c := &http.Client{Timeout: 20 * time.Second}
+	resp, err := c.Get(srv.URL + "/get_all_keys")
+	require.NoError(t, err, "the second listing waited behind the stalled one")
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, n, strings.Count(string(b), "\n"))
 }
