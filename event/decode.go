@@ -3,6 +3,7 @@ package event
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -23,7 +24,7 @@ import (
 // wrapping ErrMalformed; the decoder never panics and never allocates more
 // than the input can describe.
 func DecodeBatch(payload []byte) (*EventBatch, error) {
-	var d decoder
+	d := decoder{budget: max(maxExpansion*len(payload), minDecodeBudget)}
 	b, rest, err := d.batch(payload)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
@@ -37,6 +38,9 @@ func DecodeBatch(payload []byte) (*EventBatch, error) {
 // decoder carves per-batch slabs so a batch of n events costs a handful of
 // allocations instead of several per event.
 type decoder struct {
+	// budget is what the decode may still allocate by counts the batch
+	// announces (see charge).
+	budget  int
 	hashes  []Hash
 	tokens  []uint32
 	ints    []int
@@ -77,20 +81,58 @@ func (d *decoder) intPtr(v int) *int {
 	return &d.ints[len(d.ints)-1]
 }
 
-func (d *decoder) newStored() *BlockStored {
+// Sizes charged for the decoded types.
+var (
+	hashSize    = int(unsafe.Sizeof(Hash{}))
+	replicaSize = int(unsafe.Sizeof(Replica{}))
+	storedSize  = int(unsafe.Sizeof(BlockStored{}))
+	removedSize = int(unsafe.Sizeof(BlockRemoved{}))
+)
+
+// slabChunk bounds an event slab: the events a header announces may be
+// one byte each (skipped ones), so a slab sized by the count could be a
+// hundred times the message.
+const slabChunk = 256
+
+func (d *decoder) newStored() (*BlockStored, error) {
 	if len(d.stored) == cap(d.stored) {
-		d.stored = make([]BlockStored, 0, max(d.nevents, 1))
+		n := min(max(d.nevents, 1), slabChunk)
+		if err := d.charge(n, storedSize); err != nil {
+			return nil, err
+		}
+		d.stored = make([]BlockStored, 0, n)
 	}
 	d.stored = d.stored[:len(d.stored)+1]
-	return &d.stored[len(d.stored)-1]
+	return &d.stored[len(d.stored)-1], nil
 }
 
-func (d *decoder) newRemoved() *BlockRemoved {
+func (d *decoder) newRemoved() (*BlockRemoved, error) {
 	if len(d.removed) == cap(d.removed) {
-		d.removed = make([]BlockRemoved, 0, max(d.nevents, 1))
+		n := min(max(d.nevents, 1), slabChunk)
+		if err := d.charge(n, removedSize); err != nil {
+			return nil, err
+		}
+		d.removed = make([]BlockRemoved, 0, n)
 	}
 	d.removed = d.removed[:len(d.removed)+1]
-	return &d.removed[len(d.removed)-1]
+	return &d.removed[len(d.removed)-1], nil
+}
+
+// A batch may decode to maxExpansion times its size, or minDecodeBudget
+// if larger: an element of one byte (a fixint hash) can become 32
+// (a Hash), so counts alone do not bound the memory.
+const (
+	maxExpansion    = 8
+	minDecodeBudget = 64 << 20
+)
+
+// charge takes n elements of size bytes from the budget, before they are
+// allocated.
+func (d *decoder) charge(n, size int) error {
+	if d.budget -= n * size; d.budget < 0 {
+		return fmt.Errorf("batch would decode to more than %d times its size", maxExpansion)
+	}
+	return nil
 }
 
 // boundCount rejects a container header larger than the bytes left: every
@@ -198,7 +240,7 @@ func (d *decoder) events(b []byte, out *EventBatch) ([]byte, error) {
 		return b, fmt.Errorf("events: %w", err)
 	}
 	d.nevents = n
-	out.Events = make([]Event, 0, n)
+	out.Events = make([]Event, 0, min(n, slabChunk)) // grows with the events decoded
 	for i := range n {
 		var ev Event
 		if ev, b, err = d.event(b); err != nil {
@@ -248,7 +290,10 @@ func (d *decoder) arrayEvent(b []byte) (Event, []byte, error) {
 		if left < 4 {
 			return nil, b, fmt.Errorf("BlockStored array has %d fields, want at least 4", left)
 		}
-		e := d.newStored()
+		e, err := d.newStored()
+		if err != nil {
+			return nil, b, err
+		}
 		if e.BlockHashes, b, err = d.hashList(b); err != nil {
 			return nil, b, fmt.Errorf("block_hashes: %w", err)
 		}
@@ -275,7 +320,7 @@ func (d *decoder) arrayEvent(b []byte) (Event, []byte, error) {
 			case 2:
 				e.LoraName, b, err = readOptString(b)
 			case 3:
-				e.ExtraKeys, b, err = readExtraKeys(b)
+				e.ExtraKeys, b, err = d.readExtraKeys(b)
 			case 4:
 				e.GroupIdx, b, err = d.optInt(b)
 			case 5:
@@ -293,7 +338,10 @@ func (d *decoder) arrayEvent(b []byte) (Event, []byte, error) {
 		if left < 1 {
 			return nil, b, fmt.Errorf("BlockRemoved array has no block_hashes")
 		}
-		e := d.newRemoved()
+		e, err := d.newRemoved()
+		if err != nil {
+			return nil, b, err
+		}
 		if e.BlockHashes, b, err = d.hashList(b); err != nil {
 			return nil, b, fmt.Errorf("block_hashes: %w", err)
 		}
@@ -329,7 +377,7 @@ func (d *decoder) arrayEvent(b []byte) (Event, []byte, error) {
 			case 1:
 				e.ObjectKey, b, err = readOptString(b)
 			case 2:
-				e.Replicas, b, err = readReplicas(b)
+				e.Replicas, b, err = d.readReplicas(b)
 			case 3:
 				e.GroupIdx, b, err = d.optInt(b)
 			}
@@ -394,14 +442,18 @@ func (d *decoder) mapEvent(b []byte) (Event, []byte, error) {
 		}
 	}
 	if f.eventType != "" {
-		return d.rfcEvent(&f), b, nil
+		ev, err := d.rfcEvent(&f)
+		return ev, b, err
 	}
 	switch f.tag {
 	case TagBlockStored:
 		if !f.haveHashes {
 			return nil, b, fmt.Errorf("BlockStored map lacks block_hashes")
 		}
-		e := d.newStored()
+		e, err := d.newStored()
+		if err != nil {
+			return nil, b, err
+		}
 		*e = BlockStored{
 			BlockHashes: f.hashes, ParentBlockHash: f.parent, TokenIDs: f.tokens,
 			LoraID: f.loraID, Medium: f.medium, LoraName: f.loraName, ExtraKeys: f.extraKeys,
@@ -415,7 +467,10 @@ func (d *decoder) mapEvent(b []byte) (Event, []byte, error) {
 		if !f.haveHashes {
 			return nil, b, fmt.Errorf("BlockRemoved map lacks block_hashes")
 		}
-		e := d.newRemoved()
+		e, err := d.newRemoved()
+		if err != nil {
+			return nil, b, err
+		}
 		*e = BlockRemoved{BlockHashes: f.hashes, Medium: f.medium, GroupIdx: f.groupIdx}
 		return e, b, nil
 	case TagAllBlocksCleared:
@@ -462,7 +517,7 @@ func (d *decoder) mapField(f *mapFields, k, b []byte) ([]byte, error) {
 	case fLoraName:
 		f.loraName, b, err = readOptString(b)
 	case fExtraKeys:
-		f.extraKeys, b, err = readExtraKeys(b)
+		f.extraKeys, b, err = d.readExtraKeys(b)
 	case fGroupIdx:
 		f.groupIdx, b, err = d.optInt(b)
 	case fKVCacheSpecKind:
@@ -472,7 +527,7 @@ func (d *decoder) mapField(f *mapFields, k, b []byte) ([]byte, error) {
 	case fObjectKey:
 		f.objectKey, b, err = readOptString(b)
 	case fReplicas:
-		f.replicas, b, err = readReplicas(b)
+		f.replicas, b, err = d.readReplicas(b)
 	case "event_id":
 		var v uint64
 		if msgp.IsNil(b) {
@@ -506,7 +561,7 @@ func (d *decoder) mapField(f *mapFields, k, b []byte) ([]byte, error) {
 	return b, err
 }
 
-func (d *decoder) rfcEvent(f *mapFields) Event {
+func (d *decoder) rfcEvent(f *mapFields) (Event, error) {
 	info := &RFCInfo{
 		EventID: f.eventID, TimestampMs: f.timestampMs, ModelName: f.modelName,
 		TenantID: f.tenantID, BackendID: f.backendID, AdditionalSalt: f.salt,
@@ -521,7 +576,10 @@ func (d *decoder) rfcEvent(f *mapFields) Event {
 	}
 	switch f.eventType {
 	case "stored":
-		e := d.newStored()
+		e, err := d.newStored()
+		if err != nil {
+			return nil, err
+		}
 		*e = BlockStored{BlockHashes: hashes, ParentBlockHash: f.parentHash, TokenIDs: f.tokens,
 			Medium: f.medium, LoraName: f.loraName, RFC: info}
 		if e.ParentBlockHash == nil {
@@ -530,15 +588,18 @@ func (d *decoder) rfcEvent(f *mapFields) Event {
 		if f.blockSize != nil {
 			e.BlockSize = *f.blockSize
 		}
-		return e
+		return e, nil
 	case "removed":
-		e := d.newRemoved()
+		e, err := d.newRemoved()
+		if err != nil {
+			return nil, err
+		}
 		*e = BlockRemoved{BlockHashes: hashes, Medium: f.medium, RFC: info}
-		return e
+		return e, nil
 	case "cleared":
-		return &AllBlocksCleared{RFC: info}
+		return &AllBlocksCleared{RFC: info}, nil
 	}
-	return nil
+	return nil, nil
 }
 
 func (d *decoder) hashList(b []byte) ([]Hash, []byte, error) {
@@ -547,6 +608,9 @@ func (d *decoder) hashList(b []byte) ([]Hash, []byte, error) {
 		return nil, b, err
 	}
 	n, err := boundCount(sz, 1, b)
+	if err == nil {
+		err = d.charge(n, hashSize)
+	}
 	if err != nil {
 		return nil, b, err
 	}
@@ -600,6 +664,9 @@ func (d *decoder) tokenList(b []byte) ([]uint32, []byte, error) {
 		return nil, b, err
 	}
 	n, err := boundCount(sz, 1, b)
+	if err == nil {
+		err = d.charge(n, 4)
+	}
 	if err != nil {
 		return nil, b, err
 	}
@@ -719,7 +786,7 @@ func readOptString(b []byte) (string, []byte, error) {
 	return "", b, fmt.Errorf("string expected, got %s", msgp.NextType(b))
 }
 
-func readExtraKeys(b []byte) ([][]any, []byte, error) {
+func (d *decoder) readExtraKeys(b []byte) ([][]any, []byte, error) {
 	if msgp.IsNil(b) {
 		rest, err := msgp.ReadNilBytes(b)
 		return nil, rest, err
@@ -729,6 +796,9 @@ func readExtraKeys(b []byte) ([][]any, []byte, error) {
 		return nil, b, err
 	}
 	n, err := boundCount(sz, 1, b)
+	if err == nil {
+		err = d.charge(n, 24)
+	}
 	if err != nil {
 		return nil, b, err
 	}
@@ -745,6 +815,9 @@ func readExtraKeys(b []byte) ([][]any, []byte, error) {
 			return nil, b, fmt.Errorf("[%d]: %w", i, err)
 		}
 		m, err := boundCount(inner, 1, b)
+		if err == nil {
+			err = d.charge(m, 16)
+		}
 		if err != nil {
 			return nil, b, err
 		}
@@ -759,7 +832,7 @@ func readExtraKeys(b []byte) ([][]any, []byte, error) {
 	return out, b, nil
 }
 
-func readReplicas(b []byte) ([]Replica, []byte, error) {
+func (d *decoder) readReplicas(b []byte) ([]Replica, []byte, error) {
 	if msgp.IsNil(b) {
 		rest, err := msgp.ReadNilBytes(b)
 		return nil, rest, err
@@ -769,6 +842,9 @@ func readReplicas(b []byte) ([]Replica, []byte, error) {
 		return nil, b, err
 	}
 	n, err := boundCount(sz, 1, b)
+	if err == nil {
+		err = d.charge(n, replicaSize)
+	}
 	if err != nil {
 		return nil, b, err
 	}

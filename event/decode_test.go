@@ -8,7 +8,11 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/crescent-kv/crescent/internal/testutil"
 )
 
 // mp builds msgpack by hand for decoder inputs that our encoder never
@@ -223,4 +227,34 @@ func FuzzDecodeBatch(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestDecodeExpansionBounded: a batch announcing a million events, one
+// BlockStored and the rest one-byte nils (skipped), decodes without
+// sizing anything by the announced count (which made 160 bytes of slab
+// per byte of message); and a list of one-byte hashes (32 bytes each
+// decoded) past the decode budget is refused before it is allocated.
+func TestDecodeExpansionBounded(t *testing.T) {
+	const n = 1 << 20
+	in := mp{}.arr(2).f(1).arr(n).arr(5).str("BlockStored").arr(0).nil().arr(0).u(16)
+	for range n - 1 {
+		in = in.nil()
+	}
+	var b *EventBatch
+	var err error
+	alloc := testutil.Allocated(func() { b, err = DecodeBatch(in) })
+	require.NoError(t, err)
+	require.Len(t, b.Events, 1)
+	require.Equal(t, n-1, b.Skipped)
+	assert.Less(t, alloc, uint64(2*len(in)), "%d bytes decoded with %d allocated", len(in), alloc)
+
+	const h = 4 << 20 // 128 MB of Hash for 4 MB of message
+	in = mp{}.arr(2).f(1).arr(1).arr(2).str("BlockRemoved").arr(h)
+	for range h {
+		in = in.u(1)
+	}
+	alloc = testutil.Allocated(func() { _, err = DecodeBatch(in) })
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorContains(t, err, "times its size")
+	assert.Less(t, alloc, uint64(len(in)), "%d bytes refused with %d allocated", len(in), alloc)
 }

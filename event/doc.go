@@ -141,4 +141,9 @@
 // backend_id, additional_salt, group_id, object_key, dp_rank) kept in
 // RFCInfo; an integer batch timestamp is taken as Mooncake's milliseconds.
 // Events with unknown tags are skipped and counted in EventBatch.Skipped.
+// A container's announced count is at most the bytes left (one byte an
+// element); arrays sized by a count are charged against a budget of 8
+// times the batch's size or 64 MiB, whichever is larger, before they are
+// made (past it the batch is ErrMalformed), and event slabs grow 256
+// events at a time as events are decoded.
 package event
