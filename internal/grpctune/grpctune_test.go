@@ -40,8 +40,8 @@ func TestCodec(t *testing.T) {
 }
 
 // TestServerCodecsBoundExpansion: the server codecs (tuned and not)
-// refuse a request of empty messages before decoding it; the tuned
-// client codec decodes the same bytes (replies are not checked).
+// refuse a request of empty messages before decoding it, and decode
+// ordinary ones.
 func TestServerCodecsBoundExpansion(t *testing.T) {
 	// 1.5 M empty segments (2 bytes each), as unknown fields so that
 	// building the request costs nothing.
@@ -64,7 +64,4 @@ func TestServerCodecsBoundExpansion(t *testing.T) {
 		require.NoError(t, c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(sb)}, out), name)
 		require.True(t, proto.Equal(small, out), name)
 	}
-	out := new(storepb.ReMountSegmentRequest)
-	require.NoError(t, pooledCodec{}.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, out))
-	require.Len(t, out.Segments, 3<<19)
 }

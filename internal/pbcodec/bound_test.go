@@ -26,7 +26,7 @@ func empties(num protowire.Number, n int) []byte {
 // TestUnmarshalRequestBounded: requests of empty messages (two bytes on
 // the wire, a struct decoded) are refused before they are decoded,
 // allocating less than they weigh, while Unmarshal would take more than
-// the budget.
+// the budget (checked for one of them).
 func TestUnmarshalRequestBounded(t *testing.T) {
 	const n = 3 << 19 // 3 MiB of requests
 	for name, tc := range map[string]struct {
@@ -44,6 +44,9 @@ func TestUnmarshalRequestBounded(t *testing.T) {
 			require.ErrorIs(t, err, ErrExpansion)
 			assert.Less(t, alloc, uint64(len(tc.b)), "refused after decoding")
 
+			if name != "segments" {
+				return // decoding each would take 100-200 MB more
+			}
 			alloc = testutil.Allocated(func() { err = Unmarshal(tc.b, tc.m) })
 			require.NoError(t, err)
 			t.Logf("%d bytes decode to %d allocated", len(tc.b), alloc)
