@@ -81,41 +81,27 @@ func (d *decoder) intPtr(v int) *int {
 	return &d.ints[len(d.ints)-1]
 }
 
-// Sizes charged for the decoded types.
-var (
-	hashSize    = int(unsafe.Sizeof(Hash{}))
-	replicaSize = int(unsafe.Sizeof(Replica{}))
-	storedSize  = int(unsafe.Sizeof(BlockStored{}))
-	removedSize = int(unsafe.Sizeof(BlockRemoved{}))
-)
-
 // slabChunk bounds an event slab: the events a header announces may be
 // one byte each (skipped ones), so a slab sized by the count could be a
 // hundred times the message.
 const slabChunk = 256
 
-func (d *decoder) newStored() (*BlockStored, error) {
-	if len(d.stored) == cap(d.stored) {
-		n := min(max(d.nevents, 1), slabChunk)
-		if err := d.charge(n, storedSize); err != nil {
-			return nil, err
-		}
-		d.stored = make([]BlockStored, 0, n)
-	}
-	d.stored = d.stored[:len(d.stored)+1]
-	return &d.stored[len(d.stored)-1], nil
-}
+func (d *decoder) newStored() (*BlockStored, error) { return slabNext(d, &d.stored) }
 
-func (d *decoder) newRemoved() (*BlockRemoved, error) {
-	if len(d.removed) == cap(d.removed) {
+func (d *decoder) newRemoved() (*BlockRemoved, error) { return slabNext(d, &d.removed) }
+
+// slabNext returns the next element of *slab, starting a new slab of at
+// most slabChunk events, charged to d, when it is full.
+func slabNext[T any](d *decoder, slab *[]T) (*T, error) {
+	if len(*slab) == cap(*slab) {
 		n := min(max(d.nevents, 1), slabChunk)
-		if err := d.charge(n, removedSize); err != nil {
+		if err := d.charge(n, int(unsafe.Sizeof(*new(T)))); err != nil {
 			return nil, err
 		}
-		d.removed = make([]BlockRemoved, 0, n)
+		*slab = make([]T, 0, n)
 	}
-	d.removed = d.removed[:len(d.removed)+1]
-	return &d.removed[len(d.removed)-1], nil
+	*slab = (*slab)[:len(*slab)+1]
+	return &(*slab)[len(*slab)-1], nil
 }
 
 // A batch may decode to maxExpansion times its size, or minDecodeBudget
@@ -133,6 +119,16 @@ func (d *decoder) charge(n, size int) error {
 		return fmt.Errorf("batch would decode to more than %d times its size", maxExpansion)
 	}
 	return nil
+}
+
+// count is boundCount for an array whose n elements of T are then
+// allocated at once: their bytes are charged to d first.
+func count[T any](d *decoder, sz uint32, rest []byte) (int, error) {
+	n, err := boundCount(sz, 1, rest)
+	if err != nil {
+		return 0, err
+	}
+	return n, d.charge(n, int(unsafe.Sizeof(*new(T))))
 }
 
 // boundCount rejects a container header larger than the bytes left: every
@@ -607,10 +603,7 @@ func (d *decoder) hashList(b []byte) ([]Hash, []byte, error) {
 	if err != nil {
 		return nil, b, err
 	}
-	n, err := boundCount(sz, 1, b)
-	if err == nil {
-		err = d.charge(n, hashSize)
-	}
+	n, err := count[Hash](d, sz, b)
 	if err != nil {
 		return nil, b, err
 	}
@@ -663,10 +656,7 @@ func (d *decoder) tokenList(b []byte) ([]uint32, []byte, error) {
 	if err != nil {
 		return nil, b, err
 	}
-	n, err := boundCount(sz, 1, b)
-	if err == nil {
-		err = d.charge(n, 4)
-	}
+	n, err := count[uint32](d, sz, b)
 	if err != nil {
 		return nil, b, err
 	}
@@ -795,10 +785,7 @@ func (d *decoder) readExtraKeys(b []byte) ([][]any, []byte, error) {
 	if err != nil {
 		return nil, b, err
 	}
-	n, err := boundCount(sz, 1, b)
-	if err == nil {
-		err = d.charge(n, 24)
-	}
+	n, err := count[[]any](d, sz, b)
 	if err != nil {
 		return nil, b, err
 	}
@@ -814,10 +801,7 @@ func (d *decoder) readExtraKeys(b []byte) ([][]any, []byte, error) {
 		if inner, b, err = msgp.ReadArrayHeaderBytes(b); err != nil {
 			return nil, b, fmt.Errorf("[%d]: %w", i, err)
 		}
-		m, err := boundCount(inner, 1, b)
-		if err == nil {
-			err = d.charge(m, 16)
-		}
+		m, err := count[any](d, inner, b)
 		if err != nil {
 			return nil, b, err
 		}
@@ -841,10 +825,7 @@ func (d *decoder) readReplicas(b []byte) ([]Replica, []byte, error) {
 	if err != nil {
 		return nil, b, err
 	}
-	n, err := boundCount(sz, 1, b)
-	if err == nil {
-		err = d.charge(n, replicaSize)
-	}
+	n, err := count[Replica](d, sz, b)
 	if err != nil {
 		return nil, b, err
 	}
