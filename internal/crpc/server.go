@@ -91,6 +91,12 @@ type ServerConfig struct {
 	TLS *tls.Config
 }
 
+// CallBounds are MaxCallsPerConn and MaxCalls with the defaults applied.
+func (c ServerConfig) CallBounds() (perConn, total int) {
+	d := c.withDefaults()
+	return d.MaxCallsPerConn, d.MaxCalls
+}
+
 func (c ServerConfig) withDefaults() ServerConfig {
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = DefaultMaxFrame

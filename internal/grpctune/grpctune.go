@@ -111,12 +111,7 @@ func RequestCodec() encoding.CodecV2 {
 
 type requestCodec struct{ encoding.CodecV2 }
 
-func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(proto.Message)
-	if !ok {
-		return c.CodecV2.Unmarshal(data, v)
-	}
-	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-	defer buf.Free()
-	return pbcodec.UnmarshalRequest(buf.ReadOnlyData(), m)
+// Unmarshal decodes as the tuned server does.
+func (requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return pooledCodec{request: true}.Unmarshal(data, v)
 }

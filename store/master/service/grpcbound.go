@@ -27,13 +27,7 @@ const maxGRPCHeaderBytes = 64 << 10
 // (its handler's goroutine exists from then on), not from its whole
 // request as in crpc, so the bound cannot wait: it refuses.
 func grpcBounds(cfg crpc.ServerConfig) []grpc.ServerOption {
-	perConn, total := cfg.MaxCallsPerConn, cfg.MaxCalls
-	if perConn <= 0 {
-		perConn = crpc.DefaultMaxCallsPerConn
-	}
-	if total <= 0 {
-		total = crpc.DefaultMaxCalls
-	}
+	perConn, total := cfg.CallBounds()
 	b := &callBound{max: int64(total)}
 	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(uint32(perConn)),
