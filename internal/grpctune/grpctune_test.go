@@ -8,11 +8,11 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/crescent-kv/crescent/internal/pbcodec"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
@@ -45,11 +45,7 @@ func TestCodec(t *testing.T) {
 func TestServerCodecsBoundExpansion(t *testing.T) {
 	// 1.5 M empty segments (2 bytes each), as unknown fields so that
 	// building the request costs nothing.
-	var raw []byte
-	for range 3 << 19 {
-		raw = protowire.AppendTag(raw, 2, protowire.BytesType)
-		raw = protowire.AppendVarint(raw, 0)
-	}
+	raw := testutil.EmptyMessages(2, 3<<19)
 	req := &storepb.ReMountSegmentRequest{}
 	req.ProtoReflect().SetUnknown(raw)
 	b, err := proto.Marshal(req)

@@ -6,22 +6,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
-
-// empties is n empty messages in field num: two bytes each.
-func empties(num protowire.Number, n int) []byte {
-	var b []byte
-	for range n {
-		b = protowire.AppendTag(b, num, protowire.BytesType)
-		b = protowire.AppendVarint(b, 0)
-	}
-	return b
-}
 
 // TestUnmarshalRequestBounded: requests of empty messages (two bytes on
 // the wire, a struct decoded) are refused before they are decoded,
@@ -33,10 +22,10 @@ func TestUnmarshalRequestBounded(t *testing.T) {
 		b []byte
 		m proto.Message
 	}{
-		"blocks":   {empties(4, n), &storepb.BatchPutEndRequest{}},
-		"items":    {empties(2, n), &storepb.CommitPutRequest{}},
-		"segments": {empties(2, n), &storepb.ReMountSegmentRequest{}},
-		"nested":   {append(empties(2, n/2), empties(3, n/2)...), &storepb.CommitPutRequest{}},
+		"blocks":   {testutil.EmptyMessages(4, n), &storepb.BatchPutEndRequest{}},
+		"items":    {testutil.EmptyMessages(2, n), &storepb.CommitPutRequest{}},
+		"segments": {testutil.EmptyMessages(2, n), &storepb.ReMountSegmentRequest{}},
+		"nested":   {append(testutil.EmptyMessages(2, n/2), testutil.EmptyMessages(3, n/2)...), &storepb.CommitPutRequest{}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var err error

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"google.golang.org/protobuf/encoding/protowire"
 	"math/rand/v2"
 	"os"
 	"runtime"
@@ -89,4 +90,15 @@ func Allocated(f func()) uint64 {
 	f()
 	runtime.ReadMemStats(&after)
 	return after.TotalAlloc - before.TotalAlloc
+}
+
+// EmptyMessages is n empty protobuf messages in field num, two bytes
+// each: the most a decoder can be made to build from the fewest bytes.
+func EmptyMessages(num protowire.Number, n int) []byte {
+	b := make([]byte, 0, 2*n)
+	for range n {
+		b = protowire.AppendTag(b, num, protowire.BytesType)
+		b = protowire.AppendVarint(b, 0)
+	}
+	return b
 }

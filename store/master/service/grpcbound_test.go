@@ -15,10 +15,10 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/internal/testutil"
 	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
 	"github.com/crescent-kv/crescent/store/storepb"
 )
@@ -195,11 +195,7 @@ func TestRequestExpansionRefused(t *testing.T) {
 	addr, _ := serveAddr(t, e.M)
 	// 1.5 M empty segments (2 bytes each), as unknown fields so that
 	// building the request costs nothing.
-	var raw []byte
-	for range 3 << 19 {
-		raw = protowire.AppendTag(raw, 2, protowire.BytesType)
-		raw = protowire.AppendVarint(raw, 0)
-	}
+	raw := testutil.EmptyMessages(2, 3<<19)
 	req := &storepb.ReMountSegmentRequest{ClientId: pbID(mastertest.Client(1))}
 	req.ProtoReflect().SetUnknown(raw)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
