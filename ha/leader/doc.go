@@ -66,7 +66,19 @@
 // break the key is read again (each watch's context is cancelled on
 // return, so no watch stream or goroutine is left behind). Build the
 // client from EtcdClientConfig: it sets dial keep-alives (2 s + 2 s) so
-// a hung etcd member is noticed and the client moves to another.
+// a hung etcd member is noticed and the client moves to another, and
+// bounds a response at 1 MiB (the etcd client's own default is 2 GiB).
+//
+// # Bounds on what the backend holds
+//
+// A leader address is at most MaxAddrLen (4096) bytes. TryAcquire
+// refuses a longer one (ErrInvalid); a view read back (View, WaitChange,
+// a contended TryAcquire) with a longer address, or on Redis a
+// view_version that is no number, is ErrBadView, and WaitChange keeps
+// waiting for a good one. On Redis the view is read by a Lua script that
+// cuts leader_address at MaxAddrLen+1 bytes and view_version at 32, so
+// an oversized field written by anyone with access to the server is
+// refused without being sent.
 //
 // # Redis
 //

@@ -22,6 +22,10 @@ const (
 	etcdDialKeepAliveTimeout = 2 * time.Second
 	// etcdRetryPause spaces re-reads after a broken watch.
 	etcdRetryPause = 100 * time.Millisecond
+	// etcdMaxRecv bounds one etcd response (the client's default is 2
+	// GiB): a view is a short address, and a watch response of many
+	// changes stays far below this.
+	etcdMaxRecv = 1 << 20
 )
 
 // EtcdClientConfig is the client configuration the coordinator expects:
@@ -34,6 +38,7 @@ func EtcdClientConfig(endpoints []string) clientv3.Config {
 		DialKeepAliveTime:    etcdDialKeepAliveTime,
 		DialKeepAliveTimeout: etcdDialKeepAliveTimeout,
 		PermitWithoutStream:  true,
+		MaxCallRecvMsgSize:   etcdMaxRecv,
 		Logger:               logx.Zap(nil, "etcd"), // slog.Default()
 	}
 }
@@ -84,6 +89,9 @@ func (c *Etcd) read(ctx context.Context) (View, int64, error) {
 		return View{}, resp.Header.Revision, nil
 	}
 	kv := resp.Kvs[0]
+	if err := checkView(len(kv.Value)); err != nil {
+		return View{}, 0, err
+	}
 	return View{Leader: string(kv.Value), Version: uint64(kv.CreateRevision)}, resp.Header.Revision, nil
 }
 
@@ -118,6 +126,9 @@ func (c *Etcd) TryAcquire(ctx context.Context, addr string) (Session, View, erro
 		revoke()
 		var v View
 		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+			if err := checkView(len(kvs[0].Value)); err != nil {
+				return nil, View{}, err
+			}
 			v = View{Leader: string(kvs[0].Value), Version: uint64(kvs[0].CreateRevision)}
 		}
 		return nil, v, nil
@@ -176,6 +187,9 @@ func (c *Etcd) watch(ctx context.Context, after uint64, rev int64) (View, bool) 
 		for _, ev := range resp.Events {
 			var v View
 			if ev.Type == clientv3.EventTypePut {
+				if checkView(len(ev.Kv.Value)) != nil {
+					return View{}, false // the re-read reports it
+				}
 				v = View{Leader: string(ev.Kv.Value), Version: uint64(ev.Kv.CreateRevision)}
 			}
 			if v.Version != after {

@@ -27,6 +27,9 @@ var (
 	ErrClosed         = errors.New("leader: session closed")
 	// ErrInvalid marks bad configuration or arguments.
 	ErrInvalid = errors.New("leader: invalid argument")
+	// ErrBadView marks a view in the backend that no coordinator wrote
+	// (an address longer than MaxAddrLen, a version that is no number).
+	ErrBadView = errors.New("leader: bad view")
 )
 
 // Coordinator elects one leader per cluster.
@@ -143,6 +146,23 @@ func buildOptions(clusterID string, opts []Option) (options, error) {
 func checkAddr(addr string) error {
 	if addr == "" {
 		return fmt.Errorf("%w: empty leader address", ErrInvalid)
+	}
+	if len(addr) > MaxAddrLen {
+		return fmt.Errorf("%w: leader address of %d bytes, more than %d", ErrInvalid, len(addr), MaxAddrLen)
+	}
+	return nil
+}
+
+// MaxAddrLen bounds a leader address, written or read: anyone who can
+// write the view key could otherwise make every reader hold a value as
+// large as the backend stores.
+const MaxAddrLen = 4096
+
+// checkView refuses a view address read back that no master could have
+// written.
+func checkView(n int) error {
+	if n > MaxAddrLen {
+		return fmt.Errorf("%w: view holds a leader address of more than %d bytes", ErrBadView, MaxAddrLen)
 	}
 	return nil
 }

@@ -59,12 +59,13 @@ func RedisKeys(prefix, clusterID string) (view, term string) {
 	return tag + ":master_view", tag + ":term"
 }
 
-// KEYS[1] view hash, KEYS[2] term; ARGV: address, token, ttl ms, min term.
-// Returns {1, address, term} acquired or {0, address, version} contended.
+// KEYS[1] view hash, KEYS[2] term; ARGV: address, token, ttl ms, min term,
+// MaxAddrLen+1 (a view read back is cut there, so an oversized one is
+// refused without being sent whole). Returns {1, address, term} acquired or {0, address, version} contended.
 var acquireScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local v = redis.call('HMGET', KEYS[1], 'leader_address', 'view_version')
-  return {0, v[1] or '', v[2] or '0'}
+  return {0, string.sub(v[1] or '', 1, ARGV[5]), string.sub(v[2] or '0', 1, 32)}
 end
 local t = redis.call('INCR', KEYS[2])
 local m = tonumber(ARGV[4])
@@ -96,13 +97,22 @@ end
 return 0
 `)
 
+// KEYS[1] view hash; ARGV: MaxAddrLen+1. Returns {} when there is no
+// view, else {address, version}, each cut short: anyone who can write the
+// hash could otherwise make every reader take a value of any size.
+var viewScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'leader_address', 'view_version')
+if not v[1] then return {} end
+return {string.sub(v[1], 1, ARGV[1]), string.sub(v[2] or '', 1, 32)}
+`)
+
 // View reads the hash.
 func (c *Redis) View(ctx context.Context) (View, error) {
-	vals, err := c.cli.HMGet(ctx, c.view, "leader_address", "view_version").Result()
+	vals, err := viewScript.Run(ctx, c.cli, []string{c.view}, MaxAddrLen+1).Slice()
 	if err != nil {
 		return View{}, fmt.Errorf("leader: redis read view: %w", err)
 	}
-	if len(vals) != 2 || vals[0] == nil {
+	if len(vals) != 2 {
 		return View{}, nil
 	}
 	return parseView(vals[0], vals[1])
@@ -110,10 +120,13 @@ func (c *Redis) View(ctx context.Context) (View, error) {
 
 func parseView(addr, version any) (View, error) {
 	a, _ := addr.(string)
+	if err := checkView(len(a)); err != nil {
+		return View{}, err
+	}
 	vs, _ := version.(string)
 	n, err := strconv.ParseUint(vs, 10, 64)
 	if err != nil {
-		return View{}, fmt.Errorf("leader: redis view_version %q: %w", vs, err)
+		return View{}, fmt.Errorf("%w: redis view_version %q: %v", ErrBadView, vs, err)
 	}
 	return View{Leader: a, Version: n}, nil
 }
@@ -131,7 +144,7 @@ func (c *Redis) TryAcquire(ctx context.Context, addr string) (Session, View, err
 	token := hex.EncodeToString(tok[:])
 	start := time.Now()
 	res, err := acquireScript.Run(ctx, c.cli, []string{c.view, c.term},
-		addr, token, c.ttl.Milliseconds(), c.minTerm).Slice()
+		addr, token, c.ttl.Milliseconds(), c.minTerm, MaxAddrLen+1).Slice()
 	if err != nil {
 		return nil, View{}, fmt.Errorf("leader: redis acquire: %w", err)
 	}
