@@ -30,7 +30,7 @@
 // (with TLS when asked) and counts it until the server closes it. The
 // server's connection states mark it: Active is Busy, Idle is Idle.
 // NewHTTPServer gives the timeouts every HTTP port has (header 10 s and
-// 64 KiB, request 60 s, keep-alive idle 2 min).
+// 64 KiB, request 60 s, response 60 s, keep-alive idle 2 min).
 //
 // netx owns no wire format.
 package netx

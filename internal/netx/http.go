@@ -18,12 +18,20 @@ const (
 
 // NewHTTPServer is an http.Server for h with the limits every Crescent
 // HTTP port has: a request's header within 10 s and 64 KiB, the whole
-// request within 60 s, and a keep-alive connection closed after 2
-// minutes without a request (the zero IdleTimeout would keep it for ever).
+// request within 60 s, its response written within 60 s of its header
+// (a handler that streams longer sets its own deadlines through
+// http.ResponseController), and a keep-alive connection closed after 2
+// minutes without a request (the zero IdleTimeout would keep it for
+// ever). Without the write timeout a peer that stops reading holds its
+// handler, and what the handler is writing, for ever.
 func NewHTTPServer(h http.Handler) *http.Server {
 	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 60 * time.Second,
-		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+		WriteTimeout: httpWriteTimeout, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 }
+
+// httpWriteTimeout is NewHTTPServer's write timeout (a variable so the
+// tests need not wait a minute).
+var httpWriteTimeout = 60 * time.Second
 
 // HTTP is an http.Server served through a Loop, so an HTTP port has the
 // same accept loop, caps, eviction of idle connections and Allow as the

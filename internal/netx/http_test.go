@@ -214,3 +214,35 @@ func TestHTTPShutdown(t *testing.T) {
 	assert.ErrorIs(t, h.Err(), http.ErrServerClosed)
 	assert.Zero(t, h.Loop().Len())
 }
+
+// TestHTTPStalledReaderLetGo: a peer that asks for a large response and
+// stops reading loses it at the write timeout; the handler returns.
+func TestHTTPStalledReaderLetGo(t *testing.T) {
+	old := httpWriteTimeout
+	httpWriteTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { httpWriteTimeout = old })
+	done := make(chan error, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
+		chunk := make([]byte, 64<<10)
+		var err error
+		for i := 0; i < 1024 && err == nil; i++ { // 64 MiB: far past the socket buffers
+			_, err = w.Write(chunk)
+		}
+		done <- err
+	})
+	h := ServeHTTP(listen(t), Config{}, NewHTTPServer(mux), nil)
+	t.Cleanup(func() { h.Close() })
+	p := dialHTTP(t, h.Addr().String(), nil)
+	require.NoError(t, p.send("/big"))
+	select {
+	case err := <-done:
+		require.Error(t, err, "the handler wrote 64 MiB to a peer that reads nothing")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the handler is still writing to a peer that stopped reading")
+	}
+	// The connection is closed: reading drains what was sent, then ends.
+	require.NoError(t, p.c.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err := io.Copy(io.Discard, p.c)
+	require.NoError(t, err)
+}

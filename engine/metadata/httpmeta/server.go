@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/crescent-kv/crescent/internal/netx"
 )
@@ -251,7 +250,6 @@ func NewServer(addr string, st *Store) (*Server, error) {
 	mux.Handle("/metadata", st)
 	mux.HandleFunc("/health", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "OK") })
 	srv := netx.NewHTTPServer(mux)
-	srv.WriteTimeout = 60 * time.Second
 	h := netx.ServeHTTP(ln, netx.Config{MaxConns: DefaultMaxConns, MaxConnsPerHost: DefaultMaxConnsPerHost, Name: "http metadata server"}, srv, nil)
 	return &Server{store: st, h: h}, nil
 }

@@ -305,6 +305,9 @@ type SnapshotInfo struct {
 	Unchanged                 bool    `json:"unchanged,omitempty"` // nothing new since the latest snapshot
 }
 
+// answerWithin bounds the write of an answer that follows a long wait.
+const answerWithin = 10 * time.Second
+
 // ErrBusy, from an admin hook, answers 409 Conflict.
 var ErrBusy = errors.New("master: busy")
 
@@ -325,6 +328,9 @@ func WithSnapshotHook(take func(context.Context) (SnapshotInfo, error)) Option {
 				return
 			}
 			info, err := take(r.Context())
+			// A snapshot may outlast the port's write timeout, counted
+			// from the request: give the answer its own.
+			http.NewResponseController(w).SetWriteDeadline(time.Now().Add(answerWithin))
 			switch {
 			case errors.Is(err, ErrBusy):
 				http.Error(w, err.Error(), http.StatusConflict)

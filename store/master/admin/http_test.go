@@ -342,3 +342,23 @@ func TestKeyListingReaderStalls(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, n, strings.Count(string(b), "\n"))
 }
+
+// TestSnapshotAnswerOutlastsWriteTimeout: a snapshot longer than the
+// port's write timeout (counted from the request) is still answered.
+func TestSnapshotAnswerOutlastsWriteTimeout(t *testing.T) {
+	e := mastertest.New(t, nil)
+	h := Handler(e.M, service.New(e.M), prometheus.NewRegistry(), nil, WithSnapshotHook(func(ctx context.Context) (SnapshotInfo, error) {
+		time.Sleep(400 * time.Millisecond)
+		return SnapshotInfo{ID: "slow", Seq: 3}, nil
+	}))
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.WriteTimeout = 100 * time.Millisecond
+	srv.Start()
+	defer srv.Close()
+	resp, err := http.Post(srv.URL+"/snapshot", "", nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var info SnapshotInfo
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
+	require.Equal(t, "slow", info.ID)
+}
