@@ -145,11 +145,16 @@ type segState struct {
 // table is the copy-on-write segment table.
 type table struct {
 	segs     []*segState // by index; nil = free index
-	byID     map[UUID]uint32
-	byName   map[string][]uint32
-	byClient map[UUID][]uint32
+	byID     cowMap[UUID, uint32]
+	byName   cowMap[string, []uint32]
+	byClient cowMap[UUID, []uint32]
 	live     []uint32 // mounted indices in mount order
 	largest  uint64   // capacity of the largest segment
+}
+
+func newTable() *table {
+	return &table{byID: newCowMap[UUID, uint32](hashUUID), byName: newCowMap[string, []uint32](hashString),
+		byClient: newCowMap[UUID, []uint32](hashUUID)}
 }
 
 func (t *table) setLargest() {
@@ -157,6 +162,17 @@ func (t *table) setLargest() {
 	for _, i := range t.live {
 		t.largest = max(t.largest, t.segs[i].cap)
 	}
+}
+
+// name and client return the indices under one key (nil when none).
+func (t *table) name(n string) []uint32 {
+	v, _ := t.byName.get(n)
+	return v
+}
+
+func (t *table) client(c UUID) []uint32 {
+	v, _ := t.byClient.get(c)
+	return v
 }
 
 // Allocator holds the mounted segments, one offset allocator each, and
@@ -189,7 +205,7 @@ func New(s Strategy, opts ...Option) *Allocator {
 	for _, o := range opts {
 		o(a)
 	}
-	a.tab.Store(&table{byID: map[UUID]uint32{}, byName: map[string][]uint32{}, byClient: map[UUID][]uint32{}})
+	a.tab.Store(newTable())
 	return a
 }
 
@@ -248,12 +264,12 @@ func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, err
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	old := a.tab.Load()
-	if i, ok := old.byID[s.ID]; ok {
+	if i, ok := old.byID.get(s.ID); ok {
 		return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v (%s)", s.ID, old.segs[i].Name)
 	}
 	// Two pool segments over the same bytes would place two objects on
 	// them: refuse any overlap within one engine segment, whoever mounts it.
-	for _, i := range old.byName[s.Name] {
+	for _, i := range old.name(s.Name) {
 		if o := old.segs[i]; s.Base < o.Base+o.Size && o.Base < s.Base+s.Size {
 			return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v [%#x,%#x) of %q overlaps segment %v [%#x,%#x) of client %v",
 				s.ID, s.Base, s.Base+s.Size, s.Name, o.ID, o.Base, o.Base+o.Size, o.Client)
@@ -281,34 +297,27 @@ func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, err
 	} else {
 		t.segs[idx] = st
 	}
-	t.byID[s.ID] = idx
-	t.byName[s.Name] = append(slices.Clip(t.byName[s.Name]), idx)
-	t.byClient[s.Client] = append(slices.Clip(t.byClient[s.Client]), idx)
+	t.byID.set(s.ID, idx)
+	t.byName.set(s.Name, append(slices.Clip(t.name(s.Name)), idx))
+	t.byClient.set(s.Client, append(slices.Clip(t.client(s.Client)), idx))
 	t.live = append(slices.Clip(t.live), idx)
-	t.setLargest()
+	t.largest = max(t.largest, st.cap)
 	a.capacity.Add(st.cap)
 	a.tab.Store(t)
 	return idx, nil
 }
 
+// clone is a new version of the table: the index slices are copied (a
+// few bytes per segment), the maps share all but the shards written.
 func (t *table) clone() *table {
-	n := &table{
+	return &table{
 		segs:     slices.Clone(t.segs),
-		byID:     make(map[UUID]uint32, len(t.byID)+1),
-		byName:   make(map[string][]uint32, len(t.byName)+1),
-		byClient: make(map[UUID][]uint32, len(t.byClient)+1),
+		byID:     t.byID.clone(),
+		byName:   t.byName.clone(),
+		byClient: t.byClient.clone(),
 		live:     t.live,
+		largest:  t.largest,
 	}
-	for k, v := range t.byID {
-		n.byID[k] = v
-	}
-	for k, v := range t.byName {
-		n.byName[k] = v
-	}
-	for k, v := range t.byClient {
-		n.byClient[k] = v
-	}
-	return n
 }
 
 // Unmount stops placement on the segment with this ID and returns its
@@ -320,7 +329,7 @@ func (a *Allocator) Unmount(id UUID, commit func(idx uint32)) (uint32, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	t := a.tab.Load()
-	idx, ok := t.byID[id]
+	idx, ok := t.byID.get(id)
 	if !ok {
 		return 0, errcode.New(errcode.SegmentNotFound, "segment %v", id)
 	}
@@ -365,17 +374,21 @@ func (a *Allocator) Release(idx uint32, commit func()) error {
 	}
 	t := old.clone()
 	t.segs[idx] = nil
-	delete(t.byID, s.ID)
-	t.byName[s.Name] = without(t.byName[s.Name], idx)
-	if len(t.byName[s.Name]) == 0 {
-		delete(t.byName, s.Name)
+	t.byID.del(s.ID)
+	if l := without(t.name(s.Name), idx); len(l) > 0 {
+		t.byName.set(s.Name, l)
+	} else {
+		t.byName.del(s.Name)
 	}
-	t.byClient[s.Client] = without(t.byClient[s.Client], idx)
-	if len(t.byClient[s.Client]) == 0 {
-		delete(t.byClient, s.Client)
+	if l := without(t.client(s.Client), idx); len(l) > 0 {
+		t.byClient.set(s.Client, l)
+	} else {
+		t.byClient.del(s.Client)
 	}
 	t.live = without(t.live, idx)
-	t.setLargest()
+	if s.cap == t.largest {
+		t.setLargest()
+	}
 	a.free = append(a.free, idx)
 	a.capacity.Add(-s.cap)
 	a.tab.Store(t)
@@ -396,13 +409,12 @@ func without(s []uint32, v uint32) []uint32 {
 // and of client.
 func (a *Allocator) Counts(client UUID) (total, own int) {
 	t := a.tab.Load()
-	return len(t.byID), len(t.byClient[client])
+	return t.byID.len(), len(t.client(client))
 }
 
 // Lookup returns the index of the segment with this ID.
 func (a *Allocator) Lookup(id UUID) (uint32, bool) {
-	i, ok := a.tab.Load().byID[id]
-	return i, ok
+	return a.tab.Load().byID.get(id)
 }
 
 // Segment returns the segment at index seg.
@@ -427,7 +439,7 @@ var noSegment Segment
 
 // ByClient returns the indices of the segments a client mounted.
 func (a *Allocator) ByClient(c UUID) []uint32 {
-	return slices.Clone(a.tab.Load().byClient[c])
+	return slices.Clone(a.tab.Load().client(c))
 }
 
 // Stat returns one segment's stats.
@@ -519,14 +531,14 @@ func (a *Allocator) Choose(r Request) ([]uint32, error) {
 // order of Choose.
 func (a *Allocator) choose(t *table, r Request, out []uint32, want int, fits func(uint32, []uint32) bool) []uint32 {
 	for _, name := range r.Preferred {
-		for _, i := range t.byName[name] {
+		for _, i := range t.name(name) {
 			if len(out) < want && fits(i, out) {
 				out = append(out, i)
 			}
 		}
 	}
 	if a.strategy == LocalFirst || r.SameNode {
-		for _, i := range t.byClient[r.Local] {
+		for _, i := range t.client(r.Local) {
 			if len(out) < want && fits(i, out) {
 				out = append(out, i)
 			}
@@ -547,7 +559,7 @@ func (a *Allocator) choose(t *table, r Request, out []uint32, want int, fits fun
 // the flag changed, and false for an unknown, unmounting or released
 // segment (nothing changes then).
 func (a *Allocator) MarkSuspect(id UUID) (client UUID, changed, ok bool) {
-	i, found := a.tab.Load().byID[id]
+	i, found := a.tab.Load().byID.get(id)
 	if !found {
 		return UUID{}, false, false
 	}
@@ -575,7 +587,7 @@ func (a *Allocator) ClearSuspect(client UUID) int {
 	}
 	t := a.tab.Load()
 	n := 0
-	for _, i := range t.byClient[client] {
+	for _, i := range t.client(client) {
 		s := t.segs[i]
 		s.mu.Lock()
 		if !s.released && s.suspect.Swap(false) {

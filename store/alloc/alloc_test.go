@@ -625,3 +625,28 @@ func TestAllocateSetIndexReused(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// BenchmarkMountAmong: one mount, unmount and release next to n mounted
+// segments (of n/4 clients): what a remount storm after a failover pays
+// per segment.
+func BenchmarkMountAmong(b *testing.B) {
+	for _, n := range []int{16, 1024, 16384} {
+		b.Run(fmt.Sprintf("segments=%d", n), func(b *testing.B) {
+			a := New(Random)
+			for i := range n {
+				mustMount(b, a, seg(i+1, fmt.Sprint("seg-", i), uint64(i/4+1), 1<<20))
+			}
+			s := seg(n+1, "extra", 1, 1<<20)
+			b.ReportAllocs()
+			for b.Loop() {
+				i := mustMount(b, a, s)
+				if _, err := a.Unmount(s.ID, nil); err != nil {
+					b.Fatal(err)
+				}
+				if err := a.Release(i, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -49,7 +49,9 @@
 // # Concurrency
 //
 // All methods are safe for concurrent use. The segment table is
-// copy-on-write (readers take no lock); each segment has its own mutex;
+// copy-on-write (readers take no lock): a change copies its index slices
+// and, of each map (by ID, name, client), only the one of 64 shards it
+// writes; each segment has its own mutex;
 // table changes (Mount, Unmount, Release) are serialised by one mutex.
 // Lock order: table mutex, then segment mutexes in index order.
 // AllocateSet and FreeSet hold the locks of all their segments while they
