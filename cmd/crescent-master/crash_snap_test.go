@@ -20,7 +20,7 @@ func TestCrashRecoverySnapshots(t *testing.T) {
 	// Two at a time (-parallel defaults to GOMAXPROCS): each waits on its
 	// child master and client round trips much of the time.
 	t.Parallel()
-	lines := runCrashRecovery(t, "--snapshot_interval", "50ms", "--oplog_retain", "20", "--snapshot_retain", "2")
+	lines := runCrashRecovery(t, crashRounds/2, "--snapshot_interval", "50ms", "--oplog_retain", "20", "--snapshot_retain", "2")
 	fromSnap := 0
 	for _, l := range lines {
 		if !strings.Contains(l, "snapshot=\"\"") && !strings.Contains(l, "snapshot= ") {
@@ -41,7 +41,7 @@ func TestCrashRecoveryEtcdSnapshots(t *testing.T) {
 	// child master and client round trips much of the time.
 	t.Parallel()
 	e := testsvc.StartEtcd(t)
-	lines := crashRecovery(t, "--oplog", e.URL(), "--cluster_id", "crashsnap", "--snapshot_dir", t.TempDir(),
+	lines := crashRecovery(t, crashRounds/2, "--oplog", e.URL(), "--cluster_id", "crashsnap", "--snapshot_dir", t.TempDir(),
 		"--snapshot_interval", "50ms", "--oplog_retain", "20", "--snapshot_retain", "2")
 	fromSnap := 0
 	for _, l := range lines {

@@ -34,7 +34,7 @@ func TestCrashRecoveryEtcd(t *testing.T) {
 	// child master and client round trips much of the time.
 	t.Parallel()
 	e := testsvc.StartEtcd(t)
-	crashRecovery(t, "--oplog", e.URL(), "--cluster_id", "crash")
+	crashRecovery(t, crashRounds, "--oplog", e.URL(), "--cluster_id", "crash")
 }
 
 func TestLoadOplog(t *testing.T) {
