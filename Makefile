@@ -53,9 +53,16 @@ build:
 # The test command of the README and of CI: lint, stale generated code,
 # the no-cgo build, every test under the race detector, with external
 # services required, and the C and Python tests of the C ABI.
+# The second pass runs with the invariants checks compiled in, over the
+# packages those checks change (every package that depends on
+# internal/invariants) under engine/, internal/ and the store's allocator
+# and hot cache; for any other package the tag changes nothing.
+INVARIANT_PKGS = $(GO) list -tags "invariants $(TAGS)" -f '{{.ImportPath}} {{join .Deps " "}}' \
+	./engine/... ./internal/... ./store/alloc ./store/local | awk '/crescent\/internal\/invariants( |$$)/ {print $$1}'
+
 test: deps lint proto-check msgp-check nocgo
 	CRESCENT_REQUIRE_DEPS=1 $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -tags "$(TAGS)" ./...
-	CRESCENT_REQUIRE_DEPS=1 $(GO) test -count=1 -tags "invariants $(TAGS)" ./engine/... ./internal/...
+	CRESCENT_REQUIRE_DEPS=1 $(GO) test -count=1 -tags "invariants $(TAGS)" $$($(INVARIANT_PKGS))
 	$(MAKE) ctest
 
 # The C ABI: build/libcrescent.so for include/crescent.h (the cgo header
