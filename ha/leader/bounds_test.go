@@ -2,7 +2,6 @@ package leader
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -84,27 +83,14 @@ func TestRedisOversizedView(t *testing.T) {
 	// A megabyte in either field is cut short by the server: the reply a
 	// reader takes stays small.
 	ctx := ctxT(t)
-	sent := func() int64 {
-		info, err := cli.Info(ctx, "stats").Result()
-		require.NoError(t, err)
-		for _, l := range strings.Split(info, "\r\n") {
-			if v, ok := strings.CutPrefix(l, "total_net_output_bytes:"); ok {
-				n, err := strconv.ParseInt(v, 10, 64)
-				require.NoError(t, err)
-				return n
-			}
-		}
-		t.Fatal("no total_net_output_bytes")
-		return 0
-	}
 	for _, field := range []string{"leader_address", "view_version"} {
 		require.NoError(t, cli.HSet(ctx, view, "leader_address", "c:3", "view_version", 1).Err())
 		require.NoError(t, cli.HSet(ctx, view, field, strings.Repeat("9", 1<<20)).Err())
-		before := sent()
+		before := r.BytesSent(t)
 		_, err = c.View(ctx)
 		require.ErrorIs(t, err, ErrBadView, field)
 		_, _, err = c.TryAcquire(ctx, "a:1")
 		require.ErrorIs(t, err, ErrBadView, field)
-		require.Less(t, sent()-before, int64(64<<10), "%s: bytes sent", field)
+		require.Less(t, r.BytesSent(t)-before, int64(64<<10), "%s: bytes sent", field)
 	}
 }

@@ -117,7 +117,8 @@
 // them in one slot; Publish, Latest, List and Delete are each one Lua
 // script, so latest never names an unpublished id and only moves forward
 // except when Delete removes it. Sizes are checked in the script before
-// a value is sent.
+// a value is sent: an id must be IDFor's 41 bytes, a meta at most
+// maxMetaSize, the set at most maxListed members.
 //
 // Latest is ErrNoSnapshot only when nothing is published: a missing or
 // corrupt meta or marker is ErrCorrupt and an unreachable Redis its own

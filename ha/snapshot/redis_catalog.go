@@ -67,8 +67,9 @@ if (not cur) or ARGV[1] > cur then redis.call('SET', KEYS[2], ARGV[1]) end
 return 'OK'
 `)
 
-// KEYS: snapshots latest metas; ARGV: max meta size. Returns the meta
-// string, nil when nothing is published, or an error reply.
+// KEYS: snapshots latest metas; ARGV: max meta size, id length. Returns
+// the meta string, nil when nothing is published, or an error reply. An
+// id or meta longer than any Publish writes is refused, not sent.
 var latestScript = redis.NewScript(`
 local id = redis.call('GET', KEYS[2])
 if not id then
@@ -76,20 +77,22 @@ if not id then
   if n > 0 then return redis.error_reply('CORRUPT no latest key but ' .. n .. ' snapshots') end
   return false
 end
+if #id ~= tonumber(ARGV[2]) then return redis.error_reply('CORRUPT latest names an id of ' .. #id .. ' bytes: ' .. string.sub(id, 1, 64)) end
 local n = redis.call('HSTRLEN', KEYS[3], id)
 if n == 0 then return redis.error_reply('CORRUPT latest names ' .. string.sub(id, 1, 64) .. ' without a meta') end
 if n > tonumber(ARGV[1]) then return redis.error_reply('CORRUPT meta of ' .. string.sub(id, 1, 64) .. ' is ' .. n .. ' bytes') end
 return {id, redis.call('HGET', KEYS[3], id)}
 `)
 
-// KEYS: snapshots latest metas; ARGV: max count, max meta size. Returns
-// id, meta, id, meta... by ascending id.
+// KEYS: snapshots latest metas; ARGV: max count, max meta size, id
+// length. Returns id, meta, id, meta... by ascending id.
 var listScript = redis.NewScript(`
 local n = redis.call('ZCARD', KEYS[1])
 if n > tonumber(ARGV[1]) then return redis.error_reply('CORRUPT ' .. n .. ' snapshots listed') end
 local ids = redis.call('ZRANGE', KEYS[1], 0, -1)
 local out = {}
 for _, id in ipairs(ids) do
+  if #id ~= tonumber(ARGV[3]) then return redis.error_reply('CORRUPT an id of ' .. #id .. ' bytes listed: ' .. string.sub(id, 1, 64)) end
   local l = redis.call('HSTRLEN', KEYS[3], id)
   if l == 0 then return redis.error_reply('CORRUPT ' .. string.sub(id, 1, 64) .. ' listed without a meta') end
   if l > tonumber(ARGV[2]) then return redis.error_reply('CORRUPT meta of ' .. string.sub(id, 1, 64) .. ' is ' .. l .. ' bytes') end
@@ -152,7 +155,7 @@ func (c *RedisCatalog) Latest(ctx context.Context) (Meta, error) {
 	if err := c.usable(); err != nil {
 		return Meta{}, err
 	}
-	v, err := latestScript.Run(ctx, c.cli, c.keys, maxMetaSize).Slice()
+	v, err := latestScript.Run(ctx, c.cli, c.keys, maxMetaSize, idLen).Slice()
 	if errors.Is(err, redis.Nil) {
 		return Meta{}, ErrNoSnapshot
 	}
@@ -174,7 +177,7 @@ func (c *RedisCatalog) List(ctx context.Context) ([]Meta, error) {
 	if err := c.usable(); err != nil {
 		return nil, err
 	}
-	v, err := listScript.Run(ctx, c.cli, c.keys, maxListed, maxMetaSize).Slice()
+	v, err := listScript.Run(ctx, c.cli, c.keys, maxListed, maxMetaSize, idLen).Slice()
 	if err != nil {
 		return nil, scriptErr("list", err)
 	}

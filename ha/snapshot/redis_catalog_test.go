@@ -177,3 +177,25 @@ func TestRedisCatalogCorruption(t *testing.T) {
 		})
 	}
 }
+
+// TestRedisCatalogHugeIDNotSent: an id longer than IDFor's, with a meta
+// and named by latest, is refused by the scripts without being sent.
+func TestRedisCatalogHugeIDNotSent(t *testing.T) {
+	noLeaks(t)
+	ctx := context.Background()
+	s := testsvc.StartRedis(t)
+	cli := redisClient(t, s)
+	cat := newRedisCatalog(t, cli)
+	require.NoError(t, cat.Publish(ctx, testMeta(1, 1)))
+	z, l, h := cat.Keys()
+	id := strings.Repeat("9", 1<<20)
+	require.NoError(t, cli.ZAdd(ctx, z, redis.Z{Score: 3, Member: id}).Err())
+	require.NoError(t, cli.HSet(ctx, h, id, encodeMeta(testMeta(1, 1))).Err())
+	require.NoError(t, cli.Set(ctx, l, id, 0).Err())
+	before := s.BytesSent(t)
+	_, err := cat.Latest(ctx)
+	require.ErrorIs(t, err, ErrCorrupt)
+	_, err = cat.List(ctx)
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.Less(t, s.BytesSent(t)-before, int64(64<<10), "bytes sent for Latest and List")
+}

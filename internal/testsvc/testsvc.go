@@ -1,13 +1,17 @@
 package testsvc
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
@@ -88,6 +92,40 @@ func (r *Redis) Output() string { return r.s.Output() }
 
 // Restart stops the server and starts an empty one on the same address.
 func (r *Redis) Restart() error { return r.s.Restart() }
+
+// BytesSent is the server's total_net_output_bytes (INFO stats): what it
+// has sent to all its clients, so a test can show a reply stayed small.
+func (r *Redis) BytesSent(t testing.TB) int64 {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", r.Addr, 5*time.Second)
+	if err != nil {
+		t.Fatalf("testsvc: %v", err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("INFO stats\r\n")); err != nil {
+		t.Fatalf("testsvc: INFO: %v", err)
+	}
+	br := bufio.NewReader(c)
+	head, err := br.ReadString('\n')
+	n, perr := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+	if err != nil || perr != nil || !strings.HasPrefix(head, "$") || n > 1<<20 {
+		t.Fatalf("testsvc: INFO reply %q: %v", head, err)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(br, body); err != nil {
+		t.Fatalf("testsvc: INFO: %v", err)
+	}
+	for _, l := range strings.Split(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(l, "total_net_output_bytes:"); ok {
+			if b, err := strconv.ParseInt(v, 10, 64); err == nil {
+				return b
+			}
+		}
+	}
+	t.Fatalf("testsvc: no total_net_output_bytes in INFO stats")
+	return 0
+}
 
 // Etcd is an in-process single-member etcd on free 127.0.0.1 ports with
 // a temporary data dir, closed by the test's cleanup.
