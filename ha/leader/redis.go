@@ -61,7 +61,8 @@ func RedisKeys(prefix, clusterID string) (view, term string) {
 
 // KEYS[1] view hash, KEYS[2] term; ARGV: address, token, ttl ms, min term,
 // MaxAddrLen+1 (a view read back is cut there, so an oversized one is
-// refused without being sent whole). Returns {1, address, term} acquired or {0, address, version} contended.
+// refused without being sent whole). Returns {1, address, term} acquired
+// or {0, address, version} contended.
 var acquireScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local v = redis.call('HMGET', KEYS[1], 'leader_address', 'view_version')
