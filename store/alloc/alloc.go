@@ -602,6 +602,14 @@ func (a *Allocator) ClearSuspect(client UUID) int {
 // Suspects returns the number of suspect segments.
 func (a *Allocator) Suspects() int { return int(a.suspects.Load()) }
 
+// pickRandom samples among more than sampleAbove segments, giving up on
+// sampling after sampleTries rejections in a row (with half the segments
+// able to take a put, that happens once in 256 picks).
+const (
+	sampleAbove = 64
+	sampleTries = 8
+)
+
 // Placeable returns the number of mounted segments not being unmounted
 // (suspect ones only with suspect set): a request for more replicas than
 // that cannot be met however much room is made.
@@ -616,7 +624,24 @@ func (a *Allocator) Placeable(suspect bool) int {
 	return n
 }
 
+// pickRandom appends, up to want, segments fits accepts, each uniform
+// among those left. Among many segments it samples: a pick tries random
+// segments (a rejected one costs a try), so a put does not walk thousands
+// of segments; if sampling misses (most segments full or suspect), the
+// rest are picked from a walk of all of them, as among few.
 func (a *Allocator) pickRandom(t *table, out []uint32, want int, fits func(uint32, []uint32) bool) []uint32 {
+	if n := len(t.live); n > sampleAbove {
+		for misses := 0; len(out) < want && misses < sampleTries; {
+			if i := t.live[a.intn(n)]; fits(i, out) {
+				out, misses = append(out, i), 0
+			} else {
+				misses++
+			}
+		}
+		if len(out) >= want {
+			return out
+		}
+	}
 	var buf [64]uint32
 	cand := buf[:0]
 	for _, i := range t.live {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -644,6 +645,78 @@ func BenchmarkMountAmong(b *testing.B) {
 					b.Fatal(err)
 				}
 				if err := a.Release(i, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestRandomSamplingUniform: among many segments, some unable to take the
+// size, Random picks only those that can, each about equally often, and
+// a request's replicas are distinct.
+func TestRandomSamplingUniform(t *testing.T) {
+	const segs, fitting, picks = 200, 150, 300000
+	a := New(Random, WithRand(3))
+	for i := range segs {
+		size := uint64(1 << 20)
+		if i >= fitting {
+			size = Alignment // cannot hold the request
+		}
+		mustMount(t, a, seg(i+1, fmt.Sprint("u", i), uint64(i+1), size))
+	}
+	count := make([]int, segs)
+	for range picks / 2 {
+		out, err := a.Choose(Request{Size: 64 << 10, Replicas: 2})
+		require.NoError(t, err)
+		require.Len(t, out, 2)
+		require.NotEqual(t, out[0], out[1])
+		for _, i := range out {
+			count[i]++
+		}
+	}
+	want := float64(picks) / fitting // 2000
+	for i, c := range count {
+		if i >= fitting {
+			require.Zero(t, c, "segment %d cannot hold the size", i)
+			continue
+		}
+		// Binomial sd is about 44: 6 sd either way.
+		require.InDelta(t, want, float64(c), 270, "segment %d picked %d times", i, c)
+	}
+}
+
+// TestRandomSamplingFallsBack: when one segment of thousands can take the
+// size, sampling misses and the walk finds it.
+func TestRandomSamplingFallsBack(t *testing.T) {
+	a := New(Random, WithRand(4))
+	for i := range 4096 {
+		size := uint64(Alignment)
+		if i == 2901 {
+			size = 1 << 20
+		}
+		mustMount(t, a, seg(i+1, fmt.Sprint("f", i), uint64(i+1), size))
+	}
+	for range 100 {
+		out, err := a.Choose(Request{Size: 64 << 10, Replicas: 1})
+		require.NoError(t, err)
+		require.Equal(t, []uint32{2901}, out)
+	}
+}
+
+// BenchmarkChooseAmong: one Random placement among n segments, all with
+// room.
+func BenchmarkChooseAmong(b *testing.B) {
+	for _, n := range []int{16, 1024, 16384} {
+		b.Run(fmt.Sprintf("segments=%d", n), func(b *testing.B) {
+			a := New(Random)
+			for i := range n {
+				mustMount(b, a, seg(i+1, fmt.Sprint("c", i), uint64(i/4+1), 1<<20))
+			}
+			into := make([]uint32, 0, 2)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := a.Choose(Request{Size: 4096, Replicas: 2, Into: into}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -23,7 +23,10 @@
 //     the size: preferred names first (in the given order), then the
 //     caller's own segments (strategy LocalFirst, or Request.SameNode),
 //     then by strategy: Random picks uniformly among the segments that can
-//     hold the size, FreeRatioFirst the highest free ratio. Fewer segments
+//     hold the size (among more than 64 by sampling, so a pick costs the
+//     same among 16,384 segments as among 16, walking them all only when
+//     8 samples in a row miss), FreeRatioFirst the highest free ratio (a
+//     walk of every segment per replica). Fewer segments
 //     than replicas gives fewer replicas (best effort), down to
 //     Request.MinReplicas (at least one); fewer gives
 //     errcode.ErrNoAvailableHandle. Choose may use randomness.
