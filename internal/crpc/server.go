@@ -97,6 +97,13 @@ func (c ServerConfig) CallBounds() (perConn, total int) {
 	return d.MaxCallsPerConn, d.MaxCalls
 }
 
+// ByteBounds returns MaxBufferedBytes and FrameTimeout with their
+// defaults: the master bounds its gRPC requests' bytes by them too.
+func (c ServerConfig) ByteBounds() (maxBuffered int64, frameTimeout time.Duration) {
+	d := c.withDefaults()
+	return d.MaxBufferedBytes, d.FrameTimeout
+}
+
 func (c ServerConfig) withDefaults() ServerConfig {
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = DefaultMaxFrame

@@ -256,6 +256,14 @@ func (splitCreds) ClientHandshake(context.Context, string, net.Conn) (net.Conn, 
 
 func (splitCreds) ServerHandshake(c net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	pc, ok := c.(*peekedConn)
+	for u := c; !ok; { // under wrappers that count its bytes (h2bound)
+		w, isW := u.(interface{ NetConn() net.Conn })
+		if !isW {
+			break
+		}
+		u = w.NetConn()
+		pc, ok = u.(*peekedConn)
+	}
 	if !ok || !pc.secure {
 		return c, nil, nil
 	}

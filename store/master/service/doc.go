@@ -39,9 +39,13 @@
 // ServerConfig.MaxCallsPerConn streams per connection (a stream past it
 // is refused, REFUSED_STREAM) and MaxCalls calls across connections
 // (past it a call is answered RESOURCE_EXHAUSTED from its headers, before
-// its request is read), and a call's headers are at most 64 KiB. What
-// gRPC holds of requests is at most those calls times the message bound;
-// unlike crpc it has no byte bound across connections.
+// its request is read), and a call's headers are at most 64 KiB. The
+// request bytes gRPC holds across connections are bounded like crpc's
+// (internal/h2bound, with ServerConfig.MaxBufferedBytes and
+// FrameTimeout, a budget of its own): DATA of a call counts from its
+// arrival to the call's end, a connection that finds the budget spent
+// stops being read, and one holding a request stalled half-way past the
+// frame timeout is closed while others wait.
 //
 // # Identity and authorisation
 //

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/h2bound"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/alloc"
 	"github.com/crescent-kv/crescent/store/errcode"
@@ -107,6 +108,8 @@ type Service struct {
 	tls   *tls.Config
 	token []byte
 	allow func(net.Addr) bool
+	// h2 counts the gRPC requests' bytes of the latest Serve.
+	h2 atomic.Pointer[h2bound.Bound]
 }
 
 // Option configures New.
@@ -391,7 +394,12 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serv
 	c := crpc.NewServer(cfg)
 	s.Register(c)
 	errc := make(chan error, 2)
-	go func() { errc <- g.Serve(gl) }()
+	// gRPC reads each request whole before its handler runs: its
+	// requests' bytes across connections are bounded as crpc's are.
+	maxBuf, stall := s.crpc.ByteBounds()
+	hb := h2bound.New(h2bound.Config{MaxBytes: maxBuf, Stall: stall})
+	s.h2.Store(hb)
+	go func() { errc <- g.Serve(hb.Listener(gl)) }()
 	go func() { errc <- c.Serve(cl) }()
 	var first error
 	select {

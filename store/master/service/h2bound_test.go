@@ -1,0 +1,171 @@
+package service
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// sendPartial starts a Ping call on stream sid whose request declares
+// declared bytes and sends the first send of them, within the server's
+// flow-control windows, then stops. It returns false if the server
+// closed the connection first.
+func (p *h2peer) sendPartial(sid uint32, declared, send int, win *h2windows) bool {
+	require.NoError(p.t, p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: p.headers(), EndHeaders: true}))
+	msg := make([]byte, 5+send)
+	binary.BigEndian.PutUint32(msg[1:5], uint32(declared))
+	if _, ok := win.stream[sid]; !ok {
+		win.stream[sid] = win.initial
+	}
+	for len(msg) > 0 {
+		n := min(len(msg), 16384, win.conn, win.stream[sid])
+		if n <= 0 {
+			if !p.readWindows(win) {
+				return false
+			}
+			continue
+		}
+		if err := p.fr.WriteData(sid, false, msg[:n]); err != nil {
+			return false
+		}
+		msg = msg[n:]
+		win.conn -= n
+		win.stream[sid] -= n
+	}
+	return true
+}
+
+// h2windows is a client's view of the server's flow-control windows.
+type h2windows struct {
+	initial, conn int
+	stream        map[uint32]int
+	goAway        *http2.GoAwayFrame // the server's, if it sent one
+}
+
+func newWindows() *h2windows {
+	return &h2windows{initial: 65535, conn: 65535, stream: map[uint32]int{}}
+}
+
+// readWindows reads one frame, applying window updates and settings;
+// false once the connection is closed.
+func (p *h2peer) readWindows(win *h2windows) bool {
+	require.NoError(p.t, p.c.SetReadDeadline(time.Now().Add(20*time.Second)))
+	f, err := p.fr.ReadFrame()
+	if err != nil {
+		var ne net.Error
+		require.False(p.t, errors.As(err, &ne) && ne.Timeout(), "no frame from the server in 20 s")
+		return false
+	}
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if !f.IsAck() {
+			if v, ok := f.Value(http2.SettingInitialWindowSize); ok {
+				for s := range win.stream {
+					win.stream[s] += int(v) - win.initial
+				}
+				win.initial = int(v)
+			}
+			p.fr.WriteSettingsAck()
+		}
+	case *http2.WindowUpdateFrame:
+		if f.StreamID == 0 {
+			win.conn += int(f.Increment)
+		} else {
+			win.stream[f.StreamID] += int(f.Increment)
+		}
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			p.fr.WritePing(true, f.Data)
+		}
+	case *http2.GoAwayFrame:
+		win.goAway = f
+		return false
+	}
+	return true
+}
+
+// TestGRPCRequestBytesBounded: the request bytes gRPC holds across calls
+// are bounded by the crpc buffered-bytes bound: a peer that sends three
+// requests half-way (more than the bound together) and stops holds at most
+// the bound, and loses its connection once its requests have stalled
+// past the frame timeout; every byte comes back, and calls go on.
+func TestGRPCRequestBytesBounded(t *testing.T) {
+	e := mastertest.New(t, nil)
+	const bound = 4 << 20
+	addr, svc := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound,
+		FrameTimeout: 300 * time.Millisecond}, netx.Config{}))
+	hog := dialH2(t, addr)
+	win := newWindows()
+	closed := false
+	for i := range 3 {
+		if !hog.sendPartial(uint32(1+2*i), 3<<20, 3<<19, win) {
+			closed = true
+			break
+		}
+	}
+	// The server stops reading at the bound, then drops the connection
+	// whose requests stalled (closed, not a GOAWAY for a protocol error).
+	for !closed {
+		closed = !hog.readWindows(win)
+	}
+	require.Nil(t, win.goAway, "the server ended the connection for another reason")
+	b := svc.h2.Load()
+	require.NotNil(t, b)
+	require.LessOrEqual(t, b.Peak(), int64(bound), "request bytes held at once")
+	require.Greater(t, b.Peak(), int64(bound/2), "the bound was not reached: the test proves nothing")
+	require.Eventually(t, func() bool { return b.Held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d", b.Held())
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
+	require.NoError(t, err)
+	defer conn.Close()
+	mc := storepb.NewMasterClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ping := func(n int) error {
+		req := &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))}
+		req.ProtoReflect().SetUnknown(append(protowireBytes(1000, n), make([]byte, n)...))
+		_, err := mc.Ping(ctx, req)
+		return err
+	}
+
+	// A peer holding 3 MiB in two stalled requests, under the bound:
+	// a 2 MiB call waits for room, and gets it when the stalled peer's
+	// connection is closed.
+	idle := dialH2(t, addr)
+	win = newWindows()
+	require.True(t, idle.sendPartial(1, 3<<20, 3<<19, win))
+	require.True(t, idle.sendPartial(3, 3<<20, 3<<19, win))
+	require.Eventually(t, func() bool { return b.Held() >= 3<<20 }, 10*time.Second, time.Millisecond, "held %d", b.Held())
+	time.Sleep(400 * time.Millisecond) // the stalled requests are past the frame timeout
+	require.NoError(t, ping(2<<20))
+	for closed := false; !closed; {
+		closed = !idle.readWindows(win)
+	}
+
+	// Calls of 1 MiB requests, one after another: the bytes of each come
+	// back (four would fill the bound).
+	for i := range 20 {
+		require.NoError(t, ping(1<<20), "call %d", i)
+	}
+	require.Eventually(t, func() bool { return b.Held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d after the calls", b.Held())
+}
+
+// protowireBytes is the tag and length of a bytes field number num of n
+// bytes (an unknown field to the receiver).
+func protowireBytes(num, n int) []byte {
+	b := binary.AppendUvarint(nil, uint64(num)<<3|2)
+	return binary.AppendUvarint(b, uint64(n))
+}
