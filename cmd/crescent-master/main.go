@@ -155,7 +155,7 @@ func (c *config) flags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CRPCMaxCallsPerConn, "crpc_max_calls_per_conn", c.CRPCMaxCallsPerConn, "calls in flight per connection; at the bound crpc stops reading the connection until one ends, gRPC refuses more streams")
 	fs.IntVar(&c.CRPCMaxCalls, "crpc_max_calls", c.CRPCMaxCalls, "calls in flight across connections (crpc; gRPC counted apart, answered RESOURCE_EXHAUSTED past it)")
 	fs.Int64Var(&c.CRPCIdleTimeoutSec, "crpc_idle_timeout_sec", c.CRPCIdleTimeoutSec, "seconds a crpc connection may send nothing (clients ping every 10 s) before it is closed")
-	fs.Int64Var(&c.CRPCMaxBufferedBytes, "crpc_max_buffered_bytes", c.CRPCMaxBufferedBytes, "crpc request bytes held at once across connections (at least rpc_max_message_bytes)")
+	fs.Int64Var(&c.CRPCMaxBufferedBytes, "crpc_max_buffered_bytes", c.CRPCMaxBufferedBytes, "request bytes held at once across connections, by crpc and by gRPC each (at least rpc_max_message_bytes)")
 	fs.BoolVar(&c.GRPCTuned, "grpc_tuned", c.GRPCTuned, "serve gRPC with the tuned options (internal/grpctune: fixed windows, keepalive, worker pool, pooled codec) that --master_protocol grpc_tuned clients need")
 	fs.BoolVar(&c.EnableKVEvents, "enable_kv_events", c.EnableKVEvents, "publish KV events (vLLM-compatible ZMQ stream)")
 	fs.StringVar(&c.KVEventsEndpoint, "kv_events_endpoint", c.KVEventsEndpoint, "PUB endpoint (binds with *, ::, ipc://; else connects)")
