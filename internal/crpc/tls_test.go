@@ -115,6 +115,52 @@ func TestSplitTLS(t *testing.T) {
 	require.Error(t, err)
 }
 
+// wrappedListener hands out its connections under a wrapper that shows
+// the connection beneath through NetConn, as a byte counter does
+// (internal/h2bound on the master's gRPC side).
+type wrappedListener struct{ net.Listener }
+
+type wrappedConn struct{ net.Conn }
+
+func (c wrappedConn) NetConn() net.Conn { return c.Conn }
+
+func (l wrappedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return wrappedConn{c}, nil
+}
+
+// TestSplitTLSUnderWrapper: gRPC handlers see the client's certificate
+// through Credentials when the split's connection comes wrapped.
+func TestSplitTLSUnderWrapper(t *testing.T) {
+	pki := testpki.New(t)
+	lis := listen(t)
+	cl, gl := SplitTLS(lis, netx.Config{}, pki.ServerTLS())
+	serveOn(t, cl, ServerConfig{TLS: pki.ServerTLS()})
+	var seenCN atomic.Value
+	g := grpc.NewServer(grpc.Creds(Credentials()), grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if p, ok := peer.FromContext(ctx); ok {
+			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
+				seenCN.Store(ti.State.PeerCertificates[0].Subject.CommonName)
+			}
+		}
+		return h(ctx, req)
+	}))
+	g.RegisterService(&testDesc, &testSvc{})
+	gdone := make(chan struct{})
+	go func() { g.Serve(wrappedListener{gl}); close(gdone) }()
+	defer func() { g.Stop(); <-gdone }()
+	gc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(true))))
+	require.NoError(t, err)
+	defer gc.Close()
+	got, err := call(tctx(t), gc, "Echo", "g")
+	require.NoError(t, err)
+	require.Equal(t, "echo:g", got)
+	require.Equal(t, testpki.ClientName, seenCN.Load())
+}
+
 // TestResolverFailover: a connection with a resolver follows it: once
 // the first server has gone, the next call dials where the resolver
 // points now and lands on the second server.
