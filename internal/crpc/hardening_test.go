@@ -115,10 +115,10 @@ func TestMemoryBudget(t *testing.T) {
 	}
 	require.Eventually(t, func() bool {
 		// At most four can have their 1 MiB; the others wait.
-		used, _, waiting := s.mem.state()
+		used, _, waiting := s.mem.State()
 		return used <= budget && waiting >= stalled-budget/(1<<20)
 	}, 30*time.Second, time.Millisecond, "the other readers wait for the budget")
-	_, peak, _ := s.mem.state()
+	_, peak, _ := s.mem.State()
 	assert.LessOrEqual(t, peak, int64(budget))
 	for _, c := range conns {
 		c.Close()
@@ -126,7 +126,7 @@ func TestMemoryBudget(t *testing.T) {
 	got, err := call(tctx(t), dial(t, addr), "Echo", "after")
 	require.NoError(t, err)
 	assert.Equal(t, "echo:after", got)
-	require.Eventually(t, func() bool { used, _, _ := s.mem.state(); return used == 0 }, 30*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { used, _, _ := s.mem.State(); return used == 0 }, 30*time.Second, time.Millisecond)
 }
 
 // TestIdleTimeout: a connection that says nothing after its preface, or

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/crescent-kv/crescent/internal/budget"
 	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/internal/pbcodec"
 )
@@ -146,8 +147,8 @@ type method struct {
 type Server struct {
 	cfg     ServerConfig
 	methods map[string]*method
-	slots   chan struct{} // calls in flight, server-wide
-	mem     *budget       // request bytes held, server-wide
+	slots   chan struct{}  // calls in flight, server-wide
+	mem     *budget.Budget // request bytes held, server-wide
 
 	mu       sync.Mutex
 	loops    map[*netx.Loop]bool
@@ -163,7 +164,7 @@ var _ grpc.ServiceRegistrar = (*Server)(nil)
 // NewServer returns a server with no services.
 func NewServer(cfg ServerConfig) *Server {
 	cfg = cfg.withDefaults()
-	return &Server{cfg: cfg, methods: map[string]*method{}, slots: make(chan struct{}, cfg.MaxCalls), mem: newBudget(cfg.MaxBufferedBytes),
+	return &Server{cfg: cfg, methods: map[string]*method{}, slots: make(chan struct{}, cfg.MaxCalls), mem: budget.New(cfg.MaxBufferedBytes),
 		loops: map[*netx.Loop]bool{}, conns: map[*serverConn]bool{}}
 }
 
@@ -472,7 +473,7 @@ func (s *Server) serveConn(raw *netx.Conn) {
 		nc.SetReadDeadline(sc.frameDeadline)
 	}
 	rd.reserve = func(n int) error {
-		if s.mem.tryAcquire(int64(n)) {
+		if s.mem.TryAcquire(int64(n)) {
 			return nil
 		}
 		if sc.frameDeadline.IsZero() {
@@ -480,9 +481,9 @@ func (s *Server) serveConn(raw *netx.Conn) {
 		}
 		ctx, cancel := context.WithDeadline(sc.ctx, sc.frameDeadline)
 		defer cancel()
-		return s.mem.acquire(ctx, int64(n))
+		return s.mem.Acquire(ctx, int64(n))
 	}
-	rd.release = func(n int) { s.mem.release(int64(n)) }
+	rd.release = func(n int) { s.mem.Release(int64(n)) }
 	sc.readLoop()
 	// This goroutine holds the connection (netx counts it until
 	// serveConn returns) while another reads after a Detach.
@@ -511,7 +512,7 @@ func (sc *serverConn) readLoop() {
 			return
 		}
 		if f.kind != kindRequest && f.held > 0 {
-			s.mem.release(int64(f.held))
+			s.mem.Release(int64(f.held))
 		}
 		switch f.kind {
 		case kindPing:
@@ -528,7 +529,7 @@ func (sc *serverConn) readLoop() {
 		case kindRequest:
 			timeout, name, msg, err := parseRequest(f.body)
 			if err != nil {
-				s.mem.release(int64(f.held))
+				s.mem.Release(int64(f.held))
 				return
 			}
 			m := s.methods[string(name)] // no copy of name for the lookup
@@ -559,14 +560,14 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, m *method, msg []b
 	select {
 	case sc.slots <- struct{}{}:
 	case <-sc.ctx.Done():
-		s.mem.release(int64(held))
+		s.mem.Release(int64(held))
 		return false, false
 	}
 	select {
 	case s.slots <- struct{}{}:
 	case <-sc.ctx.Done():
 		<-sc.slots
-		s.mem.release(int64(held))
+		s.mem.Release(int64(held))
 		return false, false
 	}
 	s.mu.Lock()
@@ -574,7 +575,7 @@ func (sc *serverConn) admit(id uint32, timeout time.Duration, m *method, msg []b
 		s.mu.Unlock()
 		<-s.slots
 		<-sc.slots
-		s.mem.release(int64(held))
+		s.mem.Release(int64(held))
 		// Calls in progress still answer on this connection.
 		return sc.reply(id, nil, status.Error(codes.Unavailable, "crpc: server stopping")) == nil, false
 	}
@@ -635,7 +636,7 @@ func (sc *serverConn) call(c *serverCall, id uint32, m *method, msg []byte, held
 	}
 	// The slots free after the reply is out: a peer that does not read
 	// its replies holds them.
-	s.mem.release(int64(held))
+	s.mem.Release(int64(held))
 	<-s.slots
 	<-sc.slots
 }

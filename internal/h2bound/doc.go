@@ -8,7 +8,8 @@
 // frames (the 24-byte preface, then 9-byte headers: length 24 bits, type,
 // flags, stream id 31 bits; RFC 9113 §4.1) without copying them: a
 // HEADERS frame opens a call, and each DATA payload of an open call is
-// counted before Read returns it, waiting while the Bound is full. Writes
+// counted before Read returns it (against an internal/budget, crpc's
+// semaphore), waiting while the Bound is full. Writes
 // follow the server's frames: the call's trailers (HEADERS with
 // END_STREAM) or an RST_STREAM, either way, end the call and give its
 // bytes back; so does the client's RST_STREAM, and closing the

@@ -1,10 +1,13 @@
 package h2bound
 
 import (
+	"context"
 	"errors"
 	"net"
 	"sync"
 	"time"
+
+	"github.com/crescent-kv/crescent/internal/budget"
 )
 
 // Config sets a Bound's limits.
@@ -25,30 +28,26 @@ var ErrStalled = errors.New("h2bound: no room for request bytes within the stall
 // accept. Safe for concurrent use.
 type Bound struct {
 	cfg   Config
-	mu    sync.Mutex
-	free  int64
-	peak  int64
-	wake  chan struct{} // closed and replaced when bytes come back
+	mem   *budget.Budget
+	mu    sync.Mutex // conns
 	conns map[*conn]struct{}
 }
 
 // New returns a Bound; MaxBytes and Stall must be positive.
 func New(cfg Config) *Bound {
-	return &Bound{cfg: cfg, free: cfg.MaxBytes, wake: make(chan struct{}), conns: map[*conn]struct{}{}}
+	return &Bound{cfg: cfg, mem: budget.New(cfg.MaxBytes), conns: map[*conn]struct{}{}}
 }
 
 // Held is the request bytes held now.
 func (b *Bound) Held() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.cfg.MaxBytes - b.free
+	used, _, _ := b.mem.State()
+	return used
 }
 
 // Peak is the most request bytes ever held at once.
 func (b *Bound) Peak() int64 {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.peak
+	_, peak, _ := b.mem.State()
+	return peak
 }
 
 // Listener wraps l: every connection it accepts is counted.
@@ -64,33 +63,12 @@ func (l *listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	bc := &conn{Conn: c, b: l.b, streams: map[uint32]*stream{}, done: make(chan struct{}), in: frames{preface: len(clientPreface)}}
+	ctx, cancel := context.WithCancel(context.Background())
+	bc := &conn{Conn: c, b: l.b, streams: map[uint32]*stream{}, ctx: ctx, cancel: cancel, in: frames{preface: len(clientPreface)}}
 	l.b.mu.Lock()
 	l.b.conns[bc] = struct{}{}
 	l.b.mu.Unlock()
 	return bc, nil
-}
-
-func (b *Bound) take(n int64) (chan struct{}, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.free >= n {
-		b.free -= n
-		b.peak = max(b.peak, b.cfg.MaxBytes-b.free)
-		return nil, true
-	}
-	return b.wake, false
-}
-
-func (b *Bound) give(n int64) {
-	if n == 0 {
-		return
-	}
-	b.mu.Lock()
-	b.free += n
-	close(b.wake)
-	b.wake = make(chan struct{})
-	b.mu.Unlock()
 }
 
 // sweep closes the connections holding a request begun more than Stall
@@ -125,7 +103,8 @@ type conn struct {
 	mu      sync.Mutex // streams, closed
 	streams map[uint32]*stream
 	closed  bool
-	done    chan struct{}
+	ctx     context.Context // ends at Close
+	cancel  context.CancelFunc
 	once    sync.Once
 
 	in  frames     // client to server, Read's only
@@ -189,37 +168,16 @@ func (c *conn) charge(sid uint32, n int64) error {
 	if !open {
 		return nil
 	}
-	var deadline time.Time
-	for {
-		w, ok := c.b.take(n)
-		if ok {
-			break
+	if !c.b.mem.TryAcquire(n) {
+		if err := c.wait(n); err != nil {
+			return err
 		}
-		now := time.Now()
-		if deadline.IsZero() {
-			deadline = now.Add(c.b.cfg.Stall)
-		}
-		if c.b.sweep(now) > 0 {
-			continue // room may be back
-		}
-		if !now.Before(deadline) {
-			return ErrStalled
-		}
-		t := time.NewTimer(min(deadline.Sub(now), time.Second))
-		select {
-		case <-w:
-		case <-t.C:
-		case <-c.done:
-			t.Stop()
-			return net.ErrClosed
-		}
-		t.Stop()
 	}
 	c.mu.Lock()
 	s := c.streams[sid]
 	if s == nil || c.closed {
 		c.mu.Unlock()
-		c.b.give(n)
+		c.b.mem.Release(n)
 		return nil
 	}
 	if s.charge == 0 {
@@ -230,6 +188,30 @@ func (c *conn) charge(sid uint32, n int64) error {
 	return nil
 }
 
+// wait takes n bytes once they are free, within Stall. Each second of it
+// (and at its start) the connections whose requests stalled are closed.
+func (c *conn) wait(n int64) error {
+	deadline := time.Now().Add(c.b.cfg.Stall)
+	for {
+		now := time.Now()
+		if c.b.sweep(now) > 0 && c.b.mem.TryAcquire(n) {
+			return nil
+		}
+		if !now.Before(deadline) {
+			return ErrStalled
+		}
+		ctx, cancel := context.WithTimeout(c.ctx, min(deadline.Sub(now), time.Second))
+		err := c.b.mem.Acquire(ctx, n)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case c.ctx.Err() != nil:
+			return net.ErrClosed
+		}
+	}
+}
+
 // release forgets stream sid and gives its bytes back.
 func (c *conn) release(sid uint32) {
 	c.mu.Lock()
@@ -237,7 +219,7 @@ func (c *conn) release(sid uint32) {
 	delete(c.streams, sid)
 	c.mu.Unlock()
 	if s != nil {
-		c.b.give(s.charge)
+		c.b.mem.Release(s.charge)
 	}
 }
 
@@ -282,8 +264,8 @@ func (c *conn) Close() error {
 		c.b.mu.Lock()
 		delete(c.b.conns, c)
 		c.b.mu.Unlock()
-		close(c.done)
-		c.b.give(n)
+		c.cancel()
+		c.b.mem.Release(n)
 	})
 	return err
 }

@@ -1,23 +1,25 @@
-package crpc
+package budget
 
 import (
 	"context"
 	"sync"
 )
 
-// budget is a byte semaphore: acquire takes n whole or waits.
-type budget struct {
+// Budget is a byte semaphore: Acquire takes n whole or waits.
+type Budget struct {
 	mu      sync.Mutex
 	free    int64
 	size    int64
 	waiting int
-	peak    int64         // most ever taken (tests)
+	peak    int64         // most ever taken
 	wake    chan struct{} // closed and replaced when bytes come back to waiters
 }
 
-func newBudget(size int64) *budget { return &budget{free: size, size: size, wake: make(chan struct{})} }
+// New returns a Budget of size bytes, all free.
+func New(size int64) *Budget { return &Budget{free: size, size: size, wake: make(chan struct{})} }
 
-func (b *budget) acquire(ctx context.Context, n int64) error {
+// Acquire takes n bytes, waiting until they are free or ctx ends.
+func (b *Budget) Acquire(ctx context.Context, n int64) error {
 	b.mu.Lock()
 	for b.free < n {
 		b.waiting++
@@ -40,8 +42,8 @@ func (b *budget) acquire(ctx context.Context, n int64) error {
 	return nil
 }
 
-// tryAcquire takes n if it is free now.
-func (b *budget) tryAcquire(n int64) bool {
+// TryAcquire takes n if it is free now.
+func (b *Budget) TryAcquire(n int64) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.free < n {
@@ -52,7 +54,8 @@ func (b *budget) tryAcquire(n int64) bool {
 	return true
 }
 
-func (b *budget) release(n int64) {
+// Release gives n bytes back, waking the waiters (if any).
+func (b *Budget) Release(n int64) {
 	b.mu.Lock()
 	b.free += n
 	if b.waiting > 0 {
@@ -62,8 +65,8 @@ func (b *budget) release(n int64) {
 	b.mu.Unlock()
 }
 
-// state is the bytes taken, the most ever taken, and the waiters.
-func (b *budget) state() (used, peak int64, waiting int) {
+// State is the bytes taken, the most ever taken, and the waiters.
+func (b *Budget) State() (used, peak int64, waiting int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.size - b.free, b.peak, b.waiting
