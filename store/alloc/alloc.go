@@ -602,14 +602,6 @@ func (a *Allocator) ClearSuspect(client UUID) int {
 // Suspects returns the number of suspect segments.
 func (a *Allocator) Suspects() int { return int(a.suspects.Load()) }
 
-// pickRandom samples among more than sampleAbove segments, giving up on
-// sampling after sampleTries rejections in a row (with half the segments
-// able to take a put, that happens once in 256 picks).
-const (
-	sampleAbove = 64
-	sampleTries = 8
-)
-
 // Placeable returns the number of mounted segments not being unmounted
 // (suspect ones only with suspect set): a request for more replicas than
 // that cannot be met however much room is made.
@@ -623,6 +615,14 @@ func (a *Allocator) Placeable(suspect bool) int {
 	}
 	return n
 }
+
+// pickRandom samples among more than sampleAbove segments, giving up on
+// sampling after sampleTries rejections in a row (with half the segments
+// able to take a put, that happens once in 256 picks).
+const (
+	sampleAbove = 64
+	sampleTries = 8
+)
 
 // pickRandom appends, up to want, segments fits accepts, each uniform
 // among those left. Among many segments it samples: a pick tries random

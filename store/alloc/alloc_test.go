@@ -627,6 +627,13 @@ func TestAllocateSetIndexReused(t *testing.T) {
 	wg.Wait()
 }
 
+// mountN mounts n segments of 1 MiB, four per client, named prefix0...
+func mountN(tb testing.TB, a *Allocator, n int, prefix string) {
+	for i := range n {
+		mustMount(tb, a, seg(i+1, fmt.Sprint(prefix, i), uint64(i/4+1), 1<<20))
+	}
+}
+
 // BenchmarkMountAmong: one mount, unmount and release next to n mounted
 // segments (of n/4 clients): what a remount storm after a failover pays
 // per segment.
@@ -634,9 +641,7 @@ func BenchmarkMountAmong(b *testing.B) {
 	for _, n := range []int{16, 1024, 16384} {
 		b.Run(fmt.Sprintf("segments=%d", n), func(b *testing.B) {
 			a := New(Random)
-			for i := range n {
-				mustMount(b, a, seg(i+1, fmt.Sprint("seg-", i), uint64(i/4+1), 1<<20))
-			}
+			mountN(b, a, n, "seg-")
 			s := seg(n+1, "extra", 1, 1<<20)
 			b.ReportAllocs()
 			for b.Loop() {
@@ -710,9 +715,7 @@ func BenchmarkChooseAmong(b *testing.B) {
 	for _, n := range []int{16, 1024, 16384} {
 		b.Run(fmt.Sprintf("segments=%d", n), func(b *testing.B) {
 			a := New(Random)
-			for i := range n {
-				mustMount(b, a, seg(i+1, fmt.Sprint("c", i), uint64(i/4+1), 1<<20))
-			}
+			mountN(b, a, n, "c")
 			into := make([]uint32, 0, 2)
 			b.ReportAllocs()
 			for b.Loop() {

@@ -1,6 +1,9 @@
 package alloc
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"maps"
+)
 
 // cowShards is how many pieces a cowMap is cut into: a change copies one.
 const cowShards = 64
@@ -40,12 +43,10 @@ func (m *cowMap[K, V]) clone() cowMap[K, V] {
 // writable returns shard i of this version, copied on first use.
 func (m *cowMap[K, V]) writable(i int) map[K]V {
 	if m.owned&(1<<i) == 0 {
-		old := m.shard[i]
-		c := make(map[K]V, len(old)+1)
-		for k, v := range old {
-			c[k] = v
+		m.shard[i] = maps.Clone(m.shard[i])
+		if m.shard[i] == nil {
+			m.shard[i] = map[K]V{}
 		}
-		m.shard[i] = c
 		m.owned |= 1 << i
 	}
 	return m.shard[i]
