@@ -61,14 +61,10 @@ func TestTLS(t *testing.T) {
 	require.ErrorContains(t, err, "TLS handshake")
 }
 
-// TestSplitTLS: on one port, gRPC over TLS and crpc over TLS, both with
-// client certificates; gRPC handlers see the client's certificate
-// through Credentials; plaintext clients of either are refused.
-func TestSplitTLS(t *testing.T) {
-	pki := testpki.New(t)
-	lis := listen(t)
-	cl, gl := SplitTLS(lis, netx.Config{}, pki.ServerTLS())
-	serveOn(t, cl, ServerConfig{TLS: pki.ServerTLS()}) // not handshaken twice
+// serveTLSGRPC serves the test service over gRPC on gl with the split's
+// Credentials until the test ends; the value holds the common name of
+// the last client certificate a handler saw.
+func serveTLSGRPC(t *testing.T, gl net.Listener) *atomic.Value {
 	var seenCN atomic.Value
 	g := grpc.NewServer(grpc.Creds(Credentials()), grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if p, ok := peer.FromContext(ctx); ok {
@@ -81,7 +77,19 @@ func TestSplitTLS(t *testing.T) {
 	g.RegisterService(&testDesc, &testSvc{})
 	gdone := make(chan struct{})
 	go func() { g.Serve(gl); close(gdone) }()
-	defer func() { g.Stop(); <-gdone }()
+	t.Cleanup(func() { g.Stop(); <-gdone })
+	return &seenCN
+}
+
+// TestSplitTLS: on one port, gRPC over TLS and crpc over TLS, both with
+// client certificates; gRPC handlers see the client's certificate
+// through Credentials; plaintext clients of either are refused.
+func TestSplitTLS(t *testing.T) {
+	pki := testpki.New(t)
+	lis := listen(t)
+	cl, gl := SplitTLS(lis, netx.Config{}, pki.ServerTLS())
+	serveOn(t, cl, ServerConfig{TLS: pki.ServerTLS()}) // not handshaken twice
+	seenCN := serveTLSGRPC(t, gl)
 	ctx := tctx(t)
 	addr := lis.Addr().String()
 
@@ -139,19 +147,7 @@ func TestSplitTLSUnderWrapper(t *testing.T) {
 	lis := listen(t)
 	cl, gl := SplitTLS(lis, netx.Config{}, pki.ServerTLS())
 	serveOn(t, cl, ServerConfig{TLS: pki.ServerTLS()})
-	var seenCN atomic.Value
-	g := grpc.NewServer(grpc.Creds(Credentials()), grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-		if p, ok := peer.FromContext(ctx); ok {
-			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
-				seenCN.Store(ti.State.PeerCertificates[0].Subject.CommonName)
-			}
-		}
-		return h(ctx, req)
-	}))
-	g.RegisterService(&testDesc, &testSvc{})
-	gdone := make(chan struct{})
-	go func() { g.Serve(wrappedListener{gl}); close(gdone) }()
-	defer func() { g.Stop(); <-gdone }()
+	seenCN := serveTLSGRPC(t, wrappedListener{gl})
 	gc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientTLS(true))))
 	require.NoError(t, err)
 	defer gc.Close()

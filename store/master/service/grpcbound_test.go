@@ -13,8 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -126,10 +124,7 @@ func TestGRPCCallsBounded(t *testing.T) {
 	// a's four calls end with its connection; ten calls one after
 	// another then fit in the two places b leaves.
 	a.c.Close()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
-	require.NoError(t, err)
-	defer conn.Close()
-	mc := storepb.NewMasterClient(conn)
+	mc := dialSigned(t, addr)
 	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer ccancel()
 	for i := range 10 {
@@ -177,12 +172,9 @@ func TestGRPCHeaderBounded(t *testing.T) {
 		}
 	}
 
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
-	require.NoError(t, err)
-	defer conn.Close()
 	cctx, ccancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer ccancel()
-	_, err = storepb.NewMasterClient(conn).Ping(cctx, &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))})
+	_, err := dialSigned(t, addr).Ping(cctx, &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))})
 	require.NoError(t, err)
 }
 
@@ -200,13 +192,10 @@ func TestRequestExpansionRefused(t *testing.T) {
 	req.ProtoReflect().SetUnknown(raw)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	gc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
-	require.NoError(t, err)
-	defer gc.Close()
 	cc, err := crpc.Dial(ctx, addr)
 	require.NoError(t, err)
 	defer cc.Close()
-	for name, c := range map[string]storepb.MasterClient{"grpc": storepb.NewMasterClient(gc), "crpc": storepb.NewMasterClient(cc)} {
+	for name, c := range map[string]storepb.MasterClient{"grpc": dialSigned(t, addr), "crpc": storepb.NewMasterClient(cc)} {
 		_, err := c.ReMountSegment(ctx, req)
 		require.ErrorContains(t, err, "would decode to too much memory", name)
 		_, err = c.ServiceReady(ctx, &storepb.ServiceReadyRequest{})

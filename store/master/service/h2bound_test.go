@@ -10,8 +10,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -128,10 +126,7 @@ func TestGRPCRequestBytesBounded(t *testing.T) {
 	require.Greater(t, b.Peak(), int64(bound/2), "the bound was not reached: the test proves nothing")
 	require.Eventually(t, func() bool { return b.Held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d", b.Held())
 
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
-	require.NoError(t, err)
-	defer conn.Close()
-	mc := storepb.NewMasterClient(conn)
+	mc := dialSigned(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ping := func(n int) error {

@@ -31,12 +31,20 @@ import (
 func serve(t testing.TB, m *master.Master, opts ...Option) (storepb.MasterClient, *Service) {
 	t.Helper()
 	addr, svc := serveAddr(t, m, opts...)
+	return dialSigned(t, addr), svc
+}
+
+// dialSigned is a gRPC client of the master at addr whose calls carry
+// the test client's session; it is closed when the test ends, before
+// the server stops.
+func dialSigned(t testing.TB, addr string) storepb.MasterClient {
+	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithUnaryInterceptor(mastertest.Sign))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() }) // before the server stops
-	return storepb.NewMasterClient(conn), svc
+	t.Cleanup(func() { conn.Close() })
+	return storepb.NewMasterClient(conn)
 }
 
 // serveAddr runs the service on 127.0.0.1:0 until the test ends and
