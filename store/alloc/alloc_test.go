@@ -709,20 +709,101 @@ func TestRandomSamplingFallsBack(t *testing.T) {
 	}
 }
 
-// BenchmarkChooseAmong: one Random placement among n segments, all with
-// room.
-func BenchmarkChooseAmong(b *testing.B) {
-	for _, n := range []int{16, 1024, 16384} {
-		b.Run(fmt.Sprintf("segments=%d", n), func(b *testing.B) {
-			a := New(Random)
-			mountN(b, a, n, "c")
-			into := make([]uint32, 0, 2)
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := a.Choose(Request{Size: 4096, Replicas: 2, Into: into}); err != nil {
-					b.Fatal(err)
-				}
+// TestFreestSamplingPrefersFree: among many segments, FreeRatioFirst
+// picks a segment from the freest quarter in about 99% of the picks
+// (the freest of 16 random ones), never a segment that cannot take the
+// size, and distinct replicas.
+func TestFreestSamplingPrefersFree(t *testing.T) {
+	const segs, picks = 400, 20000
+	a := New(FreeRatioFirst, WithRand(5))
+	for i := range segs {
+		mustMount(t, a, seg(i+1, fmt.Sprint("r", i), uint64(i+1), 1<<20))
+	}
+	// Segment i is i/segs full; the last ten cannot take the size.
+	for i := range segs {
+		fill := uint64(i) * (1 << 20) / segs
+		if i >= segs-10 {
+			fill = 1<<20 - 4096
+		}
+		if fill >= Alignment {
+			_, err := a.AllocateOn(uint32(i), fill-fill%Alignment)
+			require.NoError(t, err)
+		}
+	}
+	top := 0
+	for range picks / 2 {
+		out, err := a.Choose(Request{Size: 64 << 10, Replicas: 2})
+		require.NoError(t, err)
+		require.Len(t, out, 2)
+		require.NotEqual(t, out[0], out[1])
+		for _, i := range out {
+			require.Less(t, int(i), segs-10, "segment %d cannot hold the size", i)
+			if i < segs/4 {
+				top++
 			}
-		})
+		}
+	}
+	// 1-(3/4)^16 = 0.990 of the picks; 0.98 is 9 sd below.
+	require.Greater(t, float64(top)/picks, 0.98)
+}
+
+// TestFreestSamplingBalances: filling 256 segments half by
+// FreeRatioFirst's choices keeps them level, every one 40-60% full
+// (uniform random choices would spread them 25-75%).
+func TestFreestSamplingBalances(t *testing.T) {
+	const segs, size = 256, 16 << 10
+	a := New(FreeRatioFirst, WithRand(6))
+	for i := range segs {
+		mustMount(t, a, seg(i+1, fmt.Sprint("b", i), uint64(i+1), 1<<20))
+	}
+	for range segs * (1 << 20) / size / 2 {
+		out, err := a.Choose(Request{Size: size, Replicas: 1})
+		require.NoError(t, err)
+		_, err = a.AllocateOn(out[0], size)
+		require.NoError(t, err)
+	}
+	tab := a.tab.Load()
+	for _, i := range tab.live {
+		used := tab.segs[i].used.Load()
+		require.GreaterOrEqual(t, used, uint64(4<<20/10), "segment %d", i)
+		require.LessOrEqual(t, used, uint64(6<<20/10), "segment %d", i)
+	}
+}
+
+// TestFreestSamplingFallsBack: when one segment of 4096 can take the
+// size, FreeRatioFirst finds it.
+func TestFreestSamplingFallsBack(t *testing.T) {
+	a := New(FreeRatioFirst, WithRand(7))
+	for i := range 4096 {
+		size := uint64(Alignment)
+		if i == 1234 {
+			size = 1 << 20
+		}
+		mustMount(t, a, seg(i+1, fmt.Sprint("f", i), uint64(i+1), size))
+	}
+	for range 20 {
+		out, err := a.Choose(Request{Size: 64 << 10, Replicas: 2, MinReplicas: 1})
+		require.NoError(t, err)
+		require.Equal(t, []uint32{1234}, out)
+	}
+}
+
+// BenchmarkChooseAmong: one placement of two replicas among n segments,
+// all with room, by strategy.
+func BenchmarkChooseAmong(b *testing.B) {
+	for _, st := range []Strategy{Random, FreeRatioFirst} {
+		for _, n := range []int{16, 1024, 16384} {
+			b.Run(fmt.Sprintf("%v/segments=%d", st, n), func(b *testing.B) {
+				a := New(st)
+				mountN(b, a, n, "c")
+				into := make([]uint32, 0, 2)
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, err := a.Choose(Request{Size: 4096, Replicas: 2, Into: into}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

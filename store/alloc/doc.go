@@ -25,8 +25,9 @@
 //     then by strategy: Random picks uniformly among the segments that can
 //     hold the size (among more than 64 by sampling, so a pick costs the
 //     same among 16,384 segments as among 16, walking them all only when
-//     8 samples in a row miss), FreeRatioFirst the highest free ratio (a
-//     walk of every segment per replica). Fewer segments
+//     8 samples in a row miss), FreeRatioFirst the highest free ratio
+//     (among more than 64 segments the freest of 16 random ones per
+//     replica, walking them all only when none of the 16 fits). Fewer segments
 //     than replicas gives fewer replicas (best effort), down to
 //     Request.MinReplicas (at least one); fewer gives
 //     errcode.ErrNoAvailableHandle. Choose may use randomness.
