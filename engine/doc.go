@@ -50,7 +50,9 @@
 //     attached to, never a later one. Notify sends one with no batch.
 //   - Opened segments keep their descriptor cached (re-fetched when a
 //     request falls outside it, or every Config.SegmentRefresh);
-//     RefreshSegment and RefreshSegments fetch now.
+//     RefreshSegment and RefreshSegments fetch now. CheckRange answers
+//     whether a range lies in a registered buffer (fetching once more if
+//     not) before a caller allocates for it (ErrOutOfBounds otherwise).
 //   - InstallTransport starts a transport on a live engine (registering
 //     the buffers registered so far with it) and UninstallTransport stops
 //     one; each publishes the descriptor again, so peers learn the change

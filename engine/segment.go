@@ -263,6 +263,28 @@ func (e *Engine) segment(id SegmentID) (*segment, error) {
 	return s, nil
 }
 
+// CheckRange returns nil when [addr, addr+n) lies in a registered buffer
+// of segment id, fetching the descriptor once more when the cached one
+// does not hold it, and ErrOutOfBounds when it does not: a reader given
+// a range by a third party (the store's master) checks it before it
+// allocates a buffer that size.
+func (e *Engine) CheckRange(ctx context.Context, id SegmentID, addr, n uint64) error {
+	s, err := e.segment(id)
+	if err != nil {
+		return err
+	}
+	if s.covers(addr, n) {
+		return nil
+	}
+	if _, err := s.Refresh(ctx); err != nil {
+		return fmt.Errorf("%w: [%#x,%#x) of %s (refresh failed: %v)", ErrOutOfBounds, addr, addr+n, s.name, err)
+	}
+	if !s.covers(addr, n) {
+		return fmt.Errorf("%w: [%#x,%#x) of %s", ErrOutOfBounds, addr, addr+n, s.name)
+	}
+	return nil
+}
+
 // routeRequest checks the target range against the segment's buffers and
 // picks the first transport that accepts it. When the cached descriptor
 // does not hold the range, or no transport takes it (a same-host peer

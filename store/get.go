@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"net"
 	"sync"
@@ -205,6 +207,31 @@ func (c *Client) checkLeaseAt(key string, deadline, now time.Time) error {
 	return nil
 }
 
+// readable returns nil when one of loc's replicas lies in memory its
+// segment registered (this client's own, or per the segment's
+// descriptor): the size comes from the master, and a wrong one must cost
+// an error before a buffer that size is allocated, not after.
+func (c *Client) readable(ctx context.Context, key string, loc located) error {
+	var err error
+	for _, r := range loc.reps {
+		if _, ok := c.localSlice(r.seg, r.addr, loc.size); ok {
+			return nil
+		}
+		id, e := c.segmentID(ctx, r.seg)
+		if e != nil {
+			err = fmt.Errorf("%w: segment %s: %w", errcode.ErrTransferFail, r.seg, e)
+			continue
+		}
+		if e = c.eng.CheckRange(ctx, id, r.addr, loc.size); e == nil {
+			return nil
+		} else if errors.Is(e, engine.ErrOutOfBounds) {
+			e = errcode.New(errcode.InvalidReplica, "%q: replica of %d bytes: %v", key, loc.size, e)
+		}
+		err = e
+	}
+	return err
+}
+
 // read fills dst from the first replica that can be read.
 func (c *Client) read(ctx context.Context, reps []replicaRef, dst []byte) error {
 	var err error
@@ -230,6 +257,9 @@ func (c *Client) Get(ctx context.Context, key string) (v []byte, err error) {
 	defer c.leave()
 	defer c.observeGet(time.Now(), &err)
 	err = c.withLocation(ctx, key, func(loc located) error {
+		if err := c.readable(ctx, key, loc); err != nil {
+			return err
+		}
 		v = make([]byte, loc.size)
 		if err := c.read(ctx, loc.reps, v); err != nil {
 			return err
@@ -390,6 +420,9 @@ func (c *Client) readBuffer(ctx context.Context, key string, loc located) (*Buff
 		c.holdView()
 		buf.b, buf.pooled, buf.mapped = p, p, true
 	} else {
+		if err := c.readable(ctx, key, loc); err != nil {
+			return nil, err
+		}
 		buf.b = make([]byte, loc.size)
 	}
 	if err := c.read(ctx, loc.reps, buf.b); err != nil {
@@ -478,9 +511,14 @@ func (c *Client) batchGetOnce(ctx context.Context, keys []string, into, vals [][
 	locs := make([]located, len(keys))
 	pending := make([]int, 0, len(keys))
 	var cached []bool
-	// setVal sizes item i's value; false when its buffer is short.
-	setVal := func(i int, size uint64) bool {
+	// setVal sizes item i's value; false (errs[i] set) when its buffer
+	// is short or no replica can hold the size.
+	setVal := func(i int, l located) bool {
+		size := l.size
 		if into == nil {
+			if errs[i] = c.readable(ctx, keys[i], l); errs[i] != nil {
+				return false
+			}
 			vals[i] = make([]byte, size)
 		} else if uint64(len(into[i])) < size {
 			errs[i] = errcode.New(errcode.BufferOverflow, "%q: value of %d bytes, buffer of %d", keys[i], size, len(into[i]))
@@ -506,7 +544,7 @@ func (c *Client) batchGetOnce(ctx context.Context, keys []string, into, vals [][
 		if cache {
 			if l, ok := c.cachedLoc(k, now0); ok {
 				cached[i] = true
-				if setVal(i, l.size) {
+				if setVal(i, l) {
 					locs[i] = l
 					pending = append(pending, i)
 				}
@@ -537,7 +575,7 @@ func (c *Client) batchGetOnce(ctx context.Context, keys []string, into, vals [][
 			if cache {
 				c.loc.put(keys[i], l, t0, epochs[j])
 			}
-			if setVal(i, size) {
+			if setVal(i, l) {
 				locs[i] = l
 				pending = append(pending, i)
 			}
