@@ -28,6 +28,7 @@ import (
 	"github.com/crescent-kv/crescent/engine"
 	"github.com/crescent-kv/crescent/engine/mempool"
 	"github.com/crescent-kv/crescent/engine/transport"
+	"github.com/crescent-kv/crescent/internal/testsvc"
 )
 
 // interopWait bounds every "eventually" step; generous for a loaded
@@ -35,24 +36,9 @@ import (
 const interopWait = 60 * time.Second
 
 // python3 returns the interpreter the peer needs (standard library only).
-// Without one the test is skipped, or fails when CRESCENT_REQUIRE_DEPS=1.
 func python3(t *testing.T) string {
 	t.Helper()
-	for _, cand := range []string{"python3", "/usr/bin/python3"} {
-		path, err := exec.LookPath(cand)
-		if err != nil {
-			continue
-		}
-		if exec.Command(path, "-c", "import sys; assert sys.version_info >= (3, 8)").Run() == nil {
-			return path
-		}
-	}
-	const msg = "python3 (>= 3.8) not found; run make deps"
-	if os.Getenv("CRESCENT_REQUIRE_DEPS") == "1" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
+	return testsvc.Python(t, "import sys; assert sys.version_info >= (3, 8)")
 }
 
 func peerScript(t *testing.T) string {

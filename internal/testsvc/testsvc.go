@@ -2,11 +2,13 @@ package testsvc
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -261,3 +263,25 @@ func (c *EtcdCluster) Leader() int {
 // and clients stop all theirs on Close), so the list is empty; it is
 // kept so that test mains need not change when a dependency adds one.
 func GoleakIgnores() []goleak.Option { return nil }
+
+// Python returns a Python 3 interpreter for which `-c check` succeeds
+// (the Debian one first: `make deps` installs its modules), or skips the
+// test (fails it under CRESCENT_REQUIRE_DEPS=1).
+func Python(t testing.TB, check string) string {
+	t.Helper()
+	var last error
+	for _, cand := range []string{"/usr/bin/python3", "python3"} {
+		path, err := exec.LookPath(cand)
+		if err == nil {
+			if out, cerr := exec.Command(path, "-c", check).CombinedOutput(); cerr != nil {
+				err = fmt.Errorf("%s -c %q: %v: %s", path, check, cerr, bytes.TrimSpace(out))
+			}
+		}
+		if err == nil {
+			return path
+		}
+		last = err
+	}
+	MissingDep(t, "python3", last)
+	return ""
+}
