@@ -6,21 +6,43 @@
 //
 // A Bound's listener wraps each connection. Reads follow the client's
 // frames (the 24-byte preface, then 9-byte headers: length 24 bits, type,
-// flags, stream id 31 bits; RFC 9113 §4.1) without copying them: a
-// HEADERS frame opens a call, and each DATA payload of an open call is
-// counted before Read returns it (against an internal/budget, crpc's
-// semaphore), waiting while the Bound is full. Writes
-// follow the server's frames: the call's trailers (HEADERS with
-// END_STREAM) or an RST_STREAM, either way, end the call and give its
-// bytes back; so does the client's RST_STREAM, and closing the
-// connection gives back all of its calls'. DATA of a call not open is
-// not counted (the server drops it).
+// flags, stream id 31 bits; RFC 9113 §4.1): a HEADERS frame opens a call,
+// and each DATA frame of an open call is counted (its whole payload,
+// padding included) against a budget (an internal/budget, crpc's
+// semaphore) before it passes on. Read rewrites what it read in its own
+// 32 KiB buffer and holds back an incomplete frame header, so it decides
+// on whole headers. Writes follow the server's frames: the call's
+// trailers (HEADERS with END_STREAM) or an RST_STREAM, either way, end
+// the call and give its bytes back; so does the client's RST_STREAM, and
+// closing the connection gives back all of its calls'. DATA of a call
+// not open is not counted (the server drops it).
 //
-// A reader waits at most Config.Stall for room. While it waits, any
-// connection holding a request that began (its first DATA) more than
-// Stall ago and is still incomplete is closed: the bytes it holds go back,
-// so requests stalled half-way cannot hold the room for ever. A reader
-// that still finds no room fails its connection with ErrStalled.
+// Waiting or refusing. A client interleaves the DATA of its calls on one
+// connection, so the rest of calls already begun may sit behind a frame
+// that finds no room, and a reader that waited for room its own
+// connection holds would wait for ever. A reader waits only while what
+// the connections whose readers wait hold of incomplete requests (its
+// own included) leaves the frame's size for the rest to give back
+// (complete requests end without any reader; incomplete ones on
+// connections still read complete, or stall and are closed as below).
+// Otherwise, or after Config.Stall of waiting, the frame's call is
+// refused, and its bytes go back: the server reads, in place of that
+// frame (dropped), an RST_STREAM (CANCEL) from the client; h2bound
+// writes the client, between the server's frames, an RST_STREAM
+// (REFUSED_STREAM: not processed, a gRPC client's UNAVAILABLE, safe to
+// retry) and a connection WINDOW_UPDATE for the dropped bytes, which the
+// server never saw. The connection and its other calls go on; DATA of the
+// refused call read later passes uncounted to a server that has closed
+// the call and drops it.
 //
-// h2bound owns no wire format; it reads HTTP/2's framing.
+// While a reader waits, any connection holding a request that began (its
+// first DATA) more than Stall ago and is still incomplete is closed: the
+// bytes it holds go back, so requests stalled half-way cannot hold the
+// room for ever. A connection whose own reader waits is not closed so
+// (the reader, not the client, stopped its requests), and the time its
+// reader waited does not count toward its requests' age.
+//
+// h2bound owns no wire format; it reads HTTP/2's framing and writes two
+// of its frames (RST_STREAM: 9-byte header, type 0x3, error code 4
+// bytes; WINDOW_UPDATE: type 0x8, stream 0, increment 4 bytes).
 package h2bound

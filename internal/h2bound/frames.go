@@ -63,3 +63,6 @@ func (f *frames) step(p []byte) (int, event) {
 	f.sid = (uint32(h[5])<<24 | uint32(h[6])<<16 | uint32(h[7])<<8 | uint32(h[8])) & 0x7fffffff
 	return n, event{kind: evHeader, typ: f.typ, flags: f.flags, sid: f.sid, end: f.left == 0}
 }
+
+// boundary reports whether the stream is between frames.
+func (f *frames) boundary() bool { return f.preface == 0 && f.left == 0 && f.nhdr == 0 }

@@ -2,9 +2,10 @@ package h2bound
 
 import (
 	"context"
-	"errors"
+	"encoding/binary"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/crescent-kv/crescent/internal/budget"
@@ -21,9 +22,6 @@ type Config struct {
 	Stall time.Duration
 }
 
-// ErrStalled is a read that found no room within Config.Stall.
-var ErrStalled = errors.New("h2bound: no room for request bytes within the stall timeout")
-
 // Bound counts the request bytes of the connections its listeners
 // accept. Safe for concurrent use.
 type Bound struct {
@@ -31,6 +29,10 @@ type Bound struct {
 	mem   *budget.Budget
 	mu    sync.Mutex // conns
 	conns map[*conn]struct{}
+	// stuck is the bytes held by incomplete requests on connections
+	// whose reader waits for room.
+	stuck   atomic.Int64
+	refused atomic.Int64
 }
 
 // New returns a Bound; MaxBytes and Stall must be positive.
@@ -50,6 +52,9 @@ func (b *Bound) Peak() int64 {
 	return peak
 }
 
+// Refused is the number of calls refused (REFUSED_STREAM) so far.
+func (b *Bound) Refused() int64 { return b.refused.Load() }
+
 // Listener wraps l: every connection it accepts is counted.
 func (b *Bound) Listener(l net.Listener) net.Listener { return &listener{Listener: l, b: b} }
 
@@ -63,12 +68,17 @@ func (l *listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return l.b.wrap(c), nil
+}
+
+// wrap counts c's requests.
+func (b *Bound) wrap(c net.Conn) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
-	bc := &conn{Conn: c, b: l.b, streams: map[uint32]*stream{}, ctx: ctx, cancel: cancel, in: frames{preface: len(clientPreface)}}
-	l.b.mu.Lock()
-	l.b.conns[bc] = struct{}{}
-	l.b.mu.Unlock()
-	return bc, nil
+	bc := &conn{Conn: c, b: b, streams: map[uint32]*stream{}, ctx: ctx, cancel: cancel, pre: len(clientPreface)}
+	b.mu.Lock()
+	b.conns[bc] = struct{}{}
+	b.mu.Unlock()
+	return bc
 }
 
 // sweep closes the connections holding a request begun more than Stall
@@ -91,7 +101,7 @@ func (b *Bound) sweep(now time.Time) int {
 
 // stream is one call's request bytes.
 type stream struct {
-	charge int64
+	charge int64     // bytes taken from the budget
 	began  time.Time // first DATA
 	whole  bool      // the client ended its side (END_STREAM)
 }
@@ -100,116 +110,286 @@ type conn struct {
 	net.Conn
 	b *Bound
 
-	mu      sync.Mutex // streams, closed
+	mu      sync.Mutex // streams, closed, waiting
 	streams map[uint32]*stream
 	closed  bool
+	waiting bool            // the reader waits for room
 	ctx     context.Context // ends at Close
 	cancel  context.CancelFunc
 	once    sync.Once
 
-	in  frames     // client to server, Read's only
-	wmu sync.Mutex // out
-	out frames     // server to client
+	// Read's own state: the client's frames as they pass.
+	pre   int    // preface bytes still to pass
+	left  int    // payload bytes left in the current frame
+	drop  bool   // the current frame's payload is dropped (a refused call's)
+	cur   uint32 // the current DATA frame's stream (0: not DATA)
+	curES bool   // the current DATA frame ends its stream
+	carry []byte // input held back: an incomplete frame header, or (more) what follows a tail
+	more  bool   // carry holds input to rewrite before reading more
+	tail  []byte // frames to pass on at the next frame boundary (refused calls' CANCEL)
+	buf   []byte // what Read read, rewritten
+	pend  []byte // of which not yet returned
+	rerr  error  // the read error to return once pend is empty
+
+	wmu    sync.Mutex // out, queued, writes
+	out    frames     // server to client
+	queued []byte     // frames to the client waiting for a frame boundary
 }
 
-// Read passes on what the peer sent once its DATA bytes are counted,
-// waiting for room when there is none.
+// HTTP/2 frames h2bound writes itself.
+const (
+	frameWindowUpdate = 0x8
+	errCancel         = 0x8
+	errRefusedStream  = 0x7
+	readBuf           = 32 << 10
+)
+
+// appendFrame appends a frame with a 4-byte payload (RST_STREAM,
+// WINDOW_UPDATE).
+func appendFrame(b []byte, typ byte, sid uint32, payload uint32) []byte {
+	b = append(b, 0, 0, 4, typ, 0)
+	b = binary.BigEndian.AppendUint32(b, sid)
+	return binary.BigEndian.AppendUint32(b, payload)
+}
+
+// Read passes on what the peer sent once its DATA bytes are counted
+// (waiting for room, or refusing the call: see the package doc).
 func (c *conn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		if aerr := c.scanIn(p[:n]); aerr != nil {
-			c.Close()
-			return 0, aerr
+	for len(c.pend) == 0 {
+		if c.rerr != nil {
+			return 0, c.rerr
 		}
+		if c.buf == nil {
+			c.buf = make([]byte, readBuf)
+		}
+		k := copy(c.buf, c.carry)
+		c.carry = c.carry[:0]
+		var n int
+		var err error
+		if c.more {
+			c.more = false // rewrite it first: the client may have sent all
+		} else {
+			n, err = c.Conn.Read(c.buf[k:])
+		}
+		w, inject, tail, rerr := c.rewrite(c.buf[:k+n])
+		if len(inject) > 0 {
+			c.inject(inject)
+		}
+		if rerr != nil {
+			c.Close()
+			return 0, rerr
+		}
+		c.pend, c.rerr = append(c.buf[:w], tail...), err
 	}
-	return n, err
+	n := copy(p, c.pend)
+	c.pend = c.pend[n:]
+	return n, nil
 }
 
-func (c *conn) scanIn(p []byte) error {
-	for len(p) > 0 {
-		adv, ev := c.in.step(p)
-		p = p[adv:]
-		if ev.kind == evNone {
-			continue
+// rewrite walks b, the client's bytes, compacting in place what passes
+// on (w bytes). It returns the frames to send the client, and those to
+// pass on after b[:w]: a refused call's CANCEL, at the frame boundary
+// after the frame that refused it (dropped); the input after that waits
+// in carry.
+func (c *conn) rewrite(b []byte) (w int, inject, tail []byte, err error) {
+	var credit uint32 // dropped DATA bytes to credit back
+	defer func() {
+		if credit > 0 {
+			inject = appendFrame(inject, frameWindowUpdate, 0, credit)
+		}
+		if tail == nil && len(c.tail) > 0 && c.pre == 0 && (c.left == 0 || c.drop) {
+			tail, c.tail = c.tail, nil // b ends at a frame boundary
+		}
+	}()
+	for r := 0; r < len(b); {
+		if len(c.tail) > 0 && c.pre == 0 && c.left == 0 {
+			// A frame boundary: the CANCEL goes here, what follows later.
+			c.carry, c.more = append(c.carry, b[r:]...), true
+			tail, c.tail = c.tail, nil
+			return w, inject, tail, nil
 		}
 		switch {
-		case ev.kind == evHeader && ev.typ == frameHeaders:
+		case c.pre > 0:
+			n := min(c.pre, len(b)-r)
+			w += copy(b[w:], b[r:r+n])
+			r, c.pre = r+n, c.pre-n
+			continue
+		case c.left > 0:
+			n := min(c.left, len(b)-r)
+			if !c.drop {
+				w += copy(b[w:], b[r:r+n])
+			}
+			r, c.left = r+n, c.left-n
+			if c.left == 0 {
+				c.frameDone()
+			}
+			continue
+		}
+		h := b[r:]
+		if len(h) < 9 {
+			c.carry = append(c.carry, h...)
+			break
+		}
+		length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
+		typ, flags := h[3], h[4]
+		sid := binary.BigEndian.Uint32(h[5:9]) & 0x7fffffff
+		c.cur, c.curES, c.drop = 0, false, false
+		switch typ {
+		case frameHeaders:
 			c.mu.Lock()
-			if _, ok := c.streams[ev.sid]; !ok && !c.closed {
-				c.streams[ev.sid] = &stream{whole: ev.flags&flagEndStream != 0}
+			if _, ok := c.streams[sid]; !ok && !c.closed {
+				c.streams[sid] = &stream{whole: flags&flagEndStream != 0}
 			}
 			c.mu.Unlock()
-		case ev.typ == frameData:
-			if ev.n > 0 {
-				if err := c.charge(ev.sid, int64(ev.n)); err != nil {
-					return err
+		case frameRSTStream:
+			c.release(sid) // the client cancelled the call
+		case frameData:
+			if length > 0 {
+				ok, cerr := c.count(sid, int64(length))
+				if cerr != nil {
+					return 0, nil, nil, cerr
+				}
+				if !ok {
+					// Refused: the frame is dropped, and the loop stops
+					// at the boundary after it for the CANCEL.
+					inject = appendFrame(inject, frameRSTStream, sid, errRefusedStream)
+					c.tail = appendFrame(c.tail, frameRSTStream, sid, errCancel)
+					credit += uint32(length)
+					r += 9
+					c.left, c.drop = length, true
+					continue
 				}
 			}
-			if ev.end && ev.flags&flagEndStream != 0 {
-				c.mu.Lock()
-				if s := c.streams[ev.sid]; s != nil {
-					s.whole = true
-				}
-				c.mu.Unlock()
-			}
-		case ev.typ == frameRSTStream && ev.end:
-			c.release(ev.sid) // the client cancelled the call
+			c.cur, c.curES = sid, flags&flagEndStream != 0
+		}
+		w += copy(b[w:], h[:9])
+		r += 9
+		c.left = length
+		if length == 0 {
+			c.frameDone()
 		}
 	}
-	return nil
+	return w, inject, tail, nil
 }
 
-// charge counts n DATA bytes of stream sid, waiting for room. Bytes of a
-// stream not open (ended, or never opened) are not held by the server.
-func (c *conn) charge(sid uint32, n int64) error {
+// frameDone ends the current frame: a DATA frame with END_STREAM makes
+// its request whole.
+func (c *conn) frameDone() {
+	if c.cur == 0 || !c.curES {
+		return
+	}
+	c.mu.Lock()
+	if s := c.streams[c.cur]; s != nil {
+		s.whole = true
+	}
+	c.mu.Unlock()
+}
+
+// count takes n DATA bytes of call sid, and reports false when the call
+// is refused instead. Bytes of a call not open (ended, refused or never
+// opened) are not held by the server and pass uncounted.
+//
+// A reader waits for room only while what the connections whose readers
+// wait hold of incomplete requests (its own included) leaves n for the
+// rest to give back: complete requests end without any reader, and
+// incomplete ones on connections still read complete, or stall and are
+// closed by the sweep. So a wait never depends on bytes queued behind a
+// waiting reader, its own included. A call that cannot wait, or has
+// waited Stall, is refused: its bytes go back at once.
+func (c *conn) count(sid uint32, n int64) (bool, error) {
 	c.mu.Lock()
 	_, open := c.streams[sid]
 	c.mu.Unlock()
 	if !open {
-		return nil
+		return true, nil
 	}
 	if !c.b.mem.TryAcquire(n) {
-		if err := c.wait(n); err != nil {
-			return err
+		own := c.incomplete()
+		c.b.stuck.Add(own)
+		c.mu.Lock()
+		c.waiting = true
+		c.mu.Unlock()
+		since := time.Now()
+		ok, err := c.waitRoom(n)
+		c.mu.Lock()
+		// Its requests were not stalled by the client meanwhile.
+		c.waiting = false
+		for _, s := range c.streams {
+			s.began = s.began.Add(time.Since(since))
+		}
+		c.mu.Unlock()
+		c.b.stuck.Add(-own)
+		if err != nil {
+			return false, err
+		}
+		if !ok {
+			c.release(sid)
+			c.b.refused.Add(1)
+			return false, nil
 		}
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	s := c.streams[sid]
 	if s == nil || c.closed {
-		c.mu.Unlock()
 		c.b.mem.Release(n)
-		return nil
+		return true, nil
 	}
 	if s.charge == 0 {
 		s.began = time.Now()
 	}
 	s.charge += n
-	c.mu.Unlock()
-	return nil
+	return true, nil
 }
 
-// wait takes n bytes once they are free, within Stall. Each second of it
-// (and at its start) the connections whose requests stalled are closed.
-func (c *conn) wait(n int64) error {
+// incomplete is the bytes this connection holds of requests not whole.
+func (c *conn) incomplete() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n int64
+	for _, s := range c.streams {
+		if !s.whole {
+			n += s.charge
+		}
+	}
+	return n
+}
+
+// waitRoom takes n bytes once they are free and waiting is safe (see
+// count); false when it is not, or after Stall. Each time it looks (at
+// least every 50 ms), the connections whose requests stalled are
+// closed first.
+func (c *conn) waitRoom(n int64) (bool, error) {
 	deadline := time.Now().Add(c.b.cfg.Stall)
 	for {
 		now := time.Now()
 		if c.b.sweep(now) > 0 && c.b.mem.TryAcquire(n) {
-			return nil
+			return true, nil
 		}
-		if !now.Before(deadline) {
-			return ErrStalled
+		if c.b.cfg.MaxBytes-c.b.stuck.Load() < n || !now.Before(deadline) {
+			return false, nil
 		}
-		ctx, cancel := context.WithTimeout(c.ctx, min(deadline.Sub(now), time.Second))
+		ctx, cancel := context.WithTimeout(c.ctx, min(deadline.Sub(now), 50*time.Millisecond))
 		err := c.b.mem.Acquire(ctx, n)
 		cancel()
-		switch {
-		case err == nil:
-			return nil
-		case c.ctx.Err() != nil:
-			return net.ErrClosed
+		if err == nil {
+			return true, nil
+		}
+		if c.ctx.Err() != nil {
+			return false, net.ErrClosed
 		}
 	}
+}
+
+// inject sends frames to the client between the server's frames.
+func (c *conn) inject(frames []byte) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if len(c.queued) == 0 && c.out.boundary() {
+		c.Conn.Write(frames) // a failure shows on the server's next write
+		return
+	}
+	c.queued = append(c.queued, frames...)
 }
 
 // release forgets stream sid and gives its bytes back.
@@ -226,6 +406,9 @@ func (c *conn) release(sid uint32) {
 func (c *conn) stalled(now time.Time, stall time.Duration) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.waiting {
+		return false // the reader, not the client, stopped its requests
+	}
 	for _, s := range c.streams {
 		if s.charge > 0 && !s.whole && now.Sub(s.began) > stall {
 			return true
@@ -235,9 +418,11 @@ func (c *conn) stalled(now time.Time, stall time.Duration) bool {
 }
 
 // Write ends a call's count when the server ends the call: its trailers
-// (HEADERS with END_STREAM) or RST_STREAM.
+// (HEADERS with END_STREAM) or RST_STREAM. Frames h2bound queued for the
+// client follow at the first frame boundary.
 func (c *conn) Write(p []byte) (int, error) {
 	c.wmu.Lock()
+	defer c.wmu.Unlock()
 	for q := p; len(q) > 0; {
 		adv, ev := c.out.step(q)
 		q = q[adv:]
@@ -245,8 +430,12 @@ func (c *conn) Write(p []byte) (int, error) {
 			c.release(ev.sid)
 		}
 	}
-	c.wmu.Unlock()
-	return c.Conn.Write(p)
+	n, err := c.Conn.Write(p)
+	if err == nil && len(c.queued) > 0 && c.out.boundary() {
+		_, err = c.Conn.Write(c.queued)
+		c.queued = c.queued[:0]
+	}
+	return n, err
 }
 
 // Close gives back every byte the connection holds.

@@ -5,11 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/netx"
@@ -19,8 +23,9 @@ import (
 
 // sendPartial starts a Ping call on stream sid whose request declares
 // declared bytes and sends the first send of them, within the server's
-// flow-control windows, then stops. It returns false if the server
-// closed the connection first.
+// flow-control windows, then stops; it stops sooner if the server
+// refuses the call. It returns false if the server closed the
+// connection first.
 func (p *h2peer) sendPartial(sid uint32, declared, send int, win *h2windows) bool {
 	require.NoError(p.t, p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: p.headers(), EndHeaders: true}))
 	msg := make([]byte, 5+send)
@@ -28,7 +33,7 @@ func (p *h2peer) sendPartial(sid uint32, declared, send int, win *h2windows) boo
 	if _, ok := win.stream[sid]; !ok {
 		win.stream[sid] = win.initial
 	}
-	for len(msg) > 0 {
+	for len(msg) > 0 && !slices.Contains(win.refused, sid) {
 		n := min(len(msg), 16384, win.conn, win.stream[sid])
 		if n <= 0 {
 			if !p.readWindows(win) {
@@ -51,6 +56,7 @@ type h2windows struct {
 	initial, conn int
 	stream        map[uint32]int
 	goAway        *http2.GoAwayFrame // the server's, if it sent one
+	refused       []uint32           // streams the server refused
 }
 
 func newWindows() *h2windows {
@@ -91,15 +97,21 @@ func (p *h2peer) readWindows(win *h2windows) bool {
 	case *http2.GoAwayFrame:
 		win.goAway = f
 		return false
+	case *http2.RSTStreamFrame:
+		if f.ErrCode == http2.ErrCodeRefusedStream {
+			win.refused = append(win.refused, f.StreamID)
+		}
 	}
 	return true
 }
 
 // TestGRPCRequestBytesBounded: the request bytes gRPC holds across calls
-// are bounded by the crpc buffered-bytes bound: a peer that sends three
-// requests half-way (more than the bound together) and stops holds at most
-// the bound, and loses its connection once its requests have stalled
-// past the frame timeout; every byte comes back, and calls go on.
+// are bounded by the crpc buffered-bytes bound. A peer that sends three
+// 3 MiB requests half-way holds two halves, and the third is refused
+// (REFUSED_STREAM) when it reaches the bound, since waiting for room the
+// peer's own stalled requests hold would never end. A call that can wait
+// does, and the stalled peer's connection is closed once its requests
+// are past the frame timeout; every byte comes back, and calls go on.
 func TestGRPCRequestBytesBounded(t *testing.T) {
 	e := mastertest.New(t, nil)
 	const bound = 4 << 20
@@ -107,24 +119,20 @@ func TestGRPCRequestBytesBounded(t *testing.T) {
 		FrameTimeout: 300 * time.Millisecond}, netx.Config{}))
 	hog := dialH2(t, addr)
 	win := newWindows()
-	closed := false
 	for i := range 3 {
-		if !hog.sendPartial(uint32(1+2*i), 3<<20, 3<<19, win) {
-			closed = true
-			break
-		}
+		require.True(t, hog.sendPartial(uint32(1+2*i), 3<<20, 3<<19, win), "request %d", i)
 	}
-	// The server stops reading at the bound, then drops the connection
-	// whose requests stalled (closed, not a GOAWAY for a protocol error).
-	for !closed {
-		closed = !hog.readWindows(win)
+	for len(win.refused) < 1 {
+		require.True(t, hog.readWindows(win), "the server closed the connection")
 	}
-	require.Nil(t, win.goAway, "the server ended the connection for another reason")
+	require.Equal(t, []uint32{5}, win.refused)
+	require.Nil(t, win.goAway, "the server ended the connection")
 	b := svc.h2.Load()
 	require.NotNil(t, b)
 	require.LessOrEqual(t, b.Peak(), int64(bound), "request bytes held at once")
-	require.Greater(t, b.Peak(), int64(bound/2), "the bound was not reached: the test proves nothing")
-	require.Eventually(t, func() bool { return b.Held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d", b.Held())
+	require.Greater(t, b.Peak(), int64(bound)-16384, "the bound was not reached: the test proves nothing")
+	require.Equal(t, int64(2*(5+3<<19)), b.Held(), "the two requests not refused")
+	require.EqualValues(t, 1, b.Refused())
 
 	mc := dialSigned(t, addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -136,19 +144,14 @@ func TestGRPCRequestBytesBounded(t *testing.T) {
 		return err
 	}
 
-	// A peer holding 3 MiB in two stalled requests, under the bound:
-	// a 2 MiB call waits for room, and gets it when the stalled peer's
-	// connection is closed.
-	idle := dialH2(t, addr)
-	win = newWindows()
-	require.True(t, idle.sendPartial(1, 3<<20, 3<<19, win))
-	require.True(t, idle.sendPartial(3, 3<<20, 3<<19, win))
-	require.Eventually(t, func() bool { return b.Held() >= 3<<20 }, 10*time.Second, time.Millisecond, "held %d", b.Held())
+	// The hog holds 3 MiB in stalled requests: a 2 MiB call waits for
+	// room, and gets it when the stalled peer's connection is closed.
 	time.Sleep(400 * time.Millisecond) // the stalled requests are past the frame timeout
 	require.NoError(t, ping(2<<20))
 	for closed := false; !closed; {
-		closed = !idle.readWindows(win)
+		closed = !hog.readWindows(win)
 	}
+	require.Nil(t, win.goAway, "the server ended the connection for another reason")
 
 	// Calls of 1 MiB requests, one after another: the bytes of each come
 	// back (four would fill the bound).
@@ -163,4 +166,50 @@ func TestGRPCRequestBytesBounded(t *testing.T) {
 func protowireBytes(num, n int) []byte {
 	b := binary.AppendUvarint(nil, uint64(num)<<3|2)
 	return binary.AppendUvarint(b, uint64(n))
+}
+
+// TestGRPCConcurrentCallsPastTheBound: sixteen concurrent 1 MiB calls on
+// one connection, over a 4 MiB bound. The client interleaves their DATA,
+// so the server cannot wait for room for one while the others, queued
+// behind it on the same connection, hold it: it refuses those it cannot
+// admit (REFUSED_STREAM, UNAVAILABLE to the caller, who may retry)
+// instead of stalling the connection until the frame timeout closes it
+// and fails every call on it.
+func TestGRPCConcurrentCallsPastTheBound(t *testing.T) {
+	e := mastertest.New(t, nil)
+	const bound = 4 << 20
+	addr, svc := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound,
+		FrameTimeout: 3 * time.Second}, netx.Config{}))
+	mc := dialSigned(t, addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	ping := func(n int) error {
+		req := &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))}
+		req.ProtoReflect().SetUnknown(append(protowireBytes(1000, n), make([]byte, n)...))
+		_, err := mc.Ping(ctx, req)
+		return err
+	}
+	for round := range 3 {
+		var wg sync.WaitGroup
+		errs := make([]error, 16)
+		for i := range errs {
+			wg.Go(func() { errs[i] = ping(1 << 20) })
+		}
+		wg.Wait()
+		ok := 0
+		for i, err := range errs {
+			if err == nil {
+				ok++
+				continue
+			}
+			require.Equal(t, codes.Unavailable, status.Code(err), "round %d call %d: %v", round, i, err)
+			require.ErrorContains(t, err, "REFUSED_STREAM", "round %d call %d", round, i)
+		}
+		require.Positive(t, ok, "round %d", round)
+		b := svc.h2.Load()
+		require.LessOrEqual(t, b.Peak(), int64(bound))
+		require.Eventually(t, func() bool { return b.Held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d", b.Held())
+		// The connection goes on.
+		require.NoError(t, ping(100))
+	}
 }
