@@ -691,17 +691,23 @@ func TestRandomSamplingUniform(t *testing.T) {
 	}
 }
 
-// TestRandomSamplingFallsBack: when one segment of thousands can take the
-// size, sampling misses and the walk finds it.
-func TestRandomSamplingFallsBack(t *testing.T) {
-	a := New(Random, WithRand(4))
-	for i := range 4096 {
+// mountOneFits mounts n segments of which only segment fits can hold
+// 64 KiB.
+func mountOneFits(t *testing.T, a *Allocator, n, fits int) {
+	for i := range n {
 		size := uint64(Alignment)
-		if i == 2901 {
+		if i == fits {
 			size = 1 << 20
 		}
 		mustMount(t, a, seg(i+1, fmt.Sprint("f", i), uint64(i+1), size))
 	}
+}
+
+// TestRandomSamplingFallsBack: when one segment of thousands can take the
+// size, sampling misses and the walk finds it.
+func TestRandomSamplingFallsBack(t *testing.T) {
+	a := New(Random, WithRand(4))
+	mountOneFits(t, a, 4096, 2901)
 	for range 100 {
 		out, err := a.Choose(Request{Size: 64 << 10, Replicas: 1})
 		require.NoError(t, err)
@@ -774,13 +780,7 @@ func TestFreestSamplingBalances(t *testing.T) {
 // size, FreeRatioFirst finds it.
 func TestFreestSamplingFallsBack(t *testing.T) {
 	a := New(FreeRatioFirst, WithRand(7))
-	for i := range 4096 {
-		size := uint64(Alignment)
-		if i == 1234 {
-			size = 1 << 20
-		}
-		mustMount(t, a, seg(i+1, fmt.Sprint("f", i), uint64(i+1), size))
-	}
+	mountOneFits(t, a, 4096, 1234)
 	for range 20 {
 		out, err := a.Choose(Request{Size: 64 << 10, Replicas: 2, MinReplicas: 1})
 		require.NoError(t, err)

@@ -14,8 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/crescent-kv/crescent/internal/crpc"
-	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/internal/testsvc"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
@@ -65,8 +63,7 @@ func runPyPeer(t *testing.T, addr string, phases []pyPhase) [][]string {
 func TestGRPCBoundWithCCore(t *testing.T) {
 	e := mastertest.New(t, nil)
 	const bound = 4 << 20
-	addr, svc := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound,
-		FrameTimeout: 3 * time.Second}, netx.Config{}))
+	addr, svc := serveBounded(t, e, bound, 3*time.Second)
 	keys := []string{"present", "absent"}
 	c := mastertest.Client(1)
 	e.Mount(c, "seg", 64<<20)

@@ -113,10 +113,8 @@ func (p *h2peer) readWindows(win *h2windows) bool {
 // does, and the stalled peer's connection is closed once its requests
 // are past the frame timeout; every byte comes back, and calls go on.
 func TestGRPCRequestBytesBounded(t *testing.T) {
-	e := mastertest.New(t, nil)
 	const bound = 4 << 20
-	addr, svc := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound,
-		FrameTimeout: 300 * time.Millisecond}, netx.Config{}))
+	addr, svc := serveBounded(t, mastertest.New(t, nil), bound, 300*time.Millisecond)
 	hog := dialH2(t, addr)
 	win := newWindows()
 	for i := range 3 {
@@ -134,15 +132,7 @@ func TestGRPCRequestBytesBounded(t *testing.T) {
 	require.Equal(t, int64(2*(5+3<<19)), b.Held(), "the two requests not refused")
 	require.EqualValues(t, 1, b.Refused())
 
-	mc := dialSigned(t, addr)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ping := func(n int) error {
-		req := &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))}
-		req.ProtoReflect().SetUnknown(append(protowireBytes(1000, n), make([]byte, n)...))
-		_, err := mc.Ping(ctx, req)
-		return err
-	}
+	ping := bigPinger(t, addr)
 
 	// The hog holds 3 MiB in stalled requests: a 2 MiB call waits for
 	// room, and gets it when the stalled peer's connection is closed.
@@ -161,6 +151,26 @@ func TestGRPCRequestBytesBounded(t *testing.T) {
 	require.Eventually(t, func() bool { return b.Held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d after the calls", b.Held())
 }
 
+// serveBounded serves e's master with gRPC request bytes bounded at
+// bound and frame timeout stall.
+func serveBounded(t *testing.T, e *mastertest.Env, bound int64, stall time.Duration) (string, *Service) {
+	return serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound, FrameTimeout: stall}, netx.Config{}))
+}
+
+// bigPinger returns a signed Ping of client 1 carrying n bytes more (an
+// unknown field) to the master at addr.
+func bigPinger(t *testing.T, addr string) func(n int) error {
+	mc := dialSigned(t, addr)
+	return func(n int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		req := &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))}
+		req.ProtoReflect().SetUnknown(append(protowireBytes(1000, n), make([]byte, n)...))
+		_, err := mc.Ping(ctx, req)
+		return err
+	}
+}
+
 // protowireBytes is the tag and length of a bytes field number num of n
 // bytes (an unknown field to the receiver).
 func protowireBytes(num, n int) []byte {
@@ -176,19 +186,9 @@ func protowireBytes(num, n int) []byte {
 // instead of stalling the connection until the frame timeout closes it
 // and fails every call on it.
 func TestGRPCConcurrentCallsPastTheBound(t *testing.T) {
-	e := mastertest.New(t, nil)
 	const bound = 4 << 20
-	addr, svc := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound,
-		FrameTimeout: 3 * time.Second}, netx.Config{}))
-	mc := dialSigned(t, addr)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	ping := func(n int) error {
-		req := &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))}
-		req.ProtoReflect().SetUnknown(append(protowireBytes(1000, n), make([]byte, n)...))
-		_, err := mc.Ping(ctx, req)
-		return err
-	}
+	addr, svc := serveBounded(t, mastertest.New(t, nil), bound, 3*time.Second)
+	ping := bigPinger(t, addr)
 	for round := range 3 {
 		var wg sync.WaitGroup
 		errs := make([]error, 16)
