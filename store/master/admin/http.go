@@ -29,7 +29,7 @@ type Metrics struct {
 	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients *prometheus.Desc
 	reservations, reservedBytes, suspects, reports                                *prometheus.Desc
 	evictRuns, evictKeys, evictBytes, expired, discarded, released, dropped, lost *prometheus.Desc
-	departed, unmountedReplicas, unmountedKeys                                    *prometheus.Desc
+	departed, unmountedReplicas, unmountedKeys, grpcHeld, grpcRefused             *prometheus.Desc
 	// Per RPC, named as the reference does: master_<rpc>_requests_total.
 	requests, failures, items, itemFailures map[string]*prometheus.Desc
 	durableWaits, durableWaitSeconds        map[string]*prometheus.Desc
@@ -71,6 +71,8 @@ func NewMetrics(m *master.Master, svc *service.Service) *Metrics {
 		lost:               d("master_lost_keys_total", "Objects erased because no replica was left after a client expired."),
 		unmountedReplicas:  d("master_unmounted_replicas_total", "Replicas dropped with a segment its client unmounted."),
 		unmountedKeys:      d("master_unmounted_keys_total", "Objects erased because their last replica's segment was unmounted."),
+		grpcHeld:           d("master_grpc_request_bytes", "Request bytes gRPC holds now, bounded by --crpc_max_buffered_bytes."),
+		grpcRefused:        d("master_grpc_refused_calls_total", "gRPC calls refused (REFUSED_STREAM) because the request byte bound was spent."),
 		requests:           perRPC("requests_total", "%s RPCs served."),
 		failures:           perRPC("failures_total", "%s RPCs answered with an error."),
 		items:              perRPC("items_total", "Items of %s batch RPCs."),
@@ -102,7 +104,7 @@ func (x *Metrics) Observe(rpc string, d time.Duration, _ error) {
 func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{x.capacity, x.allocated, x.keys, x.pending, x.softPinned, x.hardPinned, x.segments, x.clients,
 		x.reservations, x.reservedBytes, x.suspects, x.reports, x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost,
-		x.departed, x.unmountedReplicas, x.unmountedKeys} {
+		x.departed, x.unmountedReplicas, x.unmountedKeys, x.grpcHeld, x.grpcRefused} {
 		ch <- d
 	}
 	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures, x.durableWaits, x.durableWaitSeconds} {
@@ -145,6 +147,9 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 	c(x.unmountedReplicas, s.UnmountedReplicas)
 	c(x.unmountedKeys, s.UnmountedKeys)
 	if x.svc != nil {
+		held, refused := x.svc.GRPCRequestBytes()
+		g(x.grpcHeld, float64(held))
+		c(x.grpcRefused, uint64(refused))
 		for _, r := range x.svc.Counts() {
 			c(x.requests[r.Name], r.Requests)
 			c(x.failures[r.Name], r.Failures)

@@ -18,7 +18,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
 	"github.com/crescent-kv/crescent/store/errcode"
 	"github.com/crescent-kv/crescent/store/master"
 	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
@@ -361,4 +365,43 @@ func TestSnapshotAnswerOutlastsWriteTimeout(t *testing.T) {
 	var info SnapshotInfo
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&info))
 	require.Equal(t, "slow", info.ID)
+}
+
+// TestGRPCBoundMetrics: /metrics shows the gRPC request bytes held and
+// the calls the byte bound refused: sixteen concurrent 1 MiB calls on one
+// connection over a 4 MiB bound, each either answered or refused.
+func TestGRPCBoundMetrics(t *testing.T) {
+	e := mastertest.New(t, nil)
+	cli, svc := serve(t, e.M, service.WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: 4 << 20, FrameTimeout: 3 * time.Second}, netx.Config{}))
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for range 16 {
+		wg.Go(func() {
+			req := &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))}
+			req.ProtoReflect().SetUnknown(append([]byte{0xc2, 0x3e, 0x80, 0x80, 0x40}, make([]byte, 1<<20)...)) // field 1000, 1 MiB
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if _, err := cli.Ping(ctx, req); err != nil {
+				assert.Equal(t, codes.Unavailable, status.Code(err), "%v", err)
+				failed.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	require.Positive(t, failed.Load(), "no call refused: the test proves nothing")
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewMetrics(e.M, svc))
+	srv := httptest.NewServer(Handler(e.M, svc, reg, nil))
+	defer srv.Close()
+	get := func() string {
+		r, err := srv.Client().Get(srv.URL + "/metrics")
+		require.NoError(t, err)
+		defer r.Body.Close()
+		b, err := io.ReadAll(r.Body)
+		require.NoError(t, err)
+		return string(b)
+	}
+	require.Eventually(t, func() bool { return strings.Contains(get(), "\nmaster_grpc_request_bytes 0\n") }, 10*time.Second, 10*time.Millisecond)
+	assert.Contains(t, get(), fmt.Sprintf("\nmaster_grpc_refused_calls_total %d\n", failed.Load()))
 }

@@ -241,6 +241,16 @@ func (s *Service) Counts() []RPCCount {
 // UnaryInterceptor on that server too, or the RPCs are not counted.
 func (s *Service) Register(g grpc.ServiceRegistrar) { storepb.RegisterMasterServer(g, s) }
 
+// GRPCRequestBytes is the gRPC request bytes held now under the byte
+// bound of the latest Serve, and the calls it refused (REFUSED_STREAM)
+// so far; zeros before Serve.
+func (s *Service) GRPCRequestBytes() (held, refused int64) {
+	if b := s.h2.Load(); b != nil {
+		return b.Held(), b.Refused()
+	}
+	return 0, 0
+}
+
 // rpcOf maps a full method name to its counters.
 var rpcOf = map[string]int{
 	storepb.Master_PutStart_FullMethodName: rpcPutStart, storepb.Master_PutEnd_FullMethodName: rpcPutEnd,
