@@ -9,9 +9,11 @@
 // flags, stream id 31 bits; RFC 9113 §4.1): a HEADERS frame opens a call,
 // and each DATA frame of an open call is counted (its whole payload,
 // padding included) against a budget (an internal/budget, crpc's
-// semaphore) before it passes on. Read rewrites what it read in its own
-// 32 KiB buffer and holds back an incomplete frame header, so it decides
-// on whole headers. Writes follow the server's frames: the call's
+// semaphore) before it passes on. Read rewrites what it read in the
+// caller's buffer (gRPC reads with 32 KiB; a buffer of its own only for
+// reads under 4 KiB, or input held back after a refusal that the
+// caller's buffer cannot take, so an idle connection holds none) and
+// holds back an incomplete frame header, so it decides on whole headers. Writes follow the server's frames: the call's
 // trailers (HEADERS with END_STREAM) or an RST_STREAM, either way, end
 // the call and give its bytes back; so does the client's RST_STREAM, and
 // closing the connection gives back all of its calls'. DATA of a call

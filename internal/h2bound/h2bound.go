@@ -127,8 +127,8 @@ type conn struct {
 	carry []byte // input held back: an incomplete frame header, or (more) what follows a tail
 	more  bool   // carry holds input to rewrite before reading more
 	tail  []byte // frames to pass on at the next frame boundary (refused calls' CANCEL)
-	buf   []byte // what Read read, rewritten
-	pend  []byte // of which not yet returned
+	buf   []byte // Read's own buffer, for small reads (nil until one)
+	pend  []byte // output not yet returned
 	rerr  error  // the read error to return once pend is empty
 
 	wmu    sync.Mutex // out, queued, writes
@@ -142,6 +142,7 @@ const (
 	errCancel         = 0x8
 	errRefusedStream  = 0x7
 	readBuf           = 32 << 10
+	minDirect         = 4 << 10 // smallest p Read rewrites in place
 )
 
 // appendFrame appends a frame with a 4-byte payload (RST_STREAM,
@@ -153,25 +154,34 @@ func appendFrame(b []byte, typ byte, sid uint32, payload uint32) []byte {
 }
 
 // Read passes on what the peer sent once its DATA bytes are counted
-// (waiting for room, or refusing the call: see the package doc).
+// (waiting for room, or refusing the call: see the package doc). It
+// reads and rewrites in p itself when p is large enough (gRPC reads with
+// its 32 KiB buffer), so a connection holds no buffer of its own; in a
+// buffer of its own only for small reads, or input held back after a
+// refusal that p cannot take.
 func (c *conn) Read(p []byte) (int, error) {
 	for len(c.pend) == 0 {
 		if c.rerr != nil {
 			return 0, c.rerr
 		}
-		if c.buf == nil {
-			c.buf = make([]byte, readBuf)
+		b := p
+		direct := len(p) >= minDirect && len(c.carry) <= len(p)/2
+		if !direct {
+			if len(c.buf) < len(c.carry)+minDirect {
+				c.buf = make([]byte, max(readBuf, len(c.carry)+minDirect))
+			}
+			b = c.buf
 		}
-		k := copy(c.buf, c.carry)
+		k := copy(b, c.carry)
 		c.carry = c.carry[:0]
 		var n int
 		var err error
 		if c.more {
 			c.more = false // rewrite it first: the client may have sent all
 		} else {
-			n, err = c.Conn.Read(c.buf[k:])
+			n, err = c.Conn.Read(b[k:])
 		}
-		w, inject, tail, rerr := c.rewrite(c.buf[:k+n])
+		w, inject, tail, rerr := c.rewrite(b[:k+n])
 		if len(inject) > 0 {
 			c.inject(inject)
 		}
@@ -179,7 +189,15 @@ func (c *conn) Read(p []byte) (int, error) {
 			c.Close()
 			return 0, rerr
 		}
-		c.pend, c.rerr = append(c.buf[:w], tail...), err
+		c.rerr = err
+		if !direct {
+			c.pend = append(b[:w], tail...)
+			continue
+		}
+		c.pend = tail // after p[:w]
+		if w > 0 {
+			return w, nil
+		}
 	}
 	n := copy(p, c.pend)
 	c.pend = c.pend[n:]

@@ -347,3 +347,30 @@ func TestRewriteManyRefusals(t *testing.T) {
 		require.Zero(t, b.Held())
 	}
 }
+
+// TestRewriteInPlace: reads of gRPC's size are rewritten in the caller's
+// buffer; the connection allocates no buffer of its own.
+func TestRewriteInPlace(t *testing.T) {
+	var buf bytes.Buffer
+	buf.WriteString(clientPreface)
+	fr := http2.NewFramer(&buf, nil)
+	for sid := uint32(1); sid < 20; sid += 2 {
+		writeCall(t, fr, sid, grpcMessage(int(sid)*3001), nil, sid%3 == 0, false)
+	}
+	stream := buf.Bytes()
+	b := New(Config{MaxBytes: 1 << 30, Stall: 10 * time.Second})
+	c := b.wrap(&chunkConn{in: stream, r: rand.New(rand.NewPCG(9, 10)), max: 40000})
+	var got []byte
+	p := make([]byte, 32<<10)
+	for {
+		n, err := c.Read(p)
+		got = append(got, p[:n]...)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+	}
+	require.Equal(t, stream, got)
+	require.Zero(t, cap(c.buf), "bytes of a buffer of its own")
+	require.NoError(t, c.Close())
+}
