@@ -1,5 +1,7 @@
 package h2bound
 
+import "encoding/binary"
+
 // HTTP/2 framing (RFC 9113 §4.1): a 9-byte header (length, 24 bits; type;
 // flags; stream id, 31 bits) and length bytes of payload; a client first
 // sends the 24-byte preface.
@@ -57,11 +59,13 @@ func (f *frames) step(p []byte) (int, event) {
 		return n, event{}
 	}
 	f.nhdr = 0
-	h := f.hdr
-	f.left = int(h[0])<<16 | int(h[1])<<8 | int(h[2])
-	f.typ, f.flags = h[3], h[4]
-	f.sid = (uint32(h[5])<<24 | uint32(h[6])<<16 | uint32(h[7])<<8 | uint32(h[8])) & 0x7fffffff
+	f.left, f.typ, f.flags, f.sid = header(f.hdr[:])
 	return n, event{kind: evHeader, typ: f.typ, flags: f.flags, sid: f.sid, end: f.left == 0}
+}
+
+// header decodes a 9-byte frame header.
+func header(h []byte) (length int, typ, flags byte, sid uint32) {
+	return int(h[0])<<16 | int(h[1])<<8 | int(h[2]), h[3], h[4], binary.BigEndian.Uint32(h[5:9]) & 0x7fffffff
 }
 
 // boundary reports whether the stream is between frames.

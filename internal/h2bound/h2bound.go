@@ -248,9 +248,7 @@ func (c *conn) rewrite(b []byte) (w int, inject, tail []byte, err error) {
 			c.carry = append(c.carry, h...)
 			break
 		}
-		length := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
-		typ, flags := h[3], h[4]
-		sid := binary.BigEndian.Uint32(h[5:9]) & 0x7fffffff
+		length, typ, flags, sid := header(h)
 		c.cur, c.curES, c.drop = 0, false, false
 		switch typ {
 		case frameHeaders:
@@ -316,61 +314,58 @@ func (c *conn) frameDone() {
 // waited Stall, is refused: its bytes go back at once.
 func (c *conn) count(sid uint32, n int64) (bool, error) {
 	c.mu.Lock()
-	_, open := c.streams[sid]
-	c.mu.Unlock()
-	if !open {
+	if s := c.streams[sid]; s == nil || c.b.mem.TryAcquire(n) {
+		if s != nil {
+			c.charge(s, n)
+		}
+		c.mu.Unlock()
 		return true, nil
 	}
-	if !c.b.mem.TryAcquire(n) {
-		own := c.incomplete()
-		c.b.stuck.Add(own)
-		c.mu.Lock()
-		c.waiting = true
-		c.mu.Unlock()
-		since := time.Now()
-		ok, err := c.waitRoom(n)
-		c.mu.Lock()
-		// Its requests were not stalled by the client meanwhile.
-		c.waiting = false
-		for _, s := range c.streams {
-			s.began = s.began.Add(time.Since(since))
-		}
-		c.mu.Unlock()
-		c.b.stuck.Add(-own)
-		if err != nil {
-			return false, err
-		}
-		if !ok {
-			c.release(sid)
-			c.b.refused.Add(1)
-			return false, nil
+	// No room: wait, counted among the waiting readers with what this
+	// connection holds of incomplete requests.
+	var own int64
+	for _, s := range c.streams {
+		if !s.whole {
+			own += s.charge
 		}
 	}
+	c.waiting = true
+	c.mu.Unlock()
+	c.b.stuck.Add(own)
+	since := time.Now()
+	ok, err := c.waitRoom(n)
+	c.b.stuck.Add(-own)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	s := c.streams[sid]
-	if s == nil || c.closed {
-		c.b.mem.Release(n)
-		return true, nil
+	c.waiting = false
+	for _, s := range c.streams {
+		s.began = s.began.Add(time.Since(since)) // the client did not stall them meanwhile
 	}
+	switch {
+	case err != nil:
+		return false, err
+	case !ok:
+		if s := c.streams[sid]; s != nil {
+			delete(c.streams, sid)
+			c.b.mem.Release(s.charge)
+		}
+		c.b.refused.Add(1)
+		return false, nil
+	}
+	if s := c.streams[sid]; s != nil && !c.closed {
+		c.charge(s, n)
+	} else {
+		c.b.mem.Release(n)
+	}
+	return true, nil
+}
+
+// charge adds n bytes, taken from the budget, to s. c.mu is held.
+func (c *conn) charge(s *stream, n int64) {
 	if s.charge == 0 {
 		s.began = time.Now()
 	}
 	s.charge += n
-	return true, nil
-}
-
-// incomplete is the bytes this connection holds of requests not whole.
-func (c *conn) incomplete() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var n int64
-	for _, s := range c.streams {
-		if !s.whole {
-			n += s.charge
-		}
-	}
-	return n
 }
 
 // waitRoom takes n bytes once they are free and waiting is safe (see
