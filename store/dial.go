@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -115,11 +117,16 @@ func dialGRPC(addr string, intercept grpc.UnaryClientInterceptor, sec Security, 
 	opts := append([]grpc.DialOption{
 		grpc.WithTransportCredentials(sec.grpcCredentials()),
 		// Batch answers for many keys exceed gRPC's 4 MiB default.
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20)),
+		// The replay buffer as large as a call may be, so grpc-go's
+		// transparent retry of a refused call covers every call.
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20), grpc.MaxCallSendMsgSize(256<<20),
+			grpc.MaxRetryRPCBufferSize(256<<20)),
 	}, extra...)
 	if intercept != nil {
 		opts = append(opts, grpc.WithUnaryInterceptor(intercept))
 	}
+	// After intercept, so it sees one call however often it is sent.
+	opts = append(opts, grpc.WithChainUnaryInterceptor(retryRefused))
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: master address %q: %w", ErrInvalidConfig, addr, err)
@@ -271,4 +278,41 @@ func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor, sec Sec
 		return &autoConn{addr: addr, intercept: intercept, sec: sec, sem: make(chan struct{}, 1), crpcOnly: proto == "crpc", callTimeout: callTimeout}, cmp.Or(proto, "auto"), nil
 	}
 	return DialMasterSecure(context.Background(), addr, proto, intercept, sec) // the error
+}
+
+// maxRefusedRetries bounds how often a gRPC call the master refused
+// unprocessed (REFUSED_STREAM: its request-byte bound was full) is sent
+// again; the waits between grow from 1 ms to 128 ms, about 255 ms in all.
+const maxRefusedRetries = 8
+
+// retryRefused is the innermost interceptor of a gRPC master connection:
+// it sends a call the server refused before processing it again, after a
+// growing wait, whatever its method (nothing was applied). grpc-go
+// retries such a call once by itself, and only when it is under its
+// 256 KiB replay buffer; a larger call or a second refusal would reach
+// the caller as UNAVAILABLE.
+func retryRefused(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	wait := time.Millisecond
+	for attempt := 0; ; attempt++ {
+		err := invoke(ctx, method, req, reply, cc, opts...)
+		if err == nil || attempt == maxRefusedRetries || !refusedUnprocessed(err) {
+			return err
+		}
+		t := time.NewTimer(wait + time.Duration(rand.Int64N(int64(wait))))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
+		wait *= 2
+	}
+}
+
+// refusedUnprocessed reports whether err is grpc-go's report of an
+// RST_STREAM with REFUSED_STREAM (RFC 9113 8.7: the request was not
+// processed), the only UNAVAILABLE that is always safe to send again.
+func refusedUnprocessed(err error) bool {
+	s, ok := status.FromError(err)
+	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), "REFUSED_STREAM")
 }

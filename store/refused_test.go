@@ -1,0 +1,114 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/store/master"
+	"github.com/crescent-kv/crescent/store/master/service"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// TestGRPCRefusedCallsRetried: a master whose gRPC request bytes are
+// bounded refuses calls it cannot admit with REFUSED_STREAM (nothing
+// processed). A gRPC master connection retries them, whatever the
+// method and size: grpc-go's own transparent retry covers only a first
+// refusal of a call under 256 KiB.
+func TestGRPCRefusedCallsRetried(t *testing.T) {
+	const bound = 4 << 20
+	m, err := master.New(master.Config{})
+	require.NoError(t, err)
+	require.NoError(t, m.Start())
+	t.Cleanup(func() { m.Close() })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	svc := service.New(m, service.WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound, FrameTimeout: 3 * time.Second}, netx.Config{}))
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- svc.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		stop()
+		assert.NoError(t, <-served)
+	})
+
+	conn, proto, err := DialMaster(tctx(t), lis.Addr().String(), "grpc", nil)
+	require.NoError(t, err)
+	require.Equal(t, "grpc", proto)
+	t.Cleanup(func() { conn.Close() })
+	mc := storepb.NewMasterClient(conn)
+
+	// About 1 MiB a call: 512 keys of 2 KiB.
+	keys := make([]string, 512)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%04d", i) + strings.Repeat("k", 2044)
+	}
+	for round := 0; round < 10; round++ {
+		var wg sync.WaitGroup
+		errs := make([]error, 16)
+		for i := range errs {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				resp, err := mc.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: keys})
+				if err == nil && len(resp.GetResults()) != len(keys) {
+					err = fmt.Errorf("%d answers for %d keys", len(resp.GetResults()), len(keys))
+				}
+				errs[i] = err
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "round %d call %d", round, i)
+		}
+		if _, refused := svc.GRPCRequestBytes(); refused > 0 {
+			t.Logf("%d refusals retried by round %d", refused, round)
+			return
+		}
+	}
+	t.Fatal("the master refused no call: the test did not exercise a retry")
+}
+
+// TestRefusedRetryBounded: a call refused again and again is tried
+// 1 + maxRefusedRetries times, or until its context ends, and ends with
+// the refusal; other errors are not retried.
+func TestRefusedRetryBounded(t *testing.T) {
+	refused := status.Error(codes.Unavailable, "stream terminated by RST_STREAM with error code: REFUSED_STREAM")
+	calls := 0
+	invoke := func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+		calls++
+		return refused
+	}
+	err := retryRefused(context.Background(), "/m", nil, nil, nil, invoke)
+	assert.Equal(t, refused, err)
+	assert.Equal(t, 1+maxRefusedRetries, calls)
+
+	calls = 0
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	err = retryRefused(ctx, "/m", nil, nil, nil, invoke)
+	assert.Equal(t, refused, err)
+	assert.Greater(t, calls, 1, "retried")
+	assert.Less(t, calls, 1+maxRefusedRetries, "stopped with the context")
+
+	calls = 0
+	other := status.Error(codes.Unavailable, "connection reset by peer")
+	err = retryRefused(context.Background(), "/m", nil, nil, nil, func(context.Context, string, any, any, *grpc.ClientConn, ...grpc.CallOption) error {
+		calls++
+		return other
+	})
+	assert.Equal(t, other, err)
+	assert.Equal(t, 1, calls)
+}
