@@ -105,6 +105,10 @@ func (c ServerConfig) ByteBounds() (maxBuffered int64, frameTimeout time.Duratio
 	return d.MaxBufferedBytes, d.FrameTimeout
 }
 
+// WriteBound is WriteTimeout with its default: the master bounds its
+// gRPC writes by it too.
+func (c ServerConfig) WriteBound() time.Duration { return c.withDefaults().WriteTimeout }
+
 func (c ServerConfig) withDefaults() ServerConfig {
 	if c.MaxFrame <= 0 {
 		c.MaxFrame = DefaultMaxFrame

@@ -20,6 +20,12 @@ type Config struct {
 	// request begun (its first DATA in) may stay incomplete while another
 	// reader waits: its connection is then closed.
 	Stall time.Duration
+	// WriteTimeout bounds each write to a client (0: none): a client that
+	// stops reading fails the server's write, so the server closes the
+	// connection and its bytes come back instead of waiting on it for
+	// ever (and h2bound's own frames, written from the reader, never
+	// wait on such a client longer than this).
+	WriteTimeout time.Duration
 }
 
 // Bound counts the request bytes of the connections its listeners
@@ -399,7 +405,7 @@ func (c *conn) inject(frames []byte) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	if len(c.queued) == 0 && c.out.boundary() {
-		c.Conn.Write(frames) // a failure shows on the server's next write
+		c.write(frames) // a failure shows on the server's next write
 		return
 	}
 	c.queued = append(c.queued, frames...)
@@ -443,10 +449,28 @@ func (c *conn) Write(p []byte) (int, error) {
 			c.release(ev.sid)
 		}
 	}
-	n, err := c.Conn.Write(p)
+	n, err := c.write(p)
 	if err == nil && len(c.queued) > 0 && c.out.boundary() {
-		_, err = c.Conn.Write(c.queued)
+		_, err = c.write(c.queued)
 		c.queued = c.queued[:0]
+	}
+	return n, err
+}
+
+// write writes p to the client within WriteTimeout, and closes the
+// connection when it cannot: gRPC's server stops writing after an error
+// but leaves the connection to its reader, which a client that stopped
+// reading yet keeps its side open never ends. c.wmu is held.
+func (c *conn) write(p []byte) (int, error) {
+	wt := c.b.cfg.WriteTimeout
+	if wt > 0 {
+		c.Conn.SetWriteDeadline(time.Now().Add(wt))
+	}
+	n, err := c.Conn.Write(p)
+	if err != nil && wt > 0 {
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			c.Close()
+		}
 	}
 	return n, err
 }

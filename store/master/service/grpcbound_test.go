@@ -56,8 +56,13 @@ func (p *h2peer) open(n int) {
 // headers encodes a Ping call's header block, with extra fields after
 // gRPC's.
 func (p *h2peer) headers(extra ...hpack.HeaderField) []byte {
+	return p.headersFor(storepb.Master_Ping_FullMethodName, extra...)
+}
+
+// headersFor encodes a call's header block for method.
+func (p *h2peer) headersFor(method string, extra ...hpack.HeaderField) []byte {
 	p.buf.Reset()
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/crescent.store.v1.Master/Ping"},
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", method},
 		{":authority", "master"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
 		require.NoError(p.t, p.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}))
 	}

@@ -1,0 +1,117 @@
+package service
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/net/http2"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/crescent-kv/crescent/internal/crpc"
+	"github.com/crescent-kv/crescent/internal/netx"
+	"github.com/crescent-kv/crescent/store/master/internal/mastertest"
+	"github.com/crescent-kv/crescent/store/storepb"
+)
+
+// smallSendBuf gives every connection it accepts a small send buffer, so
+// an answer of a few tens of KiB fills what the kernel buffers.
+type smallSendBuf struct{ net.Listener }
+
+func (l smallSendBuf) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// TestGRPCClientThatStopsReading: a gRPC client that stops reading its
+// answers loses its connection after the write timeout, as a crpc
+// client does, and the request bytes its calls held come back; before,
+// the master's write waited on it for ever, holding them.
+func TestGRPCClientThatStopsReading(t *testing.T) {
+	e := mastertest.New(t, nil)
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	svc := New(e.M, WithCRPC(crpc.ServerConfig{WriteTimeout: 300 * time.Millisecond}, netx.Config{}))
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- svc.Serve(ctx, smallSendBuf{tl}) }()
+	t.Cleanup(func() {
+		stop()
+		assert.NoError(t, <-served)
+	})
+
+	p := dialH2(t, tl.Addr().String())
+	require.NoError(t, p.c.(*net.TCPConn).SetReadBuffer(4096))
+	// Windows as large as they go: the master may send all it has.
+	require.NoError(t, p.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1}))
+	require.NoError(t, p.fr.WriteWindowUpdate(0, 1<<31-1-65535))
+
+	// 40 BatchExistKey calls of 10,000 one-byte keys: each request is
+	// 30 KB and each answer 20 KB. All but the last byte of every
+	// request first (reading the master's window updates), so no call
+	// is answered before the client stops reading.
+	keys := make([]string, storepb.MaxBatchItems)
+	for i := range keys {
+		keys[i] = "a"
+	}
+	body, err := proto.Marshal(&storepb.BatchExistKeyRequest{Keys: keys})
+	require.NoError(t, err)
+	msg := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(body)))
+	msg = append(msg, body...)
+	const calls = 40
+	win := newWindows()
+	send := func(sid uint32, b []byte, end bool) {
+		for len(b) > 0 || end {
+			n := min(len(b), 16384, win.conn, win.stream[sid])
+			if n <= 0 && len(b) > 0 {
+				require.True(t, p.readWindows(win), "the master closed the connection")
+				continue
+			}
+			require.NoError(t, p.fr.WriteData(sid, end && n == len(b), b[:n]))
+			b = b[n:]
+			win.conn -= n
+			win.stream[sid] -= n
+			if len(b) == 0 {
+				return
+			}
+		}
+	}
+	for i := range calls {
+		sid := uint32(1 + 2*i)
+		require.NoError(t, p.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: p.headersFor(storepb.Master_BatchExistKey_FullMethodName), EndHeaders: true}))
+		win.stream[sid] = win.initial
+		send(sid, msg[:len(msg)-1], false)
+	}
+	for i := range calls {
+		sid := uint32(1 + 2*i)
+		send(sid, msg[len(msg)-1:], true)
+	}
+	// The client reads nothing from here on.
+	b := func() int64 { held, _ := svc.GRPCRequestBytes(); return held }
+	require.Eventually(t, func() bool { return b() > 0 }, 10*time.Second, time.Millisecond, "the call's request never held")
+	require.Eventually(t, func() bool { return b() == 0 }, 20*time.Second, 10*time.Millisecond,
+		"the request bytes stay held while the master waits on a client that does not read")
+
+	// The master closed the connection: reading it now ends in an error,
+	// not in the answer's trailers.
+	require.NoError(t, p.c.SetReadDeadline(time.Now().Add(20*time.Second)))
+	for {
+		f, err := p.fr.ReadFrame()
+		if err != nil {
+			var ne net.Error
+			require.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection is still open")
+			return
+		}
+		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamID == calls*2-1 && h.StreamEnded() {
+			t.Fatal("the last answer was sent whole: the master did not close the connection")
+		}
+	}
+}
