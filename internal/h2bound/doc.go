@@ -44,6 +44,12 @@
 // (the reader, not the client, stopped its requests), and the time its
 // reader waited does not count toward its requests' age.
 //
+// Each write to the client, the server's and h2bound's own, must end
+// within Config.WriteTimeout, else the connection is closed and its
+// bytes go back: gRPC's server stops writing after an error but leaves
+// the connection open until its reader fails, which never happens while
+// a client that stopped reading keeps its side open.
+//
 // h2bound owns no wire format; it reads HTTP/2's framing and writes two
 // of its frames (RST_STREAM: 9-byte header, type 0x3, error code 4
 // bytes; WINDOW_UPDATE: type 0x8, stream 0, increment 4 bytes).
