@@ -7,7 +7,7 @@ export GOFLAGS ?= -buildvcs=false
 # their headers; see scripts/native-tags.
 TAGS ?= $(shell scripts/native-tags)
 # Debian packages the build, tests and benchmarks use.
-DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack python3-grpcio \
+DEB_PACKAGES := ca-certificates gcc python3 python3-zmq python3-msgpack python3-grpcio nghttp2-client \
 	redis-server file libibverbs-dev rdma-core ibverbs-providers libfabric-dev protobuf-compiler \
 	chromium
 BENCH_FLAGS ?= --table --duration 5 --threads 2 --buffer_size 256MiB

@@ -27,6 +27,35 @@ type pyPhase struct {
 	Workers  int      `json:"workers"`
 }
 
+// existRequest is a BatchExistKey request for keys and about pad bytes
+// more of padding keys of up to keyLen bytes: the reply says which
+// exist, so a request cut or corrupted on the way shows.
+func existRequest(t *testing.T, keys []string, pad, keyLen int) []byte {
+	ks := append([]string{}, keys...)
+	for i := 0; pad > 0; i++ {
+		n := min(pad, keyLen)
+		ks = append(ks, strings.Repeat(string(rune('a'+i%26)), n))
+		pad -= n + 3
+	}
+	b, err := proto.Marshal(&storepb.BatchExistKeyRequest{Keys: ks})
+	require.NoError(t, err)
+	return b
+}
+
+// checkExistReply checks a BatchExistKey reply to a request of
+// existRequest({"present", "absent"}, ...) with n keys (-1: any).
+func checkExistReply(t *testing.T, raw []byte, n int) {
+	var rep storepb.BatchExistKeyResponse
+	require.NoError(t, proto.Unmarshal(raw, &rep))
+	if n >= 0 {
+		require.Len(t, rep.GetResults(), n)
+	}
+	require.GreaterOrEqual(t, len(rep.GetResults()), 2)
+	require.Zero(t, rep.GetResults()[0].GetErrorCode(), "present")
+	require.True(t, rep.GetResults()[0].GetExists(), "present")
+	require.False(t, rep.GetResults()[1].GetExists(), "absent")
+}
+
 // runPyPeer makes the phases' calls from gRPC C-core and returns each
 // phase's result lines.
 func runPyPeer(t *testing.T, addr string, phases []pyPhase) [][]string {
@@ -69,19 +98,7 @@ func TestGRPCBoundWithCCore(t *testing.T) {
 	e.Mount(c, "seg", 64<<20)
 	e.Put(c, "present", 4096, master.ReplicateConfig{Replicas: 1})
 
-	// BatchExistKey with padding keys of every size: the reply says which
-	// exist, so a request cut or corrupted on the way shows.
-	exist := func(pad int) []byte {
-		ks := append([]string{}, keys...)
-		for i := 0; pad > 0; i++ {
-			n := min(pad, 200)
-			ks = append(ks, strings.Repeat(string(rune('a'+i%26)), n))
-			pad -= n + 3
-		}
-		b, err := proto.Marshal(&storepb.BatchExistKeyRequest{Keys: ks})
-		require.NoError(t, err)
-		return b
-	}
+	exist := func(pad int) []byte { return existRequest(t, keys, pad, 200) }
 	var small, large [][]byte
 	for i := range 40 {
 		small = append(small, exist(i*i*97))
@@ -101,12 +118,7 @@ func TestGRPCBoundWithCCore(t *testing.T) {
 		require.True(t, ok, line)
 		raw, err := base64.StdEncoding.DecodeString(rest)
 		require.NoError(t, err)
-		var rep storepb.BatchExistKeyResponse
-		require.NoError(t, proto.Unmarshal(raw, &rep))
-		require.GreaterOrEqual(t, len(rep.GetResults()), 2)
-		require.Zero(t, rep.GetResults()[0].GetErrorCode(), "present")
-		require.True(t, rep.GetResults()[0].GetExists(), "present")
-		require.False(t, rep.GetResults()[1].GetExists(), "absent")
+		checkExistReply(t, raw, -1)
 	}
 	for _, ph := range [][]string{res[0], res[1], res[3]} {
 		for _, line := range ph {
