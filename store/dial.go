@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"time"
 
@@ -281,21 +280,23 @@ func dialLazy(addr, proto string, intercept grpc.UnaryClientInterceptor, sec Sec
 }
 
 // maxRefusedRetries bounds how often a gRPC call the master refused
-// unprocessed (REFUSED_STREAM: its request-byte bound was full) is sent
-// again; the waits between grow from 1 ms to 128 ms, about 255 ms in all.
+// unprocessed (rpcerr.Unprocessed) is sent again; the waits between grow
+// from 1-2 ms to 128-256 ms, at most about half a second in all.
 const maxRefusedRetries = 8
 
 // retryRefused is the innermost interceptor of a gRPC master connection:
-// it sends a call the server refused before processing it again, after a
-// growing wait, whatever its method (nothing was applied). grpc-go
-// retries such a call once by itself, and only when it is under its
-// 256 KiB replay buffer; a larger call or a second refusal would reach
-// the caller as UNAVAILABLE.
+// it sends a call the master refused before processing it
+// (rpcerr.Unprocessed: its request-byte bound or its bound on calls
+// open) again, after a growing wait, whatever its method (nothing was
+// applied). grpc-go retries a REFUSED_STREAM once by itself, and only a
+// call under its 256 KiB replay buffer; a larger call or a second
+// refusal would reach the caller as UNAVAILABLE, and a call past the
+// calls bound as RESOURCE_EXHAUSTED.
 func retryRefused(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	wait := time.Millisecond
 	for attempt := 0; ; attempt++ {
 		err := invoke(ctx, method, req, reply, cc, opts...)
-		if err == nil || attempt == maxRefusedRetries || !refusedUnprocessed(err) {
+		if err == nil || attempt == maxRefusedRetries || !rpcerr.Unprocessed(err) {
 			return err
 		}
 		t := time.NewTimer(wait + time.Duration(rand.Int64N(int64(wait))))
@@ -307,12 +308,4 @@ func retryRefused(ctx context.Context, method string, req, reply any, cc *grpc.C
 		}
 		wait *= 2
 	}
-}
-
-// refusedUnprocessed reports whether err is grpc-go's report of an
-// RST_STREAM with REFUSED_STREAM (RFC 9113 8.7: the request was not
-// processed), the only UNAVAILABLE that is always safe to send again.
-func refusedUnprocessed(err error) bool {
-	s, ok := status.FromError(err)
-	return ok && s.Code() == codes.Unavailable && strings.Contains(s.Message(), "REFUSED_STREAM")
 }

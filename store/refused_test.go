@@ -112,3 +112,52 @@ func TestRefusedRetryBounded(t *testing.T) {
 	assert.Equal(t, other, err)
 	assert.Equal(t, 1, calls)
 }
+
+// TestGRPCCallsBoundRetried: calls past the master's bound on gRPC calls
+// open are answered RESOURCE_EXHAUSTED before they are read; a gRPC
+// master connection sends them again.
+func TestGRPCCallsBoundRetried(t *testing.T) {
+	m, err := master.New(master.Config{})
+	require.NoError(t, err)
+	require.NoError(t, m.Start())
+	t.Cleanup(func() { m.Close() })
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	svc := service.New(m, service.WithCRPC(crpc.ServerConfig{MaxCalls: 2}, netx.Config{}))
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- svc.Serve(ctx, lis) }()
+	t.Cleanup(func() {
+		stop()
+		assert.NoError(t, <-served)
+	})
+	conn, _, err := DialMaster(tctx(t), lis.Addr().String(), "grpc", nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	mc := storepb.NewMasterClient(conn)
+
+	keys := make([]string, 512) // about 1 MiB a call
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%04d", i) + strings.Repeat("k", 2044)
+	}
+	for round := 0; round < 20; round++ {
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		for i := range errs {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				_, errs[i] = mc.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: keys})
+			})
+		}
+		wg.Wait()
+		for i, err := range errs {
+			require.NoError(t, err, "round %d call %d", round, i)
+		}
+		if n := svc.GRPCCallsRefused(); n > 0 {
+			t.Logf("%d calls past the bound retried by round %d", n, round)
+			return
+		}
+	}
+	t.Fatal("no call past the bound: the test did not exercise a retry")
+}

@@ -119,3 +119,28 @@ func (w *wrapped) As(target any) bool {
 	}
 	return false
 }
+
+// CallsBound is in the message of the status (RESOURCE_EXHAUSTED) the
+// master answers a gRPC call with when its bound on calls open is spent:
+// the call was refused as its headers arrived, before anything of it
+// was read.
+const CallsBound = "gRPC calls open, its bound"
+
+// Unprocessed reports whether err says the master refused the call
+// before processing it, so that sending it again is safe whatever the
+// method: an HTTP/2 RST_STREAM with REFUSED_STREAM (RFC 9113 §8.7; the
+// master's request-byte bound), as grpc-go reports it, or the bound on
+// gRPC calls open (CallsBound).
+func Unprocessed(err error) bool {
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch s.Code() {
+	case codes.Unavailable:
+		return strings.Contains(s.Message(), "REFUSED_STREAM")
+	case codes.ResourceExhausted:
+		return strings.Contains(s.Message(), CallsBound)
+	}
+	return false
+}

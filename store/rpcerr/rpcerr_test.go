@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -62,5 +63,24 @@ func TestTransportFailures(t *testing.T) {
 	// Codes map onto sensible gRPC codes for generic tooling.
 	if s, _ := status.FromError(ToStatus(errcode.ErrObjectNotFound)); s.Code() != codes.NotFound {
 		t.Fatalf("not found: %v", s.Code())
+	}
+}
+
+// TestUnprocessed: only the master's two refusals of a call it did not
+// read count as unprocessed.
+func TestUnprocessed(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{status.Error(codes.Unavailable, "stream terminated by RST_STREAM with error code: REFUSED_STREAM"), true},
+		{status.Error(codes.ResourceExhausted, "the master has 4096 "+CallsBound+": retry later"), true},
+		{status.Error(codes.ResourceExhausted, "grpc: received message larger than max (9 vs. 4)"), false},
+		{status.Error(codes.Unavailable, "error reading from server: connection reset by peer"), false},
+		{status.Error(codes.Internal, "REFUSED_STREAM"), false},
+		{errors.New("REFUSED_STREAM"), false},
+		{nil, false},
+	} {
+		assert.Equal(t, c.want, Unprocessed(c.err), "%v", c.err)
 	}
 }

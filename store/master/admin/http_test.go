@@ -405,3 +405,39 @@ func TestGRPCBoundMetrics(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(get(), "\nmaster_grpc_request_bytes 0\n") }, 10*time.Second, 10*time.Millisecond)
 	assert.Contains(t, get(), fmt.Sprintf("\nmaster_grpc_refused_calls_total %d\n", failed.Load()))
 }
+
+// TestGRPCCallsBoundMetric: the calls the bound on gRPC calls open
+// answered RESOURCE_EXHAUSTED are counted on /metrics.
+func TestGRPCCallsBoundMetric(t *testing.T) {
+	e := mastertest.New(t, nil)
+	cli, svc := serve(t, e.M, service.WithCRPC(crpc.ServerConfig{MaxCalls: 1}, netx.Config{}))
+	var exhausted atomic.Int64
+	for round := 0; round < 20 && exhausted.Load() == 0; round++ {
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Go(func() {
+				req := &storepb.PingRequest{ClientId: pbID(mastertest.Client(1))}
+				req.ProtoReflect().SetUnknown(append([]byte{0xc2, 0x3e, 0x80, 0x80, 0x40}, make([]byte, 1<<20)...)) // field 1000, 1 MiB
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				if _, err := cli.Ping(ctx, req); err != nil {
+					assert.Equal(t, codes.ResourceExhausted, status.Code(err), "%v", err)
+					exhausted.Add(1)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	require.Positive(t, exhausted.Load(), "no call past the bound: the test proves nothing")
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewMetrics(e.M, svc))
+	srv := httptest.NewServer(Handler(e.M, svc, reg, nil))
+	defer srv.Close()
+	r, err := srv.Client().Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	defer r.Body.Close()
+	b, err := io.ReadAll(r.Body)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), fmt.Sprintf("\nmaster_grpc_exhausted_calls_total %d\n", exhausted.Load()))
+}

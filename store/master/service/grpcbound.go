@@ -11,6 +11,7 @@ import (
 
 	"github.com/crescent-kv/crescent/internal/crpc"
 	"github.com/crescent-kv/crescent/internal/grpctune"
+	"github.com/crescent-kv/crescent/store/rpcerr"
 )
 
 // maxGRPCHeaderBytes bounds one gRPC call's header block (gRPC's own
@@ -26,7 +27,7 @@ const maxGRPCHeaderBytes = 64 << 10
 // before their request is read. A gRPC call is counted from its headers
 // (its handler's goroutine exists from then on), not from its whole
 // request as in crpc, so the bound cannot wait: it refuses.
-func grpcBounds(cfg crpc.ServerConfig) []grpc.ServerOption {
+func grpcBounds(cfg crpc.ServerConfig) ([]grpc.ServerOption, *callBound) {
 	perConn, total := cfg.CallBounds()
 	b := &callBound{max: int64(total)}
 	return []grpc.ServerOption{
@@ -35,13 +36,14 @@ func grpcBounds(cfg crpc.ServerConfig) []grpc.ServerOption {
 		grpc.InTapHandle(b.tap),
 		// A request's expansion bounded while it decodes, as crpc's.
 		grpc.ForceServerCodecV2(grpctune.RequestCodec()),
-	}
+	}, b
 }
 
 // callBound counts gRPC calls open across connections.
 type callBound struct {
-	n   atomic.Int64
-	max int64
+	n       atomic.Int64
+	max     int64
+	refused atomic.Int64 // calls answered RESOURCE_EXHAUSTED
 }
 
 // tap runs on a connection's reader as a call's headers arrive; ctx is
@@ -49,7 +51,8 @@ type callBound struct {
 func (b *callBound) tap(ctx context.Context, _ *tap.Info) (context.Context, error) {
 	if b.n.Add(1) > b.max {
 		b.n.Add(-1)
-		return nil, status.Errorf(codes.ResourceExhausted, "the master has %d gRPC calls open, its bound: retry later", b.max)
+		b.refused.Add(1)
+		return nil, status.Errorf(codes.ResourceExhausted, "the master has %d %s: retry later", b.max, rpcerr.CallsBound)
 	}
 	context.AfterFunc(ctx, func() { b.n.Add(-1) })
 	return ctx, nil

@@ -113,7 +113,7 @@ func hasField(f *http2.MetaHeadersFrame, name, value string) bool {
 // read); a call that ends gives its place back.
 func TestGRPCCallsBounded(t *testing.T) {
 	e := mastertest.New(t, nil)
-	addr, _ := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxCallsPerConn: 4, MaxCalls: 6}, netx.Config{}))
+	addr, svc := serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxCallsPerConn: 4, MaxCalls: 6}, netx.Config{}))
 	a := dialH2(t, addr)
 	a.open(6)
 	refused, exhausted := a.refusals(2)
@@ -125,6 +125,7 @@ func TestGRPCCallsBounded(t *testing.T) {
 	refused, exhausted = b.refusals(2)
 	require.Zero(t, refused)
 	require.Equal(t, 2, exhausted, "calls past the bound across connections")
+	require.EqualValues(t, 2, svc.GRPCCallsRefused())
 
 	// a's four calls end with its connection; ten calls one after
 	// another then fit in the two places b leaves.

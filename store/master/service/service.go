@@ -110,6 +110,8 @@ type Service struct {
 	allow func(net.Addr) bool
 	// h2 counts the gRPC requests' bytes of the latest Serve.
 	h2 atomic.Pointer[h2bound.Bound]
+	// calls counts the gRPC calls open of the latest Serve.
+	calls atomic.Pointer[callBound]
 }
 
 // Option configures New.
@@ -251,6 +253,16 @@ func (s *Service) GRPCRequestBytes() (held, refused int64) {
 	return 0, 0
 }
 
+// GRPCCallsRefused is the gRPC calls the latest Serve answered
+// RESOURCE_EXHAUSTED because its bound on calls open was spent (0
+// before Serve).
+func (s *Service) GRPCCallsRefused() int64 {
+	if b := s.calls.Load(); b != nil {
+		return b.refused.Load()
+	}
+	return 0
+}
+
 // rpcOf maps a full method name to its counters.
 var rpcOf = map[string]int{
 	storepb.Master_PutStart_FullMethodName: rpcPutStart, storepb.Master_PutEnd_FullMethodName: rpcPutEnd,
@@ -383,7 +395,9 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serv
 	}
 	cl, gl := crpc.SplitAuth(lis, conns, tc, s.token)
 	// The bounds first: opts given by the caller override them.
-	gopts := append(append(grpcBounds(s.crpc), opts...), grpc.ChainUnaryInterceptor(ic))
+	bounds, calls := grpcBounds(s.crpc)
+	s.calls.Store(calls)
+	gopts := append(append(bounds, opts...), grpc.ChainUnaryInterceptor(ic))
 	if tc != nil {
 		// The split did the handshake; these show its state to handlers.
 		gopts = append(gopts, grpc.Creds(crpc.Credentials()))
