@@ -133,10 +133,18 @@ func clientGoroutines() int {
 	return n
 }
 
+// startCluster starts a 3-member etcd cluster and, after its cleanup has
+// closed it, waits for its members' connections to end, so that the
+// package's leak check passes when a cluster test runs last.
+func startCluster(t *testing.T) *testsvc.EtcdCluster {
+	t.Cleanup(func() { testsvc.AwaitHTTPQuiet(30 * time.Second) })
+	return testsvc.StartEtcdCluster(t, 3)
+}
+
 // TestEtcdMemberStopKeepsLeadership stops one member of three: quorum
 // remains, so the session lives on.
 func TestEtcdMemberStopKeepsLeadership(t *testing.T) {
-	cl := testsvc.StartEtcdCluster(t, 3)
+	cl := startCluster(t)
 	cli := etcdClient(t, cl.Endpoints...)
 	c, err := NewEtcd(cli, "m", WithTTL(etcdTTL))
 	require.NoError(t, err)
@@ -167,7 +175,7 @@ func TestEtcdMemberStopKeepsLeadership(t *testing.T) {
 // expires the lease, which the session then learns as ErrLeadershipLost
 // (seen once in CI).
 func TestEtcdClusterStopRenewError(t *testing.T) {
-	cl := testsvc.StartEtcdCluster(t, 3)
+	cl := startCluster(t)
 	var pxs []*testutil.Proxy
 	var eps []string
 	for _, ep := range cl.Endpoints {
