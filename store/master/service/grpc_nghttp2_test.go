@@ -94,16 +94,19 @@ func TestGRPCBoundWithNghttp2(t *testing.T) {
 	require.Zero(t, refused())
 
 	// Sixteen of 1 MiB over the 4 MiB bound: some answered, the rest
-	// refused, none lost.
+	// refused, none lost (again, up to five times, until the bound was
+	// reached: nghttp's interleaving is its own).
 	req = existRequest(t, keys, 1<<20, 1000)
-	replies := nghttp(t, addr, method, req, 16)
-	require.NotEmpty(t, replies)
-	for _, r := range replies {
-		checkExistReply(t, r, nkeys(req))
+	for attempt := 0; attempt < 5 && refused() == 0; attempt++ {
+		replies := nghttp(t, addr, method, req, 16)
+		require.NotEmpty(t, replies)
+		for _, r := range replies {
+			checkExistReply(t, r, nkeys(req))
+		}
+		require.EqualValues(t, 16-len(replies), refused(), "every call not answered was refused")
+		require.Eventually(t, func() bool { return held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d", held())
+		t.Logf("%d of 16 answered", len(replies))
 	}
-	require.EqualValues(t, 16-len(replies), refused(), "every call not answered was refused")
-	require.Positive(t, refused(), "the bound was not reached: the test proves nothing")
+	require.Positive(t, refused(), "the bound was never reached: the test proves nothing")
 	require.LessOrEqual(t, svc.h2.Load().Peak(), int64(bound))
-	require.Eventually(t, func() bool { return held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d", held())
-	t.Logf("%d of 16 answered", len(replies))
 }
