@@ -22,20 +22,17 @@ import (
 	"github.com/crescent-kv/crescent/store/storepb"
 )
 
-// TestGRPCRefusedCallsRetried: a master whose gRPC request bytes are
-// bounded refuses calls it cannot admit with REFUSED_STREAM (nothing
-// processed). A gRPC master connection retries them, whatever the
-// method and size: grpc-go's own transparent retry covers only a first
-// refusal of a call under 256 KiB.
-func TestGRPCRefusedCallsRetried(t *testing.T) {
-	const bound = 4 << 20
+// boundedMaster serves a master with crpc bounds cfg (gRPC follows them
+// too) until the test ends, and returns its service and a gRPC master
+// connection's client, dialled as clients dial.
+func boundedMaster(t *testing.T, cfg crpc.ServerConfig) (*service.Service, storepb.MasterClient) {
 	m, err := master.New(master.Config{})
 	require.NoError(t, err)
 	require.NoError(t, m.Start())
 	t.Cleanup(func() { m.Close() })
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	svc := service.New(m, service.WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound, FrameTimeout: 3 * time.Second}, netx.Config{}))
+	svc := service.New(m, service.WithCRPC(cfg, netx.Config{}))
 	ctx, stop := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- svc.Serve(ctx, lis) }()
@@ -43,21 +40,25 @@ func TestGRPCRefusedCallsRetried(t *testing.T) {
 		stop()
 		assert.NoError(t, <-served)
 	})
-
 	conn, proto, err := DialMaster(tctx(t), lis.Addr().String(), "grpc", nil)
 	require.NoError(t, err)
 	require.Equal(t, "grpc", proto)
 	t.Cleanup(func() { conn.Close() })
-	mc := storepb.NewMasterClient(conn)
+	return svc, storepb.NewMasterClient(conn)
+}
 
-	// About 1 MiB a call: 512 keys of 2 KiB.
+// existBursts makes rounds of n concurrent BatchExistKey calls of about
+// 1 MiB (512 keys of 2 KiB) with mc, each answered in full, until
+// retried() says some call was refused and retried (then it logs how
+// many), failing the test if none was after 20 rounds.
+func existBursts(t *testing.T, mc storepb.MasterClient, n int, retried func() int64) {
 	keys := make([]string, 512)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("%04d", i) + strings.Repeat("k", 2044)
 	}
-	for round := 0; round < 10; round++ {
+	for round := 0; round < 20; round++ {
 		var wg sync.WaitGroup
-		errs := make([]error, 16)
+		errs := make([]error, n)
 		for i := range errs {
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -73,12 +74,22 @@ func TestGRPCRefusedCallsRetried(t *testing.T) {
 		for i, err := range errs {
 			require.NoError(t, err, "round %d call %d", round, i)
 		}
-		if _, refused := svc.GRPCRequestBytes(); refused > 0 {
-			t.Logf("%d refusals retried by round %d", refused, round)
+		if r := retried(); r > 0 {
+			t.Logf("%d refused calls retried by round %d", r, round)
 			return
 		}
 	}
 	t.Fatal("the master refused no call: the test did not exercise a retry")
+}
+
+// TestGRPCRefusedCallsRetried: a master whose gRPC request bytes are
+// bounded refuses calls it cannot admit with REFUSED_STREAM (nothing
+// processed). A gRPC master connection retries them, whatever the
+// method and size: grpc-go's own transparent retry covers only a first
+// refusal of a call under 256 KiB.
+func TestGRPCRefusedCallsRetried(t *testing.T) {
+	svc, mc := boundedMaster(t, crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: 4 << 20, FrameTimeout: 3 * time.Second})
+	existBursts(t, mc, 16, func() int64 { _, refused := svc.GRPCRequestBytes(); return refused })
 }
 
 // TestRefusedRetryBounded: a call refused again and again is tried
@@ -117,47 +128,6 @@ func TestRefusedRetryBounded(t *testing.T) {
 // open are answered RESOURCE_EXHAUSTED before they are read; a gRPC
 // master connection sends them again.
 func TestGRPCCallsBoundRetried(t *testing.T) {
-	m, err := master.New(master.Config{})
-	require.NoError(t, err)
-	require.NoError(t, m.Start())
-	t.Cleanup(func() { m.Close() })
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	svc := service.New(m, service.WithCRPC(crpc.ServerConfig{MaxCalls: 2}, netx.Config{}))
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- svc.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		stop()
-		assert.NoError(t, <-served)
-	})
-	conn, _, err := DialMaster(tctx(t), lis.Addr().String(), "grpc", nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	mc := storepb.NewMasterClient(conn)
-
-	keys := make([]string, 512) // about 1 MiB a call
-	for i := range keys {
-		keys[i] = fmt.Sprintf("%04d", i) + strings.Repeat("k", 2044)
-	}
-	for round := 0; round < 20; round++ {
-		var wg sync.WaitGroup
-		errs := make([]error, 8)
-		for i := range errs {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				_, errs[i] = mc.BatchExistKey(ctx, &storepb.BatchExistKeyRequest{Keys: keys})
-			})
-		}
-		wg.Wait()
-		for i, err := range errs {
-			require.NoError(t, err, "round %d call %d", round, i)
-		}
-		if n := svc.GRPCCallsRefused(); n > 0 {
-			t.Logf("%d calls past the bound retried by round %d", n, round)
-			return
-		}
-	}
-	t.Fatal("no call past the bound: the test did not exercise a retry")
+	svc, mc := boundedMaster(t, crpc.ServerConfig{MaxCalls: 2})
+	existBursts(t, mc, 8, svc.GRPCCallsRefused)
 }
