@@ -101,17 +101,19 @@ func TestGRPCClientThatStopsReading(t *testing.T) {
 		"the request bytes stay held while the master waits on a client that does not read")
 
 	// The master closed the connection: reading it now ends in an error,
-	// not in the answer's trailers.
+	// after some answers at most (what the socket buffers held), not all.
 	require.NoError(t, p.c.SetReadDeadline(time.Now().Add(20*time.Second)))
+	answered := 0
 	for {
 		f, err := p.fr.ReadFrame()
 		if err != nil {
 			var ne net.Error
 			require.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection is still open")
-			return
+			break
 		}
-		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamID == calls*2-1 && h.StreamEnded() {
-			t.Fatal("the last answer was sent whole: the master did not close the connection")
+		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamEnded() {
+			answered++
 		}
 	}
+	require.Less(t, answered, calls, "every answer was sent: the master did not close the connection")
 }
