@@ -19,11 +19,14 @@ import (
 // loopback port.
 type testMaster struct {
 	m    *master.Master
+	svc  *service.Service
 	addr string
 	stop func()
 }
 
-func startMaster(t testing.TB, cfg master.Config) *testMaster {
+// startMaster serves a master of cfg, its service built with opts, until
+// the test ends.
+func startMaster(t testing.TB, cfg master.Config, opts ...service.Option) *testMaster {
 	t.Helper()
 	m, err := master.New(cfg)
 	if err != nil {
@@ -37,17 +40,22 @@ func startMaster(t testing.TB, cfg master.Config) *testMaster {
 		t.Fatal(err)
 	}
 	tm := &testMaster{m: m, addr: lis.Addr().String()}
-	tm.stop = serveMaster(t, m, lis, false)
+	tm.stop, tm.svc = serveMaster(t, m, lis, false, opts...)
 	t.Cleanup(tm.stop)
 	return tm
 }
 
 // serveMaster serves m on lis, gRPC only or (as crescent-master does)
-// gRPC and crpc on the one port; the func returned stops it, once.
-func serveMaster(t testing.TB, m *master.Master, lis net.Listener, grpcOnly bool) func() {
+// gRPC and crpc on the one port, with a service built with opts; the
+// func returned stops it, once.
+func serveMaster(t testing.TB, m *master.Master, lis net.Listener, grpcOnly bool, opts ...service.Option) (func(), *service.Service) {
+	if !grpcOnly {
+		opts = append([]service.Option{service.WithGracePeriod(100 * time.Millisecond)}, opts...)
+	}
+	svc := service.New(m, opts...)
 	if grpcOnly {
 		g := grpc.NewServer()
-		service.New(m).Register(g)
+		svc.Register(g)
 		served := make(chan struct{})
 		go func() {
 			defer close(served)
@@ -57,18 +65,18 @@ func serveMaster(t testing.TB, m *master.Master, lis net.Listener, grpcOnly bool
 			g.Stop()
 			<-served
 			m.Close()
-		})
+		}), svc
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- service.New(m, service.WithGracePeriod(100*time.Millisecond)).Serve(ctx, lis) }()
+	go func() { done <- svc.Serve(ctx, lis) }()
 	return sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("master Serve: %v", err)
 		}
 		m.Close()
-	})
+	}), svc
 }
 
 var quiet = slog.New(slog.DiscardHandler)

@@ -48,7 +48,7 @@ func TestMasterProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stop := serveMaster(t, m, lis, true)
+	stop, _ := serveMaster(t, m, lis, true)
 	t.Cleanup(stop)
 	old := &testMaster{m: m, addr: lis.Addr().String()}
 	fb := newTestClient(t, old, 16<<20)

@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"fmt"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -26,25 +25,12 @@ import (
 // too) until the test ends, and returns its service and a gRPC master
 // connection's client, dialled as clients dial.
 func boundedMaster(t *testing.T, cfg crpc.ServerConfig) (*service.Service, storepb.MasterClient) {
-	m, err := master.New(master.Config{})
-	require.NoError(t, err)
-	require.NoError(t, m.Start())
-	t.Cleanup(func() { m.Close() })
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	svc := service.New(m, service.WithCRPC(cfg, netx.Config{}))
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- svc.Serve(ctx, lis) }()
-	t.Cleanup(func() {
-		stop()
-		assert.NoError(t, <-served)
-	})
-	conn, proto, err := DialMaster(tctx(t), lis.Addr().String(), "grpc", nil)
+	tm := startMaster(t, master.Config{}, service.WithCRPC(cfg, netx.Config{}))
+	conn, proto, err := DialMaster(tctx(t), tm.addr, "grpc", nil)
 	require.NoError(t, err)
 	require.Equal(t, "grpc", proto)
 	t.Cleanup(func() { conn.Close() })
-	return svc, storepb.NewMasterClient(conn)
+	return tm.svc, storepb.NewMasterClient(conn)
 }
 
 // existBursts makes rounds of n concurrent BatchExistKey calls of about
