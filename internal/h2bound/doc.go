@@ -50,6 +50,21 @@
 // the connection open until its reader fails, which never happens while
 // a client that stopped reading keeps its side open.
 //
+// A client that keeps reading (and answering pings) but never opens its
+// flow-control window again blocks no write, so the write timeout never
+// fires, yet the answers waiting on that window never leave and their
+// calls' request bytes stay held. h2bound therefore keeps the server's
+// send windows (RFC 9113 §6.9): the connection's and each open call's
+// start at 65,535 bytes (a call's at the client's latest
+// SETTINGS_INITIAL_WINDOW_SIZE, id 0x4, which also moves every open
+// call's window by its change), grow by the client's WINDOW_UPDATEs
+// (type 0x8, 4-byte increment, stream 0 for the connection) and shrink by
+// the server's DATA (payload and padding). While a window an open call
+// needs is spent (the call's own, or the connection's while any call is
+// open) for Config.WriteTimeout, the connection is closed and its bytes
+// go back (Bound.Starved counts these). A live client opens its windows
+// as it reads, whatever the application does with a unary answer.
+//
 // h2bound owns no wire format; it reads HTTP/2's framing and writes two
 // of its frames (RST_STREAM: 9-byte header, type 0x3, error code 4
 // bytes; WINDOW_UPDATE: type 0x8, stream 0, increment 4 bytes).

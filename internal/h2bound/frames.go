@@ -9,7 +9,12 @@ const (
 	frameData      = 0x0
 	frameHeaders   = 0x1
 	frameRSTStream = 0x3
+	frameSettings  = 0x4
 	flagEndStream  = 0x1
+	flagAck        = 0x1 // SETTINGS, PING
+
+	settingInitialWindowSize = 0x4
+	initialWindow            = 65535 // both windows' size before SETTINGS (RFC 9113 §6.9.2)
 )
 
 const clientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -27,6 +32,8 @@ type event struct {
 	sid   uint32
 	n     int
 	end   bool
+	// length is a header's payload length (evHeader).
+	length int
 }
 
 // frames follows a byte stream's frame boundaries without holding its
@@ -60,7 +67,7 @@ func (f *frames) step(p []byte) (int, event) {
 	}
 	f.nhdr = 0
 	f.left, f.typ, f.flags, f.sid = header(f.hdr[:])
-	return n, event{kind: evHeader, typ: f.typ, flags: f.flags, sid: f.sid, end: f.left == 0}
+	return n, event{kind: evHeader, typ: f.typ, flags: f.flags, sid: f.sid, end: f.left == 0, length: f.left}
 }
 
 // header decodes a 9-byte frame header.

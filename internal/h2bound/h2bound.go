@@ -39,6 +39,7 @@ type Bound struct {
 	// whose reader waits for room.
 	stuck   atomic.Int64
 	refused atomic.Int64
+	starved atomic.Int64 // connections closed for a window left shut
 }
 
 // New returns a Bound; MaxBytes and Stall must be positive.
@@ -61,6 +62,11 @@ func (b *Bound) Peak() int64 {
 // Refused is the number of calls refused (REFUSED_STREAM) so far.
 func (b *Bound) Refused() int64 { return b.refused.Load() }
 
+// Starved is the number of connections closed so far because the client
+// kept a flow-control window shut while answers waited on it for
+// WriteTimeout.
+func (b *Bound) Starved() int64 { return b.starved.Load() }
+
 // Listener wraps l: every connection it accepts is counted.
 func (b *Bound) Listener(l net.Listener) net.Listener { return &listener{Listener: l, b: b} }
 
@@ -80,7 +86,8 @@ func (l *listener) Accept() (net.Conn, error) {
 // wrap counts c's requests.
 func (b *Bound) wrap(c net.Conn) *conn {
 	ctx, cancel := context.WithCancel(context.Background())
-	bc := &conn{Conn: c, b: b, streams: map[uint32]*stream{}, ctx: ctx, cancel: cancel, pre: len(clientPreface)}
+	bc := &conn{Conn: c, b: b, streams: map[uint32]*stream{}, ctx: ctx, cancel: cancel, pre: len(clientPreface),
+		connWin: initialWindow, initWin: initialWindow}
 	b.mu.Lock()
 	b.conns[bc] = struct{}{}
 	b.mu.Unlock()
@@ -110,6 +117,7 @@ type stream struct {
 	charge int64     // bytes taken from the budget
 	began  time.Time // first DATA
 	whole  bool      // the client ended its side (END_STREAM)
+	win    int64     // the server's send window on the call
 }
 
 type conn struct {
@@ -124,12 +132,30 @@ type conn struct {
 	cancel  context.CancelFunc
 	once    sync.Once
 
+	// The server's send windows (RFC 9113 §6.9), under mu: the client's
+	// WINDOW_UPDATEs and SETTINGS_INITIAL_WINDOW_SIZE open them, the
+	// server's DATA spends them. A client that keeps a window shut while
+	// an open call waits on it is closed after WriteTimeout, as one that
+	// stops reading is: it reads (and answers pings), so no write ever
+	// blocks, yet the calls' answers, and their request bytes, would stay
+	// for ever.
+	connWin   int64
+	initWin   int64
+	shut      int       // open calls whose window is spent
+	shutSince time.Time // since when a window open calls need is shut (zero: none is)
+	starve    *time.Timer
+
 	// Read's own state: the client's frames as they pass.
 	pre   int    // preface bytes still to pass
 	left  int    // payload bytes left in the current frame
 	drop  bool   // the current frame's payload is dropped (a refused call's)
 	cur   uint32 // the current DATA frame's stream (0: not DATA)
 	curES bool   // the current DATA frame ends its stream
+	ctl   byte   // the current frame's type when it is a WINDOW_UPDATE or SETTINGS read (ctlOn)
+	ctlOn bool
+	ctlID uint32  // its stream
+	ctlB  [6]byte // its payload so far: a window increment, or one setting
+	nctl  int
 	carry []byte // input held back: an incomplete frame header, or (more) what follows a tail
 	more  bool   // carry holds input to rewrite before reading more
 	tail  []byte // frames to pass on at the next frame boundary (refused calls' CANCEL)
@@ -241,6 +267,9 @@ func (c *conn) rewrite(b []byte) (w int, inject, tail []byte, err error) {
 		case c.left > 0:
 			n := min(c.left, len(b)-r)
 			if !c.drop {
+				if c.ctlOn {
+					c.control(b[r : r+n])
+				}
 				w += copy(b[w:], b[r:r+n])
 			}
 			r, c.left = r+n, c.left-n
@@ -255,14 +284,23 @@ func (c *conn) rewrite(b []byte) (w int, inject, tail []byte, err error) {
 			break
 		}
 		length, typ, flags, sid := header(h)
-		c.cur, c.curES, c.drop = 0, false, false
+		c.cur, c.curES, c.drop, c.ctlOn = 0, false, false, false
 		switch typ {
 		case frameHeaders:
 			c.mu.Lock()
 			if _, ok := c.streams[sid]; !ok && !c.closed {
-				c.streams[sid] = &stream{whole: flags&flagEndStream != 0}
+				s := &stream{whole: flags&flagEndStream != 0, win: c.initWin}
+				c.streams[sid] = s
+				if s.win <= 0 {
+					c.shut++
+				}
+				c.watchWindows()
 			}
 			c.mu.Unlock()
+		case frameWindowUpdate, frameSettings:
+			if typ == frameWindowUpdate || flags&flagAck == 0 {
+				c.ctl, c.ctlOn, c.ctlID, c.nctl = typ, true, sid, 0
+			}
 		case frameRSTStream:
 			c.release(sid) // the client cancelled the call
 		case frameData:
@@ -351,8 +389,7 @@ func (c *conn) count(sid uint32, n int64) (bool, error) {
 	case err != nil:
 		return false, err
 	case !ok:
-		if s := c.streams[sid]; s != nil {
-			delete(c.streams, sid)
+		if s := c.forget(sid); s != nil {
 			c.b.mem.Release(s.charge)
 		}
 		c.b.refused.Add(1)
@@ -414,12 +451,135 @@ func (c *conn) inject(frames []byte) {
 // release forgets stream sid and gives its bytes back.
 func (c *conn) release(sid uint32) {
 	c.mu.Lock()
-	s := c.streams[sid]
-	delete(c.streams, sid)
+	s := c.forget(sid)
 	c.mu.Unlock()
 	if s != nil {
 		c.b.mem.Release(s.charge)
 	}
+}
+
+// forget removes stream sid and returns it (nil if not open). c.mu is
+// held.
+func (c *conn) forget(sid uint32) *stream {
+	s := c.streams[sid]
+	if s == nil {
+		return nil
+	}
+	delete(c.streams, sid)
+	if s.win <= 0 {
+		c.shut--
+	}
+	c.watchWindows()
+	return s
+}
+
+// control reads p, payload bytes of the client's WINDOW_UPDATE or
+// SETTINGS, into the send windows.
+func (c *conn) control(p []byte) {
+	for _, x := range p {
+		if !c.ctlOn {
+			return // a WINDOW_UPDATE's 4 bytes are read; the rest is the server's error to find
+		}
+		c.ctlB[c.nctl] = x
+		c.nctl++
+		switch {
+		case c.ctl == frameWindowUpdate && c.nctl == 4:
+			c.ctlOn = false
+			c.opened(c.ctlID, int64(binary.BigEndian.Uint32(c.ctlB[:4])&0x7fffffff))
+		case c.ctl == frameSettings && c.nctl == 6:
+			c.nctl = 0
+			if binary.BigEndian.Uint16(c.ctlB[:2]) == settingInitialWindowSize {
+				c.setInitial(int64(binary.BigEndian.Uint32(c.ctlB[2:6])))
+			}
+		}
+	}
+}
+
+// opened applies a WINDOW_UPDATE of n to stream sid's window, or the
+// connection's (sid 0).
+func (c *conn) opened(sid uint32, n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if sid == 0 {
+		c.connWin += n
+	} else if s := c.streams[sid]; s != nil {
+		c.addWin(s, n)
+	}
+	c.watchWindows()
+}
+
+// setInitial applies a new SETTINGS_INITIAL_WINDOW_SIZE: every open
+// call's window moves by the difference (RFC 9113 §6.9.2).
+func (c *conn) setInitial(v int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := v - c.initWin
+	c.initWin = v
+	for _, s := range c.streams {
+		c.addWin(s, d)
+	}
+	c.watchWindows()
+}
+
+// spent applies n bytes of the server's DATA on stream sid.
+func (c *conn) spent(sid uint32, n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.connWin -= n
+	if s := c.streams[sid]; s != nil {
+		c.addWin(s, -n)
+	}
+	c.watchWindows()
+}
+
+// addWin moves s's window by d. c.mu is held.
+func (c *conn) addWin(s *stream, d int64) {
+	was := s.win <= 0
+	s.win += d
+	switch is := s.win <= 0; {
+	case is && !was:
+		c.shut++
+	case was && !is:
+		c.shut--
+	}
+}
+
+// watchWindows starts the clock when a window an open call needs is
+// shut (a call's own, or the connection's while any call is open), and
+// stops it when none is. c.mu is held.
+func (c *conn) watchWindows() {
+	wt := c.b.cfg.WriteTimeout
+	if c.closed || wt <= 0 || c.shut == 0 && (c.connWin > 0 || len(c.streams) == 0) {
+		c.shutSince = time.Time{}
+		return
+	}
+	if !c.shutSince.IsZero() {
+		return
+	}
+	c.shutSince = time.Now()
+	if c.starve == nil {
+		c.starve = time.AfterFunc(wt, c.starved)
+	} else {
+		c.starve.Reset(wt)
+	}
+}
+
+// starved closes the connection if a window stayed shut for
+// WriteTimeout.
+func (c *conn) starved() {
+	c.mu.Lock()
+	if c.closed || c.shutSince.IsZero() {
+		c.mu.Unlock()
+		return
+	}
+	if left := c.b.cfg.WriteTimeout - time.Since(c.shutSince); left > 0 {
+		c.starve.Reset(left)
+		c.mu.Unlock()
+		return
+	}
+	c.mu.Unlock()
+	c.b.starved.Add(1)
+	c.Close()
 }
 
 func (c *conn) stalled(now time.Time, stall time.Duration) bool {
@@ -445,8 +605,12 @@ func (c *conn) Write(p []byte) (int, error) {
 	for q := p; len(q) > 0; {
 		adv, ev := c.out.step(q)
 		q = q[adv:]
-		if ev.kind == evHeader && (ev.typ == frameRSTStream || ev.typ == frameHeaders && ev.flags&flagEndStream != 0) {
+		switch {
+		case ev.kind != evHeader:
+		case ev.typ == frameRSTStream || ev.typ == frameHeaders && ev.flags&flagEndStream != 0:
 			c.release(ev.sid)
+		case ev.typ == frameData && ev.length > 0:
+			c.spent(ev.sid, int64(ev.length))
 		}
 	}
 	n, err := c.write(p)
@@ -486,6 +650,10 @@ func (c *conn) Close() error {
 			n += s.charge
 		}
 		clear(c.streams)
+		c.shut, c.shutSince = 0, time.Time{}
+		if c.starve != nil {
+			c.starve.Stop()
+		}
 		c.mu.Unlock()
 		c.b.mu.Lock()
 		delete(c.b.conns, c)

@@ -41,6 +41,8 @@ func (c *chunkConn) Read(p []byte) (int, error) {
 func (c *chunkConn) Write(p []byte) (int, error) { return c.out.Write(p) }
 func (c *chunkConn) Close() error                { return nil }
 
+func (c *chunkConn) SetWriteDeadline(time.Time) error { return nil }
+
 // readAll reads c to its end in random piece sizes (some below 64
 // bytes, which Read serves through its own buffer).
 func readAll(t *testing.T, c *conn, r *rand.Rand) []byte {

@@ -26,10 +26,10 @@ type Metrics struct {
 	svc *service.Service
 	lat *prometheus.HistogramVec
 
-	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients    *prometheus.Desc
-	reservations, reservedBytes, suspects, reports                                   *prometheus.Desc
-	evictRuns, evictKeys, evictBytes, expired, discarded, released, dropped, lost    *prometheus.Desc
-	departed, unmountedReplicas, unmountedKeys, grpcHeld, grpcRefused, grpcExhausted *prometheus.Desc
+	capacity, allocated, keys, pending, softPinned, hardPinned, segments, clients                 *prometheus.Desc
+	reservations, reservedBytes, suspects, reports                                                *prometheus.Desc
+	evictRuns, evictKeys, evictBytes, expired, discarded, released, dropped, lost                 *prometheus.Desc
+	departed, unmountedReplicas, unmountedKeys, grpcHeld, grpcRefused, grpcExhausted, grpcStarved *prometheus.Desc
 	// Per RPC, named as the reference does: master_<rpc>_requests_total.
 	requests, failures, items, itemFailures map[string]*prometheus.Desc
 	durableWaits, durableWaitSeconds        map[string]*prometheus.Desc
@@ -74,6 +74,7 @@ func NewMetrics(m *master.Master, svc *service.Service) *Metrics {
 		grpcHeld:           d("master_grpc_request_bytes", "Request bytes gRPC holds now, bounded by --crpc_max_buffered_bytes."),
 		grpcRefused:        d("master_grpc_refused_calls_total", "gRPC calls refused (REFUSED_STREAM) because the request byte bound was spent."),
 		grpcExhausted:      d("master_grpc_exhausted_calls_total", "gRPC calls answered RESOURCE_EXHAUSTED as their headers arrived because the bound on calls open (--crpc_max_calls) was spent."),
+		grpcStarved:        d("master_grpc_starved_conns_total", "gRPC connections closed because the client kept a flow-control window shut while answers waited on it for the write timeout."),
 		requests:           perRPC("requests_total", "%s RPCs served."),
 		failures:           perRPC("failures_total", "%s RPCs answered with an error."),
 		items:              perRPC("items_total", "Items of %s batch RPCs."),
@@ -105,7 +106,7 @@ func (x *Metrics) Observe(rpc string, d time.Duration, _ error) {
 func (x *Metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{x.capacity, x.allocated, x.keys, x.pending, x.softPinned, x.hardPinned, x.segments, x.clients,
 		x.reservations, x.reservedBytes, x.suspects, x.reports, x.evictRuns, x.evictKeys, x.evictBytes, x.expired, x.discarded, x.released, x.dropped, x.lost,
-		x.departed, x.unmountedReplicas, x.unmountedKeys, x.grpcHeld, x.grpcRefused, x.grpcExhausted} {
+		x.departed, x.unmountedReplicas, x.unmountedKeys, x.grpcHeld, x.grpcRefused, x.grpcExhausted, x.grpcStarved} {
 		ch <- d
 	}
 	for _, m := range []map[string]*prometheus.Desc{x.requests, x.failures, x.items, x.itemFailures, x.durableWaits, x.durableWaitSeconds} {
@@ -152,6 +153,7 @@ func (x *Metrics) Collect(ch chan<- prometheus.Metric) {
 		g(x.grpcHeld, float64(held))
 		c(x.grpcRefused, uint64(refused))
 		c(x.grpcExhausted, uint64(x.svc.GRPCCallsRefused()))
+		c(x.grpcStarved, uint64(x.svc.GRPCWindowsStarved()))
 		for _, r := range x.svc.Counts() {
 			c(x.requests[r.Name], r.Requests)
 			c(x.failures[r.Name], r.Failures)

@@ -416,6 +416,7 @@ func TestGRPCBoundMetrics(t *testing.T) {
 	get := metricsOf(t, e.M, svc)
 	require.Eventually(t, func() bool { return strings.Contains(get(), "\nmaster_grpc_request_bytes 0\n") }, 10*time.Second, 10*time.Millisecond)
 	assert.Contains(t, get(), fmt.Sprintf("\nmaster_grpc_refused_calls_total %d\n", failed))
+	assert.Contains(t, get(), "\nmaster_grpc_starved_conns_total 0\n") // clients that read and open their windows
 }
 
 // TestGRPCCallsBoundMetric: the calls the bound on gRPC calls open

@@ -253,6 +253,16 @@ func (s *Service) GRPCRequestBytes() (held, refused int64) {
 	return 0, 0
 }
 
+// GRPCWindowsStarved is the gRPC connections the latest Serve closed
+// because their client kept a flow-control window shut while answers
+// waited on it for the write timeout (0 before Serve).
+func (s *Service) GRPCWindowsStarved() int64 {
+	if b := s.h2.Load(); b != nil {
+		return b.Starved()
+	}
+	return 0
+}
+
 // GRPCCallsRefused is the gRPC calls the latest Serve answered
 // RESOURCE_EXHAUSTED because its bound on calls open was spent (0
 // before Serve).

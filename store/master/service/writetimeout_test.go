@@ -23,6 +23,8 @@ import (
 // an answer of a few tens of KiB fills what the kernel buffers.
 type smallSendBuf struct{ net.Listener }
 
+func (smallSendBuf) wrap(l net.Listener) net.Listener { return smallSendBuf{l} }
+
 func (l smallSendBuf) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if tc, ok := c.(*net.TCPConn); ok {
@@ -36,28 +38,67 @@ func (l smallSendBuf) Accept() (net.Conn, error) {
 // client does, and the request bytes its calls held come back; before,
 // the master's write waited on it for ever, holding them.
 func TestGRPCClientThatStopsReading(t *testing.T) {
-	e := mastertest.New(t, nil)
-	tl, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	svc := New(e.M, WithCRPC(crpc.ServerConfig{WriteTimeout: 300 * time.Millisecond}, netx.Config{}))
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- svc.Serve(ctx, smallSendBuf{tl}) }()
-	t.Cleanup(func() {
-		stop()
-		assert.NoError(t, <-served)
-	})
-
-	p := dialH2(t, tl.Addr().String())
+	svc, addr := writeBoundMaster(t, smallSendBuf{}.wrap)
+	p := dialH2(t, addr)
 	require.NoError(t, p.c.(*net.TCPConn).SetReadBuffer(4096))
 	// Windows as large as they go: the master may send all it has.
 	require.NoError(t, p.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1}))
 	require.NoError(t, p.fr.WriteWindowUpdate(0, 1<<31-1-65535))
+	const calls = 40
+	p.existCalls(calls, newWindows())
 
-	// 40 BatchExistKey calls of 10,000 one-byte keys: each request is
-	// 30 KB and each answer 20 KB. All but the last byte of every
-	// request first (reading the master's window updates), so no call
-	// is answered before the client stops reading.
+	// The client reads nothing from here on.
+	heldReturns(t, svc, "the request bytes stay held while the master waits on a client that does not read")
+	// The master closed the connection: reading it now ends in an error,
+	// after some answers at most (what the socket buffers held), not all.
+	require.Less(t, p.answersUntilClosed(), calls, "every answer was sent: the master did not close the connection")
+}
+
+// TestGRPCClientThatWithholdsWindow: a gRPC client that reads (and
+// answers pings) but never opens its flow-control window again loses
+// its connection once answers have waited on that window for the write
+// timeout, and the request bytes its calls held come back; before, no
+// write blocked, so nothing timed out, and they stayed held until the
+// client left.
+func TestGRPCClientThatWithholdsWindow(t *testing.T) {
+	svc, addr := writeBoundMaster(t, nil)
+	p := dialH2(t, addr)
+	// 8 answers of 20 KB against the default 64 KiB windows: three fit.
+	const calls = 8
+	p.existCalls(calls, newWindows())
+	heldReturns(t, svc, "the request bytes stay held while answers wait on a client's shut window")
+	require.Less(t, p.answersUntilClosed(), calls, "every answer was sent within a 64 KiB window")
+	assert.EqualValues(t, 1, svc.GRPCWindowsStarved())
+}
+
+// writeBoundMaster serves a master whose writes to a client time out
+// after 300 ms, through wrap's listener if wrap is set.
+func writeBoundMaster(t *testing.T, wrap func(net.Listener) net.Listener) (*Service, string) {
+	e := mastertest.New(t, nil)
+	var l net.Listener
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	l = tl
+	if wrap != nil {
+		l = wrap(tl)
+	}
+	svc := New(e.M, WithCRPC(crpc.ServerConfig{WriteTimeout: 300 * time.Millisecond}, netx.Config{}))
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- svc.Serve(ctx, l) }()
+	t.Cleanup(func() {
+		stop()
+		assert.NoError(t, <-served)
+	})
+	return svc, tl.Addr().String()
+}
+
+// existCalls sends calls BatchExistKey calls of 10,000 one-byte keys
+// (each request 30 KB, each answer 20 KB) within the master's windows:
+// all but the last byte of every request first (reading the master's
+// window updates), so no call is answered before the last is sent.
+func (p *h2peer) existCalls(calls int, win *h2windows) {
+	t := p.t
 	keys := make([]string, storepb.MaxBatchItems)
 	for i := range keys {
 		keys[i] = "a"
@@ -66,8 +107,6 @@ func TestGRPCClientThatStopsReading(t *testing.T) {
 	require.NoError(t, err)
 	msg := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(body)))
 	msg = append(msg, body...)
-	const calls = 40
-	win := newWindows()
 	send := func(sid uint32, b []byte, end bool) {
 		for len(b) > 0 || end {
 			n := min(len(b), 16384, win.conn, win.stream[sid])
@@ -94,14 +133,22 @@ func TestGRPCClientThatStopsReading(t *testing.T) {
 		sid := uint32(1 + 2*i)
 		send(sid, msg[len(msg)-1:], true)
 	}
-	// The client reads nothing from here on.
+}
+
+// heldReturns waits until svc's gRPC calls hold request bytes, then
+// until they hold none again.
+func heldReturns(t *testing.T, svc *Service, msg string) {
 	b := func() int64 { held, _ := svc.GRPCRequestBytes(); return held }
 	require.Eventually(t, func() bool { return b() > 0 }, 10*time.Second, time.Millisecond, "the call's request never held")
-	require.Eventually(t, func() bool { return b() == 0 }, 20*time.Second, 10*time.Millisecond,
-		"the request bytes stay held while the master waits on a client that does not read")
+	require.Eventually(t, func() bool { return b() == 0 }, 20*time.Second, 10*time.Millisecond, msg)
+}
 
-	// The master closed the connection: reading it now ends in an error,
-	// after some answers at most (what the socket buffers held), not all.
+// answersUntilClosed reads the connection, acknowledging settings and
+// pings but never opening a window, until the master closes it, and
+// returns how many calls were answered; the connection must close
+// within 20 s.
+func (p *h2peer) answersUntilClosed() int {
+	t := p.t
 	require.NoError(t, p.c.SetReadDeadline(time.Now().Add(20*time.Second)))
 	answered := 0
 	for {
@@ -109,11 +156,21 @@ func TestGRPCClientThatStopsReading(t *testing.T) {
 		if err != nil {
 			var ne net.Error
 			require.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection is still open")
-			break
+			return answered
 		}
-		if h, ok := f.(*http2.MetaHeadersFrame); ok && h.StreamEnded() {
-			answered++
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			if f.StreamEnded() {
+				answered++
+			}
+		case *http2.SettingsFrame:
+			if !f.IsAck() {
+				p.fr.WriteSettingsAck()
+			}
+		case *http2.PingFrame:
+			if !f.IsAck() {
+				p.fr.WritePing(true, f.Data)
+			}
 		}
 	}
-	require.Less(t, answered, calls, "every answer was sent: the master did not close the connection")
 }
