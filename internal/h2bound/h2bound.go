@@ -67,6 +67,26 @@ func (b *Bound) Refused() int64 { return b.refused.Load() }
 // WriteTimeout.
 func (b *Bound) Starved() int64 { return b.starved.Load() }
 
+// SendWindows is the connection-level send window h2bound sees on each
+// open connection: the client's WINDOW_UPDATEs for the connection less
+// the server's DATA since 65,535 bytes. A live client opens it as it
+// reads, so it stays positive between answers.
+func (b *Bound) SendWindows() []int64 {
+	b.mu.Lock()
+	conns := make([]*conn, 0, len(b.conns))
+	for c := range b.conns {
+		conns = append(conns, c)
+	}
+	b.mu.Unlock()
+	out := make([]int64, 0, len(conns))
+	for _, c := range conns {
+		c.mu.Lock()
+		out = append(out, c.connWin)
+		c.mu.Unlock()
+	}
+	return out
+}
+
 // Listener wraps l: every connection it accepts is counted.
 func (b *Bound) Listener(l net.Listener) net.Listener { return &listener{Listener: l, b: b} }
 

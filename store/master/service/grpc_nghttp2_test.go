@@ -28,6 +28,24 @@ var notProcessed = regexp.MustCompile(`Some requests were not processed\. total=
 // returns the answered calls' replies. Each reply must fit one DATA
 // frame, so that replies do not interleave in nghttp's output.
 func nghttp(t *testing.T, addr, method string, req []byte, n int) [][]byte {
+	out, processed := nghttpRaw(t, addr, method, req, n)
+	// The replies: gRPC messages (flag, 4-byte length, body) back to back.
+	var replies [][]byte
+	for len(out) > 0 {
+		require.GreaterOrEqual(t, len(out), 5, "a cut reply")
+		l := int(binary.BigEndian.Uint32(out[1:5]))
+		require.Zero(t, out[0], "compressed reply")
+		require.GreaterOrEqual(t, len(out), 5+l, "a cut reply")
+		replies = append(replies, out[5:5+l])
+		out = out[5+l:]
+	}
+	require.Len(t, replies, processed, "a reply per processed call")
+	return replies
+}
+
+// nghttpRaw is nghttp's output (the answered calls' DATA, in the order
+// it came) and how many calls were answered.
+func nghttpRaw(t *testing.T, addr, method string, req []byte, n int) ([]byte, int) {
 	bin, err := exec.LookPath("nghttp")
 	if err != nil {
 		testsvc.MissingDep(t, "nghttp (Debian nghttp2-client)", err)
@@ -50,18 +68,7 @@ func nghttp(t *testing.T, addr, method string, req []byte, n int) [][]byte {
 	} else {
 		require.Empty(t, bytes.TrimSpace(stderr.Bytes()))
 	}
-	// The replies: gRPC messages (flag, 4-byte length, body) back to back.
-	var replies [][]byte
-	for len(out) > 0 {
-		require.GreaterOrEqual(t, len(out), 5, "a cut reply")
-		l := int(binary.BigEndian.Uint32(out[1:5]))
-		require.Zero(t, out[0], "compressed reply")
-		require.GreaterOrEqual(t, len(out), 5+l, "a cut reply")
-		replies = append(replies, out[5:5+l])
-		out = out[5+l:]
-	}
-	require.Len(t, replies, processed, "a reply per processed call")
-	return replies
+	return out, processed
 }
 
 // TestGRPCBoundWithNghttp2: the gRPC byte bound against a third HTTP/2
@@ -108,5 +115,19 @@ func TestGRPCBoundWithNghttp2(t *testing.T) {
 		t.Logf("%d of 16 answered", len(replies))
 	}
 	require.Positive(t, refused(), "the bound was never reached: the test proves nothing")
+
+	// Twenty calls at once on one connection whose answers of 20 KB add
+	// up to six times the 64 KiB windows nghttp starts with: all answered
+	// in full, so h2bound followed nghttp2's window updates. (The answers
+	// interleave in nghttp's output, split where a window ran out: all
+	// alike, they add up to twenty times one.)
+	req = existRequest(t, keys, (storepb.MaxBatchItems-2)*4, 1)
+	one := nghttp(t, addr, method, req, 1)
+	require.Len(t, one, 1)
+	checkExistReply(t, one[0], nkeys(req))
+	out, processed := nghttpRaw(t, addr, method, req, 20)
+	require.Equal(t, 20, processed)
+	require.Len(t, out, 20*(5+len(one[0])))
+	require.Zero(t, svc.GRPCWindowsStarved(), "a window nghttp2 opened was seen shut")
 	require.LessOrEqual(t, svc.h2.Load().Peak(), int64(bound))
 }

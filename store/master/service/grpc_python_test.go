@@ -106,12 +106,19 @@ func TestGRPCBoundWithCCore(t *testing.T) {
 	for range 16 {
 		large = append(large, exist(1<<20))
 	}
+	// Answers of 20 KB, 480 KB in all on one connection: far past the
+	// windows C-core starts with, so h2bound must follow its updates.
+	var wide [][]byte
+	for range 24 {
+		wide = append(wide, existRequest(t, keys, (storepb.MaxBatchItems-2)*4, 1))
+	}
 	const method = "/crescent.store.v1.Master/BatchExistKey"
 	res := runPyPeer(t, addr, []pyPhase{
 		{Method: method, Requests: small, Workers: 1},
 		{Method: method, Requests: small, Workers: 8},
 		{Method: method, Requests: large, Workers: 16},
 		{Method: method, Requests: small[:4], Workers: 1},
+		{Method: method, Requests: wide, Workers: 8},
 	})
 	check := func(line string) {
 		rest, ok := strings.CutPrefix(line, "ok ")
@@ -136,6 +143,15 @@ func TestGRPCBoundWithCCore(t *testing.T) {
 		ok++
 	}
 	require.Positive(t, ok)
+	require.Len(t, res[4], len(wide))
+	for _, line := range res[4] {
+		rest, ok := strings.CutPrefix(line, "ok ")
+		require.True(t, ok, line)
+		raw, err := base64.StdEncoding.DecodeString(rest)
+		require.NoError(t, err)
+		checkExistReply(t, raw, storepb.MaxBatchItems)
+	}
+	require.Zero(t, svc.GRPCWindowsStarved(), "a window C-core opened was seen shut")
 	b := svc.h2.Load()
 	require.LessOrEqual(t, b.Peak(), int64(bound))
 	require.Eventually(t, func() bool { return b.Held() == 0 }, 10*time.Second, 10*time.Millisecond, "held %d", b.Held())

@@ -154,7 +154,9 @@ func TestGRPCRequestBytesBounded(t *testing.T) {
 // serveBounded serves e's master with gRPC request bytes bounded at
 // bound and frame timeout stall.
 func serveBounded(t *testing.T, e *mastertest.Env, bound int64, stall time.Duration) (string, *Service) {
-	return serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound, FrameTimeout: stall}, netx.Config{}))
+	// Writes time out after stall too: a window h2bound wrongly saw shut
+	// would close a peer's connection within the test.
+	return serveAddr(t, e.M, WithCRPC(crpc.ServerConfig{MaxFrame: 2 << 20, MaxBufferedBytes: bound, FrameTimeout: stall, WriteTimeout: stall}, netx.Config{}))
 }
 
 // bigPinger returns a signed Ping of client 1 carrying n bytes more (an

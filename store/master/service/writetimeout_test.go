@@ -174,3 +174,27 @@ func (p *h2peer) answersUntilClosed() int {
 		}
 	}
 }
+
+// TestGRPCWindowsFollowClient: the send windows h2bound keeps follow a
+// live grpc-go client's: after answers of 600 KB on one connection,
+// far past the 64 KiB it starts with, the connection's window is still
+// open (the client opened it as it read), and no connection was closed
+// for a shut window.
+func TestGRPCWindowsFollowClient(t *testing.T) {
+	e := mastertest.New(t, nil)
+	addr, svc := serveBounded(t, e, 64<<20, 3*time.Second)
+	mc := dialSigned(t, addr)
+	keys := make([]string, storepb.MaxBatchItems)
+	for i := range keys {
+		keys[i] = "a"
+	}
+	for range 30 {
+		rep, err := mc.BatchExistKey(context.Background(), &storepb.BatchExistKeyRequest{Keys: keys})
+		require.NoError(t, err)
+		require.Len(t, rep.GetResults(), len(keys))
+	}
+	wins := svc.h2.Load().SendWindows()
+	require.Len(t, wins, 1)
+	assert.Positive(t, wins[0], "the connection's send window, as h2bound sees it")
+	assert.Zero(t, svc.GRPCWindowsStarved())
+}
