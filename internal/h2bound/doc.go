@@ -59,11 +59,14 @@
 // SETTINGS_INITIAL_WINDOW_SIZE, id 0x4, which also moves every open
 // call's window by its change), grow by the client's WINDOW_UPDATEs
 // (type 0x8, 4-byte increment, stream 0 for the connection) and shrink by
-// the server's DATA (payload and padding). While a window an open call
-// needs is spent (the call's own, or the connection's while any call is
-// open) for Config.WriteTimeout, the connection is closed and its bytes
-// go back (Bound.Starved counts these). A live client opens its windows
-// as it reads, whatever the application does with a unary answer.
+// the server's DATA (payload and padding). A call waits while a window
+// it needs is spent (its own, or the connection's); once one call has
+// waited Config.WriteTimeout in all (the sum of its waits, so a client
+// opening a byte at a time gains nothing), the connection is closed and
+// its bytes go back (Bound.Starved counts these). Waits of different
+// calls are not added up: a long-lived connection whose calls each wait
+// briefly stays. A live client opens its windows as it reads, whatever
+// the application does with a unary answer.
 //
 // h2bound owns no wire format; it reads HTTP/2's framing and writes two
 // of its frames (RST_STREAM: 9-byte header, type 0x3, error code 4

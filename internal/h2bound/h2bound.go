@@ -138,6 +138,12 @@ type stream struct {
 	began  time.Time // first DATA
 	whole  bool      // the client ended its side (END_STREAM)
 	win    int64     // the server's send window on the call
+	// Time the call's answer could not be sent for a shut window (its
+	// own or the connection's): the total of past spells and the start
+	// of the current one (zero: none). A total, not the current spell,
+	// so that a client opening a byte at a time gains nothing.
+	shutFor time.Duration
+	shutAt  time.Time
 }
 
 type conn struct {
@@ -155,15 +161,15 @@ type conn struct {
 	// The server's send windows (RFC 9113 §6.9), under mu: the client's
 	// WINDOW_UPDATEs and SETTINGS_INITIAL_WINDOW_SIZE open them, the
 	// server's DATA spends them. A client that keeps a window shut while
-	// an open call waits on it is closed after WriteTimeout, as one that
-	// stops reading is: it reads (and answers pings), so no write ever
-	// blocks, yet the calls' answers, and their request bytes, would stay
-	// for ever.
-	connWin   int64
-	initWin   int64
-	shut      int       // open calls whose window is spent
-	shutSince time.Time // since when a window open calls need is shut (zero: none is)
-	starve    *time.Timer
+	// an open call waits on it is closed once that call has waited
+	// WriteTimeout in all, as one that stops reading is: it reads (and
+	// answers pings), so no write ever blocks, yet the calls' answers,
+	// and their request bytes, would stay for ever.
+	connWin  int64
+	initWin  int64
+	shut     int // open calls whose window (or the connection's) is shut
+	starve   *time.Timer
+	starveAt time.Time // when starve fires (zero: not armed)
 
 	// Read's own state: the client's frames as they pass.
 	pre   int    // preface bytes still to pass
@@ -311,10 +317,7 @@ func (c *conn) rewrite(b []byte) (w int, inject, tail []byte, err error) {
 			if _, ok := c.streams[sid]; !ok && !c.closed {
 				s := &stream{whole: flags&flagEndStream != 0, win: c.initWin}
 				c.streams[sid] = s
-				if s.win <= 0 {
-					c.shut++
-				}
-				c.watchWindows()
+				c.watch(s)
 			}
 			c.mu.Unlock()
 		case frameWindowUpdate, frameSettings:
@@ -486,10 +489,9 @@ func (c *conn) forget(sid uint32) *stream {
 		return nil
 	}
 	delete(c.streams, sid)
-	if s.win <= 0 {
+	if !s.shutAt.IsZero() {
 		c.shut--
 	}
-	c.watchWindows()
 	return s
 }
 
@@ -521,11 +523,11 @@ func (c *conn) opened(sid uint32, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if sid == 0 {
-		c.connWin += n
+		c.moveConnWin(n)
 	} else if s := c.streams[sid]; s != nil {
-		c.addWin(s, n)
+		s.win += n
+		c.watch(s)
 	}
-	c.watchWindows()
 }
 
 // setInitial applies a new SETTINGS_INITIAL_WINDOW_SIZE: every open
@@ -536,70 +538,96 @@ func (c *conn) setInitial(v int64) {
 	d := v - c.initWin
 	c.initWin = v
 	for _, s := range c.streams {
-		c.addWin(s, d)
+		s.win += d
+		c.watch(s)
 	}
-	c.watchWindows()
 }
 
 // spent applies n bytes of the server's DATA on stream sid.
 func (c *conn) spent(sid uint32, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.connWin -= n
 	if s := c.streams[sid]; s != nil {
-		c.addWin(s, -n)
+		s.win -= n
+		c.watch(s)
 	}
-	c.watchWindows()
+	c.moveConnWin(-n)
 }
 
-// addWin moves s's window by d. c.mu is held.
-func (c *conn) addWin(s *stream, d int64) {
-	was := s.win <= 0
-	s.win += d
-	switch is := s.win <= 0; {
-	case is && !was:
+// moveConnWin moves the connection's window by d: every open call is
+// shut while it is. c.mu is held.
+func (c *conn) moveConnWin(d int64) {
+	was := c.connWin <= 0
+	c.connWin += d
+	if was != (c.connWin <= 0) {
+		for _, s := range c.streams {
+			c.watch(s)
+		}
+	}
+}
+
+// watch starts or stops s's clock as its answer can or cannot be sent,
+// and arms the timer for the time it would reach WriteTimeout. c.mu is
+// held.
+func (c *conn) watch(s *stream) {
+	wt := c.b.cfg.WriteTimeout
+	shut := s.win <= 0 || c.connWin <= 0
+	switch {
+	case wt <= 0 || c.closed || shut == !s.shutAt.IsZero():
+	case shut:
+		now := time.Now()
+		s.shutAt = now
 		c.shut++
-	case was && !is:
+		c.armStarve(now.Add(wt - s.shutFor))
+	default:
+		s.shutFor += time.Since(s.shutAt)
+		s.shutAt = time.Time{}
 		c.shut--
 	}
 }
 
-// watchWindows starts the clock when a window an open call needs is
-// shut (a call's own, or the connection's while any call is open), and
-// stops it when none is. c.mu is held.
-func (c *conn) watchWindows() {
-	wt := c.b.cfg.WriteTimeout
-	if c.closed || wt <= 0 || c.shut == 0 && (c.connWin > 0 || len(c.streams) == 0) {
-		c.shutSince = time.Time{}
+// armStarve makes the timer fire at t at the latest. c.mu is held.
+func (c *conn) armStarve(t time.Time) {
+	if !c.starveAt.IsZero() && !t.Before(c.starveAt) {
 		return
 	}
-	if !c.shutSince.IsZero() {
-		return
-	}
-	c.shutSince = time.Now()
+	c.starveAt = t
 	if c.starve == nil {
-		c.starve = time.AfterFunc(wt, c.starved)
+		c.starve = time.AfterFunc(time.Until(t), c.starved)
 	} else {
-		c.starve.Reset(wt)
+		c.starve.Reset(time.Until(t))
 	}
 }
 
-// starved closes the connection if a window stayed shut for
-// WriteTimeout.
+// starved closes the connection if a call's answer has waited on shut
+// windows for WriteTimeout in all, or arms the timer for the next call
+// that may.
 func (c *conn) starved() {
 	c.mu.Lock()
-	if c.closed || c.shutSince.IsZero() {
+	c.starveAt = time.Time{}
+	if c.closed || c.shut == 0 {
 		c.mu.Unlock()
 		return
 	}
-	if left := c.b.cfg.WriteTimeout - time.Since(c.shutSince); left > 0 {
-		c.starve.Reset(left)
-		c.mu.Unlock()
-		return
+	wt, now := c.b.cfg.WriteTimeout, time.Now()
+	var next time.Time
+	for _, s := range c.streams {
+		if s.shutAt.IsZero() {
+			continue
+		}
+		left := wt - s.shutFor - now.Sub(s.shutAt)
+		if left <= 0 {
+			c.mu.Unlock()
+			c.b.starved.Add(1)
+			c.Close()
+			return
+		}
+		if t := now.Add(left); next.IsZero() || t.Before(next) {
+			next = t
+		}
 	}
+	c.armStarve(next)
 	c.mu.Unlock()
-	c.b.starved.Add(1)
-	c.Close()
 }
 
 func (c *conn) stalled(now time.Time, stall time.Duration) bool {
@@ -670,7 +698,7 @@ func (c *conn) Close() error {
 			n += s.charge
 		}
 		clear(c.streams)
-		c.shut, c.shutSince = 0, time.Time{}
+		c.shut, c.starveAt = 0, time.Time{}
 		if c.starve != nil {
 			c.starve.Stop()
 		}

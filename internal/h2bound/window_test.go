@@ -54,7 +54,7 @@ func TestWindowsAnyChunking(t *testing.T) {
 	in := buf.Bytes()
 	r := rand.New(rand.NewPCG(3, 4))
 	for round := range 100 {
-		b := New(Config{MaxBytes: 1 << 30, Stall: time.Second})
+		b := New(Config{MaxBytes: 1 << 30, Stall: time.Second, WriteTimeout: time.Hour})
 		c := b.wrap(&chunkConn{in: in, r: r, max: 1 + round*20})
 		readAll(t, c, r)
 		spent := map[uint32]int64{}
@@ -134,7 +134,7 @@ func TestShutWindowCloses(t *testing.T) {
 // TestOpenWindowKeepsConn: a window that opens again in time, or one
 // that is spent when no call waits on it, closes nothing.
 func TestOpenWindowKeepsConn(t *testing.T) {
-	const wt = 100 * time.Millisecond
+	const wt = 500 * time.Millisecond // far longer than the waits below
 	t.Run("opened", func(t *testing.T) {
 		b, c := starveConn(t, wt, nil)
 		serverData(t, c, 1, initialWindow) // both windows spent
@@ -145,7 +145,7 @@ func TestOpenWindowKeepsConn(t *testing.T) {
 		c.Conn.(*chunkConn).in = buf.Bytes()
 		_, err := c.Read(make([]byte, 4096))
 		require.NoError(t, err)
-		time.Sleep(3 * wt)
+		time.Sleep(2 * wt)
 		assert.Zero(t, b.Starved())
 		assert.Equal(t, int64(105), b.Held())
 	})
@@ -157,8 +157,64 @@ func TestOpenWindowKeepsConn(t *testing.T) {
 		require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x88}, EndHeaders: true, EndStream: true}))
 		_, err := c.Write(buf.Bytes()) // the trailers: the call ends
 		require.NoError(t, err)
-		time.Sleep(3 * wt)
+		time.Sleep(2 * wt)
 		assert.Zero(t, b.Starved())
 		assert.Zero(t, b.Held())
 	})
+}
+
+// clientSends makes c read frames the client sends now.
+func clientSends(t *testing.T, c *conn, frames func(fr *http2.Framer)) {
+	var buf bytes.Buffer
+	frames(http2.NewFramer(&buf, nil))
+	c.Conn.(*chunkConn).in = buf.Bytes()
+	for read := 0; read < buf.Len(); {
+		n, err := c.Read(make([]byte, 4096))
+		require.NoError(t, err)
+		read += n
+	}
+}
+
+// TestDripWindowCloses: a client that opens a shut window a byte at a
+// time, never for long enough to let the answer out, loses its
+// connection once the answer has waited WriteTimeout in all, however
+// short each wait.
+func TestDripWindowCloses(t *testing.T) {
+	const wt = 200 * time.Millisecond
+	b, c := starveConn(t, wt, func(fr *http2.Framer) { require.NoError(t, fr.WriteWindowUpdate(0, 1<<20)) })
+	serverData(t, c, 1, initialWindow) // the call's window is spent
+	deadline := time.Now().Add(20 * wt)
+	for b.Starved() == 0 && time.Now().Before(deadline) {
+		time.Sleep(wt / 5)
+		clientSends(t, c, func(fr *http2.Framer) { require.NoError(t, fr.WriteWindowUpdate(1, 1)) })
+		serverData(t, c, 1, 1) // spent again at once
+	}
+	require.EqualValues(t, 1, b.Starved(), "a client opening its window a byte at a time kept the answer waiting")
+	assert.Zero(t, b.Held())
+}
+
+// TestBriefShutsKeepConn: calls that each wait on a shut window for
+// less than WriteTimeout keep a long-lived connection, however long
+// their waits add up to across calls.
+func TestBriefShutsKeepConn(t *testing.T) {
+	const wt = 400 * time.Millisecond
+	b, c := starveConn(t, wt, func(fr *http2.Framer) { require.NoError(t, fr.WriteWindowUpdate(0, 1<<30)) })
+	for i := range 8 {
+		sid := uint32(3 + 2*i)
+		clientSends(t, c, func(fr *http2.Framer) {
+			require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: []byte{0x82}, EndHeaders: true, EndStream: true}))
+		})
+		serverData(t, c, sid, initialWindow) // shut
+		time.Sleep(wt / 4) // 8 calls: twice wt in all
+		clientSends(t, c, func(fr *http2.Framer) { require.NoError(t, fr.WriteWindowUpdate(sid, 1000)) })
+		var buf bytes.Buffer
+		fr := http2.NewFramer(&buf, nil)
+		require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: []byte{0x88}, EndHeaders: true, EndStream: true}))
+		_, err := c.Write(buf.Bytes()) // answered
+		require.NoError(t, err)
+	}
+	assert.Zero(t, b.Starved(), "waits of different calls were added up")
+	c.mu.Lock()
+	assert.False(t, c.closed)
+	c.mu.Unlock()
 }

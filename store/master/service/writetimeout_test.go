@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func TestGRPCClientThatStopsReading(t *testing.T) {
 	heldReturns(t, svc, "the request bytes stay held while the master waits on a client that does not read")
 	// The master closed the connection: reading it now ends in an error,
 	// after some answers at most (what the socket buffers held), not all.
-	require.Less(t, p.answersUntilClosed(), calls, "every answer was sent: the master did not close the connection")
+	require.Less(t, p.answersUntilClosed(0), calls, "every answer was sent: the master did not close the connection")
 }
 
 // TestGRPCClientThatWithholdsWindow: a gRPC client that reads (and
@@ -67,7 +68,24 @@ func TestGRPCClientThatWithholdsWindow(t *testing.T) {
 	const calls = 8
 	p.existCalls(calls, newWindows())
 	heldReturns(t, svc, "the request bytes stay held while answers wait on a client's shut window")
-	require.Less(t, p.answersUntilClosed(), calls, "every answer was sent within a 64 KiB window")
+	require.Less(t, p.answersUntilClosed(0), calls, "every answer was sent within a 64 KiB window")
+	assert.EqualValues(t, 1, svc.GRPCWindowsStarved())
+}
+
+// TestGRPCClientThatDripsWindow: the same with a client that opens its
+// connection window by one byte every 50 ms, so no answer ever waits
+// the write timeout (300 ms) at a stretch: it loses its connection once
+// an answer has waited that long in all, and before, it held the
+// request bytes for as long as it dripped.
+func TestGRPCClientThatDripsWindow(t *testing.T) {
+	svc, addr := writeBoundMaster(t, nil)
+	p := dialH2(t, addr)
+	const calls = 8
+	p.existCalls(calls, newWindows())
+	closed := make(chan int)
+	go func() { closed <- p.answersUntilClosed(50 * time.Millisecond) }()
+	heldReturns(t, svc, "the request bytes stay held while a client opens its window a byte at a time")
+	require.Less(t, <-closed, calls, "every answer was sent")
 	assert.EqualValues(t, 1, svc.GRPCWindowsStarved())
 }
 
@@ -144,20 +162,45 @@ func heldReturns(t *testing.T, svc *Service, msg string) {
 }
 
 // answersUntilClosed reads the connection, acknowledging settings and
-// pings but never opening a window, until the master closes it, and
-// returns how many calls were answered; the connection must close
-// within 20 s.
-func (p *h2peer) answersUntilClosed() int {
+// pings but opening no window (or, every drip if positive, the
+// connection's by one byte), until the master closes it, and returns
+// how many calls were answered; the connection must close within 20 s.
+func (p *h2peer) answersUntilClosed(drip time.Duration) int {
 	t := p.t
-	require.NoError(t, p.c.SetReadDeadline(time.Now().Add(20*time.Second)))
+	var wmu sync.Mutex // the framer's writes; reads are this goroutine's
+	if drip > 0 {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			tk := time.NewTicker(drip)
+			defer tk.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tk.C:
+				}
+				wmu.Lock()
+				err := p.fr.WriteWindowUpdate(0, 1)
+				wmu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	if err := p.c.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		return 0
+	}
 	answered := 0
 	for {
 		f, err := p.fr.ReadFrame()
 		if err != nil {
 			var ne net.Error
-			require.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection is still open")
+			assert.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection is still open")
 			return answered
 		}
+		wmu.Lock()
 		switch f := f.(type) {
 		case *http2.MetaHeadersFrame:
 			if f.StreamEnded() {
@@ -172,6 +215,7 @@ func (p *h2peer) answersUntilClosed() int {
 				p.fr.WritePing(true, f.Data)
 			}
 		}
+		wmu.Unlock()
 	}
 }
 
