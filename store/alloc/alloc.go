@@ -144,12 +144,13 @@ type segState struct {
 
 // table is the copy-on-write segment table.
 type table struct {
-	segs     []*segState // by index; nil = free index
+	segs     segVec // by index; nil = free index
 	byID     cowMap[UUID, uint32]
 	byName   cowMap[string, []uint32]
 	byClient cowMap[UUID, []uint32]
 	live     []uint32 // mounted indices in mount order
 	largest  uint64   // capacity of the largest segment
+	nLargest int      // live segments of that capacity
 }
 
 func newTable() *table {
@@ -157,10 +158,27 @@ func newTable() *table {
 		byClient: newCowMap[UUID, []uint32](hashUUID)}
 }
 
+// setLargest finds the largest capacity by walking every segment; a
+// release needs it only when the last segment of that capacity goes.
 func (t *table) setLargest() {
-	t.largest = 0
+	t.largest, t.nLargest = 0, 0
 	for _, i := range t.live {
-		t.largest = max(t.largest, t.segs[i].cap)
+		switch c := t.segs.at(i).cap; {
+		case c > t.largest:
+			t.largest, t.nLargest = c, 1
+		case c == t.largest:
+			t.nLargest++
+		}
+	}
+}
+
+// addLargest counts a new segment of capacity c.
+func (t *table) addLargest(c uint64) {
+	switch {
+	case c > t.largest:
+		t.largest, t.nLargest = c, 1
+	case c == t.largest:
+		t.nLargest++
 	}
 }
 
@@ -234,10 +252,7 @@ func (a *Allocator) intn(n int) int {
 
 func (a *Allocator) seg(i uint32) *segState {
 	t := a.tab.Load()
-	if int(i) < len(t.segs) {
-		return t.segs[i]
-	}
-	return nil
+	return t.segs.get(i)
 }
 
 // Mount adds a segment and returns its index. commit, when not nil, runs
@@ -265,12 +280,12 @@ func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, err
 	defer a.mu.Unlock()
 	old := a.tab.Load()
 	if i, ok := old.byID.get(s.ID); ok {
-		return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v (%s)", s.ID, old.segs[i].Name)
+		return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v (%s)", s.ID, old.segs.get(i).Name)
 	}
 	// Two pool segments over the same bytes would place two objects on
 	// them: refuse any overlap within one engine segment, whoever mounts it.
 	for _, i := range old.name(s.Name) {
-		if o := old.segs[i]; s.Base < o.Base+o.Size && o.Base < s.Base+s.Size {
+		if o := old.segs.get(i); s.Base < o.Base+o.Size && o.Base < s.Base+s.Size {
 			return i, errcode.New(errcode.SegmentAlreadyExists, "segment %v [%#x,%#x) of %q overlaps segment %v [%#x,%#x) of client %v",
 				s.ID, s.Base, s.Base+s.Size, s.Name, o.ID, o.Base, o.Base+o.Size, o.Client)
 		}
@@ -279,7 +294,7 @@ func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, err
 	if n := len(a.free); n > 0 {
 		idx = a.free[n-1]
 	} else {
-		idx = uint32(len(old.segs))
+		idx = uint32(old.segs.len())
 	}
 	if commit != nil {
 		if err := commit(idx); err != nil {
@@ -292,16 +307,16 @@ func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, err
 	st := &segState{Segment: s, idx: idx, cap: oa.Size(), oa: oa}
 	st.maxAlloc.Store(oa.MaxAlloc())
 	t := old.clone()
-	if int(idx) == len(t.segs) {
-		t.segs = append(t.segs, st)
+	if int(idx) == t.segs.len() {
+		t.segs.push(st)
 	} else {
-		t.segs[idx] = st
+		t.segs.set(idx, st)
 	}
 	t.byID.set(s.ID, idx)
 	t.byName.set(s.Name, append(slices.Clip(t.name(s.Name)), idx))
 	t.byClient.set(s.Client, append(slices.Clip(t.client(s.Client)), idx))
 	t.live = append(slices.Clip(t.live), idx)
-	t.largest = max(t.largest, st.cap)
+	t.addLargest(st.cap)
 	a.capacity.Add(st.cap)
 	a.tab.Store(t)
 	return idx, nil
@@ -311,12 +326,13 @@ func (a *Allocator) Mount(s Segment, commit func(idx uint32) error) (uint32, err
 // few bytes per segment), the maps share all but the shards written.
 func (t *table) clone() *table {
 	return &table{
-		segs:     slices.Clone(t.segs),
+		segs:     t.segs, // copied chunk by chunk as it changes
 		byID:     t.byID.clone(),
 		byName:   t.byName.clone(),
 		byClient: t.byClient.clone(),
 		live:     t.live,
 		largest:  t.largest,
+		nLargest: t.nLargest,
 	}
 }
 
@@ -333,7 +349,7 @@ func (a *Allocator) Unmount(id UUID, commit func(idx uint32)) (uint32, error) {
 	if !ok {
 		return 0, errcode.New(errcode.SegmentNotFound, "segment %v", id)
 	}
-	s := t.segs[idx]
+	s := t.segs.get(idx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.unmounting {
@@ -355,10 +371,10 @@ func (a *Allocator) Release(idx uint32, commit func()) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	old := a.tab.Load()
-	if int(idx) >= len(old.segs) || old.segs[idx] == nil {
+	s := old.segs.get(idx)
+	if s == nil {
 		return errcode.New(errcode.SegmentNotFound, "segment index %d", idx)
 	}
-	s := old.segs[idx]
 	s.mu.Lock()
 	if !s.unmounting {
 		s.mu.Unlock()
@@ -373,7 +389,7 @@ func (a *Allocator) Release(idx uint32, commit func()) error {
 		commit()
 	}
 	t := old.clone()
-	t.segs[idx] = nil
+	t.segs.set(idx, nil)
 	t.byID.del(s.ID)
 	if l := without(t.name(s.Name), idx); len(l) > 0 {
 		t.byName.set(s.Name, l)
@@ -387,7 +403,9 @@ func (a *Allocator) Release(idx uint32, commit func()) error {
 	}
 	t.live = without(t.live, idx)
 	if s.cap == t.largest {
-		t.setLargest()
+		if t.nLargest--; t.nLargest == 0 {
+			t.setLargest()
+		}
 	}
 	a.free = append(a.free, idx)
 	a.capacity.Add(-s.cap)
@@ -466,7 +484,7 @@ func (a *Allocator) Segments() []SegmentStats {
 	t := a.tab.Load()
 	out := make([]SegmentStats, 0, len(t.live))
 	for _, i := range t.live {
-		out = append(out, t.segs[i].stats())
+		out = append(out, t.segs.at(i).stats())
 	}
 	return out
 }
@@ -480,7 +498,7 @@ func (a *Allocator) LargestSegment() uint64 { return a.tab.Load().largest }
 func (a *Allocator) Totals() (capacity, used uint64) {
 	t := a.tab.Load()
 	for _, i := range t.live {
-		used += t.segs[i].used.Load()
+		used += t.segs.at(i).used.Load()
 	}
 	return a.capacity.Load(), used
 }
@@ -508,10 +526,10 @@ func (a *Allocator) Choose(r Request) ([]uint32, error) {
 		out = make([]uint32, 0, want)
 	}
 	fitsAny := func(i uint32, out []uint32) bool {
-		s := t.segs[i]
+		s := t.segs.at(i)
 		return s != nil && !s.gone.Load() && s.maxAlloc.Load() >= need && !slices.Contains(out, i)
 	}
-	fits := func(i uint32, out []uint32) bool { return fitsAny(i, out) && !t.segs[i].suspect.Load() }
+	fits := func(i uint32, out []uint32) bool { return fitsAny(i, out) && !t.segs.at(i).suspect.Load() }
 	out = a.choose(t, r, out, want, fits)
 	if len(out) < least && !r.NoSuspect && a.suspects.Load() > 0 {
 		// Writes to a suspect segment failed lately; use one only to
@@ -588,7 +606,7 @@ func (a *Allocator) ClearSuspect(client UUID) int {
 	t := a.tab.Load()
 	n := 0
 	for _, i := range t.client(client) {
-		s := t.segs[i]
+		s := t.segs.at(i)
 		s.mu.Lock()
 		if !s.released && s.suspect.Swap(false) {
 			a.suspects.Add(-1)
@@ -609,7 +627,7 @@ func (a *Allocator) Placeable(suspect bool) int {
 	t := a.tab.Load()
 	n := 0
 	for _, i := range t.live {
-		if s := t.segs[i]; !s.gone.Load() && (suspect || !s.suspect.Load()) {
+		if s := t.segs.at(i); !s.gone.Load() && (suspect || !s.suspect.Load()) {
 			n++
 		}
 	}
@@ -673,7 +691,7 @@ const freestSamples = 16
 // walk thousands of segments).
 func (a *Allocator) pickFreest(t *table, out []uint32, want int, fits func(uint32, []uint32) bool) []uint32 {
 	ratio := func(i uint32) float64 {
-		s := t.segs[i]
+		s := t.segs.at(i)
 		return float64(s.cap-s.used.Load()) / float64(s.cap)
 	}
 	if n := len(t.live); n > sampleAbove {
@@ -808,8 +826,8 @@ func lockedAt(locked []*segState, i uint32) *segState {
 func (a *Allocator) lockSet(idx []uint32, locked []*segState) []*segState {
 	t := a.tab.Load()
 	for _, i := range idx {
-		if int(i) < len(t.segs) && t.segs[i] != nil && !slices.Contains(locked, t.segs[i]) {
-			locked = append(locked, t.segs[i])
+		if s := t.segs.get(i); s != nil && !slices.Contains(locked, s) {
+			locked = append(locked, s)
 		}
 	}
 	slices.SortFunc(locked, func(x, y *segState) int { return int(x.idx) - int(y.idx) })

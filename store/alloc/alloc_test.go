@@ -770,7 +770,7 @@ func TestFreestSamplingBalances(t *testing.T) {
 	}
 	tab := a.tab.Load()
 	for _, i := range tab.live {
-		used := tab.segs[i].used.Load()
+		used := tab.segs.at(i).used.Load()
 		require.GreaterOrEqual(t, used, uint64(4<<20/10), "segment %d", i)
 		require.LessOrEqual(t, used, uint64(6<<20/10), "segment %d", i)
 	}

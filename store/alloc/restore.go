@@ -41,7 +41,8 @@ func (a *Allocator) Layout(seg uint32) ([]Range, bool) {
 func (a *Allocator) Indices() (n uint32, free []uint32) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return uint32(len(a.tab.Load().segs)), slices.Clone(a.free)
+	t := a.tab.Load()
+	return uint32(t.segs.len()), slices.Clone(a.free)
 }
 
 // RestoreIndices readies an empty allocator so that mounting segments in
@@ -52,7 +53,7 @@ func (a *Allocator) RestoreIndices(n uint32, free, mounts []uint32) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	t := a.tab.Load()
-	if len(t.segs) != 0 || len(a.free) != 0 {
+	if t.segs.len() != 0 || len(a.free) != 0 {
 		return errcode.New(errcode.InvalidParams, "restore into an allocator that has segments")
 	}
 	if uint64(len(free))+uint64(len(mounts)) != uint64(n) {
@@ -68,7 +69,7 @@ func (a *Allocator) RestoreIndices(n uint32, free, mounts []uint32) error {
 		}
 	}
 	nt := t.clone()
-	nt.segs = make([]*segState, n)
+	nt.segs = newSegVec(int(n))
 	a.tab.Store(nt)
 	a.free = slices.Clone(free)
 	for i := len(mounts) - 1; i >= 0; i-- {
