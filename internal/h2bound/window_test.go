@@ -205,7 +205,8 @@ func TestBriefShutsKeepConn(t *testing.T) {
 			require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: []byte{0x82}, EndHeaders: true, EndStream: true}))
 		})
 		serverData(t, c, sid, initialWindow) // shut
-		time.Sleep(wt / 4)                   // 8 calls: twice wt in all
+		// A quarter of wt each: twice wt over the eight calls.
+		time.Sleep(wt / 4)
 		clientSends(t, c, func(fr *http2.Framer) { require.NoError(t, fr.WriteWindowUpdate(sid, 1000)) })
 		var buf bytes.Buffer
 		fr := http2.NewFramer(&buf, nil)
