@@ -431,7 +431,9 @@ func (s *Service) Serve(ctx context.Context, lis net.Listener, opts ...grpc.Serv
 	// gRPC reads each request whole before its handler runs: its
 	// requests' bytes across connections are bounded as crpc's are.
 	maxBuf, stall := s.crpc.ByteBounds()
-	// And a client that stops reading loses its connection, as crpc's.
+	// And a client that stops reading loses its connection, as crpc's,
+	// as does one that starves its answers by keeping its flow-control
+	// window shut (h2bound follows the send windows).
 	hb := h2bound.New(h2bound.Config{MaxBytes: maxBuf, Stall: stall, WriteTimeout: s.crpc.WriteBound()})
 	s.h2.Store(hb)
 	go func() { errc <- g.Serve(hb.Listener(gl)) }()
