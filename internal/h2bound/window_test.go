@@ -96,13 +96,8 @@ func starveConn(t *testing.T, wt time.Duration, extra func(fr *http2.Framer)) (*
 	idle := make(chan struct{})
 	t.Cleanup(func() { close(idle) })
 	b := New(Config{MaxBytes: 1 << 20, Stall: time.Second, WriteTimeout: wt})
-	c := b.wrap(&chunkConn{in: buf.Bytes(), r: rand.New(rand.NewPCG(5, 6)), max: 100, idle: idle})
-	p := make([]byte, 4096)
-	for read := 0; read < buf.Len(); {
-		n, err := c.Read(p)
-		require.NoError(t, err)
-		read += n
-	}
+	c := b.wrap(&chunkConn{r: rand.New(rand.NewPCG(5, 6)), max: 100, idle: idle})
+	clientSendsBytes(t, c, buf.Bytes())
 	require.Equal(t, int64(105), b.Held())
 	return b, c
 }
@@ -138,13 +133,10 @@ func TestOpenWindowKeepsConn(t *testing.T) {
 	t.Run("opened", func(t *testing.T) {
 		b, c := starveConn(t, wt, nil)
 		serverData(t, c, 1, initialWindow) // both windows spent
-		var buf bytes.Buffer
-		fr := http2.NewFramer(&buf, nil)
-		require.NoError(t, fr.WriteWindowUpdate(0, 1000))
-		require.NoError(t, fr.WriteWindowUpdate(1, 1000))
-		c.Conn.(*chunkConn).in = buf.Bytes()
-		_, err := c.Read(make([]byte, 4096))
-		require.NoError(t, err)
+		clientSends(t, c, func(fr *http2.Framer) {
+			require.NoError(t, fr.WriteWindowUpdate(0, 1000))
+			require.NoError(t, fr.WriteWindowUpdate(1, 1000))
+		})
 		time.Sleep(2 * wt)
 		assert.Zero(t, b.Starved())
 		assert.Equal(t, int64(105), b.Held())
@@ -152,11 +144,7 @@ func TestOpenWindowKeepsConn(t *testing.T) {
 	t.Run("answered", func(t *testing.T) {
 		b, c := starveConn(t, wt, nil)
 		serverData(t, c, 1, initialWindow)
-		var buf bytes.Buffer
-		fr := http2.NewFramer(&buf, nil)
-		require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x88}, EndHeaders: true, EndStream: true}))
-		_, err := c.Write(buf.Bytes()) // the trailers: the call ends
-		require.NoError(t, err)
+		serverEnds(t, c, 1)
 		time.Sleep(2 * wt)
 		assert.Zero(t, b.Starved())
 		assert.Zero(t, b.Held())
@@ -167,12 +155,28 @@ func TestOpenWindowKeepsConn(t *testing.T) {
 func clientSends(t *testing.T, c *conn, frames func(fr *http2.Framer)) {
 	var buf bytes.Buffer
 	frames(http2.NewFramer(&buf, nil))
-	c.Conn.(*chunkConn).in = buf.Bytes()
-	for read := 0; read < buf.Len(); {
-		n, err := c.Read(make([]byte, 4096))
+	clientSendsBytes(t, c, buf.Bytes())
+}
+
+// clientSendsBytes makes c read b, bytes the client sends now.
+func clientSendsBytes(t *testing.T, c *conn, b []byte) {
+	c.Conn.(*chunkConn).in = b
+	p := make([]byte, 4096)
+	for read := 0; read < len(b); {
+		n, err := c.Read(p)
 		require.NoError(t, err)
 		read += n
 	}
+}
+
+// serverEnds writes the server's trailers of stream sid through c: the
+// call ends.
+func serverEnds(t *testing.T, c *conn, sid uint32) {
+	var buf bytes.Buffer
+	fr := http2.NewFramer(&buf, nil)
+	require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: []byte{0x88}, EndHeaders: true, EndStream: true}))
+	_, err := c.Write(buf.Bytes())
+	require.NoError(t, err)
 }
 
 // TestDripWindowCloses: a client that opens a shut window a byte at a
@@ -208,11 +212,7 @@ func TestBriefShutsKeepConn(t *testing.T) {
 		// A quarter of wt each: twice wt over the eight calls.
 		time.Sleep(wt / 4)
 		clientSends(t, c, func(fr *http2.Framer) { require.NoError(t, fr.WriteWindowUpdate(sid, 1000)) })
-		var buf bytes.Buffer
-		fr := http2.NewFramer(&buf, nil)
-		require.NoError(t, fr.WriteHeaders(http2.HeadersFrameParam{StreamID: sid, BlockFragment: []byte{0x88}, EndHeaders: true, EndStream: true}))
-		_, err := c.Write(buf.Bytes()) // answered
-		require.NoError(t, err)
+		serverEnds(t, c, sid) // answered
 	}
 	assert.Zero(t, b.Starved(), "waits of different calls were added up")
 	c.mu.Lock()

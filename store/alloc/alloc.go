@@ -163,12 +163,7 @@ func newTable() *table {
 func (t *table) setLargest() {
 	t.largest, t.nLargest = 0, 0
 	for _, i := range t.live {
-		switch c := t.segs.at(i).cap; {
-		case c > t.largest:
-			t.largest, t.nLargest = c, 1
-		case c == t.largest:
-			t.nLargest++
-		}
+		t.addLargest(t.segs.at(i).cap)
 	}
 }
 

@@ -33,18 +33,27 @@ func (p *h2peer) sendPartial(sid uint32, declared, send int, win *h2windows) boo
 	if _, ok := win.stream[sid]; !ok {
 		win.stream[sid] = win.initial
 	}
-	for len(msg) > 0 && !slices.Contains(win.refused, sid) {
-		n := min(len(msg), 16384, win.conn, win.stream[sid])
+	return p.sendData(sid, msg, false, win)
+}
+
+// sendData sends b on stream sid within the server's flow-control
+// windows, reading the server's frames while they are spent, and ends
+// the stream with b's last byte if end. It stops early if the server
+// refuses the call, and returns false if the server closed the
+// connection first.
+func (p *h2peer) sendData(sid uint32, b []byte, end bool, win *h2windows) bool {
+	for len(b) > 0 && !slices.Contains(win.refused, sid) {
+		n := min(len(b), 16384, win.conn, win.stream[sid])
 		if n <= 0 {
 			if !p.readWindows(win) {
 				return false
 			}
 			continue
 		}
-		if err := p.fr.WriteData(sid, false, msg[:n]); err != nil {
+		if err := p.fr.WriteData(sid, end && n == len(b), b[:n]); err != nil {
 			return false
 		}
-		msg = msg[n:]
+		b = b[n:]
 		win.conn -= n
 		win.stream[sid] -= n
 	}

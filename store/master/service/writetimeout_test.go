@@ -126,20 +126,7 @@ func (p *h2peer) existCalls(calls int, win *h2windows) {
 	msg := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(body)))
 	msg = append(msg, body...)
 	send := func(sid uint32, b []byte, end bool) {
-		for len(b) > 0 || end {
-			n := min(len(b), 16384, win.conn, win.stream[sid])
-			if n <= 0 && len(b) > 0 {
-				require.True(t, p.readWindows(win), "the master closed the connection")
-				continue
-			}
-			require.NoError(t, p.fr.WriteData(sid, end && n == len(b), b[:n]))
-			b = b[n:]
-			win.conn -= n
-			win.stream[sid] -= n
-			if len(b) == 0 {
-				return
-			}
-		}
+		require.True(t, p.sendData(sid, b, end, win), "the master closed the connection")
 	}
 	for i := range calls {
 		sid := uint32(1 + 2*i)
